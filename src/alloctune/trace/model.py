@@ -1,0 +1,95 @@
+"""Plain data that the trace loader produces and the simulator consumes.
+
+A recorded run becomes a `Trace`: the request stream the *program* made (what the
+simulator replays) plus the events the *allocator* made (what the simulator must
+reproduce). Columnar lists keep replay of ~650k requests fast and the memory small.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+# Request kinds (the program's side of the trace).
+ALLOC = 0        # size = requested bytes (before rounding), rid = new allocation id
+FREE = 1         # rid = id of the allocation being freed (at `free_completed`)
+EMPTY_CACHE = 2  # the program called torch.cuda.empty_cache(); size = rid = -1
+FAILED_ALLOC = 3  # a request that raised OOM on the GPU (recorded `oom` event); rid = -1
+
+OP_NAMES = {ALLOC: "alloc", FREE: "free", EMPTY_CACHE: "empty_cache", FAILED_ALLOC: "failed_alloc"}
+
+
+@dataclass
+class RequestStream:
+    """The program's requests in order, one column per field (all lists have equal length).
+
+    `event_index[i]` is the index in `Trace.events` of the recorded event that produced
+    request i, so a mismatch can be reported with its recorded context.
+    """
+
+    ops: list[int] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    rids: list[int] = field(default_factory=list)
+    streams: list[int] = field(default_factory=list)
+    event_index: list[int] = field(default_factory=list)
+
+    def append(self, op: int, size: int, rid: int, stream: int, event_index: int) -> None:
+        self.ops.append(op)
+        self.sizes.append(size)
+        self.rids.append(rid)
+        self.streams.append(stream)
+        self.event_index.append(event_index)
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def __iter__(self) -> Iterator[tuple[int, int, int, int]]:
+        """Yield (op, size, rid, stream) tuples."""
+        return zip(self.ops, self.sizes, self.rids, self.streams)
+
+    def count(self, op: int) -> int:
+        return sum(1 for o in self.ops if o == op)
+
+
+@dataclass(frozen=True)
+class SegmentEvent:
+    """A recorded (or simulated) device-memory event: what the allocator asked of the driver.
+
+    action is one of `segment_alloc`, `segment_free`, `segment_map`, `segment_unmap`
+    (the last two with expandable segments), or `oom`.
+    """
+
+    action: str
+    addr: int
+    size: int
+    stream: int
+    event_index: int  # position in Trace.events (or -1 for simulated events)
+    request_index: int  # index of the request during (or after) which it happened
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "action": self.action,
+            "addr": self.addr,
+            "size": self.size,
+            "stream": self.stream,
+            "event_index": self.event_index,
+            "request_index": self.request_index,
+        }
+
+
+@dataclass
+class Trace:
+    """One device's recorded history, ready for replay and comparison."""
+
+    source: str  # file it came from
+    device: int
+    requests: RequestStream
+    segment_events: list[SegmentEvent]  # recorded segment_alloc/free/map/unmap and oom, in order
+    allocator_settings: dict[str, Any]  # as recorded by the allocator (may be empty)
+    events: list[dict[str, Any]] = field(default_factory=list, repr=False)  # raw device_traces[device]
+    meta: dict[str, Any] = field(default_factory=dict)  # e.g. the sidecar NAME.json of the shared traces
+    total_memory: int | None = None  # device total memory when known (sidecar / snapshot)
+
+    @property
+    def streams(self) -> list[int]:
+        return sorted(set(self.requests.streams))
