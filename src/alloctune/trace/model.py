@@ -65,9 +65,10 @@ class SegmentEvent:
     stream: int
     event_index: int  # position in Trace.events (or -1 for simulated events)
     request_index: int  # index of the request during (or after) which it happened
+    device_free: int | None = None  # `oom` only: cudaMemGetInfo free bytes at the failure (addr is 0)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "action": self.action,
             "addr": self.addr,
             "size": self.size,
@@ -75,6 +76,9 @@ class SegmentEvent:
             "event_index": self.event_index,
             "request_index": self.request_index,
         }
+        if self.device_free is not None:
+            d["device_free"] = self.device_free
+        return d
 
 
 @dataclass

@@ -1,0 +1,165 @@
+"""Load a recorded allocator history into a `Trace`.
+
+Accepts what `torch.cuda.memory._dump_snapshot` writes (`.pickle`, also gzip/xz/bz2
+compressed: the content is sniffed, not the suffix) and alloctune's own compact format
+(`alloctune.trace.compact`). Every way a file can be unusable ends in one `TraceError`
+line that says what to do, because these files come from users' bug reports.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from alloctune.errors import TraceError
+from alloctune.trace.compact import COMPACT_MAGIC, trace_from_compact_bytes
+from alloctune.trace.model import Trace
+from alloctune.trace.safe_pickle import load_pickle_bytes, read_decompressed
+from alloctune.trace.stream import build_stream
+
+_RECORD_HINT = (
+    "call torch.cuda.memory._record_memory_history(max_entries=5_000_000) before the workload "
+    "and torch.cuda.memory._dump_snapshot(path) after it"
+)
+
+
+def load_snapshot(path: str | Path) -> dict[str, Any]:
+    """The snapshot dict of a `_dump_snapshot` file, unpickled without trusting it.
+
+    Raises `TraceError` if the file is missing, damaged, or not a snapshot, and
+    `UnsafePickleError` if the pickle asks for any class or function.
+    """
+    data = read_decompressed(path)
+    return _snapshot_from_bytes(data, str(path))
+
+
+def _snapshot_from_bytes(data: bytes, source: str) -> dict[str, Any]:
+    obj = load_pickle_bytes(data, source=source)
+    if not isinstance(obj, dict) or "device_traces" not in obj:
+        what = f"a dict with keys {sorted(map(str, obj))[:6]}" if isinstance(obj, dict) else type(obj).__name__
+        raise TraceError(
+            f"{source}: not a memory snapshot (found {what}, no 'device_traces'); "
+            "expected a file written by torch.cuda.memory._dump_snapshot"
+        )
+    if not isinstance(obj["device_traces"], list):
+        raise TraceError(f"{source}: 'device_traces' is not a list; the snapshot is damaged")
+    return obj
+
+
+def devices_with_events(snapshot: dict[str, Any]) -> list[int]:
+    """Indices of the devices whose history holds at least one event."""
+    return [d for d, evs in enumerate(snapshot["device_traces"]) if evs]
+
+
+def pick_device(snapshot: dict[str, Any], device: int | None, source: str) -> int:
+    """The device to read: the one given, or the only one with events."""
+    traces = snapshot["device_traces"]
+    have = devices_with_events(snapshot)
+    if device is not None:
+        if not 0 <= device < len(traces):
+            raise TraceError(
+                f"{source}: device {device} is out of range: the snapshot has {len(traces)} device(s) "
+                f"(0..{len(traces) - 1}); devices with events: {_fmt_devices(have)}"
+            )
+        if not traces[device]:
+            raise TraceError(
+                f"{source}: device {device} has no recorded events; devices with events: {_fmt_devices(have)}"
+            )
+        return device
+    if not have:
+        raise TraceError(f"{source}: the snapshot has no allocation history (empty device_traces); {_RECORD_HINT}")
+    if len(have) > 1:
+        raise TraceError(
+            f"{source}: events were recorded on several devices ({_fmt_devices(have)}); "
+            "choose one with --device N (device= in Python)"
+        )
+    return have[0]
+
+
+def _fmt_devices(devs: list[int]) -> str:
+    return ", ".join(map(str, devs)) if devs else "none"
+
+
+def read_sidecar(path: str | Path) -> dict[str, Any]:
+    """The `NAME.json` next to `NAME.pickle[.xz|.gz]` (the shared traces' run record), or {}."""
+    path = Path(path)
+    name = path.name
+    for suffix in (".xz", ".gz", ".bz2"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    if name.endswith(".pickle"):
+        name = name[: -len(".pickle")]
+    elif "." in name:
+        name = name.rsplit(".", 1)[0]
+    side = path.with_name(name + ".json")
+    if side == path or not side.is_file():
+        return {}
+    try:
+        meta = json.loads(side.read_text())
+    except (OSError, ValueError) as exc:
+        raise TraceError(f"{side}: the sidecar JSON next to the trace is unreadable ({exc}); fix or remove it") from exc
+    return meta if isinstance(meta, dict) else {}
+
+
+def trace_from_snapshot(
+    snapshot: dict[str, Any],
+    device: int | None = None,
+    *,
+    source: str = "<snapshot>",
+    meta: dict[str, Any] | None = None,
+    partial: bool = False,
+) -> Trace:
+    """Build a `Trace` from an already-loaded snapshot dict (see `load_trace`)."""
+    dev = pick_device(snapshot, device, source)
+    events = snapshot["device_traces"][dev]
+    settings = snapshot.get("allocator_settings") or {}
+    if not isinstance(settings, dict):
+        settings = {}
+    try:
+        built = build_stream(events, settings, source=source)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise TraceError(
+            f"{source}: a device_traces entry is malformed ({type(exc).__name__}: {exc}); the snapshot is damaged"
+        ) from exc
+    if not partial and (built.unmatched_frees or built.unmatched_segment_frees):
+        raise TraceError(
+            f"{source}: the history is incomplete: {built.unmatched_frees} free(s) and "
+            f"{built.unmatched_segment_frees} segment release(s) of memory whose allocation is not in the trace "
+            f"(first at event {built.first_unmatched_index}); the ring buffer wrapped around (raise max_entries in "
+            "torch.cuda.memory._record_memory_history) or recording started after the workload began "
+            "(start it before the first allocation)"
+        )
+    meta = dict(meta or {})
+    total = meta.get("total_memory")
+    return Trace(
+        source=source,
+        device=dev,
+        requests=built.requests,
+        segment_events=built.segment_events,
+        allocator_settings=dict(settings),
+        events=events,
+        meta=meta,
+        total_memory=int(total) if isinstance(total, int) and total > 0 else None,
+    )
+
+
+def load_trace(path: str | Path, device: int | None = None, *, partial: bool = False) -> Trace:
+    """Load a snapshot (or an alloctune compact trace) as a `Trace` of one device.
+
+    `device`: required only when several devices have events. `partial=True` accepts a
+    history whose beginning is missing (frees of unknown blocks are dropped); replaying
+    such a stream starts from an empty allocator, so only use it for inspection.
+    A sidecar `NAME.json` next to the file becomes `Trace.meta` (and `total_memory`).
+    """
+    data = read_decompressed(path)
+    source = str(path)
+    if data[:64].lstrip()[:1] == b"{" and COMPACT_MAGIC in data[:200]:
+        trace = trace_from_compact_bytes(data, source=source, device=device)
+        side = read_sidecar(path)
+        if side and not trace.meta:
+            trace.meta = side
+        return trace
+    snapshot = _snapshot_from_bytes(data, source)
+    return trace_from_snapshot(snapshot, device, source=source, meta=read_sidecar(path), partial=partial)

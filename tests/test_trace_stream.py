@@ -1,0 +1,210 @@
+"""Request-stream rules (trace/stream.py) on hand-made histories and on the shared H200 traces."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from alloctune.trace import ALLOC, EMPTY_CACHE, FAILED_ALLOC, FREE, load_trace
+from alloctune.trace.stream import build_stream, requested_live_peak
+
+MiB = 1024 * 1024
+A, B, C = 0x1000_0000, 0x2000_0000, 0x3000_0000
+
+
+def ev(action, addr=0, size=0, stream=0, **extra):
+    return {"action": action, "addr": addr, "size": size, "stream": stream, "time_us": 0, **extra}
+
+
+def ops(built):
+    return list(zip(built.requests.ops, built.requests.sizes, built.requests.rids))
+
+
+def test_free_is_taken_at_free_completed_not_free_requested():
+    # record_stream: the block is freed by the program first, returned to the pool later.
+    events = [
+        ev("segment_alloc", A, 20 * MiB),
+        ev("alloc", A, 3 * MiB),
+        ev("free_requested", A, 3 * MiB),
+        ev("alloc", A + 3 * MiB, 100),
+        ev("free_completed", A, 3 * MiB),
+    ]
+    b = build_stream(events)
+    assert ops(b) == [(ALLOC, 3 * MiB, 0), (ALLOC, 100, 1), (FREE, 3 * MiB, 0)]
+    assert b.requests.event_index == [1, 3, 4]
+
+
+def test_rids_follow_address_reuse_and_streams_are_kept():
+    events = [
+        ev("segment_alloc", A, 2 * MiB, stream=0),
+        ev("segment_alloc", B, 2 * MiB, stream=7),
+        ev("alloc", A, 512, stream=0),
+        ev("alloc", B, 512, stream=7),
+        ev("free_completed", B, 512, stream=7),
+        ev("alloc", B, 100, stream=7),
+        ev("free_completed", A, 512, stream=0),
+    ]
+    b = build_stream(events)
+    assert ops(b) == [(ALLOC, 512, 0), (ALLOC, 512, 1), (FREE, 512, 1), (ALLOC, 100, 2), (FREE, 512, 0)]
+    assert b.requests.streams == [0, 7, 7, 7, 0]
+    assert b.unmatched_frees == 0
+
+
+def test_oom_becomes_failed_alloc_with_its_segment_event():
+    events = [
+        ev("segment_alloc", A, 20 * MiB),
+        ev("alloc", A, 5 * MiB),
+        {"action": "oom", "device_free": 1234, "size": 63776768, "stream": 0, "time_us": 0},
+    ]
+    b = build_stream(events)
+    assert ops(b) == [(ALLOC, 5 * MiB, 0), (FAILED_ALLOC, 63776768, -1)]
+    oom = b.segment_events[-1]
+    assert (oom.action, oom.addr, oom.size, oom.request_index, oom.event_index) == ("oom", 0, 63776768, 1, 2)
+    assert oom.device_free == 1234 and oom.to_dict()["device_free"] == 1234
+
+
+def _cache_then(follow):
+    """Two idle segments are released, then `follow` happens."""
+    return [
+        ev("segment_alloc", A, 20 * MiB),
+        ev("segment_alloc", B, 20 * MiB),
+        ev("alloc", A, 10),
+        ev("free_completed", A, 10),
+        ev("alloc", B, 10),
+        ev("free_completed", B, 10),
+        ev("segment_free", A, 20 * MiB),
+        ev("segment_free", B, 20 * MiB),
+        *follow,
+    ]
+
+
+def test_release_burst_followed_by_a_cached_alloc_is_empty_cache():
+    b = build_stream(_cache_then([ev("alloc", C, 10)]))
+    assert [o for o, _, _ in ops(b)] == [ALLOC, FREE, ALLOC, FREE, EMPTY_CACHE, ALLOC]
+    assert b.empty_cache_bursts == [4]
+    assert [e.request_index for e in b.segment_events] == [0, 0, 4, 4]
+    assert b.requests.sizes[4] == -1 and b.requests.rids[4] == -1
+
+
+def test_release_burst_at_end_of_trace_is_empty_cache():
+    assert build_stream(_cache_then([])).requests.ops[-1] == EMPTY_CACHE
+
+
+def test_release_burst_before_a_segment_the_run_could_hold_is_empty_cache():
+    # The run once held 60 MiB; 40 MiB held before the second burst + a new 20 MiB segment = 60 MiB:
+    # cudaMalloc cannot have failed there, so the allocator had no reason to release anything.
+    events = [
+        ev("segment_alloc", A, 20 * MiB),
+        ev("segment_alloc", B, 20 * MiB),
+        ev("segment_alloc", C, 20 * MiB),
+        ev("alloc", C, 10),
+        ev("free_completed", C, 10),
+        ev("segment_free", C, 20 * MiB),  # first empty_cache(): a cached alloc follows
+        ev("alloc", A, 10),
+        ev("free_completed", A, 10),
+        ev("segment_free", A, 20 * MiB),  # second empty_cache(): a new segment follows
+        ev("segment_free", B, 20 * MiB),
+        ev("segment_alloc", C, 20 * MiB),
+        ev("alloc", C, 5 * MiB),
+    ]
+    b = build_stream(events)
+    assert b.requests.ops == [ALLOC, FREE, EMPTY_CACHE, ALLOC, FREE, EMPTY_CACHE, ALLOC]
+    assert [e.request_index for e in b.segment_events] == [0, 0, 0, 2, 5, 5, 6]
+
+
+def test_release_burst_before_a_segment_beyond_the_peak_is_the_allocators():
+    # 40 MiB reserved before the burst + 60 MiB > 40 MiB peak: the retry-after-release path.
+    b = build_stream(_cache_then([ev("segment_alloc", C, 60 * MiB), ev("alloc", C, 59 * MiB)]))
+    assert EMPTY_CACHE not in b.requests.ops
+    assert [e.request_index for e in b.segment_events][-3:] == [4, 4, 4]  # all belong to the new alloc
+    assert b.requests.ops[4] == ALLOC
+
+
+def test_release_burst_with_gc_enabled_stays_with_the_allocator():
+    follow = [ev("segment_alloc", C, 20 * MiB), ev("alloc", C, 5 * MiB)]
+    b = build_stream(_cache_then(follow), {"garbage_collection_threshold": 0.7})
+    assert EMPTY_CACHE not in b.requests.ops
+
+
+def test_release_burst_before_oom_is_the_allocators():
+    oom = {"action": "oom", "device_free": 0, "size": 30 * MiB, "stream": 0, "time_us": 0}
+    b = build_stream(_cache_then([oom]))
+    assert b.requests.ops[-1] == FAILED_ALLOC and EMPTY_CACHE not in b.requests.ops
+    assert [e.request_index for e in b.segment_events][-3:] == [4, 4, 4]
+
+
+def test_expandable_unmap_burst_is_empty_cache():
+    events = [
+        ev("segment_map", A, 20 * MiB),
+        ev("alloc", A, 10),
+        ev("free_completed", A, 10),
+        ev("segment_unmap", A, 20 * MiB),
+        ev("free_requested", 0, 0),
+    ]
+    assert build_stream(events).requests.ops == [ALLOC, FREE, EMPTY_CACHE]
+
+
+def test_requested_live_peak():
+    b = build_stream(_cache_then([ev("alloc", C, 7), ev("alloc", C + 512, 9), ev("free_completed", C, 7)]))
+    assert requested_live_peak(b.requests) == 16
+
+
+# ---- the shared H200 traces ------------------------------------------------------------------
+
+
+def test_rvc_ec1_infers_one_empty_cache_per_chunk(traces_dir):
+    t = load_trace(traces_dir / "rvc_ec1" / "default.pickle.xz")
+    req = t.requests
+    positions = [i for i, op in enumerate(req.ops) if op == EMPTY_CACHE]
+    assert len(positions) == 16 == t.meta["items_done"]
+    # Each call sits between chunks: the program still holds its model and frees the chunk's leftovers next.
+    for p in positions:
+        assert req.ops[p - 1] == FREE
+        assert t.events[req.event_index[p]]["action"] == "segment_free"
+    # Every recorded release belongs to one of those calls (no malloc ever had to free memory here).
+    released = [e for e in t.segment_events if e.action == "segment_free"]
+    assert len(released) == 102
+    assert {e.request_index for e in released} == set(positions)
+
+
+def test_rvc_ec0_infers_none(traces_dir):
+    t = load_trace(traces_dir / "rvc_ec0" / "default.pickle.xz")
+    assert t.requests.count(EMPTY_CACHE) == 0
+    ec1 = load_trace(traces_dir / "rvc_ec1" / "default.pickle.xz")
+    without = [(o, s, r) for o, s, r, _ in ec1.requests if o != EMPTY_CACHE]
+    assert without == [(o, s, r) for o, s, r, _ in t.requests]  # same program minus the calls
+
+
+RVC = [f"{w}/{n}" for w in ("rvc_ec0", "rvc_ec1") for n in (
+    "default", "default_cap85", "default_cap95", "expandable", "expandable_cap85", "expandable_cap95",
+    "gc07_split256_cap115a", "max_split_128", "max_split_512", "roundup4", "roundup_intervals")]
+
+
+@pytest.mark.parametrize("name", RVC + ["llm/default_cap85", "llm/gc07_split256_cap115a"])
+def test_inferred_calls_and_recorded_counts_match_memory_stats(traces_dir, name):
+    """empty_cache() calls = num_sync_all_streams - num_alloc_retries (each call or retry syncs once)."""
+    t = load_trace(traces_dir / f"{name}.pickle.xz")
+    stats = t.meta["stats"]
+    assert t.requests.count(EMPTY_CACHE) == stats["num_sync_all_streams"] - stats["num_alloc_retries"]
+    assert t.requests.count(FAILED_ALLOC) == stats["num_ooms"]
+    grows = sum(e.action in ("segment_alloc", "segment_map") for e in t.segment_events)
+    releases = sum(e.action in ("segment_free", "segment_unmap") for e in t.segment_events)
+    assert (grows, releases) == (stats["num_device_alloc"], stats["num_device_free"])
+    assert requested_live_peak(t.requests) == stats["requested_bytes.all.peak"]
+
+
+def test_oom_size_is_the_rounded_request(traces_dir):
+    """`oom.size` = round_size(request): a multiple of 512 whose 2 MiB alloc_size is the message's number."""
+    t = load_trace(traces_dir / "llm" / "default_cap85.pickle.xz")
+    (oom,) = [e for e in t.segment_events if e.action == "oom"]
+    assert oom.size == 63776768 and oom.size % 512 == 0
+    assert oom.device_free == 94043897856
+    alloc_size = -(-oom.size // (2 * MiB)) * 2 * MiB
+    tried = re.search(r"Tried to allocate ([\d.]+) MiB", t.meta["oom_message"]).group(1)
+    assert f"{alloc_size / MiB:.2f}" == tried == "62.00"
+    assert t.requests.ops[oom.request_index] == FAILED_ALLOC
+    assert t.requests.sizes[oom.request_index] == oom.size
+    many = load_trace(traces_dir / "rvc_ec1" / "default_cap85.pickle.xz")
+    sizes = [e.size for e in many.segment_events if e.action == "oom"]
+    assert len(sizes) == 1881 and all(s % 512 == 0 for s in sizes)
