@@ -1,0 +1,180 @@
+"""The grammar of PyTorch's out-of-memory messages, every era (allocator-spec §7).
+
+A message is read as a *head* ("CUDA out of memory.", "Allocation on device", ...) followed by
+clauses ("Tried to allocate X", "GPU d has a total capacity of T", "Process P has M memory in
+use", ...). Clauses are matched one after another wherever the previous one ended, in any order,
+each at most once (process lines may repeat); the message ends at the first text that is no known
+clause. That one rule covers all eras, reordered pieces, and truncation at any point, without a
+regex per release. Input is text already normalised by `find` (single spaces, no escapes).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from alloctune.units import parse_size
+
+_NUM = r"\d+(?:\.\d+)?"
+_UNIT = r"(?:bytes|[KMGTP]i?B)(?![A-Za-z])"
+
+
+def _sz(name: str) -> str:
+    return rf"(?P<{name}>{_NUM}\s*{_UNIT})"
+
+
+# Heads: the phrase that starts a message. (name, regex)
+_HEADS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (n, re.compile(p))
+    for n, p in (
+        ("thc", r"cuda runtime error \((?P<code>\d+)\) ?: out of memory(?: at (?P<location>\S+?:\d+))?"),
+        ("cuda-error", r"CUDA error: out of memory"),
+        ("mps", r"MPS backend out of memory"),
+        ("async", r"Allocation on device(?: (?P<device>\d+))?"),
+        ("async-pt", r"Aloca(?:ção|cao) no dispositivo"),  # ComfyUI's Portuguese error report
+        ("native", r"(?P<vendor>CUDA|HIP|XPU|NPU) out of memory\.?"),
+    )
+)
+
+# Anchors for the search in raw text: heads plus a bare "Tried to allocate" (messages quoted
+# without their first words). Spaces may be any whitespace: the raw text can be re-wrapped.
+ANCHOR = re.compile(
+    r"cuda\s+runtime\s+error\s+\(\d+\)\s*:\s*out\s+of\s+memory|CUDA\s+error:\s+out\s+of\s+memory"
+    r"|MPS\s+backend\s+out\s+of\s+memory|Allocation\s+on\s+device|Aloca(?:ção|cao)\s+no\s+dispositivo"
+    r"|(?:CUDA|HIP|XPU|NPU)\s+out\s+of\s+memory|Tried\s+to\s+allocate"
+)
+
+_LEGACY_LABELS = {
+    "total capacity": "total",
+    "already allocated": "allocated",
+    "current active": "active",
+    "free": "free",
+    "allowed": "cap",
+    "reserved in total by PyTorch": "reserved",
+    "cached": "reserved_unallocated",  # "memory held by the allocator but not used by the program" (PR #13751)
+}
+
+_SEP = r"[\s.,;]*"
+
+# Clauses: (key, regex, repeatable). Field groups are named after OOMReport fields; helper
+# groups: devkind, label, v (legacy value), pid, mem, hintvar, docvar, url, capacty.
+_CLAUSES: tuple[tuple[str, re.Pattern[str], bool], ...] = tuple(
+    (k, re.compile(_SEP + p), rep)
+    for k, p, rep in (
+        ("tried-1eb", r"Tried to allocate more than 1EB memory\.?", False),
+        ("tried", r"Tried to allocate " + _sz("requested") + r"(?: on (?P<request_pool>private|shared) pool)?\.?", False),
+        ("paren", r"\(\s*(?P<devkind>GPU|NPU|XPU) ?(?P<device>\d+)\s*[;,]", False),
+        ("item", _sz("v") + r"\s*(?P<label>total capacity|already allocated|current active|free|allowed"
+         r"|reserved in total by PyTorch|cached)", True),
+        ("close", r"\)", False),
+        ("gpu-has", r"(?P<devkind>GPU|XPU|NPU) (?P<device>\d+) has a total (?P<capacty>capacity|capacty) of "
+         + _sz("total") + r"\.?", False),
+        ("of-which", r"of which " + _sz("free") + r" is free\.?", False),
+        ("process", r"Process (?P<pid>\d+) has " + _sz("mem") + r" memory in use\.?", True),
+        ("this-process", r"Including non-PyTorch memory, this process has " + _sz("process_in_use")
+         + r" memory in use\.?", False),
+        ("of-allocated", r"Of the allocated memory " + _sz("allocated") + r" is allocated by PyTorch", False),
+        ("private", r"with " + _sz("private_pools") + r" allocated in private pools \(e\.g\., \w+ Graphs\)", False),
+        ("unallocated", r"and " + _sz("reserved_unallocated") + r" is reserved by PyTorch but unallocated\.?", False),
+        ("hint-legacy", r"If reserved memory is >> allocated memory try setting (?P<hint>max_split_size_mb) to avoid"
+         r" fragmentation\.?", False),
+        ("hint", r"If reserved but unallocated memory is large try setting (?P<hint>(?:PYTORCH_\w*ALLOC_CONF="
+         r"expandable_segments:True)|max_split_size_mb) to avoid fragmentation\.?", False),
+        ("docs", r"See documentation for Memory Management(?: and (?P<docvar>PYTORCH_\w*ALLOC_CONF))?\.?", False),
+        ("url", r"\(\s*(?P<docs_url>https?://[^\s()]+)\s*\)", False),
+        ("xpu-hint", r"Please use `empty_cache` to release all unoccupied cached memory\.?", False),
+        ("mps-figures", r"\(MPS allocated: " + _sz("allocated") + r", other allocations: " + _sz("other_allocations")
+         + r", max allowed: " + _sz("cap") + r"\)", False),
+        ("mps-hint", r"Use PYTORCH_MPS_HIGH_WATERMARK_RATIO=0\.0(?: to disable upper limit for memory allocations"
+         r"(?: \(may cause system failure\))?)?\.?", False),
+        ("async-exceed", r"would exceed allowed memory\.?", False),
+        ("async-oom", r"\(out of memory\)", False),
+        ("async-allocated", r"Currently allocated\s*: " + _sz("allocated"), False),
+        ("async-requested", r"Requested\s*: " + _sz("requested"), False),
+        ("async-limit", r"Device limit\s*: " + _sz("total") + r"\.?", False),
+        ("async-free", r"Free \(according to CUDA\)\s*: " + _sz("free"), False),
+        ("async-cap", r"PyTorch limit \(set by user-supplied memory fraction\)\s*: " + _sz("cap"), False),
+        ("preemptive", r"Allocation was preemptively rejected because it would exceed per_process_memory_fraction"
+         r" limit\.?", False),
+        ("preemptive-size", r"Requested size: " + _sz("requested"), False),
+    )
+)
+
+# Clauses that only make sense after another one (a lone ")" or URL is not part of a message).
+_REQUIRES = {"close": "paren", "url": "docs"}
+
+_BYTE_GROUPS = {
+    "requested", "total", "free", "allocated", "reserved_unallocated", "private_pools", "process_in_use",
+    "other_allocations", "cap",
+}
+
+
+@dataclass
+class Parsed:
+    """Mutable scratch result of `parse_at`; `find` turns it into an `OOMReport`."""
+
+    head: str
+    end: int
+    clauses: list[str] = field(default_factory=list)
+    values: dict[str, Any] = field(default_factory=dict)
+    processes: list[tuple[int, int]] = field(default_factory=list)
+
+
+def _size(text: str) -> int:
+    return parse_size(text.replace(" ", ""))
+
+
+def parse_at(s: str, pos: int = 0) -> Parsed | None:
+    """Parse the message starting at `s[pos]` (normalised text). `None` if no message starts there."""
+    head = None
+    for name, rx in _HEADS:
+        m = rx.match(s, pos)
+        if m:
+            head = name
+            parsed = Parsed(head=name, end=m.end())
+            for k, v in m.groupdict().items():
+                if v is not None:
+                    parsed.values[k] = int(v) if k in ("device", "code") else v
+            break
+    if head is None:
+        parsed = Parsed(head="bare", end=pos)
+    seen: set[str] = set()
+    while True:
+        for key, rx, repeatable in _CLAUSES:
+            m = rx.match(s, parsed.end)
+            if not m:
+                continue
+            g = {k: v for k, v in m.groupdict().items() if v is not None}
+            ident = key if key != "item" else f"item:{g['label']}"
+            if ident in seen and not repeatable:
+                continue  # a second "Tried to allocate" etc. belongs to the next message
+            if key in _REQUIRES and _REQUIRES[key] not in seen:
+                continue
+            if key == "item":
+                name = _LEGACY_LABELS[g["label"]]
+                if name in parsed.values:
+                    continue
+                parsed.values[name] = _size(g["v"])
+                parsed.values.setdefault("_legacy_labels", []).append(g["label"])
+            elif key == "process":
+                parsed.processes.append((int(g["pid"]), _size(g["mem"])))
+            else:
+                for k, v in g.items():
+                    if k in _BYTE_GROUPS:
+                        parsed.values[k] = _size(v)
+                    elif k == "device":
+                        parsed.values[k] = int(v)
+                    else:
+                        parsed.values[k] = v
+            seen.add(ident)
+            parsed.clauses.append(key)
+            parsed.end = m.end()
+            break
+        else:
+            break
+    if head == "bare" and (not parsed.clauses or parsed.clauses[0] != "tried"):
+        return None
+    if head == "native" and parsed.values.get("vendor") is None:
+        return None
+    return parsed

@@ -1,0 +1,363 @@
+"""From an `OOMReport` to a `Diagnosis`: why the allocation failed, with the numbers that show it.
+
+Verdicts:
+* `fragmentation` - the memory exists but is pinned inside split segments: the cached but
+  unallocated bytes cover the request, or (cached + device free) do and one growing segment
+  (expandable segments) could join them. Before raising, PyTorch has already returned every idle
+  segment, so what stays cached is split around live tensors (PR pytorch#13751).
+* `cap` - a per-process limit (memory fraction, MPS watermark, XPU per-allocation limit) was hit
+  while the device still had room.
+* `contention` - other processes hold the memory that is missing.
+* `shortage` - the work itself needs more than the device has.
+* `unknown` - with the reason (figures missing, or numbers that no allocator rule explains).
+
+Printed figures are rounded to 2 decimals of their unit; comparisons allow for that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from alloctune.diagnose import fixes as fx
+from alloctune.diagnose.fixes import Fix
+from alloctune.diagnose.report import OOMReport
+from alloctune.units import GiB, KiB, MiB, format_size
+
+SCHEMA = "alloctune.diagnosis/1"
+VERDICTS = ("fragmentation", "cap", "contention", "shortage", "unknown")
+UNLIMITED = 1 << 60  # cudaMallocAsync prints SIZE_MAX ("17179869184.00 GiB") when no fraction is set
+
+
+# cudaMalloc hands out memory in 2 MiB pages: "free" within a page of the request is no room at all.
+_GRANULE = 2 * MiB
+
+
+def tol(n: int | None) -> int:
+    """Half a unit in the last printed digit of `format_size(n)`: the rounding error of a figure."""
+    if n is None or n <= KiB:
+        return 0
+    if n <= MiB:
+        return KiB // 200
+    if n <= GiB:
+        return MiB // 200
+    return GiB // 200
+
+
+def _fs(n: int) -> str:
+    return format_size(n)
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    report: OOMReport
+    verdict: str
+    reason: str
+    evidence: tuple[str, ...]
+    fixes: tuple[Fix, ...]  # ranked; includes non-working knobs last, marked works=False
+    contributing: tuple[str, ...] = ()
+    shortfall: int | None = None
+    platform: str | None = None
+    occurrences: int = 1
+
+    @property
+    def working_fixes(self) -> tuple[Fix, ...]:
+        return tuple(f for f in self.fixes if f.works)
+
+    @property
+    def blocked_fixes(self) -> tuple[Fix, ...]:
+        return tuple(f for f in self.fixes if not f.works)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "verdict": self.verdict,
+            "reason": self.reason,
+            "contributing": list(self.contributing),
+            "shortfall": self.shortfall,
+            "platform": self.platform,
+            "occurrences": self.occurrences,
+            "evidence": list(self.evidence),
+            "fixes": [f.to_dict() for f in self.fixes],
+            "report": self.report.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Diagnosis:
+        return cls(
+            report=OOMReport.from_dict(d["report"]),
+            verdict=d["verdict"],
+            reason=d["reason"],
+            evidence=tuple(d.get("evidence", ())),
+            fixes=tuple(Fix.from_dict(f) for f in d.get("fixes", ())),
+            contributing=tuple(d.get("contributing", ())),
+            shortfall=d.get("shortfall"),
+            platform=d.get("platform"),
+            occurrences=int(d.get("occurrences", 1)),
+        )
+
+
+class _Builder:
+    def __init__(self, r: OOMReport, platform: str | None) -> None:
+        self.r = r
+        self.platform = platform
+        self.evidence: list[str] = []
+        self.fixes: list[Fix] = []
+        self.contributing: list[str] = []
+
+    def ev(self, line: str) -> None:
+        self.evidence.append(line)
+
+    def done(self, verdict: str, reason: str, shortfall: int | None = None) -> Diagnosis:
+        ranked = [f for f in self.fixes if f.works] + [f for f in self.fixes if not f.works]
+        return Diagnosis(self.r, verdict, reason, tuple(self.evidence), tuple(ranked), tuple(self.contributing),
+                         shortfall, self.platform)
+
+
+def _probable_self(r: OOMReport) -> int | None:
+    """Without a "this process has" line, the one listed process holding at least our reserved
+    memory is most likely us; `None` if there is no such single candidate."""
+    if r.process_in_use is not None or r.reserved is None or not r.other_processes:
+        return None
+    big = [pid for pid, size in r.other_processes if size + tol(size) >= r.reserved]
+    return big[0] if len(big) == 1 else None
+
+
+def diagnose_report(r: OOMReport, platform: str | None = None) -> Diagnosis:
+    """The verdict for one parsed message. `platform` overrides the one guessed from the text."""
+    plat = platform or r.platform
+    b = _Builder(r, plat)
+    X = r.requested
+    if r.format == "thc":
+        return b.done("unknown", "pre-1.0 'cuda runtime error (2)' carries no figures; upgrade PyTorch "
+                      "(any release since 1.0 prints what was requested, allocated, reserved and free)")
+    if r.format == "cuda-error":
+        b.fixes.append(fx.record_snapshot(r))
+        return b.done("unknown", "'CUDA error: out of memory' is raised outside the caching allocator (a kernel, "
+                      "cuBLAS/cuDNN workspace, NCCL or context creation) and carries no figures")
+    if X is None:
+        if r.backend == "cudaMallocAsync":
+            b.fixes.append(fx.native_backend(r))
+            return b.done("unknown", "the cudaMallocAsync message was cut after 'Allocation on device' (ComfyUI "
+                          "shows only its first line); the full message lists allocated, requested and free memory")
+        return b.done("unknown", "the message was cut before the requested size")
+    b.ev(f"requested: {_fs(X)}" + (" (the segment size PyTorch asked the device for)" if r.vendor in ("cuda", "hip") and r.backend == "native" else ""))
+    if X >= UNLIMITED:
+        return b.done("shortage", "a request of more than 1 EiB: the tensor size is wrong (a shape bug)")
+
+    T = r.total
+    if T is not None:
+        b.ev(f"device total: {_fs(T)}")
+    if T is not None and X > T + tol(T) + tol(X):
+        b.fixes.append(fx.reduce_work(r, X - T, T))
+        b.ev(f"the single request exceeds the whole device by {_fs(X - T)}")
+        return b.done("shortage", f"one allocation of {_fs(X)} is larger than the device ({_fs(T)})", X - T)
+
+    if r.vendor == "mps":
+        return _mps(b)
+    if r.backend == "cudaMallocAsync":
+        return _async(b)
+    return _native(b)
+
+
+def _mps(b: _Builder) -> Diagnosis:
+    r = b.r
+    X, A, O, cap = r.requested or 0, r.allocated, r.other_allocations, r.cap
+    if A is None or cap is None:
+        return b.done("unknown", "the MPS message was cut before its figures")
+    need = A + (O or 0) + X
+    b.ev(f"MPS allocated {_fs(A)} + other allocations {_fs(O or 0)} + request {_fs(X)} = {_fs(need)}")
+    b.ev(f"max allowed (high watermark): {_fs(cap)}")
+    for name in ("expandable_segments", "max_split_size_mb"):
+        b.fixes.append(Fix(name, name, "MPS has no such option: it belongs to the CUDA/ROCm caching allocator "
+                           "(PYTORCH_CUDA_ALLOC_CONF is not read on MPS)", works=False))
+    if need + tol(need) + tol(cap) >= cap:
+        short = max(0, need - cap)
+        b.fixes.insert(0, fx.mps_watermark(r, need))
+        b.fixes.insert(1, fx.reduce_work(r, max(short, X), A + X))
+        return b.done("cap", f"the MPS high-watermark limit ({_fs(cap)}) was reached; the process needed "
+                      f"{_fs(need)}", short)
+    return b.done("unknown", "allocated + other + request stays under the MPS limit; the system itself is out of "
+                  "memory (unified memory is shared with macOS and other apps)")
+
+
+def _async(b: _Builder) -> Diagnosis:
+    r = b.r
+    X, A, T, F, cap = r.requested or 0, r.allocated, r.total, r.free, r.cap
+    b.fixes.append(fx.native_backend(r))
+    b.fixes.append(fx.expandable_segments(r, b.platform, None))
+    b.fixes.append(fx.max_split_size(r, b.platform))
+    if A is None or T is None:
+        return b.done("unknown", "the cudaMallocAsync message was cut before its figures")
+    b.ev(f"currently allocated (live tensors): {_fs(A)}")
+    if F is not None:
+        b.ev(f"free according to CUDA: {_fs(F)}")
+    if cap is not None and cap < UNLIMITED:
+        b.ev(f"PyTorch limit (memory fraction): {_fs(cap)}")
+        if A + X > cap - tol(cap):
+            b.fixes.insert(0, fx.raise_fraction(r, A + X))
+            return b.done("cap", f"live tensors + request ({_fs(A + X)}) exceed the per-process limit {_fs(cap)}",
+                          A + X - cap)
+    else:
+        b.ev("PyTorch limit: none (SIZE_MAX printed)")
+    if A + X > T:
+        b.fixes.insert(0, fx.reduce_work(r, A + X - T, A + X))
+        return b.done("shortage", f"live tensors + request ({_fs(A + X)}) exceed the device ({_fs(T)})", A + X - T)
+    outside = T - (F or 0) - A
+    b.ev(f"held outside live tensors: {_fs(outside)} (the async pool's cache, other processes, the CUDA context)")
+    b.fixes.insert(1, fx.check_unlisted_users(r, outside, X - (F or 0)))
+    return b.done("unknown", f"{_fs(outside)} of the device is neither free nor in live tensors, and the "
+                  "cudaMallocAsync message does not say whether its pool cache or other processes hold it",
+                  max(0, X - (F or 0)))
+
+
+def _native(b: _Builder) -> Diagnosis:
+    r = b.r
+    X = r.requested or 0
+    T, F, A, R, U, cap = r.total, r.free, r.allocated, r.reserved, r.reserved_unallocated, r.cap
+    plat = b.platform
+    if A is not None:
+        b.ev(f"allocated by PyTorch: {_fs(A)}" + (f" (incl. private pools' {_fs(r.private_pools)})" if r.private_pools else ""))
+    if R is not None:
+        b.ev(f"reserved by PyTorch: {_fs(R)}" + (" (derived: allocated + unallocated)" if "reserved" in r.derived else ""))
+    if U is not None:
+        b.ev(f"reserved but unallocated: {_fs(U)}" + (" (derived: reserved - allocated)" if "reserved_unallocated" in r.derived else ""))
+    if F is not None:
+        b.ev(f"device free: {_fs(F)}")
+    if r.process_in_use is not None:
+        b.ev(f"this process in use (NVML, incl. CUDA context): {_fs(r.process_in_use)}")
+        if R is not None and r.process_in_use + tol(r.process_in_use) < R:
+            b.ev(f"NVML's figure for this process is below its reserved {_fs(R)}: NVML cannot see its usage "
+                 "(typical in containers without the host PID namespace), so it is ignored")
+    for pid, size in r.other_processes:
+        b.ev(f"process {pid}: {_fs(size)}")
+    if T is not None and A is not None and A > T + tol(A) + tol(T):
+        b.ev(f"allocated ({_fs(A)}) exceeds the device capacity ({_fs(T)}): the driver is spilling into shared "
+             "system memory (Windows' CUDA sysmem fallback)")
+
+    cap_active = cap is not None and T is not None and cap < T - tol(T) and cap < UNLIMITED
+    if cap is not None and cap_active:
+        b.ev(f"per-process limit: {_fs(cap)} ({100 * cap / T:.3g}% of the device)")
+
+    if U is None and r.vendor == "xpu" and T is not None and (F is None or F >= X):
+        pass  # handled by the XPU branch below
+    elif U is None or A is None:
+        b.fixes.append(fx.record_snapshot(r))
+        return b.done("unknown", "the message was cut before the allocated/reserved figures")
+
+    # ---- cap: the limit, not the device, refused -------------------------------------------
+    if cap_active and R is not None and R + X > cap - tol(cap) - tol(R):
+        need = R + X
+        b.ev(f"reserved + request = {_fs(need)} > limit {_fs(cap)}"
+             + (" (equal within the printed precision)" if need <= cap else ""))
+        if U is not None and U + tol(U) >= X:
+            b.contributing.append("fragmentation")
+        b.fixes.append(fx.raise_fraction(r, need))
+        if U:
+            b.fixes.append(fx.expandable_segments(r, plat, U))
+        if need > cap:
+            b.fixes.append(fx.reduce_work(r, need - cap, (A or 0) + X))
+        b.fixes.append(fx.gc_threshold(r))
+        room = F is None or F >= X
+        return b.done("cap", f"the per-process limit {_fs(cap)} was reached"
+                      + (f" while the device still had {_fs(F)} free" if room and F is not None else ""),
+                      max(0, need - cap))
+
+    if r.vendor == "xpu" and (F is None or F >= X) and (U or 0) < X:
+        b.ev("the device had room (or reported none) yet refused a single allocation")
+        b.fixes.append(fx.split_below_allocation_limit(r))
+        return b.done("cap", f"XPU refused a single {_fs(X)} allocation with the device {'free' if F else 'not full'}: "
+                      "Intel GPU drivers cap the size of one allocation (often 4 GiB); split the tensor", None)
+
+    # ---- the device reported room: no allocator rule explains the failure -----------------------
+    margin = max(tol(F) + tol(X) + _GRANULE, min((T or 0) // 20, GiB))
+    if F is not None and F >= X + margin:
+        b.ev(f"device free {_fs(F)} >= request {_fs(X)}, and no per-process limit is printed: the final "
+             "cudaMalloc after releasing the cache should have succeeded")
+        b.fixes.append(fx.record_snapshot(r))
+        b.fixes.append(fx.empty_cache_note(r))
+        return b.done("unknown", f"the device reports {_fs(F)} free, more than the {_fs(X)} requested, and no limit "
+                      "is printed: the failure came from outside the allocator's arithmetic (memory taken and "
+                      "released by another process in between, a driver limit, or a limit set without PyTorch)")
+
+    U = U or 0
+    Fv = F or 0
+    if F is not None and F >= X:
+        # Free but within a few percent of the device: drivers keep a reserve and hand out whole pages,
+        # so this is not dependable room (e.g. 41.56 MiB free refusing 32 MiB on a 4 GiB card).
+        b.ev(f"device free {_fs(F)} is small (under {_fs(margin)}: 5% of the device, at most 1 GiB): it is measured "
+             "after the failure and drivers keep a reserve, so it is not counted as room")
+        Fv = 0
+    def frag_fixes(reach: int) -> list[Fix]:
+        return [fx.expandable_segments(r, plat, reach, enough=True), fx.max_split_size(r, plat)]
+
+    # ---- fragmentation ----------------------------------------------------------------------
+    if X <= 2 * MiB and r.vendor in ("cuda", "hip") and U:
+        b.ev("a request of <= 1 MiB is served by the small pool (2 MiB segments): free blocks of the large pool "
+             "cannot serve it, however large")
+    if U + tol(U) + tol(X) >= X:
+        b.ev(f"reserved but unallocated {_fs(U)} >= request {_fs(X)}: the bytes are cached, but no single free "
+             "block is large enough")
+        b.fixes += frag_fixes(U + Fv)
+        b.fixes.append(fx.reduce_work(r, max(0, X - Fv), A + X))
+        b.fixes.append(fx.empty_cache_note(r))
+        b.fixes.append(fx.gc_threshold(r))
+        return b.done("fragmentation", f"{_fs(U)} is cached but split into pieces smaller than the {_fs(X)} "
+                      "request", max(0, X - Fv))
+    if F is not None and U + Fv + tol(U) + tol(Fv) >= X:
+        b.ev(f"unallocated {_fs(U)} + device free {_fs(Fv)} = {_fs(U + Fv)} >= request {_fs(X)}: enough bytes, "
+             "in pieces")
+        b.fixes += frag_fixes(U + Fv)
+        b.fixes.append(fx.reduce_work(r, X - Fv, A + X))
+        b.fixes.append(fx.empty_cache_note(r))
+        b.fixes.append(fx.gc_threshold(r))
+        return b.done("fragmentation", f"cached pieces ({_fs(U)}) and device free memory ({_fs(Fv)}) together "
+                      f"cover the {_fs(X)} request, but neither does alone", X - Fv)
+
+    # ---- not enough in reach of this process: who holds the rest? -----------------------------
+    short = X - U - Fv  # missing even if every cached byte and free byte were joined
+    b.ev(f"missing even with cached + free memory joined: {_fs(short)}")
+    others = r.other_processes_total
+    self_pid = _probable_self(r)
+    if self_pid is not None:
+        size = dict(r.other_processes)[self_pid]
+        others -= size
+        b.ev(f"process {self_pid} ({_fs(size)} >= this process's reserved {_fs(R or 0)}) is probably this process: "
+             "the message has no 'this process' line, which happens when NVML cannot map PIDs (Windows, containers)")
+    if others > 0 and others + tol(others) >= short:
+        b.ev(f"other processes hold {_fs(others)}")
+        b.fixes.append(fx.free_processes(r, short, exclude=self_pid))
+        b.fixes.append(fx.reduce_work(r, short, A + X))
+        if U:
+            b.fixes.append(fx.expandable_segments(r, plat, U + Fv))
+        return b.done("contention", f"other processes hold {_fs(others)}; {_fs(short)} of it would be enough", short)
+    if T is not None and F is not None and r.process_in_use is not None and R is not None and r.process_in_use >= R:
+        unlisted = T - F - r.process_in_use - others
+        if unlisted > 0:
+            b.ev(f"in use by nothing NVML listed (other containers, the display): {_fs(unlisted)}")
+        if unlisted + others >= short and unlisted > tol(T):
+            b.fixes.append(fx.check_unlisted_users(r, unlisted + others, short))
+            b.fixes.append(fx.reduce_work(r, short, A + X))
+            return b.done("contention", f"{_fs(unlisted + others)} of the device is held by processes other than "
+                          "this one", short)
+    elif T is not None and F is not None and R is not None and not r.other_processes:
+        outside = T - F - R
+        if outside > 0:
+            b.ev(f"outside this process's allocator: {_fs(outside)} (CUDA context, libraries, other processes)")
+        if outside >= short and outside > R:
+            # Far more than any context: someone else holds it (the message predates per-process lines).
+            b.fixes.append(fx.check_unlisted_users(r, outside, short))
+            b.fixes.append(fx.reduce_work(r, short, A + X))
+            return b.done("contention", f"{_fs(outside)} of the device is used outside this process's PyTorch "
+                          f"memory ({_fs(R)}), more than the process itself holds", short)
+        if outside >= short:
+            b.contributing.append("possible contention")
+            b.fixes.append(fx.check_unlisted_users(r, outside, short))
+    b.fixes.insert(0, fx.reduce_work(r, short, A + X))
+    if U:
+        b.fixes.append(fx.expandable_segments(r, plat, U + Fv))
+    if others > 0:
+        b.fixes.append(fx.free_processes(r, short, exclude=self_pid))
+    b.fixes.append(fx.empty_cache_note(r))
+    return b.done("shortage", f"the process needs {_fs(short)} more than it could reach "
+                  f"(live {_fs(A)} + request {_fs(X)} on a {_fs(T) if T else '?'} device)", short)
