@@ -1,0 +1,200 @@
+"""Knobs that will silently do nothing (or fail) where they are going to run.
+
+PyTorch accepts many settings that have no effect in the situation at hand — a GC threshold
+without a memory cap, native knobs under `backend:cudaMallocAsync`, `expandable_segments`
+on Windows — and users then conclude "the setting did not help". These checks say so up
+front. They return plain data; rendering is the CLI's job.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from alloctune.config.knobs import KNOB_BY_NAME
+from alloctune.config.model import ENV_VARS, AllocatorConfig
+from alloctune.config.parse import parse_config, parse_detailed
+from alloctune.config.versions import DEFAULT_TORCH, TorchVersion, format_version, parse_torch_version
+from alloctune.errors import ConfigError, InputError
+from alloctune.units import format_mib
+
+ERROR = "error"      # torch will refuse this at CUDA init
+WARNING = "warning"  # accepted, but does nothing (or not what was meant)
+INFO = "info"
+
+PLATFORMS = ("linux", "windows")
+
+
+@dataclass(frozen=True)
+class ConfigWarning:
+    """One finding: a stable `code` for programs, a `message` for people."""
+
+    code: str
+    severity: str
+    message: str
+    key: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"code": self.code, "severity": self.severity, "message": self.message, "key": self.key}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "ConfigWarning":
+        return cls(d["code"], d["severity"], d["message"], d.get("key"))
+
+
+def _native_knobs_set(config: AllocatorConfig) -> list[str]:
+    keys = [k for k, _ in config.items() if k != "backend"]
+    return [k for k in keys if KNOB_BY_NAME[k].honoured_by == "native"]
+
+
+def check(
+    config: AllocatorConfig | str,
+    torch: str | TorchVersion = DEFAULT_TORCH,
+    *,
+    platform: str = "linux",
+    fraction: float | None = None,
+    card: int | None = None,
+    largest_segment: int | None = None,
+    env_var: str | None = None,
+) -> list[ConfigWarning]:
+    """Findings for `config` run under torch `torch` on `platform`.
+
+    `fraction`: a `set_per_process_memory_fraction` the program applies (None = none);
+    `card`: device memory in bytes; `largest_segment`: the largest segment the workload can
+    create (bytes), e.g. from a trace; `env_var`: the variable the setting is put in.
+    A string is parsed first (malformed text raises `ConfigError`) and also checked for text
+    PyTorch silently ignores.
+    """
+    version = parse_torch_version(torch)
+    if platform not in PLATFORMS:
+        raise InputError(f"unknown platform {platform!r}: use {' or '.join(PLATFORMS)}")
+    out: list[ConfigWarning] = []
+    if isinstance(config, str):
+        result = parse_detailed(config, version)
+        config = result.config
+        out += [ConfigWarning(n.code, WARNING, n.message, n.key) for n in result.notes]
+        for key, n in Counter(result.keys).items():
+            if n > 1:
+                out.append(ConfigWarning(
+                    "repeated-key", WARNING,
+                    f"{key} is given {n} times; PyTorch uses the last one"
+                    + (" (roundup lists accumulate)" if key == "roundup_power2_divisions" else ""), key))
+    v = format_version(version)
+
+    # Keys this release does not know: PyTorch refuses the whole string at CUDA init.
+    unknown = [k for k, _ in config.items() if not KNOB_BY_NAME[k].known_in(version)]
+    for key in unknown:
+        knob = KNOB_BY_NAME[key]
+        if key == "expandable_segments":
+            out.append(ConfigWarning(
+                "expandable-unsupported", ERROR,
+                f"expandable_segments needs torch 2.1 or newer; torch {v} rejects the whole setting", key))
+        else:
+            out.append(ConfigWarning(
+                "unknown-key", ERROR,
+                f"{key} is unknown to torch {v} (it exists in torch {knob.versions()}); "
+                "torch refuses the whole setting at CUDA init", key))
+    if not unknown:
+        try:
+            parse_config(config.format(), version)
+        except ConfigError as exc:
+            out.append(ConfigWarning("invalid-for-version", ERROR, str(exc), getattr(exc, "key", None)))
+
+    if env_var is not None:
+        if env_var not in ENV_VARS:
+            raise InputError(f"unknown variable {env_var!r}: use {' or '.join(ENV_VARS)}")
+        if env_var == "PYTORCH_ALLOC_CONF" and version < (2, 10):
+            out.append(ConfigWarning(
+                "alloc-conf-ignored", WARNING,
+                f"torch {v} ignores PYTORCH_ALLOC_CONF (read from 2.10 on); set PYTORCH_CUDA_ALLOC_CONF"))
+
+    native_set = _native_knobs_set(config)
+    if config.backend == "cudaMallocAsync" and native_set:
+        out.append(ConfigWarning(
+            "inert-under-async", WARNING,
+            f"backend:cudaMallocAsync ignores {', '.join(native_set)}: the CUDA driver does the caching"))
+
+    # A memory cap is what GC measures against.
+    cap_fraction = fraction
+    if config.per_process_memory_fraction is not None and version >= (2, 10):
+        cap_fraction = config.per_process_memory_fraction if cap_fraction is None else cap_fraction
+    has_cap = cap_fraction is not None and (cap_fraction < 1.0 or version <= (2, 9))
+    if config.garbage_collection_threshold > 0 and not has_cap and config.backend == "native":
+        why = ("set_per_process_memory_fraction(f) with f < 1" if version >= (2, 10)
+               else "set_per_process_memory_fraction(f)")
+        if version >= (2, 10):
+            why += " or per_process_memory_fraction:F"
+        out.append(ConfigWarning(
+            "gc-without-cap", WARNING,
+            "garbage_collection_threshold does nothing without a per-process memory cap "
+            f"({why}); use empty_cache() or expandable_segments instead", "garbage_collection_threshold"))
+
+    if config.per_process_memory_fraction == 0.0:
+        out.append(ConfigWarning(
+            "fraction-zero", WARNING,
+            "per_process_memory_fraction:0 makes every allocation fail", "per_process_memory_fraction"))
+
+    if config.expandable_segments and platform == "windows":
+        out.append(ConfigWarning(
+            "expandable-windows", WARNING,
+            "expandable_segments is not supported on Windows: PyTorch warns "
+            "'expandable_segments not supported on this platform' and keeps it off", "expandable_segments"))
+
+    mss = config.max_split_size
+    if mss is not None and config.backend == "native":
+        limit, what = None, ""
+        if card is not None:
+            limit, what = card, f"the card's memory ({format_mib(card)})"
+            if cap_fraction is not None and cap_fraction < 1:
+                limit, what = int(card * cap_fraction), f"the memory cap ({format_mib(int(card * cap_fraction))})"
+        if limit is not None and mss >= limit:
+            out.append(ConfigWarning(
+                "max-split-above-card", WARNING,
+                f"max_split_size_mb:{mss >> 20} is at or above {what}: no block can reach it, so it is a no-op",
+                "max_split_size_mb"))
+        elif largest_segment is not None and mss > largest_segment:
+            out.append(ConfigWarning(
+                "max-split-no-op", WARNING,
+                f"max_split_size_mb:{mss >> 20} is above every segment this workload makes "
+                f"(largest {format_mib(largest_segment)}): it is a no-op; try a value below that",
+                "max_split_size_mb"))
+    if mss is None and config.max_non_split_rounding is not None and config.backend == "native":
+        out.append(ConfigWarning(
+            "nsr-without-max-split", WARNING,
+            "max_non_split_rounding_mb only matters for blocks at or above max_split_size_mb, "
+            "which is not set: it is a no-op", "max_non_split_rounding_mb"))
+    return out
+
+
+def effective_setting(environ: Mapping[str, str], torch: str | TorchVersion = DEFAULT_TORCH) -> tuple[str | None, str]:
+    """Which variable torch `torch` reads in `environ`, and its text ("" when none is set).
+
+    ≤2.9 reads only `PYTORCH_CUDA_ALLOC_CONF`; 2.10+ takes the first one set of
+    `PYTORCH_CUDA_ALLOC_CONF`, `PYTORCH_ALLOC_CONF` (whole string, no merging).
+    """
+    version = parse_torch_version(torch)
+    order = ENV_VARS if version >= (2, 10) else ENV_VARS[:1]
+    for var in order:
+        if var in environ:
+            return var, environ[var]
+    return None, ""
+
+
+def check_environment(environ: Mapping[str, str], torch: str | TorchVersion = DEFAULT_TORCH) -> list[ConfigWarning]:
+    """Findings about the variables themselves (ignored or shadowed settings)."""
+    version = parse_torch_version(torch)
+    v = format_version(version)
+    out: list[ConfigWarning] = []
+    cuda, unified = environ.get(ENV_VARS[0]), environ.get(ENV_VARS[1])
+    if unified is not None and version < (2, 10) and unified != (cuda or ""):
+        out.append(ConfigWarning(
+            "alloc-conf-ignored", WARNING,
+            f"torch {v} ignores PYTORCH_ALLOC_CONF={unified!r} (read from 2.10 on); "
+            "put the setting in PYTORCH_CUDA_ALLOC_CONF"))
+    if cuda is not None and unified is not None and version >= (2, 10) and cuda != unified:
+        out.append(ConfigWarning(
+            "alloc-conf-shadowed", WARNING,
+            f"both variables are set and differ; torch {v} uses PYTORCH_CUDA_ALLOC_CONF={cuda!r} "
+            f"and ignores PYTORCH_ALLOC_CONF={unified!r}"))
+    return out
