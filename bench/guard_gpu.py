@@ -1,0 +1,452 @@
+"""GPU evidence for alloctune.guard on an RVC-like workload.
+
+(a) chunked: an RVC v2-48k NSF-HiFiGAN decoder on a long clip, under a per-process memory
+    budget where the plain call OOMs; `chunked` (whole input first, halve the failing piece)
+    completes, and its output is compared with the unchunked call made without the budget.
+(b) Janitor: 200 requests of mixed length through the same decoder (fp16, half width),
+    under four clean-up policies: never, after every request (what RVC does), and two
+    Janitor policies. Reports peak reserved, peak allocated, their ratio, and the number of
+    `empty_cache()` calls; target: Janitor peak reserved <= 1.10 x peak allocated with fewer
+    calls than "after every request".
+
+The decoder is `alloctune.workloads.rvc_models.GeneratorNSF` when that module is present
+(weight-normed convs, real layer sizes), else an equivalent local stack. Its sine/noise
+source is replaced by silence: RVC's source draws random noise and accumulates phase over
+the whole clip, so no chunking (RVC's own included) can reproduce it sample for sample;
+without it the decoder is a pure conv stack, and exactness of the seams can be tested.
+
+    python bench/guard_gpu.py --out /tmp/out                 # on a CUDA machine
+    python bench/guard_gpu.py --dry-run --out /tmp/out       # CPU: tiny model, simulated budget
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import math
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+from alloctune.guard import Chunker, Janitor, is_oom, stats, strip_traceback  # noqa: E402
+from alloctune.units import GiB, MiB, format_size, parse_size  # noqa: E402
+
+
+# ----------------------------------------------------------------------------------------------
+# the decoder
+
+
+class SilentSource(nn.Module):
+    """Stands in for RVC's sine/noise source: zeros of the source's shape [B, T*hop, 1]."""
+
+    def __init__(self, dtype: torch.dtype):
+        super().__init__()
+        self.dtype = dtype
+
+    def forward(self, f0: torch.Tensor, upp: int) -> torch.Tensor:
+        return torch.zeros(f0.shape[0], f0.shape[1] * upp, 1, device=f0.device, dtype=self.dtype)
+
+
+class LocalDecoder(nn.Module):
+    """Fallback with the same layer sizes as RVC's GeneratorNSF (no source branch)."""
+
+    def __init__(self, c_in: int, ch: int, rates, kernels, res_kernels=(3, 7, 11), dil=(1, 3, 5)):
+        super().__init__()
+        self.conv_pre = nn.Conv1d(c_in, ch, 7, padding=3)
+        self.ups = nn.ModuleList()
+        self.res = nn.ModuleList()
+        for i, (u, k) in enumerate(zip(rates, kernels)):
+            c_out = ch // 2 ** (i + 1)
+            self.ups.append(nn.ConvTranspose1d(ch // 2**i, c_out, k, u, padding=(k - u) // 2))
+            for kr in res_kernels:
+                self.res.append(nn.ModuleList(
+                    [nn.Conv1d(c_out, c_out, kr, dilation=d, padding=(kr * d - d) // 2) for d in dil]
+                    + [nn.Conv1d(c_out, c_out, kr, padding=(kr - 1) // 2) for _ in dil]))
+        self.conv_post = nn.Conv1d(ch // 2 ** len(rates), 1, 7, padding=3, bias=False)
+        self.n = len(res_kernels)
+
+    def forward(self, x, f0):
+        x = self.conv_pre(x)
+        for i, up in enumerate(self.ups):
+            x = up(F.leaky_relu(x, 0.1))
+            xs = None
+            for j in range(self.n):
+                convs = self.res[i * self.n + j]
+                h = x
+                for c1, c2 in zip(convs[:3], convs[3:]):
+                    h = c2(F.leaky_relu(c1(F.leaky_relu(h, 0.1)), 0.1)) + h
+                xs = h if xs is None else xs + h
+            x = xs / self.n
+        return torch.tanh(self.conv_post(F.leaky_relu(x)))
+
+
+def build_decoder(device: str, dtype: torch.dtype, tiny: bool, width: int | None):
+    """Returns (fn(x, f0) -> audio [1, 1, T*hop], in_channels, hop, description)."""
+    torch.manual_seed(0)
+    try:
+        from alloctune.workloads.rvc_models import SYNTH_CONFIGS, TINY_SYNTH, GeneratorNSF
+
+        cfg = SYNTH_CONFIGS[("v2", "48k")]
+        if tiny:
+            cfg = dataclasses.replace(cfg, **TINY_SYNTH)
+        if width:
+            cfg = dataclasses.replace(cfg, upsample_initial_channel=width)
+        dec = GeneratorNSF(cfg)
+        dec.m_source = SilentSource(dtype)
+        dec = dec.to(device=device, dtype=dtype).eval()
+        g = torch.randn(1, cfg.gin_channels, 1, device=device, dtype=dtype)
+
+        def fn(x, f0):
+            return dec(x, f0, g)
+
+        with torch.inference_mode():  # smoke test: fall back below if the module's API moved
+            probe = fn(torch.zeros(1, cfg.inter_channels, 4, device=device, dtype=dtype),
+                       torch.zeros(1, 4, device=device))
+        if tuple(probe.shape) != (1, 1, 4 * cfg.hop):
+            raise TypeError(f"unexpected decoder output shape {tuple(probe.shape)}")
+
+        desc = (f"alloctune.workloads GeneratorNSF v2-48k (rates {cfg.upsample_rates}, "
+                f"{cfg.upsample_initial_channel} ch, silent source)")
+        return fn, cfg.inter_channels, cfg.hop, desc
+    except (ImportError, KeyError, AttributeError, TypeError, ValueError, RuntimeError) as exc:  # API moved
+        ch = width or (32 if tiny else 512)
+        c_in = 16 if tiny else 192
+        dec = LocalDecoder(c_in, ch, (12, 10, 2, 2), (24, 20, 4, 4)).to(device=device, dtype=dtype).eval()
+        return dec, c_in, 480, f"local NSF-HiFiGAN-shaped decoder ({ch} ch; workloads unavailable: {exc})"
+
+
+def receptive_field(fn, c_in: int, hop: int, device: str, dtype: torch.dtype, frames: int = 160) -> int:
+    """Frames on either side of an input frame that change the output (measured by perturbation)."""
+    x = torch.randn(1, c_in, frames, device=device, dtype=dtype)
+    f0 = torch.full((1, frames), 200.0, device=device)
+    mid = frames // 2
+    with torch.inference_mode():
+        y0 = fn(x, f0).float()
+        x2 = x.clone()
+        x2[..., mid] += 1.0
+        y1 = fn(x2, f0).float()
+    changed = ((y1 - y0).abs() > 1e-4).nonzero()
+    if changed.numel() == 0:
+        return 0
+    idx = changed[:, -1]
+    lo, hi = int(idx.min()) // hop, int(idx.max()) // hop
+    return max(mid - lo, hi - mid)
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers
+
+
+class SimulatedBudget:
+    """CPU dry run only: raise torch.OutOfMemoryError above `frames` input frames."""
+
+    def __init__(self, fn, frames: int):
+        self.fn, self.frames = fn, frames
+
+    def __call__(self, x, f0):
+        if x.shape[-1] > self.frames:
+            raise torch.OutOfMemoryError(f"CUDA out of memory (simulated budget of {self.frames} frames)")
+        return self.fn(x, f0)
+
+
+def cuda_mem() -> dict[str, int]:
+    if not torch.cuda.is_available():
+        return {}
+    s = torch.cuda.memory_stats()
+    return {
+        "peak_reserved": torch.cuda.max_memory_reserved(),
+        "peak_allocated": torch.cuda.max_memory_allocated(),
+        "num_device_alloc": int(s.get("num_device_alloc", -1)),
+        "num_alloc_retries": int(s.get("num_alloc_retries", 0)),
+        "num_ooms": int(s.get("num_ooms", 0)),
+    }
+
+
+def reset_cuda() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+# ----------------------------------------------------------------------------------------------
+# (a) chunked long clip under a budget
+
+
+def part_a(args, device: str) -> dict[str, Any]:
+    dtype = torch.float32
+    torch.backends.cuda.matmul.allow_tf32 = False  # exact comparison: no TF32 anywhere
+    torch.backends.cudnn.allow_tf32 = False
+    fn, c_in, hop, desc = build_decoder(device, dtype, tiny=args.dry_run, width=None)
+    rf = receptive_field(fn, c_in, hop, device, dtype)
+    overlap = max(8, 2 * rf)
+    frames = int(args.seconds * 100)
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    x = torch.randn(1, c_in, frames, generator=gen).to(device=device, dtype=dtype)
+    f0 = torch.full((1, frames), 200.0, device=device)
+    res: dict[str, Any] = {"decoder": desc, "seconds": args.seconds, "frames": frames, "hop": hop,
+                           "receptive_field_frames": rf, "overlap_frames": overlap}
+
+    # reference: unchunked, no budget
+    reset_cuda()
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        ref = fn(x, f0).float().cpu()
+    sync()
+    res["reference"] = {"seconds": time.perf_counter() - t0, "length": ref.shape[-1], **cuda_mem()}
+
+    # the budget
+    if device.startswith("cuda"):
+        budget = parse_size(args.budget)
+        total = torch.cuda.get_device_properties(0).total_memory
+        reset_cuda()
+        torch.cuda.set_per_process_memory_fraction(budget / total)
+        run_fn = fn
+        res["budget"] = budget
+    else:
+        budget = None
+        run_fn = SimulatedBudget(fn, frames // 2)
+        res["budget"] = f"simulated: {frames // 2} frames"
+
+    try:
+        # plain call under the budget
+        reset_cuda()
+        t0 = time.perf_counter()
+        plain: dict[str, Any] = {}
+        try:
+            with torch.inference_mode():
+                out = run_fn(x, f0)
+            sync()
+            plain["outcome"] = "ok"
+            del out
+        except Exception as exc:
+            if not is_oom(exc):
+                raise
+            plain["outcome"] = "oom"
+            plain["error"] = str(exc).splitlines()[0][:160]
+            strip_traceback(exc)
+        plain["seconds"] = time.perf_counter() - t0
+        plain.update(cuda_mem())
+        res["plain_under_budget"] = plain
+
+        # chunked under the budget: first call probes from the whole clip, second uses the memo
+        chunker = Chunker(dim=-1, inputs=2, overlap=overlap, ratio=hop, min_chunk=max(overlap, 50))
+        for label in ("chunked_first_call", "chunked_second_call"):
+            reset_cuda()
+            stats.reset()
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                y, report = chunker.run_with_report(run_fn, x, f0)
+                y = y.float().cpu()
+            sync()
+            diff = (y - ref).abs().max().item() if y.shape == ref.shape else math.inf
+            res[label] = {"seconds": time.perf_counter() - t0, "length": y.shape[-1],
+                          "same_length": y.shape == ref.shape, "max_abs_diff": diff,
+                          "ref_max_abs": ref.abs().max().item(), **report.to_dict(),
+                          "guard_stats": stats.snapshot().to_dict(), **cuda_mem()}
+            del y
+    finally:
+        if device.startswith("cuda"):
+            torch.cuda.set_per_process_memory_fraction(1.0)
+            reset_cuda()
+    c = res["chunked_first_call"]
+    res["pass"] = bool(res["plain_under_budget"]["outcome"] == "oom" and c["same_length"]
+                       and c["max_abs_diff"] <= args.tolerance)
+    return res
+
+
+# ----------------------------------------------------------------------------------------------
+# (b) Janitor on a mixed-length request stream
+
+
+def request_lengths(n: int, lo_s: float, hi_s: float, seed: int, warmup_max: bool) -> list[int]:
+    rng = random.Random(seed)
+    frames = [int(100 * rng.uniform(lo_s, hi_s)) for _ in range(n)]
+    if warmup_max:  # a service warming up with its longest allowed request first
+        frames[0] = int(100 * hi_s)
+    return frames
+
+
+def run_stream(fn, c_in: int, frames: list[int], device: str, dtype, policy: str) -> dict[str, Any]:
+    reset_cuda()
+    janitor = None
+    empty_calls = 0
+    if policy.startswith("janitor"):
+        opts = POLICIES[policy]
+        janitor = Janitor(**opts)
+    t0 = time.perf_counter()
+    for n in frames:
+        x = torch.randn(1, c_in, n, device=device, dtype=dtype)
+        f0 = torch.full((1, n), 200.0, device=device)
+        with torch.inference_mode():
+            y = fn(x, f0)
+            out = y.float().cpu()  # RVC copies every chunk's audio to the host
+        del x, f0, y, out
+        if policy == "every":
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            empty_calls += 1
+        elif janitor is not None:
+            janitor.step()
+    sync()
+    mem = cuda_mem()
+    if janitor is not None:
+        empty_calls = janitor.cleanups
+    r = {"policy": policy, "options": POLICIES.get(policy, {}), "requests": len(frames),
+         "empty_cache_calls": empty_calls, "seconds": time.perf_counter() - t0, **mem}
+    if janitor is not None:
+        r["janitor"] = janitor.totals.to_dict()
+    if mem.get("peak_allocated"):
+        r["reserved_over_allocated"] = mem["peak_reserved"] / mem["peak_allocated"]
+        r["fragmentation"] = 1 - mem["peak_allocated"] / mem["peak_reserved"]
+    return r
+
+
+POLICIES: dict[str, dict[str, Any]] = {
+    "never": {},
+    "every": {},
+    "janitor-default": {},  # max_cached_ratio=0.1, max_inactive_ratio=0.25
+    "janitor-cached-5%": {"max_cached_ratio": 0.05},
+    "janitor-reserved-1.05": {"max_reserved_ratio": 1.05},
+}
+
+
+def part_b(args, device: str) -> dict[str, Any]:
+    dtype = torch.float16 if device.startswith("cuda") else torch.float32
+    torch.backends.cudnn.allow_tf32 = True
+    fn, c_in, hop, desc = build_decoder(device, dtype, tiny=args.dry_run, width=None if args.dry_run else 256)
+    with torch.inference_mode():  # warm cuDNN / kernels once, outside the measurement
+        fn(torch.randn(1, c_in, 64, device=device, dtype=dtype), torch.full((1, 64), 200.0, device=device))
+    out: dict[str, Any] = {"decoder": desc, "dtype": str(dtype), "orders": {}}
+    lo, hi = (0.2, 0.6) if args.dry_run else (2.0, 60.0)
+    t_start = time.perf_counter()
+    for order in ("random", "warmup-max-first"):
+        frames = request_lengths(args.requests, lo, hi, seed=7, warmup_max=(order != "random"))
+        runs = []
+        for p in POLICIES:
+            if time.perf_counter() - t_start > args.time_limit_b:
+                print(f"(b) time limit reached: skipping {order}/{p}", file=sys.stderr)
+                continue
+            runs.append(run_stream(fn, c_in, frames, device, dtype, p))
+            print(f"(b) {order}/{p}: {runs[-1]['seconds']:.1f} s", file=sys.stderr)
+        if not runs:
+            continue
+        out["orders"][order] = {"frames_min": min(frames), "frames_max": max(frames),
+                                "frames_mean": sum(frames) / len(frames), "runs": runs}
+    verdicts = {}
+    for order, v in out["orders"].items():
+        every = next((r for r in v["runs"] if r["policy"] == "every"), None)
+        for r in v["runs"]:
+            if every is not None and r["policy"].startswith("janitor") and "reserved_over_allocated" in r:
+                verdicts[f"{order}/{r['policy']}"] = bool(
+                    r["reserved_over_allocated"] <= 1.10 and r["empty_cache_calls"] < every["empty_cache_calls"])
+    out["verdicts"] = verdicts
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def render(result: dict[str, Any]) -> str:
+    """Markdown section for bench/RESULTS.md (also printed)."""
+    L = [f"## guard_gpu — {result['when']}", "", f"`{result['command']}` on {result['device_name']} "
+         f"(torch {result['torch']}).", ""]
+    a = result.get("a")
+    if a:
+        L += [f"**(a) chunked long clip** — {a['decoder']}; {a['seconds']:.0f} s clip = {a['frames']} frames → "
+              f"{a['reference']['length']} samples; receptive field {a['receptive_field_frames']} frames, "
+              f"overlap {a['overlap_frames']}; budget "
+              f"{format_size(a['budget']) if isinstance(a['budget'], int) else a['budget']}; fp32, TF32 off.", "",
+              "| run | outcome | pieces | halvings | final piece (frames) | max abs diff vs unchunked | peak reserved | "
+              "peak allocated | time (s) |", "|---|---|---|---|---|---|---|---|---|"]
+        ref = a["reference"]
+        L.append(f"| unchunked, no budget (reference) | ok | 1 | – | {a['frames']} | 0 | "
+                 f"{format_size(ref.get('peak_reserved', 0))} | {format_size(ref.get('peak_allocated', 0))} | "
+                 f"{ref['seconds']:.2f} |")
+        p = a["plain_under_budget"]
+        L.append(f"| unchunked, under budget | {p['outcome']} | – | – | – | – | "
+                 f"{format_size(p.get('peak_reserved', 0))} | {format_size(p.get('peak_allocated', 0))} | "
+                 f"{p['seconds']:.2f} |")
+        for k in ("chunked_first_call", "chunked_second_call"):
+            c = a[k]
+            L.append(f"| {k.replace('_', ' ')} | {'ok' if c['same_length'] else 'LENGTH MISMATCH'} | {c['pieces']} | "
+                     f"{c['halvings']} | {c['final_chunk']} | {c['max_abs_diff']:.2e} | "
+                     f"{format_size(c.get('peak_reserved', 0))} | {format_size(c.get('peak_allocated', 0))} | "
+                     f"{c['seconds']:.2f} |")
+        L += ["", f"(a) verdict: **{'PASS' if a['pass'] else 'FAIL'}** (plain call OOMs under the budget, chunked "
+                  f"output has the reference length and max abs diff ≤ {result['tolerance']:g}).", ""]
+    b = result.get("b")
+    if b:
+        L += [f"**(b) Janitor, {result['requests']} mixed-length requests** — {b['decoder']}, {b['dtype']}. "
+              "ratio = peak reserved ÷ peak allocated over the whole run (target ≤ 1.10); fragmentation = "
+              "1 − peak allocated ÷ peak reserved (DESIGN.md). `device mallocs` = cudaMalloc calls.", "",
+              "| order | policy | empty_cache calls | peak reserved | peak allocated | ratio | fragmentation | "
+              "device mallocs | time (s) |", "|---|---|---|---|---|---|---|---|---|"]
+        for order, v in b["orders"].items():
+            for r in v["runs"]:
+                L.append(f"| {order} | {r['policy']} | {r['empty_cache_calls']} | "
+                         f"{format_size(r.get('peak_reserved', 0))} | {format_size(r.get('peak_allocated', 0))} | "
+                         f"{r.get('reserved_over_allocated', float('nan')):.3f} | "
+                         f"{r.get('fragmentation', float('nan')):.3f} | {r.get('num_device_alloc', '')} | "
+                         f"{r['seconds']:.2f} |")
+        L += ["", "(b) verdicts (ratio ≤ 1.10 and fewer calls than every-request): "
+              + ", ".join(f"{k}: {'PASS' if v else 'FAIL'}" for k, v in b["verdicts"].items()), ""]
+    return "\n".join(L)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True, help="folder for guard_gpu.json and guard_gpu.md")
+    ap.add_argument("--parts", default="ab", help="which parts to run: a, b or ab")
+    ap.add_argument("--seconds", type=float, default=300.0, help="(a) clip length in seconds (100 frames/s)")
+    ap.add_argument("--budget", default="4GiB", help="(a) per-process memory budget")
+    ap.add_argument("--tolerance", type=float, default=1e-4, help="(a) max abs diff allowed vs unchunked")
+    ap.add_argument("--requests", type=int, default=200, help="(b) requests per policy")
+    ap.add_argument("--time-limit-b", type=float, default=150.0, help="(b) skip further policies after this many s")
+    ap.add_argument("--dry-run", action="store_true", help="CPU: tiny model, short clip, simulated budget")
+    args = ap.parse_args()
+    if args.dry_run:
+        device = "cpu"
+        if args.seconds == 300.0:
+            args.seconds = 2.0
+        if args.requests == 200:
+            args.requests = 4
+    else:
+        if not torch.cuda.is_available():
+            sys.exit("guard_gpu.py needs CUDA (use --dry-run on a CPU)")
+        device = "cuda"
+    args.out.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {
+        "schema": 1, "when": f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        "command": "python " + " ".join([Path(sys.argv[0]).as_posix().split(str(ROOT) + '/')[-1]] + sys.argv[1:]),
+        "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu (dry run)",
+        "torch": torch.__version__, "tolerance": args.tolerance, "requests": args.requests,
+    }
+    if "a" in args.parts:
+        result["a"] = part_a(args, device)
+    if "b" in args.parts:
+        result["b"] = part_b(args, device)
+    (args.out / "guard_gpu.json").write_text(json.dumps(result, indent=2, default=str))
+    md = render(result)
+    (args.out / "guard_gpu.md").write_text(md + "\n")
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,261 @@
+"""`Janitor`: decide between requests whether emptying the CUDA cache is worth it.
+
+Calling `torch.cuda.empty_cache()` after every request (as RVC and many web UIs do) keeps
+reserved memory low but makes every request `cudaMalloc` its blocks again (slow, and it
+synchronises the device). Never calling it lets a long-running service's cache fill with
+blocks of sizes that no longer fit the current requests: reserved memory grows far above
+what is allocated, and the next large request OOMs. The Janitor empties the cache only when
+the cache is in a state where it pays:
+
+* ``max_cached``: reserved − allocated (bytes held by the cache but not by tensors) above a
+  byte threshold;
+* ``max_cached_ratio``: that same idle cache above a fraction of the peak allocated bytes
+  (``allocated_bytes.all.peak``), i.e. relative to what the service really needs;
+* ``max_reserved_ratio``: reserved above a multiple of the peak allocated bytes: the cache
+  has outgrown anything the service ever needed at once (e.g. 1.1);
+* ``max_inactive_ratio``: ``inactive_split_bytes`` / reserved above a ratio: free pieces of
+  partly used segments, the fragmentation that makes large allocations fail;
+* ``every_n`` requests or ``every_s`` seconds since the last clean-up, as a backstop.
+
+Statistics come from an injectable function returning `torch.cuda.memory_stats()`-style
+keys, so the policy is tested without a GPU. Bytes released are measured as the drop in
+``reserved_bytes.all.current`` across the clean-up.
+
+    janitor = Janitor(max_cached="1GiB", max_inactive_ratio=0.2)
+    for request in queue:
+        with janitor:            # or: handle(request); janitor.step()
+            handle(request)
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from alloctune.guard.counters import stats as guard_stats
+from alloctune.units import format_size, parse_size
+
+__all__ = ["Janitor", "JanitorStep", "JanitorTotals"]
+
+log = logging.getLogger("alloctune.guard")
+SCHEMA = 1
+
+RESERVED = "reserved_bytes.all.current"
+ALLOCATED = "allocated_bytes.all.current"
+ALLOCATED_PEAK = "allocated_bytes.all.peak"
+INACTIVE_SPLIT = "inactive_split_bytes.all.current"
+
+StatsFn = Callable[[], Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class JanitorStep:
+    """One decision: whether the cache was emptied, why, and the memory before/after (bytes)."""
+
+    request: int
+    cleaned: bool
+    reason: str | None
+    reserved_before: int
+    allocated: int
+    inactive_split: int
+    reserved_after: int
+    released: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "JanitorStep":
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class JanitorTotals:
+    """Counters of one Janitor since it was made."""
+
+    requests: int
+    cleanups: int
+    bytes_released: int
+    reasons: dict[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "JanitorTotals":
+        return cls(int(data["requests"]), int(data["cleanups"]), int(data["bytes_released"]), dict(data["reasons"]))
+
+
+def _default_stats() -> Mapping[str, Any]:
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return {}
+    return torch.cuda.memory_stats()
+
+
+def _default_empty_cache() -> None:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def _ratio(name: str, value: float | None) -> float | None:
+    if value is None:
+        return None
+    if not 0 <= float(value):
+        raise ValueError(f"{name} must be >= 0, got {value!r}")
+    return float(value)
+
+
+class Janitor:
+    """Clean-up policy for long-running services; call `step()` (or use `with`) between requests.
+
+    With no trigger given it uses ``max_inactive_ratio=0.25`` and ``max_cached_ratio=0.1``.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_cached: int | str | None = None,
+        max_cached_ratio: float | None = None,
+        max_reserved_ratio: float | None = None,
+        max_inactive_ratio: float | None = None,
+        every_n: int | None = None,
+        every_s: float | None = None,
+        min_release: int | str = 0,
+        collect: bool = False,
+        stats_fn: StatsFn | None = None,
+        empty_cache: Callable[[], Any] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if all(v is None for v in (max_cached, max_cached_ratio, max_reserved_ratio, max_inactive_ratio, every_n,
+                                   every_s)):
+            max_cached_ratio, max_inactive_ratio = 0.1, 0.25
+        self.max_cached = None if max_cached is None else parse_size(max_cached)
+        self.max_cached_ratio = _ratio("max_cached_ratio", max_cached_ratio)
+        self.max_reserved_ratio = _ratio("max_reserved_ratio", max_reserved_ratio)
+        self.max_inactive_ratio = _ratio("max_inactive_ratio", max_inactive_ratio)
+        if every_n is not None and (isinstance(every_n, bool) or not isinstance(every_n, int) or every_n < 1):
+            raise ValueError(f"every_n must be an int >= 1, got {every_n!r}")
+        if every_s is not None and not every_s > 0:
+            raise ValueError(f"every_s must be > 0, got {every_s!r}")
+        self.every_n = every_n
+        self.every_s = every_s
+        self.min_release = parse_size(min_release)
+        self.collect = collect
+        self._stats_fn = stats_fn or _default_stats
+        self._empty_cache = empty_cache or _default_empty_cache
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._requests = 0
+        self._since_clean = 0
+        self._last_clean = clock()
+        self._cleanups = 0
+        self._released = 0
+        self._reasons: dict[str, int] = {}
+        self.last_step: JanitorStep | None = None
+
+    # -- policy ---------------------------------------------------------------------------------
+
+    def reason(self, s: Mapping[str, Any], since: int | None = None, elapsed: float | None = None) -> str | None:
+        """Which trigger fires for memory stats `s` (None: leave the cache alone)."""
+        reserved = int(s.get(RESERVED, 0))
+        allocated = int(s.get(ALLOCATED, 0))
+        cached = max(0, reserved - allocated)
+        if reserved <= 0:
+            return None  # nothing to release
+        if self.max_cached is not None and cached > self.max_cached:
+            return "max_cached"
+        peak = int(s.get(ALLOCATED_PEAK, allocated))
+        if self.max_cached_ratio is not None and peak > 0 and cached > self.max_cached_ratio * peak:
+            return "max_cached_ratio"
+        if self.max_reserved_ratio is not None and peak > 0 and reserved > self.max_reserved_ratio * peak:
+            return "max_reserved_ratio"
+        if self.max_inactive_ratio is not None and int(s.get(INACTIVE_SPLIT, 0)) > self.max_inactive_ratio * reserved:
+            return "max_inactive_ratio"
+        since = self._since_clean if since is None else since
+        if self.every_n is not None and since >= self.every_n:
+            return "every_n"
+        elapsed = (self._clock() - self._last_clean) if elapsed is None else elapsed
+        if self.every_s is not None and elapsed >= self.every_s:
+            return "every_s"
+        return None
+
+    def step(self) -> JanitorStep:
+        """Count one finished request and empty the cache if a trigger fires."""
+        with self._lock:
+            self._requests += 1
+            self._since_clean += 1
+            s = self._stats_fn()
+            reserved = int(s.get(RESERVED, 0))
+            allocated = int(s.get(ALLOCATED, 0))
+            inactive = int(s.get(INACTIVE_SPLIT, 0))
+            why = self.reason(s)
+            if why is not None and reserved - allocated < self.min_release and why not in ("every_n", "every_s"):
+                why = None  # not enough idle memory to be worth a device sync
+            after, released = reserved, 0
+            if why is not None:
+                if self.collect:
+                    gc.collect()
+                self._empty_cache()
+                after = int(self._stats_fn().get(RESERVED, 0))
+                released = max(0, reserved - after)
+                self._cleanups += 1
+                self._released += released
+                self._reasons[why] = self._reasons.get(why, 0) + 1
+                self._since_clean = 0
+                self._last_clean = self._clock()
+                guard_stats.add(cleanups=1, janitor_cleanups=1, bytes_released=released)
+                log.info("janitor: empty_cache after request %d (%s): reserved %s -> %s, released %s",
+                         self._requests, why, format_size(reserved), format_size(after), format_size(released))
+            step = JanitorStep(self._requests, why is not None, why, reserved, allocated, inactive, after, released)
+            self.last_step = step
+            return step
+
+    # -- conveniences ---------------------------------------------------------------------------
+
+    @property
+    def totals(self) -> JanitorTotals:
+        with self._lock:
+            return JanitorTotals(self._requests, self._cleanups, self._released, dict(self._reasons))
+
+    @property
+    def cleanups(self) -> int:
+        return self._cleanups
+
+    @property
+    def bytes_released(self) -> int:
+        return self._released
+
+    @property
+    def requests(self) -> int:
+        return self._requests
+
+    def __enter__(self) -> "Janitor":
+        return self
+
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: Any) -> bool:
+        self.step()  # after a failed request too: its tensors are gone and may have left holes
+        return False
+
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Use as a decorator on a request handler: `step()` after every call."""
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+    def __repr__(self) -> str:
+        t = self.totals
+        return f"Janitor(requests={t.requests}, cleanups={t.cleanups}, released={format_size(t.bytes_released)})"
