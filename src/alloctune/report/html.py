@@ -1,0 +1,113 @@
+"""One self-contained HTML page: figures inlined as base64 data URIs, CSS inline, no script.
+
+The page must open from an e-mail attachment or an air-gapped machine, so nothing is fetched:
+no external stylesheet, font, script or image. Every text that came from an input file is
+escaped.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from datetime import datetime, timezone
+from typing import Mapping, Sequence
+
+from alloctune.report.model import ReportData
+from alloctune.report.tables import SETTINGS_HEADER, diagnosis_cells, settings_cells
+from alloctune.units import format_mib
+
+_CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2rem auto; max-width: 72rem;
+       padding: 0 1rem; color: #1a202c; line-height: 1.45; }
+h1 { font-size: 1.6rem; margin-bottom: .2rem; }
+h2 { font-size: 1.2rem; margin-top: 2rem; border-bottom: 1px solid #cbd5e0; padding-bottom: .2rem; }
+h3 { font-size: 1rem; }
+table { border-collapse: collapse; margin: .6rem 0; font-size: .85rem; }
+th, td { border: 1px solid #cbd5e0; padding: .25rem .5rem; text-align: left; vertical-align: top; }
+th { background: #edf2f7; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+table.kv td:first-child { font-weight: 600; background: #f7fafc; }
+figure { margin: 1rem 0; }
+figure img { max-width: 100%; border: 1px solid #e2e8f0; }
+figcaption { font-size: .85rem; color: #4a5568; }
+.verdict { font-weight: bold; }
+.muted { color: #718096; font-size: .85rem; }
+code { background: #edf2f7; padding: 0 .2rem; }
+"""
+
+
+def data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def _e(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _table(header: Sequence[str] | None, rows: Sequence[Sequence[str]], numeric_from: int = 99) -> str:
+    """A table; `header=None` makes a key/value table without a header row."""
+    num = ' class="num"'
+    body = "".join(
+        "<tr>" + "".join(f"<td{num if i >= numeric_from else ''}>{_e(c)}</td>" for i, c in enumerate(r)) + "</tr>"
+        for r in rows
+    )
+    if header is None:
+        return f'<table class="kv"><tbody>{body}</tbody></table>'
+    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _figure(png: bytes, alt: str, caption: str) -> str:
+    return (
+        f'<figure><img src="{data_uri(png)}" alt="{_e(alt)}">'
+        f"<figcaption>{_e(caption)}</figcaption></figure>"
+    )
+
+
+def render_html(
+    data: ReportData,
+    figures: Mapping[str, tuple[bytes, str]],
+    budgets: Mapping[str, tuple[int, str]] | None = None,
+    generated: datetime | None = None,
+) -> str:
+    """The page. `figures` maps a figure name to (PNG bytes, caption); insertion order is kept."""
+    when = (generated or datetime.now(timezone.utc)).strftime("%Y-%m-%d %H:%M UTC")
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{_e(data.title)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{_e(data.title)}</h1>",
+        f'<p class="muted">Generated {when} by alloctune from {len(data.inputs)} input(s). '
+        "utilization = peak allocated ÷ peak reserved; min_budget = smallest per-process cap under which the "
+        "workload completes.</p>",
+    ]
+    if data.rows:
+        parts.append("<h2>Settings</h2>")
+        parts.append(_table(SETTINGS_HEADER, settings_cells(data.rows, budgets), numeric_from=4))
+    for d in data.diagnoses:
+        parts.append(f"<h2>OOM diagnosis: {_e(d.source)}</h2>")
+        parts.append(f'<p class="verdict">{_e(d.summary)}</p>')
+        parts.append(_table(None, diagnosis_cells(d)[2:]))
+        if d.pinned:
+            parts.append("<h3>Segments pinned by live blocks</h3>")
+            parts.append(
+                _table(
+                    ("segment", "size", "live", "free", "largest free", "live blocks"),
+                    [
+                        (f"{p.addr:#x}", format_mib(p.size), format_mib(p.allocated), format_mib(p.free),
+                         format_mib(p.largest_free), str(p.live_blocks))
+                        for p in d.pinned
+                    ],
+                    numeric_from=1,
+                )
+            )
+    if figures:
+        parts.append("<h2>Figures</h2>")
+        for name, (png, caption) in figures.items():
+            parts.append(_figure(png, name, caption))
+    if data.notes:
+        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in data.notes) + "</ul>")
+    parts.append("<h2>Inputs</h2><ul>" + "".join(f"<li><code>{_e(p)}</code></li>" for p in data.inputs) + "</ul>")
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
