@@ -66,3 +66,20 @@ def test_bad_input_exit_2_one_line(args, stdin, needle):
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("alloctune: error:") and needle in lines[0]
     assert "Traceback" not in res.stderr
+
+
+def test_diagnose_snapshot_flag(traces_dir):
+    """`diagnose --snapshot` explains the OOM recorded in a capped H200 run (same engine as diagnose-snapshot)."""
+    import json
+    import subprocess
+    import sys
+
+    snap = traces_dir / "llm" / "default_cap85.pickle.xz"
+    out = subprocess.run(
+        [sys.executable, "-m", "alloctune", "diagnose", "--snapshot", str(snap), "--json"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["verdict"] == "fragmentation"
+    assert data["recommendation"] == "expandable_segments:True"

@@ -104,8 +104,17 @@ def register(app: typer.Typer) -> None:
         platform: Optional[str] = typer.Option(
             None, "--platform", help="linux | windows | wsl | macos (default: guessed from paths in the text)."
         ),
+        snapshot: Optional[Path] = typer.Option(
+            None, "--snapshot", help="Explain an OOM from a memory snapshot written at it (alloctune run --on-oom snapshot)."
+        ),
+        budget: Optional[str] = typer.Option(None, "--budget", help="With --snapshot: the per-process cap the run had."),
     ) -> None:
         """Explain CUDA/HIP/XPU/MPS/NPU out-of-memory messages found in a log, with fixes for bash, PowerShell, cmd and Python."""
+        if snapshot is not None:
+            from alloctune.cli.report_cmd import explain_snapshot
+
+            explain_snapshot(snapshot, budget=budget, json_out=json_out)
+            return
         from alloctune.diagnose import diagnose_all
 
         text = read_input(source)

@@ -57,17 +57,23 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Explain an OOM from a snapshot: largest free block vs the request, pinned segments,
         reserved-but-free memory, and which setting would have avoided it."""
-        from alloctune.cli.common import console, print_json
-        from alloctune.diagnose.snapshot import STANDARD_CANDIDATES, diagnose_snapshot
-        from alloctune.units import parse_size
+        explain_snapshot(file, budget=budget, device=device, oom=oom, what_if=not no_what_if, json_out=json_out)
 
-        cap = parse_size(budget) if budget is not None else None
-        d = diagnose_snapshot(file, device=device, oom=oom, budget=cap,
-                              candidates=None if no_what_if else STANDARD_CANDIDATES)
-        if json_out:
-            print_json(d.to_dict(with_map=False))
-            return
-        render_snapshot_diagnosis(d, console)
+
+def explain_snapshot(
+    file: Path, *, budget: Optional[str], device: int = 0, oom: int = -1, what_if: bool = True, json_out: bool = False
+) -> None:
+    """Shared by `alloctune diagnose --snapshot` and `alloctune diagnose-snapshot`."""
+    from alloctune.cli.common import console, print_json
+    from alloctune.diagnose.snapshot import STANDARD_CANDIDATES, diagnose_snapshot
+    from alloctune.units import parse_size
+
+    cap = parse_size(budget) if budget is not None else None
+    d = diagnose_snapshot(file, device=device, oom=oom, budget=cap, candidates=STANDARD_CANDIDATES if what_if else None)
+    if json_out:
+        print_json(d.to_dict(with_map=False))
+        return
+    render_snapshot_diagnosis(d, console)
 
 
 def render_snapshot_diagnosis(d, console) -> None:
