@@ -1,0 +1,576 @@
+"""The in-process agent: runs inside the user's Python process, started by our `sitecustomize`.
+
+Why a separate, self-contained module: it is loaded *by file path* in the child, which may
+run another interpreter or venv than alloctune itself, so it imports only the standard
+library at start-up and `torch` only once the program imports it. Nothing here runs per
+allocation; the only ongoing work is one daemon thread that samples statistics once a second.
+
+What it does, in order:
+
+1. `activate(config)` (called by `sitecustomize`) installs a one-shot import hook for
+   `torch`, an excepthook, a `sys.exit` recorder, a SIGTERM handler (only where the program
+   has none) and an `atexit` writer. A process that never imports torch pays nothing more.
+2. Once `torch` has been imported it queues `_on_cuda_init` with `torch.cuda._lazy_call`, so
+   it runs exactly when CUDA is initialised (first CUDA op), never earlier: the budget is
+   applied (`set_per_process_memory_fraction(budget / total_memory)`), allocator history is
+   recorded if asked (`--record`: full history; `--on-oom snapshot`: a bounded ring dumped
+   when an OOM happens), the OOM observer is attached, and the live sampler starts.
+3. At exit (normal, exception, OOM, `sys.exit`, SIGTERM) it writes `report.<pid>.json`
+   into the report directory (schema `REPORT_SCHEMA`, see `build_report`).
+
+Live samples (the contract `alloctune watch` reads)
+----------------------------------------------------
+Every `live_interval` seconds (default 1 s) after CUDA init, the file
+`$ALLOCTUNE_STATE_DIR/live-<pid>.json` (default directory `~/.cache/alloctune/live/`) is
+replaced atomically (write to a temporary file in the same directory, then `os.replace`)
+with a JSON object::
+
+    {"schema": 1, "kind": "alloctune-live", "pid": int, "rank": int|null,
+     "local_rank": int|null, "cmd": [str, ...], "time": float (Unix s),
+     "started": float (Unix s), "device": int, "device_name": str,
+     "total_memory": int, "budget": int|null, "conf": str|null,
+     "stats": {memory_stats names from STAT_KEYS: int}}
+
+The file is removed when the process exits normally or by SIGTERM; a file whose `pid` no
+longer runs (e.g. after SIGKILL) is stale and readers should ignore it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import math
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+REPORT_SCHEMA = 1
+LIVE_SCHEMA = 1
+ENV_VAR = "ALLOCTUNE_AGENT"
+STATE_DIR_VAR = "ALLOCTUNE_STATE_DIR"
+CONFIG_FILE = "agent.json"  # when ALLOCTUNE_AGENT names a directory
+
+# The `torch.cuda.memory_stats()` subset every report and live sample carries.
+STAT_KEYS: tuple[str, ...] = tuple(
+    f"{kind}.all.{field}"
+    for kind in ("reserved_bytes", "allocated_bytes", "active_bytes", "requested_bytes", "inactive_split_bytes")
+    for field in ("current", "peak")
+) + (
+    "segment.all.current",
+    "segment.all.peak",
+    "segment.all.allocated",
+    "segment.all.freed",
+    "num_alloc_retries",
+    "num_ooms",
+    "num_device_alloc",
+    "num_device_free",
+    "num_sync_all_streams",
+)
+
+# Exit code the agent uses when it must stop the program before it runs (budget > card).
+EXIT_BUDGET_TOO_LARGE = 86
+
+_DEFAULTS: dict[str, Any] = {
+    "report_dir": None,  # where report.<pid>.json goes; None = no report
+    "budget": None,  # bytes; per-process cap applied at CUDA init
+    "ensure_cap": False,  # make the cap active even at the full card (GC needs a fraction < 1)
+    "record": None,  # path for the full allocator history snapshot (pickle)
+    "record_max_entries": 5_000_000,
+    "on_oom": None,  # "snapshot": keep a bounded history ring and dump it when an OOM happens
+    "oom_max_entries": 100_000,
+    "oom_dir": None,  # where `oom-snapshot.<pid>.pickle` goes (default: the report directory)
+    "live": True,
+    "live_interval": 1.0,
+    "state_dir": None,  # default $ALLOCTUNE_STATE_DIR or ~/.cache/alloctune/live
+    "conf": None,  # the allocator string the runner applied (for reports and live samples)
+}
+
+
+def load_config(value: str | None) -> dict[str, Any] | None:
+    """Read `ALLOCTUNE_AGENT`: inline JSON (starts with `{`) or a directory.
+
+    A directory receives the reports; its optional `agent.json` holds the other settings.
+    Returns None when the variable is unset or empty (agent stays off).
+    """
+    if not value or not value.strip():
+        return None
+    value = value.strip()
+    if value.startswith("{"):
+        cfg = json.loads(value)
+    else:
+        cfg = {}
+        path = os.path.join(value, CONFIG_FILE)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as fh:
+                cfg = json.load(fh)
+        cfg.setdefault("report_dir", value)
+    merged = dict(_DEFAULTS)
+    merged.update(cfg)
+    return merged
+
+
+def _int_env(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def default_state_dir() -> str:
+    return os.environ.get(STATE_DIR_VAR) or os.path.join(os.path.expanduser("~"), ".cache", "alloctune", "live")
+
+
+def write_json_atomic(path: str, data: dict[str, Any]) -> None:
+    """Write JSON so that a reader sees either the old or the new file, never half of one."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def fraction_for(budget: int, total: int, ensure_cap: bool = False) -> float:
+    """The memory fraction whose cap (`int(fraction * total)`) is at least `budget` bytes.
+
+    The allocator truncates `fraction * total`, and the float division can land one ulp
+    low, which would make the cap one byte smaller than asked; step up by ulps until the
+    truncated product reaches the budget. With `ensure_cap` a fraction of 1 becomes the
+    largest float below 1: from torch 2.10 a cap (and so garbage collection) exists only
+    for fractions < 1.
+    """
+    fraction = min(budget / total, 1.0)
+    while fraction < 1.0 and int(fraction * total) < budget:
+        fraction = math.nextafter(fraction, 2.0)
+    if ensure_cap and fraction >= 1.0:
+        fraction = math.nextafter(1.0, 0.0)
+    return fraction
+
+
+def _is_oom(type_name: str, message: str) -> bool:
+    """torch.OutOfMemoryError, or an exception that wraps the allocator's message."""
+    return type_name == "OutOfMemoryError" or "out of memory" in message.lower()
+
+
+class _TorchImportHook:
+    """A meta-path finder that lets `torch` import normally, then calls `on_import(torch)`.
+
+    It removes itself on first use, so the cost for every other import is one string
+    comparison until torch is imported, and nothing afterwards.
+    """
+
+    def __init__(self, on_import):
+        self._on_import = on_import
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+        import importlib.util
+
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _ChainedLoader(spec.loader, self._on_import)
+        return spec
+
+    # Old-style finders API (not used by Python 3.4+, kept so `pkgutil` stays happy).
+    def find_module(self, name, path=None):  # pragma: no cover
+        return None
+
+
+class _ChainedLoader:
+    def __init__(self, loader, after):
+        self._loader = loader
+        self._after = after
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        self._after(module)
+
+    def __getattr__(self, name):  # e.g. get_resource_reader, is_package
+        return getattr(self._loader, name)
+
+
+class Agent:
+    """The state of one process's agent. One instance per process (see `activate`)."""
+
+    def __init__(self, config: dict[str, Any]):
+        self.config = config
+        self.pid = os.getpid()
+        self.started = time.time()
+        self._t0 = time.monotonic()
+        self.rank = _int_env("RANK")
+        self.local_rank = _int_env("LOCAL_RANK")
+        self.torch = None
+        self.cuda_initialized = False
+        self.device: int | None = None
+        self.device_name: str | None = None
+        self.total_memory: int | None = None
+        self.fraction: float | None = None
+        self.exception: dict[str, str] | None = None
+        self.exit_code: int | None = None
+        self.forced_outcome: str | None = None
+        self.ooms: list[dict[str, int]] = []
+        self.oom_snapshot: str | None = None
+        self.agent_errors: list[str] = []
+        self._written = False
+        self._stop = threading.Event()
+        self._live_thread: threading.Thread | None = None
+        self._live_path: str | None = None
+        self._lock = threading.Lock()
+
+    # ---- installation -------------------------------------------------------------------
+    def install(self) -> None:
+        if "torch" in sys.modules:
+            self._on_torch_import(sys.modules["torch"])
+        else:
+            sys.meta_path.insert(0, _TorchImportHook(self._on_torch_import))
+        self._prev_excepthook = sys.excepthook
+        sys.excepthook = self._excepthook
+        self._orig_exit = sys.exit
+        sys.exit = self._exit
+        try:
+            if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+                signal.signal(signal.SIGTERM, self._on_sigterm)
+        except (ValueError, OSError):  # not the main thread / unsupported
+            pass
+        atexit.register(self.finish)
+
+    def _on_torch_import(self, torch) -> None:
+        self.torch = torch
+        try:
+            torch.cuda._lazy_call(self._on_cuda_init)
+        except Exception as exc:  # a torch without _lazy_call: note it, never break the program
+            self._note(f"cannot hook CUDA init: {exc}")
+
+    def _note(self, message: str) -> None:
+        self.agent_errors.append(message)
+
+    # ---- at CUDA init ---------------------------------------------------------------------
+    def _on_cuda_init(self) -> None:
+        torch = self.torch
+        cfg = self.config
+        self.cuda_initialized = True
+        count = torch.cuda.device_count()
+        device = torch.cuda.current_device()
+        if self.local_rank is not None and count:
+            device = self.local_rank % count
+        self.device = device
+        props = torch.cuda.get_device_properties(device)
+        self.device_name = props.name
+        self.total_memory = int(props.total_memory)
+        budget = cfg.get("budget")
+        if budget is not None and int(budget) > self.total_memory:
+            self.forced_outcome = "budget-too-large"
+            self.finish()
+            sys.stderr.write(
+                f"alloctune agent: budget {int(budget)} bytes exceeds the total memory of {self.device_name} "
+                f"({self.total_memory} bytes); stopping\n"
+            )
+            sys.stderr.flush()
+            os._exit(EXIT_BUDGET_TOO_LARGE)
+        if budget is not None or cfg.get("ensure_cap"):
+            self.fraction = fraction_for(int(budget if budget is not None else self.total_memory),
+                                         self.total_memory, bool(cfg.get("ensure_cap")))
+            torch.cuda.set_per_process_memory_fraction(self.fraction, device)
+        # Everything below only observes: a failure is noted in the report, never raised into
+        # the program (an exception here would surface at the program's first CUDA call).
+        try:
+            memory = torch.cuda.memory
+            if cfg.get("record"):
+                memory._record_memory_history(max_entries=int(cfg["record_max_entries"]), context=None, stacks="python")
+            elif cfg.get("on_oom") == "snapshot":
+                memory._record_memory_history(max_entries=int(cfg["oom_max_entries"]), context=None, stacks="python")
+        except Exception as exc:
+            self._note(f"cannot record allocator history: {type(exc).__name__}: {exc}")
+        observer = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
+        if observer is not None:
+            try:
+                observer(self._on_oom)
+            except Exception as exc:
+                self._note(f"cannot attach the OOM observer: {exc}")
+        else:
+            self._note("this torch has no OOM observer; OOMs are seen only through exceptions")
+        if cfg.get("live", True):
+            try:
+                self._start_live()
+            except Exception as exc:
+                self._note(f"cannot start live samples: {exc}")
+
+    def _on_oom(self, device: int, alloc_size: int, limit: int, free: int) -> None:
+        """Called by the allocator after its retries failed, just before it raises.
+
+        Cheap on purpose (programs such as cuDNN's workspace fallback can OOM thousands of
+        times and carry on): the history is dumped only at the first OOM and again when an
+        OOM ends the program (see `_excepthook`).
+        """
+        try:
+            self.ooms.append({"device": int(device), "alloc_size": int(alloc_size), "limit": int(limit),
+                              "free": int(free)})
+            if self.config.get("on_oom") == "snapshot" and len(self.ooms) == 1:
+                self._dump_oom_snapshot()
+        except Exception as exc:  # never let the observer raise into the allocator
+            self._note(f"OOM observer failed: {exc}")
+
+    def _dump_oom_snapshot(self) -> None:
+        folder = self.config.get("oom_dir") or self.config.get("report_dir") or "."
+        path = os.path.join(folder, f"oom-snapshot.{os.getpid()}.pickle")
+        try:
+            self._write_snapshot(self.torch.cuda.memory._snapshot(), path)
+            self.oom_snapshot = path
+        except Exception as exc:
+            self._note(f"OOM snapshot failed: {exc}")
+
+    @staticmethod
+    def _write_snapshot(snap: dict[str, Any], path: str) -> None:
+        import pickle  # writing our own plain-data dict; only reading pickles is dangerous
+
+        opener = open
+        if path.endswith(".gz"):
+            import gzip as opener_mod
+
+            opener = opener_mod.open
+        elif path.endswith(".xz"):
+            import lzma as opener_mod
+
+            opener = opener_mod.open
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with opener(path, "wb") as fh:
+            pickle.dump(snap, fh)
+
+    # ---- live samples ---------------------------------------------------------------------
+    def _start_live(self) -> None:
+        state_dir = self.config.get("state_dir") or default_state_dir()
+        self._live_path = os.path.join(state_dir, f"live-{os.getpid()}.json")
+        self._live_thread = threading.Thread(target=self._live_loop, name="alloctune-live", daemon=True)
+        self._live_thread.start()
+
+    def _live_loop(self) -> None:
+        interval = float(self.config.get("live_interval") or 1.0)
+        while True:
+            try:
+                write_json_atomic(self._live_path, self.live_sample())
+            except Exception as exc:  # a full disk must not break the workload
+                self._note(f"live sample failed: {exc}")
+                return
+            if self._stop.wait(interval):
+                return
+
+    def live_sample(self) -> dict[str, Any]:
+        return {
+            "schema": LIVE_SCHEMA,
+            "kind": "alloctune-live",
+            "pid": os.getpid(),
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "cmd": list(sys.argv),
+            "time": time.time(),
+            "started": self.started,
+            "device": self.device,
+            "device_name": self.device_name,
+            "total_memory": self.total_memory,
+            "budget": self.config.get("budget"),
+            "conf": self.config.get("conf"),
+            "stats": self._stats(),
+        }
+
+    def _stop_live(self) -> None:
+        self._stop.set()
+        if self._live_thread is not None:
+            self._live_thread.join(timeout=2.0)
+        if self._live_path:
+            try:
+                os.unlink(self._live_path)
+            except OSError:
+                pass
+
+    def _stats(self) -> dict[str, int]:
+        if not self.cuda_initialized or self.device is None:
+            return {}
+        stats = self.torch.cuda.memory_stats(self.device)
+        return {k: int(stats[k]) for k in STAT_KEYS if k in stats}
+
+    # ---- exit paths -----------------------------------------------------------------------
+    def _excepthook(self, exc_type, exc, tb) -> None:
+        self.exception = {"type": exc_type.__name__, "message": str(exc)}
+        self.exit_code = 1
+        if _is_oom(exc_type.__name__, str(exc)) and self.config.get("on_oom") == "snapshot":
+            # The traceback still holds the frames' tensors: this is the state at the failure.
+            self._dump_oom_snapshot()
+        self._prev_excepthook(exc_type, exc, tb)
+
+    def _exit(self, code=None):
+        if code is None:
+            self.exit_code = 0
+        elif isinstance(code, int):
+            self.exit_code = code
+        else:
+            self.exit_code = 1
+        return self._orig_exit(code)
+
+    def _on_sigterm(self, signum, frame) -> None:
+        self.forced_outcome = "terminated"
+        self.exit_code = 128 + signum
+        self.finish()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def outcome(self) -> str:
+        """The agent's own view; the runner combines it with the real exit status."""
+        if self.forced_outcome:
+            return self.forced_outcome
+        if self.exception is not None:
+            if _is_oom(self.exception["type"], self.exception["message"]):
+                return "oom"
+            return "crash"
+        if self.exit_code not in (None, 0):
+            return "oom" if self.ooms else "crash"
+        if not self.cuda_initialized:
+            return "no-cuda"
+        return "ok"
+
+    def finish(self) -> None:
+        """Write the report once (atexit, SIGTERM, or before a forced stop)."""
+        with self._lock:
+            if self._written or os.getpid() != self.pid:
+                return
+            self._written = True
+        self._stop_live()
+        report_dir = self.config.get("report_dir")
+        if not report_dir:
+            return
+        try:
+            report = self.build_report()
+        except Exception as exc:  # never lose the report entirely
+            report = self._base_report()
+            report["agent_errors"] = self.agent_errors + [f"report failed: {type(exc).__name__}: {exc}"]
+        try:
+            write_json_atomic(os.path.join(report_dir, f"report.{os.getpid()}.json"), report)
+        except Exception as exc:
+            sys.stderr.write(f"alloctune agent: cannot write report: {exc}\n")
+
+    def _base_report(self) -> dict[str, Any]:
+        torch = self.torch
+        oom_message = None
+        if self.exception is not None and _is_oom(self.exception["type"], self.exception["message"]):
+            oom_message = self.exception["message"]
+        return {
+            "schema": REPORT_SCHEMA,
+            "kind": "alloctune-agent-report",
+            "pid": os.getpid(),
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "cmd": list(sys.argv),
+            "outcome": self.outcome(),
+            "exit_code": self.exit_code,
+            "exception": self.exception,
+            "oom_message": oom_message,
+            "ooms_observed": len(self.ooms),
+            "last_oom": self.ooms[-1] if self.ooms else None,
+            "torch_imported": torch is not None,
+            "torch_version": getattr(torch, "__version__", None),
+            "cuda_initialized": self.cuda_initialized,
+            "device": self.device,
+            "device_name": self.device_name,
+            "total_memory": self.total_memory,
+            "budget": self.config.get("budget"),
+            "fraction": self.fraction,
+            "conf": self.config.get("conf"),
+            "env_conf": {k: os.environ.get(k) for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")},
+            "started": self.started,
+            "wall_s": time.monotonic() - self._t0,
+            "stats": {},
+            "allocator_settings": None,
+            "snapshot": None,
+            "oom_snapshot": self.oom_snapshot,
+            "segment_sizes": None,
+            "agent_errors": list(self.agent_errors),
+        }
+
+    def build_report(self) -> dict[str, Any]:
+        report = self._base_report()
+        torch = self.torch
+        if torch is None:
+            return report
+        try:
+            report["cuda_available"] = bool(torch.cuda.is_available())
+        except Exception:
+            report["cuda_available"] = False
+        if not self.cuda_initialized:
+            return report
+        report["stats"] = self._stats()
+        snap = torch.cuda.memory._snapshot()
+        report["allocator_settings"] = snap.get("allocator_settings")
+        if report["allocator_settings"] is None:
+            getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
+            report["allocator_settings"] = {"PYTORCH_CUDA_ALLOC_CONF": getter()} if getter else None
+        record = self.config.get("record")
+        if record:
+            path = self._record_path(record)
+            self._write_snapshot(snap, path)
+            report["snapshot"] = path
+            report["segment_sizes"] = segment_sizes(snap, self.device or 0)
+        return report
+
+    def _record_path(self, record: str) -> str:
+        """One file per process: `{pid}`/`{rank}` placeholders, or `.rankN` for a multi-rank job."""
+        path = record.replace("{pid}", str(os.getpid())).replace("{rank}", str(self.rank or 0))
+        world = _int_env("WORLD_SIZE") or 1
+        if path == record and world > 1:
+            stem, dot, ext = path.partition(".")
+            path = f"{stem}.rank{self.rank or 0}{dot}{ext}"
+        return path
+
+
+def segment_sizes(snapshot: dict[str, Any], device: int = 0) -> list[list[int]]:
+    """Distinct `cudaMalloc` sizes the run made, as sorted `[size, count]` pairs.
+
+    Tuning `max_split_size_mb` needs only these: blocks are parts of segments, so a value
+    above every segment size never marks a block oversize and changes nothing.
+    """
+    traces = snapshot.get("device_traces") or []
+    events = traces[device] if device < len(traces) else []
+    counts: dict[int, int] = {}
+    for ev in events:
+        if ev.get("action") == "segment_alloc":
+            counts[int(ev["size"])] = counts.get(int(ev["size"]), 0) + 1
+    return [[size, counts[size]] for size in sorted(counts)]
+
+
+_AGENT: Agent | None = None
+
+
+def activate(config: dict[str, Any] | None = None) -> Agent | None:
+    """Start the agent in this process (idempotent). `config` defaults to `$ALLOCTUNE_AGENT`."""
+    global _AGENT
+    if _AGENT is not None:
+        return _AGENT
+    if config is None:
+        config = load_config(os.environ.get(ENV_VAR))
+        if config is None:
+            return None
+    else:
+        merged = dict(_DEFAULTS)
+        merged.update(config)
+        config = merged
+    _AGENT = Agent(config)
+    _AGENT.install()
+    return _AGENT

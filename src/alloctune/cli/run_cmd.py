@@ -1,0 +1,123 @@
+"""`alloctune run -- CMD ...`: one trial of the user's command under a setting and a budget."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, List, Optional
+
+import typer
+
+TIMEOUT_EXIT = 124  # like coreutils `timeout`
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(
+        "run",
+        context_settings={"allow_interspersed_args": False},
+        no_args_is_help=True,
+    )
+    def run(
+        command: List[str] = typer.Argument(..., help="The command to run, after `--`.", metavar="-- CMD [ARGS]..."),
+        conf: Optional[str] = typer.Option(
+            None, "--conf", help="Allocator setting for the command, e.g. expandable_segments:True ('' = default)."
+        ),
+        budget: Optional[str] = typer.Option(
+            None, "--budget", help="Per-process GPU memory cap, e.g. 6GiB (applied at CUDA init)."
+        ),
+        record: Optional[Path] = typer.Option(
+            None, "--record", help="Record the allocator history into this snapshot file (.pickle, .gz, .xz)."
+        ),
+        on_oom: Optional[str] = typer.Option(
+            None, "--on-oom", help="'snapshot': keep a bounded history and dump it when the allocator runs out."
+        ),
+        timeout: Optional[float] = typer.Option(None, "--timeout", help="Kill the command (its whole group) after S s."),
+        json_out: bool = typer.Option(False, "--json", help="Print the trial as JSON (the command's stdout goes to stderr)."),
+    ) -> None:
+        """Run a command with the agent inside: budget, optional history, a report of what the allocator did.
+
+        Exits with the command's exit code (124 at the timeout); no CUDA in the command, a
+        budget larger than the card or a missing command are one-line errors (exit 2).
+        """
+        from alloctune.errors import InputError
+        from alloctune.runner import raise_for_environment, run_trial
+        from alloctune.units import parse_size
+
+        cap = parse_size(budget) if budget is not None else None
+        if cap is not None and cap <= 0:
+            raise InputError("--budget must be more than 0 bytes")
+        if on_oom not in (None, "snapshot"):
+            raise InputError(f"--on-oom {on_oom!r} is not known: use --on-oom snapshot")
+        if timeout is not None and timeout <= 0:
+            raise InputError("--timeout must be a positive number of seconds")
+        result = run_trial(
+            command,
+            conf=conf,
+            budget=cap,
+            record=record,
+            on_oom=on_oom,
+            timeout=timeout,
+            stdout_to_stderr=json_out,
+        )
+        raise_for_environment(result)
+        if json_out:
+            from alloctune.cli.common import print_json
+
+            print_json(result)
+        else:
+            render_trial(result)
+        for w in result.warnings:
+            from alloctune.cli.common import warn
+
+            warn(f"the setting did not take effect as asked: {w}")
+        if result.outcome == "timeout":
+            raise typer.Exit(TIMEOUT_EXIT)
+        code = result.exit_code or 0
+        if code < 0:  # killed by a signal: the shell convention
+            code = 128 - code
+        raise typer.Exit(code)
+
+
+def _fmt(n: Optional[int]) -> str:
+    from alloctune.units import format_mib
+
+    return "-" if n is None else format_mib(n)
+
+
+def render_trial(result: Any) -> None:
+    """The run summary on stderr (stdout belongs to the command)."""
+    from rich.table import Table
+
+    from alloctune.cli.common import err_console
+
+    colour = {"ok": "green", "oom": "red", "crash": "red", "timeout": "yellow"}.get(result.outcome, "white")
+    t = Table(show_header=False, box=None, pad_edge=False)
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("outcome", f"[{colour}]{result.outcome}[/{colour}] (exit code {result.exit_code})")
+    t.add_row("setting", result.conf if result.conf else ("(default)" if result.conf == "" else "(inherited)"))
+    if result.allocator_settings:
+        seen = result.allocator_settings.get("PYTORCH_CUDA_ALLOC_CONF")
+        t.add_row("allocator ran with", repr(seen) if seen is not None else "?")
+    t.add_row("budget", _fmt(result.budget) if result.budget is not None else "whole card")
+    if result.device_name:
+        t.add_row("device", f"{result.device_name} ({_fmt(result.total_memory)}), torch {result.torch_version}")
+    t.add_row("peak reserved", _fmt(result.peak_reserved))
+    t.add_row("peak allocated", _fmt(result.peak_allocated))
+    if result.utilization is not None:
+        t.add_row("utilization", f"{result.utilization:.1%} (peak allocated / peak reserved)")
+    t.add_row("alloc retries / OOMs", f"{result.num_alloc_retries if result.num_alloc_retries is not None else '-'} / "
+              f"{result.num_ooms if result.num_ooms is not None else '-'}")
+    t.add_row("wall time", f"{result.wall_s:.1f} s")
+    if result.throughput is not None:
+        t.add_row("throughput", f"{result.throughput:g} {result.throughput_unit or ''}".rstrip())
+    if result.oom_message:
+        t.add_row("OOM", result.oom_message.splitlines()[0])
+    if result.outcome == "crash" and result.error:
+        t.add_row("error", result.error)
+    if result.snapshot:
+        t.add_row("history", result.snapshot)
+    if result.oom_snapshot:
+        t.add_row("OOM snapshot", result.oom_snapshot)
+    if result.processes > 1:
+        t.add_row("processes", f"{result.processes} (figures from the one with the highest peak reserved)")
+    err_console.print(t)

@@ -1,0 +1,547 @@
+"""One trial: run the user's command under an allocator setting and a budget, and say what happened.
+
+The parent never touches CUDA (a context in the parent would hold GPU memory through the
+whole sweep); everything measured comes from the agent inside the child, which writes
+`report.<pid>.json` files into a fresh trial folder. The runner
+
+1. validates the command (missing → `EnvironmentProblem`, exit 2),
+2. builds the child's environment: the allocator string in `PYTORCH_CUDA_ALLOC_CONF` and
+   `PYTORCH_ALLOC_CONF` (or both removed for the default), our `sitecustomize` folder first
+   on `PYTHONPATH`, the agent's settings in `ALLOCTUNE_AGENT`,
+3. starts the command in its own session / process group and kills the whole group at the
+   timeout (SIGTERM, then SIGKILL after a grace period) or on Ctrl-C,
+4. reads the reports and classifies the trial: `ok`, `oom`, `crash`, `timeout`, `no-cuda`
+   (or `budget-too-large`, which the CLI turns into a one-line error).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from alloctune.agent import BOOTSTRAP, make_site_dir
+from alloctune.agent.bootstrap import ENV_VAR
+from alloctune.errors import EnvironmentProblem, InputError
+from alloctune.units import MiB, format_size
+
+RESULT_SCHEMA = 1
+OUTCOMES = ("ok", "oom", "crash", "timeout", "no-cuda", "budget-too-large")
+CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+KILL_GRACE_S = 5.0
+
+# "throughput: 12.5 items/s", "throughput=3.2e3 tok/s", "alloctune:throughput=7" (last one wins)
+_THROUGHPUT_RE = re.compile(r"throughput\s*[=:]\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([^\s,;]*)", re.I)
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """Evidence of one trial, as shown in tables and kept in the tune store."""
+
+    command: tuple[str, ...]
+    conf: str | None  # allocator string as applied; None = inherited from the caller's environment
+    budget: int | None  # per-process cap in bytes; None = the whole card
+    outcome: str
+    exit_code: int | None
+    wall_s: float
+    peak_reserved: int | None = None
+    peak_allocated: int | None = None
+    num_alloc_retries: int | None = None
+    num_ooms: int | None = None
+    allocator_settings: dict[str, Any] | None = None
+    oom_message: str | None = None
+    error: str | None = None  # why it crashed (exception or output tail), or why no CUDA
+    throughput: float | None = None
+    throughput_unit: str | None = None
+    total_memory: int | None = None
+    device_name: str | None = None
+    torch_version: str | None = None
+    snapshot: str | None = None
+    oom_snapshot: str | None = None
+    segment_sizes: tuple[tuple[int, int], ...] | None = None
+    stats: dict[str, int] = field(default_factory=dict)
+    processes: int = 0
+    warnings: tuple[str, ...] = ()
+    repeat: int = 0
+    log: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.outcome == "ok"
+
+    @property
+    def utilization(self) -> float | None:
+        """peak allocated ÷ peak reserved (1 − fragmentation)."""
+        if not self.peak_reserved or self.peak_allocated is None:
+            return None
+        return self.peak_allocated / self.peak_reserved
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["command"] = list(self.command)
+        data["segment_sizes"] = [list(p) for p in self.segment_sizes] if self.segment_sizes is not None else None
+        data["warnings"] = list(self.warnings)
+        data["utilization"] = self.utilization
+        data["schema"] = RESULT_SCHEMA
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "TrialResult":
+        names = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in data.items() if k in names}
+        kw["command"] = tuple(kw.get("command") or ())
+        if kw.get("segment_sizes") is not None:
+            kw["segment_sizes"] = tuple((int(s), int(c)) for s, c in kw["segment_sizes"])
+        kw["warnings"] = tuple(kw.get("warnings") or ())
+        kw["stats"] = dict(kw.get("stats") or {})
+        return cls(**kw)
+
+
+# ---- environment ---------------------------------------------------------------------------
+def applied_conf(conf: str | None, torch_version: str | None = None) -> str | None:
+    """The allocator string as the child will get it: validated and canonical (None = inherit).
+
+    Validation uses the project's grammar for `torch_version` (the default release when
+    unknown), so a typo is a one-line `ConfigError` here, not a crash inside the workload.
+    """
+    if conf is None:
+        return None
+    from alloctune.config import AllocatorConfig
+
+    if not conf.strip():
+        return ""
+    parsed = AllocatorConfig.parse(conf, torch_version) if torch_version else AllocatorConfig.parse(conf)
+    return parsed.format()
+
+
+def conf_env(conf: str | None, torch_version: str | None = None) -> dict[str, str | None]:
+    """The allocator variables for the child: value to set, or None to remove.
+
+    None = leave the caller's variables alone; "" = the default (both removed, so a value the
+    user exported cannot leak into the 'default' trial). Otherwise both names carry the
+    canonical string (`AllocatorConfig.to_env`): torch ≤ 2.9 reads only the first, 2.10+
+    reads the first one set.
+    """
+    text = applied_conf(conf, torch_version)
+    if text is None:
+        return {}
+    if not text:
+        return {name: None for name in CONF_VARS}
+    from alloctune.config import AllocatorConfig
+
+    parsed = AllocatorConfig.parse(text, torch_version) if torch_version else AllocatorConfig.parse(text)
+    return dict(parsed.to_env())
+
+
+def build_env(
+    base: Mapping[str, str],
+    *,
+    conf: str | None,
+    agent: Mapping[str, Any],
+    site_dir: Path,
+    torch_version: str | None = None,
+) -> dict[str, str]:
+    env = dict(base)
+    for name, value in conf_env(conf, torch_version).items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    old = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = str(site_dir) + (os.pathsep + old if old else "")
+    env[ENV_VAR] = json.dumps(dict(agent))
+    return env
+
+
+def resolve_command(command: Sequence[str]) -> list[str]:
+    """The command with its program found on PATH; a missing program is a one-line error."""
+    if not command:
+        raise InputError("no command given: put it after `--`, e.g. alloctune run -- python infer.py")
+    prog = command[0]
+    if os.sep in prog:
+        if not (os.path.isfile(prog) and os.access(prog, os.X_OK)):
+            raise EnvironmentProblem(f"command not found or not executable: {prog}")
+        return list(command)
+    found = shutil.which(prog)
+    if found is None:
+        raise EnvironmentProblem(f"command not found: {prog} (not on PATH)")
+    return [prog, *command[1:]]
+
+
+# ---- reading the child's reports -------------------------------------------------------------
+def read_reports(report_dir: Path) -> list[dict[str, Any]]:
+    reports = []
+    for path in sorted(report_dir.glob("report.*.json")):
+        try:
+            reports.append(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            continue  # a process killed mid-write leaves no valid report; os.replace makes that rare
+    return reports
+
+
+def classify(exit_code: int | None, timed_out: bool, reports: Sequence[Mapping[str, Any]]) -> tuple[str, str | None]:
+    """(outcome, reason) from the exit status and the agents' reports (pure, unit-tested).
+
+    The exit status decides success; the reports say why a failure happened. A run that
+    exits 0 is `ok` even if the program caught OOMs on the way (cuDNN does, to fall back to
+    smaller workspaces): the counts stay in the evidence.
+    """
+    if timed_out:
+        return "timeout", "killed at the timeout"
+    if any(r.get("outcome") == "budget-too-large" for r in reports):
+        return "budget-too-large", None
+    used_cuda = any(r.get("cuda_initialized") for r in reports)
+    if exit_code == 0:
+        if used_cuda:
+            return "ok", None
+        if not reports:
+            return "no-cuda", (
+                "no agent report: the command ran no Python process that loaded alloctune's start-up hook "
+                "(python -I/-E/-S ignore PYTHONPATH)"
+            )
+        return "no-cuda", _no_cuda_reason(reports)
+    if any(r.get("outcome") == "oom" for r in reports):
+        return "oom", None
+    if reports and not used_cuda and any(r.get("torch_imported") and r.get("cuda_available") is False for r in reports):
+        return "no-cuda", _no_cuda_reason(reports)
+    exc = next((r.get("exception") for r in reports if r.get("exception")), None)
+    if exc:
+        return "crash", f"{exc.get('type')}: {exc.get('message')}"
+    if any(r.get("ooms_observed") for r in reports):
+        return "oom", "failed after an out-of-memory error it caught"
+    if exit_code is not None and exit_code < 0:
+        try:
+            name = signal.Signals(-exit_code).name
+        except ValueError:
+            name = f"signal {-exit_code}"
+        return "crash", f"killed by {name}"
+    return "crash", f"exit code {exit_code}"
+
+
+def _no_cuda_reason(reports: Sequence[Mapping[str, Any]]) -> str:
+    if any(r.get("torch_imported") and r.get("cuda_available") is False for r in reports):
+        return "torch in the command reports no CUDA device (torch.cuda.is_available() is False)"
+    if not any(r.get("torch_imported") for r in reports):
+        return "the command never imported torch"
+    return "the command never initialized CUDA"
+
+
+def parse_throughput(text: str) -> tuple[float | None, str | None]:
+    """The last `throughput: <number> [unit]` the workload printed, if any."""
+    last = None
+    for last in _THROUGHPUT_RE.finditer(text):
+        pass
+    if last is None:
+        return None, None
+    return float(last.group(1)), (last.group(2) or None)
+
+
+def settings_mismatch(conf: str | None, settings: Mapping[str, Any] | None) -> list[str]:
+    """What the allocator really ran with versus what was asked (empty list = took effect).
+
+    Checks the string the allocator parsed and the knobs tuning varies, as reported in the
+    snapshot's `allocator_settings` (`max_split_size` in bytes, -1 = unlimited).
+    """
+    if conf is None or settings is None:
+        return []
+    problems = []
+    seen = settings.get("PYTORCH_CUDA_ALLOC_CONF")
+    if seen is not None and seen.strip() != conf.strip():
+        problems.append(f"the allocator parsed {seen!r}, not {conf!r} (the program set its own?)")
+    wanted = _knobs(conf)
+    checks = {
+        "max_split_size_mb": ("max_split_size", lambda v: int(v) * MiB, -1),
+        "expandable_segments": ("expandable_segments", lambda v: v == "True", False),
+        "garbage_collection_threshold": ("garbage_collection_threshold", float, 0.0),
+    }
+    for knob, (key, convert, default) in checks.items():
+        if key not in settings:
+            continue
+        try:
+            want = convert(wanted[knob]) if knob in wanted else default
+        except ValueError:
+            continue
+        got = settings[key]
+        if isinstance(want, float) and got is not None:
+            same = abs(float(got) - want) < 1e-9
+        else:
+            same = got == want
+        if not same:
+            problems.append(f"{knob}: asked {wanted.get(knob, 'default')}, allocator ran with {key}={got!r}")
+    return problems
+
+
+def _knobs(conf: str) -> dict[str, str]:
+    """`key:value` pairs of an allocator string (list values kept as text)."""
+    out, depth, token = {}, 0, ""
+    for ch in conf + ",":
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            key, _, value = token.partition(":")
+            if key.strip():
+                out[key.strip()] = value.strip()
+            token = ""
+        else:
+            token += ch
+    return out
+
+
+def _tail(path: Path | None, limit: int = 4000) -> str:
+    if path is None or not path.exists():
+        return ""
+    with open(path, "rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        size = fh.tell()
+        fh.seek(max(0, size - limit))
+        return fh.read().decode("utf-8", errors="replace")
+
+
+def _last_line(text: str) -> str | None:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1] if lines else None
+
+
+def _stderr_fd() -> int:
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by a test harness: the real one
+        return sys.__stderr__.fileno() if sys.__stderr__ else subprocess.DEVNULL
+
+
+def _kill_group(proc: subprocess.Popen, grace: float, first: tuple[signal.Signals, ...] = ()) -> None:
+    """Signal the child's whole process group: `first` signals, SIGTERM, then SIGKILL, each after
+    `grace` s without an exit (the agent writes its report on SIGTERM)."""
+    steps = [(sig, grace) for sig in first] + [(signal.SIGTERM, grace), (signal.SIGKILL, 10.0)]
+    for sig, wait in steps:
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        # The leader is gone; make sure no straggler in the group survives it.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return
+
+
+# ---- the trial -----------------------------------------------------------------------------------
+def run_trial(
+    command: Sequence[str],
+    *,
+    conf: str | None = None,
+    budget: int | None = None,
+    record: str | os.PathLike | None = None,
+    on_oom: str | None = None,
+    oom_dir: str | os.PathLike | None = None,
+    timeout: float | None = None,
+    capture: str | os.PathLike | None = None,
+    ensure_cap: bool = False,
+    repeat: int = 0,
+    torch_version: str | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike | None = None,
+    kill_grace: float = KILL_GRACE_S,
+    stdout_to_stderr: bool = False,
+) -> TrialResult:
+    """Run `command` once and return its evidence. Raises only for a missing command.
+
+    `capture`: file that receives the child's stdout and stderr (the terminal otherwise);
+    throughput is read from it; `stdout_to_stderr` keeps our stdout clean for `--json`.
+    `record`: write the full allocator history there.
+    `on_oom="snapshot"`: keep a bounded history and dump it into `oom_dir` (default: the
+    current directory) as `oom-snapshot.<pid>.pickle` when the allocator runs out of memory.
+    """
+    argv = resolve_command(command)
+    conf = applied_conf(conf, torch_version)
+    if on_oom not in (None, "snapshot"):
+        raise InputError(f"--on-oom {on_oom!r} is not known: use --on-oom snapshot")
+    trial_dir = Path(tempfile.mkdtemp(prefix="alloctune-trial-"))
+    try:
+        site = make_site_dir(trial_dir / "site")
+        reports_dir = trial_dir / "reports"
+        reports_dir.mkdir()
+        agent = {
+            "report_dir": str(reports_dir),
+            "bootstrap": str(BOOTSTRAP),
+            "budget": budget,
+            "ensure_cap": ensure_cap,
+            "record": str(Path(record).resolve()) if record else None,
+            "on_oom": on_oom,
+            "oom_dir": str(Path(oom_dir or ".").resolve()) if on_oom else None,
+            "conf": conf,
+        }
+        child_env = build_env(env if env is not None else os.environ, conf=conf, agent=agent, site_dir=site,
+                              torch_version=torch_version)
+        log_path = Path(capture) if capture else None
+        out = open(log_path, "wb") if log_path else None
+        t0 = time.monotonic()
+        timed_out = False
+        try:
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    env=child_env,
+                    cwd=cwd,
+                    stdout=out if out else (_stderr_fd() if stdout_to_stderr else None),
+                    stderr=subprocess.STDOUT if out else None,
+                    stdin=subprocess.DEVNULL if out else None,
+                    start_new_session=True,
+                )
+            except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
+                raise EnvironmentProblem(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _kill_group(proc, kill_grace)
+            except BaseException:  # Ctrl-C: the child is in its own session and did not get it
+                _kill_group(proc, min(kill_grace, 3.0), first=(signal.SIGINT,))
+                raise
+        finally:
+            if out:
+                out.close()
+        wall = time.monotonic() - t0
+        reports = read_reports(reports_dir)
+        return _result(argv, conf, budget, proc.returncode, timed_out, wall, reports, log_path, repeat)
+    finally:
+        shutil.rmtree(trial_dir, ignore_errors=True)
+
+
+def _result(
+    argv: list[str],
+    conf: str | None,
+    budget: int | None,
+    exit_code: int | None,
+    timed_out: bool,
+    wall: float,
+    reports: list[dict[str, Any]],
+    log_path: Path | None,
+    repeat: int,
+) -> TrialResult:
+    outcome, reason = classify(exit_code, timed_out, reports)
+    # The process that used the GPU most speaks for the trial (torchrun: the busiest rank).
+    cuda = [r for r in reports if r.get("cuda_initialized")] or reports
+    main = max(cuda, key=lambda r: (r.get("stats") or {}).get("reserved_bytes.all.peak", 0), default={})
+    stats = main.get("stats") or {}
+    text = _tail(log_path, 200_000) if log_path else ""
+    throughput, unit = parse_throughput(text)
+    error = reason
+    if outcome == "crash" and log_path and (reason is None or reason.startswith("exit code")):
+        error = _last_line(text) or reason
+    settings = main.get("allocator_settings")
+    warnings = settings_mismatch(conf, settings) if outcome in ("ok", "oom") else []
+    oom_message = next((r.get("oom_message") for r in reports if r.get("oom_message")), None)
+    if outcome == "oom" and oom_message is None:
+        last = next((r.get("last_oom") for r in reports if r.get("last_oom")), None)
+        if last:
+            oom_message = (
+                f"CUDA out of memory (observer): tried to allocate {format_size(last['alloc_size'])}, "
+                f"limit {format_size(last['limit'])}"
+            )
+    seg = main.get("segment_sizes")
+    return TrialResult(
+        command=tuple(argv),
+        conf=conf,
+        budget=budget,
+        outcome=outcome,
+        exit_code=exit_code,
+        wall_s=round(wall, 3),
+        peak_reserved=stats.get("reserved_bytes.all.peak"),
+        peak_allocated=stats.get("allocated_bytes.all.peak"),
+        num_alloc_retries=stats.get("num_alloc_retries"),
+        num_ooms=stats.get("num_ooms"),
+        allocator_settings=settings,
+        oom_message=oom_message,
+        error=error,
+        throughput=throughput,
+        throughput_unit=unit,
+        total_memory=main.get("total_memory"),
+        device_name=main.get("device_name"),
+        torch_version=main.get("torch_version"),
+        snapshot=main.get("snapshot"),
+        oom_snapshot=main.get("oom_snapshot"),
+        segment_sizes=tuple((int(s), int(c)) for s, c in seg) if seg else None,
+        stats=dict(stats),
+        processes=len(reports),
+        warnings=tuple(warnings),
+        repeat=repeat,
+        log=str(log_path) if log_path else None,
+    )
+
+
+def raise_for_environment(result: TrialResult) -> None:
+    """Turn the outcomes that are the user's setup, not the workload, into one-line errors."""
+    if result.outcome == "budget-too-large":
+        total = f" ({format_size(result.total_memory)})" if result.total_memory else ""
+        raise InputError(
+            f"budget {format_size(result.budget or 0)} is larger than the card{total}"
+            f"{' ' + result.device_name if result.device_name else ''}: give a --budget below its total memory"
+        )
+    if result.outcome == "no-cuda":
+        raise EnvironmentProblem(f"no CUDA in the command: {result.error}; nothing to measure")
+
+
+class TrialEvaluator:
+    """The GPU evaluator for `alloctune tune`: one `run_trial` per call, logs kept per trial.
+
+    `workdir` receives `logs/trial-NNNN.log` (the child's output, where throughput is read)
+    and `baseline.pickle` (the recorded history of the `record=True` trial). Trials after
+    the first recorded one get `timeout` or, if none was given, five times the baseline's
+    wall time (at least 60 s), so a hang under a tight budget cannot stall a sweep.
+    """
+
+    def __init__(self, command: Sequence[str], workdir: str | os.PathLike, *, timeout: float | None = None,
+                 env: Mapping[str, str] | None = None):
+        self.command = list(command)
+        self.workdir = Path(workdir)
+        self.timeout = timeout
+        self.env = env
+        self.count = 0
+        self.torch_version: str | None = None
+        self._baseline_wall: float | None = None
+        (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
+
+    def _timeout(self) -> float | None:
+        if self.timeout is not None:
+            return self.timeout
+        if self._baseline_wall is None:
+            return 3600.0
+        return max(60.0, 5 * self._baseline_wall)
+
+    def __call__(self, conf: str, budget: int | None, *, repeat: int = 0, record: bool = False,
+                 ensure_cap: bool = False) -> TrialResult:
+        self.count += 1
+        result = run_trial(
+            self.command,
+            conf=conf,
+            budget=budget,
+            record=self.workdir / "baseline.pickle" if record else None,
+            timeout=self._timeout(),
+            capture=self.workdir / "logs" / f"trial-{self.count:04d}.log",
+            ensure_cap=ensure_cap,
+            repeat=repeat,
+            torch_version=self.torch_version,
+            env=self.env,
+        )
+        if record and result.outcome in ("ok", "oom"):
+            self._baseline_wall = result.wall_s
+        if result.torch_version and self.torch_version is None:
+            self.torch_version = result.torch_version.split("+")[0]
+        return result

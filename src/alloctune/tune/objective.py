@@ -1,0 +1,116 @@
+"""How candidates are compared: completes under the budget, then lowest `min_budget`, with
+throughput within 3 % of the best.
+
+Why this order: the user's budget is their card, so a setting that does not complete there
+is out. Among those that do, a lower `min_budget` is headroom — the same workload with
+longer inputs or a neighbour on the GPU still fits. Throughput is a guard rather than a
+goal: a setting that buys memory by running much slower (garbage collection or retry
+storms) is not recommended when another one is within 3 % of the fastest; throughput is
+only used when the workload reports it (wall time includes start-up noise).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from alloctune.tune.candidates import DEFAULT, Candidate
+from alloctune.units import format_mib
+
+THROUGHPUT_TOLERANCE = 0.03
+
+
+@dataclass(frozen=True)
+class CandidateSummary:
+    """What the sweep learned about one candidate."""
+
+    candidate: Candidate
+    feasible: bool | None  # completes at the user's budget; None = not tested (see note)
+    outcome: str | None = None  # outcome at the user's budget
+    min_budget: int | None = None  # smallest completing budget found (bytes)
+    infeasible_below: int | None = None  # largest budget seen (or assumed) to fail
+    throughput: float | None = None  # as printed by the workload, at the user's budget
+    wall_s: float | None = None
+    peak_reserved: int | None = None  # at the user's budget
+    peak_allocated: int | None = None
+    sim_min_budget: int | None = None  # the simulator's estimate (--simulate-first)
+    trials: int = 0
+    note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dict(self.__dict__)
+        out["candidate"] = self.candidate.to_dict()
+        out["conf"] = self.candidate.conf
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "CandidateSummary":
+        kw = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        kw["candidate"] = Candidate.from_dict(data["candidate"])
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """The winner (or None) and, for every other candidate, why it lost."""
+
+    best: CandidateSummary | None
+    order: tuple[CandidateSummary, ...]
+    reasons: dict[str, str] = field(default_factory=dict)  # conf -> why it lost
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "best": self.best.to_dict() if self.best else None,
+            "order": [s.candidate.conf for s in self.order],
+            "reasons": dict(self.reasons),
+        }
+
+
+def rank(
+    summaries: Sequence[CandidateSummary],
+    budget: int,
+    *,
+    throughput_tolerance: float = THROUGHPUT_TOLERANCE,
+) -> Ranking:
+    """Order candidates by the objective and explain every loss (pure; unit-tested)."""
+    eligible = [s for s in summaries if s.feasible and s.min_budget is not None]
+    rates = [s.throughput for s in eligible if s.throughput is not None]
+    best_rate = max(rates) if rates else None
+
+    def too_slow(s: CandidateSummary) -> bool:
+        return best_rate is not None and s.throughput is not None and s.throughput < (1 - throughput_tolerance) * best_rate
+
+    fast = [s for s in eligible if not too_slow(s)]
+    fast.sort(key=lambda s: (s.min_budget, -(s.throughput or 0.0), s.candidate.knob != DEFAULT, s.candidate.conf))
+    best = fast[0] if fast else None
+    reasons: dict[str, str] = {}
+    for s in summaries:
+        if s is best:
+            continue
+        reasons[s.candidate.conf] = _why_lost(s, best, best_rate, budget, throughput_tolerance)
+    slow = sorted((s for s in eligible if too_slow(s)), key=lambda s: s.min_budget)
+    rest = [s for s in summaries if s not in eligible]
+    return Ranking(best, tuple(fast + slow + rest), reasons)
+
+
+def _why_lost(
+    s: CandidateSummary, best: CandidateSummary | None, best_rate: float | None, budget: int, tol: float
+) -> str:
+    if s.feasible is None:
+        return s.note or "not tested"
+    if not s.feasible:
+        what = s.outcome or "failed"
+        return f"does not complete at the budget {format_mib(budget)} ({what})"
+    if s.min_budget is None:
+        return s.note or "min_budget not measured"
+    if best_rate is not None and s.throughput is not None and s.throughput < (1 - tol) * best_rate:
+        slower = 100.0 * (1 - s.throughput / best_rate)
+        return f"throughput {s.throughput:g} is {slower:.1f} % below the best ({best_rate:g}); more than {tol:.0%}"
+    if best is None:
+        return "no winner"
+    if s.min_budget > best.min_budget:
+        return (
+            f"needs min_budget {format_mib(s.min_budget)}, "
+            f"{format_mib(s.min_budget - best.min_budget)} more than {best.candidate.label}"
+        )
+    return f"same min_budget as {best.candidate.label} but lower throughput or a larger change"

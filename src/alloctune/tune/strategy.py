@@ -1,0 +1,463 @@
+"""The sweep: which trials to run, in what order, and when to stop.
+
+Pure logic over an `Evaluator` (allocator string + budget → `TrialResult`): the GPU
+evaluator is the runner, tests use a fake one. Steps:
+
+1. **Baseline**: the default setting, no budget, allocator history recorded. It gives the
+   card's size, the workload's peak allocated bytes (no budget below it can work: the lower
+   bisection bound) and the sizes of the segments it made (the `max_split_size_mb` range).
+2. **Feasibility at the user's budget** for every candidate. For `max_split_size_mb` the
+   manual recipe — start high, lower while it fails, keep the largest value that passes —
+   done by bisection over the workload's own segment sizes (`--strategy grid`: every value).
+3. **min_budget** of every feasible candidate by bisection between the peak allocated bytes
+   (assumed to fail) and the user's budget (known to pass), to 1 % or 16 MiB, on 2 MiB steps
+   (segments are 2 MiB multiples, so caps inside one step behave alike).
+4. **Rank** (`objective.rank`).
+
+`--simulate-first` replaces 2–3: the simulator ranks every candidate from the baseline's
+trace, and only the top three are run, starting in a narrow bracket (± 2 %) around the
+simulated `min_budget`; a pass at its upper end also settles feasibility at the budget
+(a smaller cap), so an accurate simulator needs about three GPU trials per candidate.
+
+A trial that crashes for a reason other than memory stops the sweep (`TrialCrashed`); a
+timeout counts as "does not complete".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+from alloctune.errors import InputError, WorkloadFailed
+from alloctune.runner import TrialResult, raise_for_environment
+from alloctune.tune.candidates import (
+    GC,
+    MAX_SPLIT,
+    Candidate,
+    SplitGrid,
+    fixed_candidates,
+    make,
+    split_grid,
+)
+from alloctune.tune.objective import CandidateSummary, Ranking, rank
+from alloctune.tune.store import TrialStore, trial_key
+from alloctune.units import MiB, format_mib
+
+ALIGN = 2 * MiB
+
+
+class Evaluator(Protocol):
+    """Runs one trial: the workload under `conf` with a per-process cap of `budget` bytes."""
+
+    def __call__(
+        self, conf: str, budget: int | None, *, repeat: int = 0, record: bool = False, ensure_cap: bool = False
+    ) -> TrialResult: ...
+
+
+class Simulator(Protocol):
+    """Predictions from a recorded trace (the real one wraps `alloctune.sim`)."""
+
+    def min_budget(self, conf: str) -> int | None: ...
+
+
+class TrialCrashed(WorkloadFailed):
+    """A trial failed for a reason other than memory: the sweep cannot say anything useful."""
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    command: tuple[str, ...]
+    budget: int | None = None  # None = the whole card
+    knobs: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    strategy: str = "auto"  # auto | grid
+    simulate_first: bool = False
+    repeat: int = 1
+    rel_tol: float = 0.01
+    abs_tol: int = 16 * MiB
+    max_split_points: int = 8
+    verify_top: int = 3
+    sim_margin: float = 0.02  # bracket around a simulated min_budget: ± this fraction
+
+    def __post_init__(self) -> None:
+        if self.strategy not in ("auto", "grid"):
+            raise InputError(f"--strategy {self.strategy!r} is not known: use auto or grid")
+        if self.repeat < 1:
+            raise InputError("--repeat must be at least 1")
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One trial as the sweep used it: the evidence, why it ran, and whether it came from the store."""
+
+    result: TrialResult
+    purpose: str
+    reused: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"purpose": self.purpose, "reused": self.reused, **self.result.to_dict()}
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    settings: TuneSettings
+    budget: int
+    total_memory: int | None
+    baseline: TrialResult
+    grid: SplitGrid
+    summaries: tuple[CandidateSummary, ...]
+    ranking: Ranking
+    trials: tuple[TrialRecord, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def fresh_trials(self) -> int:
+        return sum(1 for t in self.trials if not t.reused)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": 1,
+            "command": list(self.settings.command),
+            "strategy": self.settings.strategy,
+            "simulate_first": self.settings.simulate_first,
+            "budget": self.budget,
+            "total_memory": self.total_memory,
+            "grid": self.grid.to_dict(),
+            "candidates": [s.to_dict() for s in self.summaries],
+            "ranking": self.ranking.to_dict(),
+            "trials": [t.to_dict() for t in self.trials],
+            "trial_count": len(self.trials),
+            "fresh_trials": self.fresh_trials,
+            "notes": list(self.notes),
+        }
+
+
+def align_down(n: int) -> int:
+    return (n // ALIGN) * ALIGN
+
+
+def align_up(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+class Tuner:
+    """Runs one sweep. `trials` holds every trial so far, also after an error or Ctrl-C."""
+
+    def __init__(
+        self,
+        evaluator: Evaluator,
+        settings: TuneSettings,
+        *,
+        store: TrialStore | None = None,
+        simulator_factory: Callable[[TrialResult], Simulator] | None = None,
+        on_trial_start: Callable[[str, int | None, str], None] | None = None,
+        on_trial_end: Callable[[TrialRecord], None] | None = None,
+    ):
+        self.evaluator = evaluator
+        self.settings = settings
+        self.store = store
+        self.simulator_factory = simulator_factory
+        self.on_trial_start = on_trial_start
+        self.on_trial_end = on_trial_end
+        self.trials: list[TrialRecord] = []
+        self.notes: list[str] = []
+
+    # ---- trials ------------------------------------------------------------------------------
+    def _trial(self, conf: str, budget: int | None, purpose: str, *, repeat: int = 0, record: bool = False) -> TrialResult:
+        key = trial_key(self.settings.command, conf, budget, repeat, record)
+        found = self.store.get(key) if self.store is not None else None
+        if found is not None and record and not found.snapshot:
+            found = None
+        if found is not None and record and not Path(found.snapshot).exists():
+            found = None  # the recorded trace is gone: record it again
+        if self.on_trial_start:
+            self.on_trial_start(conf, budget, purpose)
+        if found is not None:
+            rec = TrialRecord(found, purpose, reused=True)
+        else:
+            result = self.evaluator(conf, budget, repeat=repeat, record=record, ensure_cap=f"{GC}:" in conf)
+            if self.store is not None:
+                self.store.append(key, result)
+            rec = TrialRecord(result, purpose)
+        self.trials.append(rec)
+        if self.on_trial_end:
+            self.on_trial_end(rec)
+        self._check(rec.result)
+        return rec.result
+
+    def _check(self, result: TrialResult) -> None:
+        raise_for_environment(result)
+        if result.outcome == "crash":
+            where = f"; output in {result.log}" if result.log else ""
+            raise TrialCrashed(
+                f"trial {result.conf or '(default)'} at {_fmt_budget(result.budget)} crashed, not for lack of memory: "
+                f"{result.error or 'exit code ' + str(result.exit_code)}{where}"
+            )
+
+    def _point(self, conf: str, budget: int, purpose: str) -> tuple[bool, TrialResult]:
+        """All repeats at one (setting, budget); stops at the first failure."""
+        last = None
+        for r in range(self.settings.repeat):
+            last = self._trial(conf, budget, purpose, repeat=r)
+            if not last.passed:
+                return False, last
+        return True, last
+
+    # ---- the sweep ---------------------------------------------------------------------------
+    def run(self) -> TuneResult:
+        s = self.settings
+        baseline = self._trial("", None, "baseline: default, no budget, recorded", record=True)
+        if baseline.outcome == "timeout":
+            raise WorkloadFailed("the baseline trial (default setting, no budget) hit the timeout: raise --timeout")
+        total = baseline.total_memory
+        budget = s.budget if s.budget is not None else total
+        if budget is None:
+            raise WorkloadFailed("the baseline trial reported no device memory size: give --budget")
+        if total is not None and budget > total:
+            raise InputError(
+                f"budget {format_mib(budget)} is larger than the card ({format_mib(total)}"
+                f"{', ' + baseline.device_name if baseline.device_name else ''}): give a smaller --budget"
+            )
+        if baseline.outcome == "oom":
+            self.notes.append("the default setting runs out of memory even without a budget")
+        lo_bound = align_down(baseline.peak_allocated) - ALIGN if baseline.peak_allocated else 0
+        lo_bound = max(0, lo_bound)
+        grid = split_grid(baseline.segment_sizes, max_points=s.max_split_points)
+        auto_split = MAX_SPLIT in s.knobs and not s.knobs[MAX_SPLIT]
+        if auto_split and not grid.values_mb:
+            self.notes.append(
+                "max_split_size_mb skipped: the baseline made no segment of 32 MiB or more"
+                if grid.largest_segment else "max_split_size_mb skipped: the baseline recorded no segment sizes"
+            )
+        fixed = fixed_candidates(s.knobs)
+        if s.simulate_first:
+            summaries = self._simulate_then_verify(baseline, fixed, grid if auto_split else None, budget, lo_bound)
+        else:
+            summaries = self._measure(fixed, grid if auto_split else None, budget, lo_bound)
+        if auto_split and grid.noop_from_mb is not None:
+            summaries.append(
+                CandidateSummary(
+                    # not validated on purpose: below torch's minimum (20) every valid value is a no-op
+                    Candidate(f"{MAX_SPLIT}:{grid.noop_from_mb}", MAX_SPLIT, str(grid.noop_from_mb)),
+                    feasible=None,
+                    note=(
+                        f"no-op: max_split_size_mb ≥ {grid.noop_from_mb} is above every segment the run made "
+                        f"(largest {format_mib(grid.largest_segment or 0)}), so it behaves exactly like the default; not tested"
+                    ),
+                )
+            )
+        counts: dict[str, int] = {}
+        for t in self.trials[1:]:
+            counts[t.result.conf or ""] = counts.get(t.result.conf or "", 0) + 1
+        summaries = [_replace(sm, trials=counts.get(sm.candidate.conf, 0)) for sm in summaries]
+        ranking = rank(summaries, budget)
+        return TuneResult(
+            s, budget, total, baseline, grid, tuple(summaries), ranking, tuple(self.trials), tuple(self.notes)
+        )
+
+    def _feasible(self, c: Candidate, budget: int) -> CandidateSummary:
+        ok, res = self._point(c.conf, budget, f"feasibility of {c.label} at the budget")
+        return CandidateSummary(
+            c,
+            feasible=ok,
+            outcome=res.outcome,
+            throughput=res.throughput,
+            wall_s=res.wall_s,
+            peak_reserved=res.peak_reserved,
+            peak_allocated=res.peak_allocated,
+        )
+
+    def _measure(
+        self, fixed: list[Candidate], grid: SplitGrid | None, budget: int, lo_bound: int
+    ) -> list[CandidateSummary]:
+        summaries = [self._feasible(c, budget) for c in fixed]
+        if grid is not None and grid.values_mb:
+            if self.settings.strategy == "grid":
+                summaries += [self._feasible(make(MAX_SPLIT, str(v)), budget) for v in grid.values_mb]
+            else:
+                summaries += self._split_bisection(grid, budget)
+        out = []
+        for sm in summaries:
+            if sm.feasible and sm.min_budget is None and sm.note is None:
+                hi, lo, n = self._min_budget(sm.candidate, budget, lo_bound)
+                sm = _replace(sm, min_budget=hi, infeasible_below=lo)
+            out.append(sm)
+        return out
+
+    def _split_bisection(self, grid: SplitGrid, budget: int) -> list[CandidateSummary]:
+        """Largest max_split_size_mb of the grid that completes at the budget, by bisection.
+
+        Assumes smaller values help more (they keep big cached blocks whole and releasable);
+        values outside the tested ones are not claimed either way.
+        """
+        vals = grid.values_mb
+        tested: dict[int, CandidateSummary] = {}
+
+        def test(i: int) -> bool:
+            tested[vals[i]] = self._feasible(make(MAX_SPLIT, str(vals[i])), budget)
+            return bool(tested[vals[i]].feasible)
+
+        hi = len(vals) - 1
+        best = None
+        if test(hi):
+            best = hi
+        elif hi > 0 and test(0):
+            lo = 0
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if test(mid):
+                    lo = mid
+                else:
+                    hi = mid
+            best = lo
+        out = []
+        for v, sm in sorted(tested.items()):
+            if best is not None and sm.feasible and v != vals[best]:
+                sm = _replace(sm, note=f"completes, but the larger max_split_size_mb:{vals[best]} does too (kept the largest)")
+            out.append(sm)
+        return out
+
+    def _min_budget(
+        self, c: Candidate, hi: int, lo: int, *, first: Sequence[int] = ()
+    ) -> tuple[int, int, int]:
+        """Bisection: `hi` completes, `lo` is assumed to fail. Returns (hi, lo, trials).
+
+        `first`: budgets to try before halving (the bracket around a simulated estimate).
+        The assumed `lo` (the baseline's peak allocated) is a true bound only if the
+        workload allocates the same under every setting; one that adapts (cuDNN picking a
+        smaller workspace after an OOM) can complete below it. So when every tried budget
+        passed, `lo` itself is tried, and the bracket moves down (halving) until a budget
+        fails: the reported bracket is always a tested pass and a tested failure (or 0).
+        """
+        n = 0
+        purpose = f"min_budget of {c.label}"
+        lo_seen = False
+        if lo >= hi:  # the workload allocated more without a budget than this candidate is given
+            lo = align_down(hi // 2)
+
+        def probe(budget: int) -> bool:
+            nonlocal n
+            n += 1
+            return self._point(c.conf, budget, purpose)[0]
+
+        for b in first:
+            if lo < b < hi:
+                if probe(b):
+                    hi = b
+                else:
+                    lo, lo_seen = b, True
+        while True:
+            while hi - lo > max(self.settings.abs_tol, int(self.settings.rel_tol * hi)):
+                mid = align_down((lo + hi) // 2)
+                if mid <= lo:
+                    mid = lo + ALIGN
+                if mid >= hi:
+                    break
+                if probe(mid):
+                    hi = mid
+                else:
+                    lo, lo_seen = mid, True
+            if lo_seen or lo <= 0:
+                return hi, lo, n
+            if probe(lo):  # the assumed lower bound completes: look further down
+                hi, lo = lo, align_down(lo // 2)
+            else:
+                lo_seen = True
+
+    def _simulate_then_verify(
+        self,
+        baseline: TrialResult,
+        fixed: list[Candidate],
+        grid: SplitGrid | None,
+        budget: int,
+        lo_bound: int,
+    ) -> list[CandidateSummary]:
+        if self.simulator_factory is None or not baseline.snapshot:
+            raise WorkloadFailed("--simulate-first needs the baseline's recorded trace, and none was written")
+        sim = self.simulator_factory(baseline)
+        cands = list(fixed)
+        if grid is not None:
+            cands += [make(MAX_SPLIT, str(v)) for v in grid.values_mb]
+        estimates = {c.conf: sim.min_budget(c.conf) for c in cands}
+        order = sorted(cands, key=lambda c: (estimates[c.conf] is None or estimates[c.conf] > budget,
+                                             estimates[c.conf] or 0, c.conf))
+        out = []
+        verified = 0
+        any_ok = False
+        for rank_no, c in enumerate(order, 1):
+            est = estimates[c.conf]
+            # The top N; past them only while nothing has passed yet and the simulator still
+            # expects the candidate to fit (a simulator that is off must not end the sweep empty).
+            wanted = verified < self.settings.verify_top or (not any_ok and est is not None and est <= budget)
+            if not wanted:
+                out.append(
+                    CandidateSummary(
+                        c,
+                        feasible=None,
+                        sim_min_budget=est,
+                        note=f"simulator rank {rank_no} (min_budget {_fmt_budget(est)}): not run on the GPU",
+                    )
+                )
+                continue
+            # Start at the estimate (+margin): a pass there is also a pass at the budget (a
+            # smaller cap), so the separate feasibility trial is needed only when it fails.
+            hi0 = budget if est is None else min(budget, align_up(int(est * (1 + self.settings.sim_margin))))
+            lo = lo_bound
+            ok, res = self._point(c.conf, hi0, f"verify {c.label} near the simulated min_budget")
+            if not ok and hi0 < budget:
+                lo = hi0
+                ok, res = self._point(c.conf, budget, f"feasibility of {c.label} at the budget")
+                hi0 = budget
+            sm = CandidateSummary(
+                c,
+                feasible=ok,
+                outcome=res.outcome,
+                throughput=res.throughput,
+                wall_s=res.wall_s,
+                peak_reserved=res.peak_reserved,
+                peak_allocated=res.peak_allocated,
+                sim_min_budget=est,
+            )
+            verified += 1
+            any_ok = any_ok or ok
+            if ok:
+                first = [] if est is None else [max(lo_bound, align_down(int(est * (1 - self.settings.sim_margin))))]
+                hi, lo, _ = self._min_budget(c, hi0, lo, first=first)
+                sm = _replace(sm, min_budget=hi, infeasible_below=lo)
+            out.append(sm)
+        return out
+
+
+def _replace(sm: CandidateSummary, **kw: Any) -> CandidateSummary:
+    from dataclasses import replace
+
+    return replace(sm, **kw)
+
+
+def _fmt_budget(budget: int | None) -> str:
+    return "no budget" if budget is None else format_mib(budget)
+
+
+class SimulatorFromTrace:
+    """`Simulator` over `alloctune.sim` for the baseline's recorded trace (pure Python)."""
+
+    def __init__(self, baseline: TrialResult):
+        from alloctune.trace import load_trace
+
+        self.trace = load_trace(baseline.snapshot)
+        self.total_memory = baseline.total_memory
+        self.torch = _minor(baseline.torch_version)
+
+    def min_budget(self, conf: str) -> int | None:
+        from alloctune.config import AllocatorConfig
+        from alloctune.sim import min_budget
+
+        config = AllocatorConfig.parse(conf, self.torch)
+        return min_budget(self.trace, config, torch=self.torch, total_memory=self.total_memory).budget
+
+
+def _minor(version: str | None) -> str:
+    if not version:
+        return "2.11"
+    parts = version.split("+")[0].split(".")
+    return ".".join(parts[:2])

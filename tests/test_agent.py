@@ -1,0 +1,226 @@
+"""The in-process agent, run in real child processes: with no torch, and with a fake CUDA torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+
+import pytest
+
+from alloctune.agent import bootstrap
+from alloctune.errors import InputError
+from alloctune.runner import raise_for_environment, run_trial
+from fake_torch import install
+
+PY = sys.executable
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+@pytest.fixture()
+def fake_env(tmp_path):
+    """Environment whose PYTHONPATH puts the fake torch first, and a private live-state dir."""
+    install(tmp_path / "fake")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(tmp_path / "fake")
+    env["ALLOCTUNE_STATE_DIR"] = str(tmp_path / "live")
+    for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        env.pop(k, None)
+    return env
+
+
+def script(tmp_path, body: str) -> list[str]:
+    path = tmp_path / "work.py"
+    path.write_text(textwrap.dedent(body))
+    return [PY, str(path)]
+
+
+def test_chains_existing_sitecustomize_and_reports_for_a_torchless_child(tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    marker = tmp_path / "chained.txt"
+    (other / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    env = dict(os.environ, PYTHONPATH=str(other))
+    log = tmp_path / "out.log"
+    cmd = [PY, "-c", "import sys; print('torch loaded:', 'torch' in sys.modules)"]
+    res = run_trial(cmd, env=env, capture=log)
+    assert marker.read_text() == "ran"  # the site's own sitecustomize still ran
+    assert "torch loaded: False" in log.read_text()  # the agent did not import torch
+    assert res.processes == 1  # ... but it did write its report
+    assert res.outcome == "no-cuda" and res.error == "the command never imported torch"
+    assert res.exit_code == 0
+
+
+def test_budget_stats_settings_and_throughput(tmp_path, fake_env):
+    cmd = script(tmp_path, """
+        import json, torch
+        torch.cuda.fake_alloc(300 << 20)
+        torch.cuda.fake_alloc(100 << 20 | 5)
+        print("throughput: 12.5 items/s")
+        print("OWN", json.dumps(torch.cuda.memory_stats()))
+        print("FRACTION", torch.cuda.fake_state["fraction_calls"], torch.cuda.fake_state["cap"])
+    """)
+    log = tmp_path / "out.log"
+    res = run_trial(cmd, conf="expandable_segments:True", budget=GiB + 12345, env=fake_env, capture=log)
+    text = log.read_text()
+    assert res.outcome == "ok" and res.exit_code == 0
+    own = json.loads(text.split("OWN ", 1)[1].splitlines()[0])
+    # the report equals what the workload itself read from memory_stats()
+    assert res.peak_reserved == own["reserved_bytes.all.peak"] == 300 * MiB + 102 * MiB
+    assert res.peak_allocated == own["allocated_bytes.all.peak"] == 400 * MiB + 5
+    assert res.stats == {k: own[k] for k in bootstrap.STAT_KEYS}
+    cap = int(text.split("FRACTION ", 1)[1].split()[-1])
+    assert cap >= GiB + 12345 and cap - (GiB + 12345) < 8  # the budget, not one byte less
+    assert res.allocator_settings["expandable_segments"] is True
+    assert res.allocator_settings["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert res.warnings == ()
+    assert (res.throughput, res.throughput_unit) == (12.5, "items/s")
+    assert res.total_memory == 8 * GiB and res.device_name == "Fake GPU" and res.torch_version == "2.11.0+fake"
+    assert res.utilization == pytest.approx((400 * MiB + 5) / (402 * MiB))
+
+
+def test_oom_is_classified_with_message_and_snapshot(tmp_path, fake_env):
+    cmd = script(tmp_path, """
+        import torch
+        torch.cuda.fake_alloc(600 << 20)
+        torch.cuda.fake_alloc(600 << 20)
+    """)
+    res = run_trial(cmd, budget=GiB, on_oom="snapshot", oom_dir=tmp_path, env=fake_env, capture=tmp_path / "o.log")
+    assert res.outcome == "oom" and res.exit_code == 1
+    assert res.oom_message == "CUDA out of memory. Tried to allocate 600.00 MiB."
+    assert res.num_ooms == 1 and res.num_alloc_retries == 1
+    assert res.peak_reserved == 600 * MiB
+    assert res.oom_snapshot and os.path.exists(res.oom_snapshot)
+    assert os.path.dirname(res.oom_snapshot) == str(tmp_path.resolve())
+
+
+def test_caught_oom_then_exit_1_is_still_an_oom(tmp_path, fake_env):
+    cmd = script(tmp_path, """
+        import sys, torch
+        try:
+            torch.cuda.fake_alloc(2 << 30)
+        except torch.OutOfMemoryError:
+            print("skipped the item")
+            sys.exit(1)
+    """)
+    res = run_trial(cmd, budget=GiB, env=fake_env, capture=tmp_path / "o.log")
+    assert res.outcome == "oom" and res.exit_code == 1
+
+
+def test_budget_larger_than_card(tmp_path, fake_env):
+    cmd = script(tmp_path, "import torch; torch.cuda.fake_alloc(1 << 20); print('must not run')\n")
+    log = tmp_path / "o.log"
+    res = run_trial(cmd, budget=9 * GiB, env=fake_env, capture=log)
+    assert res.outcome == "budget-too-large" and res.exit_code == bootstrap.EXIT_BUDGET_TOO_LARGE
+    assert "must not run" not in log.read_text()
+    with pytest.raises(InputError, match=r"budget 9\.00 GiB is larger than the card \(8\.00 GiB\) Fake GPU"):
+        raise_for_environment(res)
+
+
+def test_setting_that_did_not_take_effect_is_reported(tmp_path, fake_env):
+    cmd = script(tmp_path, "import torch; torch.cuda.fake_alloc(1 << 20)\n")
+    res = run_trial(cmd, conf="expandable_segments:True", env=dict(fake_env, FAKE_IGNORE_CONF="1"),
+                    capture=tmp_path / "o.log")
+    assert res.outcome == "ok"
+    assert any("expandable_segments: asked True" in w for w in res.warnings)
+
+
+def test_torch_without_cuda_is_no_cuda(tmp_path, fake_env):
+    cmd = script(tmp_path, "import torch; torch.cuda.fake_alloc(1 << 20)\n")
+    res = run_trial(cmd, env=dict(fake_env, FAKE_NO_CUDA="1"), capture=tmp_path / "o.log")
+    assert res.outcome == "no-cuda" and res.exit_code == 1
+    assert "is_available() is False" in res.error
+
+
+def test_record_gives_segment_sizes_and_a_snapshot_file(tmp_path, fake_env):
+    cmd = script(tmp_path, """
+        import torch
+        for mb in (30, 30, 64, 5):
+            torch.cuda.fake_alloc(mb << 20)
+    """)
+    rec = tmp_path / "trace.pickle"
+    res = run_trial(cmd, record=rec, env=fake_env, capture=tmp_path / "o.log")
+    assert res.outcome == "ok"
+    assert res.segment_sizes == ((6 * MiB, 1), (30 * MiB, 2), (64 * MiB, 1))
+    assert res.snapshot == str(rec) and rec.stat().st_size > 0
+
+
+def test_sigterm_at_timeout_still_reports(tmp_path, fake_env):
+    cmd = script(tmp_path, """
+        import time, torch
+        torch.cuda.fake_alloc(50 << 20)
+        print("allocated", flush=True)
+        time.sleep(60)
+    """)
+    res = run_trial(cmd, timeout=3, env=fake_env, capture=tmp_path / "o.log", kill_grace=5)
+    assert res.outcome == "timeout"
+    assert res.wall_s < 15
+    assert res.processes == 1 and res.peak_reserved == 50 * MiB  # written by the SIGTERM handler
+
+
+def test_live_sample_contract(tmp_path, fake_env):
+    cmd = script(tmp_path, """
+        import json, os, time, torch
+        torch.cuda.fake_alloc(70 << 20)
+        path = os.path.join(os.environ["ALLOCTUNE_STATE_DIR"], f"live-{os.getpid()}.json")
+        for _ in range(50):
+            if os.path.exists(path):
+                break
+            time.sleep(0.1)
+        time.sleep(1.2)  # at least one refresh after the allocation
+        print("LIVE", open(path).read().replace("\\n", " "))
+    """)
+    log = tmp_path / "o.log"
+    res = run_trial(cmd, budget=GiB, conf="", env=dict(fake_env, RANK="3", LOCAL_RANK="0"), capture=log)
+    assert res.outcome == "ok"
+    live = json.loads(log.read_text().split("LIVE ", 1)[1])
+    assert live["schema"] == 1 and live["kind"] == "alloctune-live"
+    assert live["rank"] == 3 and live["local_rank"] == 0 and live["budget"] == GiB
+    assert live["stats"]["reserved_bytes.all.current"] == 70 * MiB
+    assert live["cmd"][0].endswith("work.py") and live["total_memory"] == 8 * GiB
+    assert os.listdir(tmp_path / "live") == []  # removed at exit
+
+
+def test_fraction_for_rounds_up_and_keeps_gc_cap():
+    total = 150109880320
+    for budget in (1, 12345, 2 * GiB + 1, total // 3, total - 1):
+        f = bootstrap.fraction_for(budget, total)
+        assert int(f * total) >= budget and int(f * total) - budget < 64
+    assert bootstrap.fraction_for(total, total) == 1.0
+    assert bootstrap.fraction_for(total, total, ensure_cap=True) < 1.0
+
+
+def test_load_config_inline_and_directory(tmp_path):
+    assert bootstrap.load_config(None) is None and bootstrap.load_config("  ") is None
+    cfg = bootstrap.load_config('{"budget": 5}')
+    assert cfg["budget"] == 5 and cfg["live"] is True and cfg["report_dir"] is None
+    (tmp_path / "agent.json").write_text('{"on_oom": "snapshot"}')
+    cfg = bootstrap.load_config(str(tmp_path))
+    assert cfg["report_dir"] == str(tmp_path) and cfg["on_oom"] == "snapshot"
+
+
+def test_failing_chained_sitecustomize_does_not_stop_the_agent(tmp_path, fake_env):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("raise RuntimeError('site is broken')\n")
+    env = dict(fake_env, PYTHONPATH=f"{fake_env['PYTHONPATH']}{os.pathsep}{other}")
+    log = tmp_path / "o.log"
+    res = run_trial(script(tmp_path, "import torch; torch.cuda.fake_alloc(4 << 20)\n"), env=env, capture=log)
+    assert "Error in sitecustomize (chained by alloctune): RuntimeError: site is broken" in log.read_text()
+    assert res.outcome == "ok" and res.peak_reserved == 4 * MiB
+
+
+def test_nested_run_does_not_load_the_agent_twice(tmp_path, fake_env):
+    from alloctune.agent import make_site_dir
+
+    outer = make_site_dir(tmp_path / "outer-site")  # as if an outer `alloctune run` had put it there
+    env = dict(fake_env, PYTHONPATH=f"{outer}{os.pathsep}{fake_env['PYTHONPATH']}")
+    cmd = script(tmp_path, "import torch; torch.cuda.fake_alloc(2 << 20)\n"
+                           "print('budget applied', len(torch.cuda.fake_state['fraction_calls']), 'time(s)')\n")
+    log = tmp_path / "o.log"
+    res = run_trial(cmd, env=env, budget=GiB, capture=log)
+    assert res.outcome == "ok" and res.processes == 1
+    assert "budget applied 1 time(s)" in log.read_text()  # one agent, not two
+    assert "Error" not in log.read_text()

@@ -1,0 +1,75 @@
+"""The agent with real CUDA (skipped without a device): budget, OOM observer, settings read back."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+
+import pytest
+
+from alloctune.runner import run_trial
+
+pytestmark = pytest.mark.gpu
+PY = sys.executable
+MiB = 1 << 20
+
+
+def script(tmp_path, body):
+    path = tmp_path / "w.py"
+    path.write_text(textwrap.dedent(body))
+    return [PY, str(path)]
+
+
+def test_budget_and_stats_match_the_workload(tmp_path):
+    cmd = script(tmp_path, """
+        import json, torch
+        xs = [torch.empty(n << 20, dtype=torch.uint8, device="cuda") for n in (100, 30, 300)]
+        del xs[1]
+        print("OWN", json.dumps(torch.cuda.memory_stats()))
+        print("CAP", torch.cuda.get_per_process_memory_fraction())
+    """)
+    log = tmp_path / "o.log"
+    res = run_trial(cmd, budget=2048 * MiB, capture=log, env=dict(os.environ, ALLOCTUNE_STATE_DIR=str(tmp_path)))
+    text = log.read_text()
+    own = json.loads(text.split("OWN ", 1)[1].splitlines()[0])
+    assert res.outcome == "ok", text
+    for key, value in res.stats.items():
+        assert own[key] == value, key
+    assert res.peak_reserved == own["reserved_bytes.all.peak"] and res.peak_allocated == 430 * MiB
+    frac = float(text.split("CAP ", 1)[1].split()[0])
+    assert int(frac * res.total_memory) >= 2048 * MiB
+    assert res.allocator_settings is not None and res.allocator_settings.get("max_split_size") == -1
+
+
+def test_oom_under_budget_with_snapshot(tmp_path):
+    cmd = script(tmp_path, """
+        import torch
+        a = torch.empty(600 << 20, dtype=torch.uint8, device="cuda")
+        b = torch.empty(600 << 20, dtype=torch.uint8, device="cuda")
+    """)
+    res = run_trial(cmd, budget=1024 * MiB, on_oom="snapshot", oom_dir=tmp_path, capture=tmp_path / "o.log",
+                    env=dict(os.environ, ALLOCTUNE_STATE_DIR=str(tmp_path)))
+    assert res.outcome == "oom" and res.exit_code == 1
+    assert res.oom_message.startswith("CUDA out of memory. Tried to allocate 600.00 MiB")
+    assert res.num_ooms == 1 and res.oom_snapshot and os.path.getsize(res.oom_snapshot) > 0
+
+
+def test_expandable_is_read_back_and_history_recorded(tmp_path):
+    cmd = script(tmp_path, """
+        import torch
+        x = torch.empty(50 << 20, dtype=torch.uint8, device="cuda")
+    """)
+    res = run_trial(cmd, conf="expandable_segments:True", capture=tmp_path / "o.log",
+                    env=dict(os.environ, ALLOCTUNE_STATE_DIR=str(tmp_path)))
+    assert res.outcome == "ok"
+    assert res.allocator_settings["expandable_segments"] is True and res.warnings == ()
+    rec = tmp_path / "t.pickle"
+    res = run_trial(cmd, conf="", record=rec, capture=tmp_path / "o2.log",
+                    env=dict(os.environ, ALLOCTUNE_STATE_DIR=str(tmp_path)))
+    assert res.segment_sizes == ((50 * MiB, 1),) and rec.stat().st_size > 0
+    from alloctune.trace import load_trace
+
+    trace = load_trace(rec)
+    assert len(trace.requests) >= 1

@@ -1,0 +1,112 @@
+"""`alloctune tune` end to end on a fake-CUDA workload: table, recommendation, store, --resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fake_torch import install
+
+PY = sys.executable
+MiB = 1 << 20
+
+# Needs 600 MiB with expandable segments; the default "fragments" and needs 900 MiB.
+WORK = """
+import os, torch
+conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+torch.cuda.fake_alloc(400 << 20)
+torch.cuda.fake_alloc(200 << 20)
+if "expandable_segments:True" not in conf:
+    torch.cuda.fake_alloc(300 << 20)
+print("throughput: 50 items/s")
+"""
+
+
+@pytest.fixture()
+def setup(tmp_path):
+    install(tmp_path / "fake")
+    (tmp_path / "w.py").write_text(WORK)
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "fake"), ALLOCTUNE_STATE_DIR=str(tmp_path / "live"),
+               HOME=str(tmp_path / "home"), COLUMNS="200")
+    return tmp_path, env
+
+
+def tune(tmp_path, env, *extra):
+    cmd = [PY, "-m", "alloctune", "tune", "--budget", "800MiB", "--knobs", "expandable", "--store",
+           str(tmp_path / "s.jsonl"), *extra, "--", PY, str(tmp_path / "w.py")]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_tune_recommends_expandable_with_its_min_budget(setup):
+    tmp_path, env = setup
+    p = tune(tmp_path, env, "--json")
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)
+    rec = data["recommendation"]
+    assert rec["conf"] == "expandable_segments:True"
+    assert "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in rec["lines"]["bash"]
+    best = data["ranking"]["best"]
+    assert best["infeasible_below"] < 600 * MiB <= best["min_budget"]
+    assert best["min_budget"] - best["infeasible_below"] <= 16 * MiB
+    assert "does not complete at the budget 800 MiB (oom)" in rec["reasons"][""]
+    assert data["trials"][0]["purpose"].startswith("baseline") and data["trials"][0]["budget"] is None
+    assert data["trials"][0]["throughput"] == 50.0
+    assert data["fresh_trials"] == data["trial_count"] == len(data["trials"])
+    lines = (tmp_path / "s.jsonl").read_text().splitlines()
+    assert len(lines) == 1 + data["trial_count"]
+
+
+def test_resume_reuses_the_store_and_renders_the_table(setup):
+    tmp_path, env = setup
+    first = tune(tmp_path, env, "--json")
+    n = json.loads(first.stdout)["trial_count"]
+    p = tune(tmp_path, env)
+    assert p.returncode == 2 and "already exists: add --resume" in p.stderr
+    p = tune(tmp_path, env, "--resume")
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    assert f"{n} trials (0 run, {n} from the store)" in out
+    assert "use expandable_segments:True: completes under 800 MiB" in out
+    assert "taken from the results store" in out
+    assert "recommended" in out
+
+
+def test_crash_stops_the_sweep_with_one_line_and_partial_table(setup):
+    tmp_path, env = setup
+    (tmp_path / "w.py").write_text(WORK + "\nif 'expandable' in conf:\n    raise ValueError('broken input file')\n")
+    p = tune(tmp_path, env)
+    assert p.returncode == 1
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("alloctune: error: trial expandable_segments:True at 800 MiB crashed, not for lack of memory: "
+                           "ValueError: broken input file")
+    assert "trials so far" in p.stdout
+
+
+def test_ctrl_c_stops_cleanly_with_the_partial_table(setup):
+    import signal
+    import time
+
+    tmp_path, env = setup
+    (tmp_path / "w.py").write_text(WORK + "\nimport time\ntime.sleep(0.5)\n")
+    cmd = [PY, "-m", "alloctune", "tune", "--budget", "800MiB", "--knobs", "expandable", "--store",
+           str(tmp_path / "s.jsonl"), "--", PY, str(tmp_path / "w.py")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    store = tmp_path / "s.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # wait until two trials are on disk, then press Ctrl-C
+        if store.exists() and len(store.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert "trials so far (interrupted)" in out
+    assert "Traceback" not in err
+    assert "continue with --resume" in err + out
+    kept = [json.loads(line) for line in store.read_text().splitlines()]
+    assert kept[0]["kind"] == "header" and len(kept) >= 3
+    assert not list((tmp_path / "live").glob("live-*.json"))  # the interrupted child cleaned up too

@@ -1,0 +1,94 @@
+"""A fake workload for the tuning logic: each setting has a known memory need.
+
+`FakeEvaluator(needs)` answers a trial like the GPU would for a deterministic workload that
+completes iff budget ≥ need[setting]; every call is logged so tests can count GPU trials.
+"""
+
+from __future__ import annotations
+
+from alloctune.runner import TrialResult
+
+MiB = 1 << 20
+GiB = 1 << 30
+COMMAND = ("python", "work.py")
+
+SEGMENTS = [
+    (2 * MiB, 10),
+    (20 * MiB, 5),
+    (64 * MiB, 1),
+    (130 * MiB, 2),
+    (256 * MiB, 1),
+    (300 * MiB, 1),
+    (512 * MiB, 1),
+    (1024 * MiB, 1),
+]
+
+
+def split_need(v_mb: int) -> int:
+    """max_split_size_mb:v needs less the smaller v is; above 300 it behaves like the default."""
+    return (1800 + 2 * v_mb) * MiB if v_mb <= 300 else 3000 * MiB
+
+
+NEEDS = {
+    "": 3000 * MiB,
+    "expandable_segments:True": 2100 * MiB,
+    "garbage_collection_threshold:0.6": 2050 * MiB,
+    "roundup_power2_divisions:4": 2700 * MiB,
+}
+THROUGHPUT = {"garbage_collection_threshold:0.6": 90.0}
+
+
+class FakeEvaluator:
+    def __init__(self, needs=None, *, total=8 * GiB, crash_on=None, timeout_on=None, snapshot="/dev/null"):
+        self.needs = dict(NEEDS if needs is None else needs)
+        self.total = total
+        self.crash_on = crash_on
+        self.timeout_on = timeout_on
+        self.snapshot = snapshot
+        self.calls: list[tuple[str, int | None, int, bool, bool]] = []
+
+    def need(self, conf: str) -> int:
+        if conf.startswith("max_split_size_mb:"):
+            return split_need(int(conf.split(":")[1]))
+        return self.needs[conf]
+
+    def __call__(self, conf, budget, *, repeat=0, record=False, ensure_cap=False):
+        self.calls.append((conf, budget, repeat, record, ensure_cap))
+        base = dict(command=COMMAND, conf=conf, budget=budget, wall_s=1.0, total_memory=self.total,
+                    torch_version="2.11.0+cu130", device_name="Fake H200", repeat=repeat)
+        if conf == self.crash_on:
+            return TrialResult(outcome="crash", exit_code=1, error="ValueError: bad input", **base)
+        if conf == self.timeout_on:
+            return TrialResult(outcome="timeout", exit_code=-15, error="killed at the timeout", **base)
+        need = self.need(conf)
+        ok = budget is None or budget >= need
+        peak_reserved = min(need, budget) if budget is not None else need
+        return TrialResult(
+            outcome="ok" if ok else "oom",
+            exit_code=0 if ok else 1,
+            peak_reserved=peak_reserved,
+            peak_allocated=1900 * MiB,
+            num_alloc_retries=0 if ok else 1,
+            num_ooms=0 if ok else 1,
+            throughput=THROUGHPUT.get(conf, 100.0),
+            throughput_unit="items/s",
+            snapshot=self.snapshot if record else None,
+            segment_sizes=tuple(SEGMENTS) if record else None,
+            **base,
+        )
+
+    def fresh(self) -> int:
+        return len(self.calls)
+
+
+class FakeSimulator:
+    """Predicts each setting's need exactly (offset by `error` bytes)."""
+
+    def __init__(self, evaluator: FakeEvaluator, error: int = 0):
+        self.evaluator = evaluator
+        self.error = error
+        self.asked: list[str] = []
+
+    def min_budget(self, conf: str) -> int | None:
+        self.asked.append(conf)
+        return self.evaluator.need(conf) + self.error
