@@ -1,0 +1,353 @@
+"""Replay a recorded request stream through the simulated allocator: `replay()` -> `SimResult`.
+
+The stream is what the program asked for (alloc / free / empty_cache, and the requests
+that failed on the GPU); the allocator model decides everything else. A FAILED_ALLOC is
+expected to fail again: it is replayed, counted, and the replay continues past it as the
+program did. A failure the recording did not have ends the replay: that is the OOM point.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from alloctune.sim.allocator import CachingAllocator, OOMInfo
+from alloctune.sim.driver import DEFAULT_OVERHEAD, H200_TOTAL, AddressModel, Device, DriverVA, RecordedAddresses
+from alloctune.sim.settings import SimSettings
+from alloctune.trace.model import ALLOC, EMPTY_CACHE, FAILED_ALLOC, FREE, SegmentEvent, Trace
+
+SCHEMA = "alloctune.sim_result/1"
+Addresses = Literal["model", "recorded"]
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """What one replay produced. Bytes are ints; `to_dict()` is the JSON form."""
+
+    source: str
+    settings: dict[str, Any]
+    budget: int | None  # the cap as given (bytes), None = uncapped
+    cap: int | None  # allowed_memory_maximum the allocator enforced
+    total_memory: int
+    completed: bool  # False: an allocation the recording did not fail failed here (see oom)
+    requests: int  # length of the stream
+    requests_done: int  # requests replayed (== requests when completed)
+    peak_reserved: int
+    peak_allocated: int
+    peak_requested: int
+    stats: dict[str, Any]
+    segment_events: tuple[SegmentEvent, ...]
+    oom: OOMInfo | None  # the failure that ended the replay
+    expected_failures: tuple[int, ...] = ()  # request indices of FAILED_ALLOCs that failed again
+    unexpected_successes: tuple[int, ...] = ()  # FAILED_ALLOCs that fit in the simulation
+    failures: tuple[OOMInfo, ...] = ()  # allocator state at each expected failure (same order)
+    timeline: dict[str, list[int]] = field(default_factory=dict)  # index/reserved/allocated, downsampled
+    address_divergence: int | None = None  # recorded addresses: first segment whose size differs
+    addresses: str = "model"  # "recorded:<source>" | "model" | "custom": where addresses came from
+
+    @property
+    def utilization(self) -> float:
+        """Peak allocated / peak reserved (the GMLake / STAlloc metric)."""
+        return self.peak_allocated / self.peak_reserved if self.peak_reserved else 1.0
+
+    @property
+    def fragmentation(self) -> float:
+        return 1.0 - self.utilization
+
+    @property
+    def num_alloc_retries(self) -> int:
+        return int(self.stats.get("num_alloc_retries", 0))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "source": self.source,
+            "settings": self.settings,
+            "budget": self.budget,
+            "cap": self.cap,
+            "total_memory": self.total_memory,
+            "completed": self.completed,
+            "requests": self.requests,
+            "requests_done": self.requests_done,
+            "peak_reserved": self.peak_reserved,
+            "peak_allocated": self.peak_allocated,
+            "peak_requested": self.peak_requested,
+            "utilization": self.utilization,
+            "num_alloc_retries": self.num_alloc_retries,
+            "stats": self.stats,
+            "oom": self.oom.to_dict() if self.oom else None,
+            "expected_failures": list(self.expected_failures),
+            "unexpected_successes": list(self.unexpected_successes),
+            "failures": [f.to_dict() for f in self.failures],
+            "timeline": self.timeline,
+            "segment_events": [e.to_dict() for e in self.segment_events],
+            "address_divergence": self.address_divergence,
+            "addresses": self.addresses,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SimResult":
+        oom = d.get("oom")
+        return cls(
+            source=d["source"],
+            settings=d["settings"],
+            budget=d.get("budget"),
+            cap=d.get("cap"),
+            total_memory=d["total_memory"],
+            completed=d["completed"],
+            requests=d["requests"],
+            requests_done=d["requests_done"],
+            peak_reserved=d["peak_reserved"],
+            peak_allocated=d["peak_allocated"],
+            peak_requested=d["peak_requested"],
+            stats=d["stats"],
+            segment_events=tuple(SegmentEvent(**e) for e in d.get("segment_events", [])),
+            oom=OOMInfo(**oom) if oom else None,
+            expected_failures=tuple(d.get("expected_failures", ())),
+            unexpected_successes=tuple(d.get("unexpected_successes", ())),
+            failures=tuple(OOMInfo(**f) for f in d.get("failures", ())),
+            timeline=d.get("timeline", {}),
+            address_divergence=d.get("address_divergence"),
+            addresses=d.get("addresses", "model"),
+        )
+
+
+def cap_from_budget(budget: int | None, total_memory: int, torch: tuple[int, int] = (2, 11)) -> int | None:
+    """The `allowed_memory_maximum` a budget becomes via `set_per_process_memory_fraction`.
+
+    The fraction goes through a double: (size_t)(budget / total * total). From 2.10 a
+    fraction >= 1 means no cap at all (and so no garbage collection).
+    """
+    if budget is None:
+        return None
+    fraction = budget / total_memory
+    if torch >= (2, 10) and fraction >= 1.0:
+        return None
+    return int(fraction * total_memory)
+
+
+def make_allocator(
+    settings: SimSettings,
+    *,
+    budget: int | None = None,
+    total_memory: int = H200_TOTAL,
+    overhead: int = DEFAULT_OVERHEAD,
+    addresses: AddressModel | None = None,
+    record_events: bool = True,
+) -> CachingAllocator:
+    device = Device(total_memory, overhead, addresses or DriverVA())
+    cap = cap_from_budget(budget, total_memory, settings.torch)
+    frac = settings.per_process_memory_fraction
+    if budget is None and frac is not None and frac < 1.0:
+        # the config key caps the allocator at construction; an API budget would replace it
+        cap = int(frac * total_memory)
+    return CachingAllocator(settings, cap, device, record_events)
+
+
+def replay(
+    trace: Trace,
+    config: Any = None,
+    budget: int | None = None,
+    total_memory: int | None = None,
+    torch: str | None = None,
+    *,
+    addresses: Addresses | AddressModel = "recorded",
+    reference: Trace | None = None,
+    overhead: int | None = None,
+    timeline_points: int = 1000,
+    record_events: bool = True,
+    stop_at_oom: bool = True,
+) -> SimResult:
+    """Replay `trace`'s request stream under `config` (an `AllocatorConfig`, `SimSettings`,
+    or None for the defaults) with an optional per-process `budget` in bytes.
+
+    Segment addresses (they decide ties between equal-size free blocks on torch <= 2.11):
+    `addresses="recorded"` (default) places the k-th new segment where `reference` (default:
+    `trace` itself) placed its k-th segment — exact when `reference` was recorded under the
+    simulated setting, the best available guess otherwise (the `DriverVA` model takes over
+    for a segment whose recorded range is taken); `"model"` uses only the model.
+    `torch=None` keeps a `SimSettings`' own version (else 2.11).
+    """
+    settings = SimSettings.from_config(config, torch)
+    total = int(total_memory or trace.total_memory or H200_TOTAL)
+    model = _address_model(trace, addresses, reference)
+    rec = model if isinstance(model, RecordedAddresses) else None
+    alloc = make_allocator(
+        settings,
+        budget=budget,
+        total_memory=total,
+        overhead=DEFAULT_OVERHEAD if overhead is None else overhead,
+        addresses=model,
+        record_events=record_events,
+    )
+    req = trace.requests
+    ops, sizes, rids, streams = req.ops, req.sizes, req.rids, req.streams
+    n = len(ops)
+    live: dict[int, Any] = {}
+    malloc, free, st = alloc.malloc, alloc.free, alloc.stats
+    step = max(1, n // max(1, timeline_points))
+    t_index: list[int] = []
+    t_alloc: list[int] = []
+    bucket_max = 0
+    next_mark = step
+    expected: list[int] = []
+    surprises: list[int] = []
+    failure_info: list[OOMInfo] = []
+    oom: OOMInfo | None = None
+    done = n
+    # The loop makes ~10^6 small objects linked in cycles (prev/next); the cyclic GC would
+    # rescan them again and again for nothing, so it is paused for the loop.
+    gc_was_on = gc.isenabled()
+    gc.disable()
+    try:
+        for i in range(n):
+            if i == next_mark:
+                t_index.append(i)
+                t_alloc.append(bucket_max)
+                bucket_max = st.allocated
+                next_mark += step
+            op = ops[i]
+            if op == ALLOC:
+                alloc.request_index = i  # (frees make no segment events: not needed there)
+                b = malloc(sizes[i], streams[i])
+                if b is None:
+                    oom = alloc.oom
+                    if stop_at_oom:
+                        done = i
+                        break
+                    continue
+                live[rids[i]] = b
+                if st.allocated > bucket_max:
+                    bucket_max = st.allocated
+            elif op == FREE:
+                b = live.pop(rids[i], None)
+                if b is not None:
+                    free(b)
+            elif op == EMPTY_CACHE:
+                alloc.request_index = i
+                alloc.empty_cache()
+            elif op == FAILED_ALLOC:
+                alloc.request_index = i
+                b = malloc(sizes[i], streams[i])
+                if b is None:
+                    expected.append(i)
+                    failure_info.append(OOMInfo(**{**alloc.oom.to_dict(), "expected": True}))
+                else:  # it fits here although it did not on the GPU: the program never got it
+                    surprises.append(i)
+                    free(b)
+    finally:
+        if gc_was_on:
+            gc.enable()
+    t_index.append(done)
+    t_alloc.append(bucket_max)
+    events = tuple(
+        SegmentEvent(e.action, e.addr, e.size, e.stream, -1, e.request_index) for e in (alloc.events or [])
+    )
+    timeline = {
+        "index": t_index,
+        "allocated": t_alloc,
+        "reserved": _reserved_timeline(events, t_index) if record_events else [],  # rebuilt from events
+    }
+    if oom is not None and oom.request_index in expected:
+        oom = None
+    if oom is not None:
+        oom = OOMInfo(**{**oom.to_dict(), "expected": False})
+    return SimResult(
+        source=trace.source,
+        settings=settings.to_dict(),
+        budget=budget,
+        cap=alloc.cap,
+        total_memory=total,
+        completed=oom is None or not stop_at_oom,
+        requests=n,
+        requests_done=done,
+        peak_reserved=st.reserved_peak,
+        peak_allocated=st.allocated_peak,
+        peak_requested=st.requested_peak,
+        stats=st.as_dict(),
+        segment_events=events,
+        oom=oom,
+        expected_failures=tuple(expected),
+        unexpected_successes=tuple(surprises),
+        failures=tuple(failure_info),
+        timeline=timeline,
+        address_divergence=rec.diverged_at if rec is not None else None,
+        addresses=(
+            f"recorded:{(reference or trace).source}" if addresses == "recorded"
+            else "model" if addresses == "model" else "custom"
+        ),
+    )
+
+
+def _address_model(trace: Trace, addresses: Any, reference: Trace | None) -> AddressModel:
+    if addresses == "recorded":
+        ref = reference or trace
+        return RecordedAddresses((e.size, e.addr) for e in ref.segment_events if e.action == "segment_alloc")
+    if addresses == "model":
+        return DriverVA()
+    if isinstance(addresses, str):
+        raise ValueError(f"addresses must be 'recorded', 'model' or an address model, not {addresses!r}")
+    return addresses
+
+
+def state_at(
+    trace: Trace,
+    config: Any = None,
+    request_index: int = 0,
+    *,
+    budget: int | None = None,
+    total_memory: int | None = None,
+    torch: str | None = None,
+    addresses: Addresses | AddressModel = "recorded",
+    reference: Trace | None = None,
+) -> CachingAllocator:
+    """The simulated allocator just before request `request_index` (for inspecting a mismatch:
+    `.segment_table()`, `.stats`, `.events`)."""
+    settings = SimSettings.from_config(config, torch)
+    total = int(total_memory or trace.total_memory or H200_TOTAL)
+    alloc = make_allocator(settings, budget=budget, total_memory=total,
+                           addresses=_address_model(trace, addresses, reference))
+    req = trace.requests
+    live: dict[int, Any] = {}
+    for i in range(min(request_index, len(req))):
+        op = req.ops[i]
+        alloc.request_index = i
+        if op == ALLOC:
+            b = alloc.malloc(req.sizes[i], req.streams[i])
+            if b is None:
+                break
+            live[req.rids[i]] = b
+        elif op == FREE:
+            b = live.pop(req.rids[i], None)
+            if b is not None:
+                alloc.free(b)
+        elif op == EMPTY_CACHE:
+            alloc.empty_cache()
+        elif op == FAILED_ALLOC:
+            b = alloc.malloc(req.sizes[i], req.streams[i])
+            if b is not None:
+                alloc.free(b)
+    return alloc
+
+
+def _reserved_timeline(events: tuple[SegmentEvent, ...], marks: list[int]) -> list[int]:
+    """Max reserved bytes within each timeline bucket, rebuilt from the segment events."""
+    out: list[int] = []
+    reserved = 0
+    bucket_max = 0
+    k = 0
+    ne = len(events)
+    for mark in marks:
+        while k < ne and events[k].request_index < mark:
+            e = events[k]
+            if e.action in ("segment_alloc", "segment_map"):
+                reserved += e.size
+                if reserved > bucket_max:
+                    bucket_max = reserved
+            elif e.action in ("segment_free", "segment_unmap"):
+                reserved -= e.size
+            k += 1
+        out.append(bucket_max)
+        bucket_max = reserved
+    return out

@@ -1,0 +1,91 @@
+"""`alloctune simulate` end to end (through the real entry point, errors included)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from alloctune.cli import main
+from alloctune.sim import min_budget, replay
+from alloctune.sim.settings import SimSettings
+from alloctune.trace import load_trace
+from alloctune.units import format_size
+
+
+def _run(capsys, *args):
+    with pytest.raises(SystemExit) as exc:
+        main(list(args))
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
+
+
+def _ok(capsys, *args):
+    try:
+        main(list(args))
+    except SystemExit as exc:  # typer exits 0 on success in standalone mode
+        assert exc.code in (0, None), capsys.readouterr()
+    return capsys.readouterr().out
+
+
+def test_simulate_json_rows(traces_dir, capsys):
+    trace = str(traces_dir / "rvc_ec0" / "default.pickle.xz")
+    out = _ok(capsys, "simulate", trace, "--conf", "expandable_segments:True", "--conf", "max_split_size_mb:128",
+              "--json")
+    data = json.loads(out)
+    assert data["schema"] == "alloctune.simulate/1"
+    exp, mss = data["rows"]
+    # the recorded peaks of those settings (sidecar stats of the shared traces)
+    rec_exp = json.loads((traces_dir / "rvc_ec0" / "expandable.json").read_text())["stats"]
+    rec_mss = json.loads((traces_dir / "rvc_ec0" / "max_split_128.json").read_text())["stats"]
+    assert exp["peak_reserved"] == rec_exp["reserved_bytes.all.peak"]
+    assert mss["peak_reserved"] == rec_mss["reserved_bytes.all.peak"]
+    assert exp["peak_allocated"] == rec_exp["allocated_bytes.all.peak"]
+    assert exp["completed"] and exp["oom"] is None
+    assert exp["utilization"] == round(exp["peak_allocated"] / exp["peak_reserved"], 4)
+
+
+def test_simulate_table_with_min_budget(traces_dir, capsys):
+    trace = str(traces_dir / "rvc_ec0" / "default.pickle.xz")
+    out = _ok(capsys, "simulate", trace, "--conf", "expandable_segments:True", "--min-budget")
+    mb = min_budget(load_trace(trace), SimSettings(expandable_segments=True))
+    assert format_size(mb.budget) in out
+    assert "min budget" in out
+
+
+def test_min_budget_brackets_the_feasible_cap(traces_dir):
+    trace = load_trace(traces_dir / "rvc_ec1" / "default.pickle.xz")
+    mb = min_budget(trace, None)
+    assert mb.budget - mb.infeasible_below <= max(16 << 20, mb.budget // 100)
+    assert replay(trace, None, budget=mb.budget, record_events=False).completed
+    assert not replay(trace, None, budget=mb.infeasible_below, record_events=False).completed
+    assert mb.budget <= mb.peak_reserved_uncapped
+
+
+def test_simulate_budget_oom_and_compare(traces_dir, capsys):
+    trace = str(traces_dir / "rvc_ec1" / "default.pickle.xz")
+    data = json.loads(_ok(capsys, "simulate", trace, "--budget", "1GiB", "--json"))
+    row = data["rows"][0]
+    assert not row["completed"] and row["oom"]["request_index"] > 0 and row["budget"] == 1 << 30
+    capped = str(traces_dir / "rvc_ec1" / "default_cap85.pickle.xz")
+    data = json.loads(_ok(capsys, "simulate", capped, "--compare", capped, "--json"))
+    fid = data["rows"][0]["fidelity"]
+    assert fid["exact"] and fid["verdict"] == "exact"
+
+
+def test_simulate_compare_reports_first_difference(traces_dir, capsys):
+    trace = str(traces_dir / "rvc_ec0" / "default.pickle.xz")
+    other = str(traces_dir / "rvc_ec0" / "max_split_128.pickle.xz")
+    out = _ok(capsys, "simulate", trace, "--compare", other)
+    assert "differs" in out and "first difference" in out and "segment event #" in out
+
+
+def test_simulate_bad_conf_is_one_line(traces_dir, capsys):
+    trace = str(traces_dir / "rvc_ec0" / "default.pickle.xz")
+    code, out, err = _run(capsys, "simulate", trace, "--conf", "max_split_size_mb:5")
+    assert code == 2 and err.startswith("alloctune: error:") and err.count("\n") == 1
+
+
+def test_simulate_missing_file(tmp_path, capsys):
+    code, _, err = _run(capsys, "simulate", str(tmp_path / "nope.pickle"))
+    assert code == 2 and "alloctune: error:" in err
