@@ -48,20 +48,20 @@ _SHELL_ALIASES = {
     "py": "python",
 }
 
-_VERSION_RE = re.compile(r"^\s*v?(\d+)\.(\d+)")
-
-
 def parse_torch_version(torch: str | Sequence[int] | None) -> tuple[int, int] | None:
-    """`"2.10.0+cu130"`, `"2.11"`, `(2, 9)` -> `(major, minor)`; `None` or unreadable -> `None`."""
+    """`"2.10.0+cu130"`, `"2.11"`, `(2, 9)` -> `(major, minor)`; `None` or unreadable -> `None`.
+
+    Lenient on purpose: shell lines are still worth printing when the version is unknown
+    (then both variable names are set)."""
+    from alloctune.config.versions import parse_torch_version as parse
+    from alloctune.errors import InputError
+
     if torch is None:
         return None
-    if isinstance(torch, str):
-        m = _VERSION_RE.match(torch)
-        return (int(m.group(1)), int(m.group(2))) if m else None
-    parts = tuple(torch)
-    if len(parts) >= 2 and all(isinstance(p, int) for p in parts[:2]):
-        return (parts[0], parts[1])
-    return None
+    try:
+        return parse(torch if isinstance(torch, str) else tuple(torch))
+    except InputError:
+        return None
 
 
 def env_assignments(conf: str, torch: str | Sequence[int] | None = None, *, vendor: str = "cuda") -> dict[str, str]:

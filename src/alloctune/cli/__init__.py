@@ -35,6 +35,16 @@ def _root() -> None:
 # One module per command (or command group), each with `register(app)`.
 _COMMAND_MODULES: tuple[str, ...] = (
     "version",
+    "demo_cmd",
+    "diagnose_cmd",
+    "simulate_cmd",
+    "trace_cmd",
+    "config_cmd",
+    "watch_cmd",
+    "report_cmd",
+    "record_cmd",
+    "run_cmd",
+    "tune_cmd",
 )
 
 for _name in _COMMAND_MODULES:

@@ -19,19 +19,13 @@ DEFAULT_TORCH = "2.11"
 
 
 def parse_torch_version(text: str | tuple[int, int] | None) -> tuple[int, int]:
-    """'2.11', '2.11.0+cu130' or (2, 11) -> (2, 11); the rules differ by minor release."""
-    if text is None:
-        text = DEFAULT_TORCH
-    if isinstance(text, tuple):
-        return text
-    parts = str(text).strip().lstrip("v").split("+")[0].split(".")
-    try:
-        major, minor = int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
-    except ValueError:
-        raise ConfigError(f"cannot read torch version {text!r}; give it like 2.11") from None
-    if (major, minor) < (2, 0) or major > 2:
-        raise ConfigError(f"torch {text} is not modelled; the simulator covers torch 2.0 to 2.14")
-    return major, minor
+    """'2.11', '2.11.0+cu130' or (2, 11) -> (2, 11); None means the default release (2.11).
+
+    The rules differ by minor release; the one version parser of the project lives in
+    `alloctune.config.versions` (it also refuses releases we have no rules for)."""
+    from alloctune.config.versions import parse_torch_version as parse
+
+    return parse(DEFAULT_TORCH if text is None else text)
 
 
 @dataclass(frozen=True)

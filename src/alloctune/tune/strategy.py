@@ -457,7 +457,12 @@ class SimulatorFromTrace:
 
 
 def _minor(version: str | None) -> str:
-    if not version:
-        return "2.11"
-    parts = version.split("+")[0].split(".")
-    return ".".join(parts[:2])
+    """The `major.minor` whose allocator rules apply: 2.11 when the child did not say, the
+    newest rules we know for a release newer than those."""
+    from alloctune.config.versions import NEWEST, OLDEST, format_version, parse_torch_version
+    from alloctune.errors import InputError
+
+    try:
+        return format_version(parse_torch_version(version or "2.11"))
+    except InputError:
+        return format_version(NEWEST if version and not version.startswith(("0", "1")) else OLDEST)
