@@ -1,0 +1,125 @@
+"""`alloctune demo`: the product in one command, with or without a GPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Optional
+
+import typer
+
+from alloctune.cli.common import console, print_json
+
+# A 6 GiB card leaves roughly this much to PyTorch once the CUDA context is loaded.
+GPU_DEMO_BUDGET = "5.5GiB"
+
+
+def _cuda_available() -> bool:
+    """True only when torch is installed and sees a CUDA device (checked in a child so the
+    demo process itself never imports torch)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return False
+    probe = subprocess.run(
+        [sys.executable, "-c", "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"],
+        capture_output=True,
+        timeout=120,
+    )
+    return probe.returncode == 0
+
+
+def _render(result) -> None:
+    from rich import box
+    from rich.table import Table
+
+    from alloctune.units import GiB, format_mib
+
+    console.print(
+        f"[bold]alloctune demo[/bold] — simulating a real allocator trace on the CPU\n"
+        f"trace: {result.workload} ({result.requests:,} allocator requests, recorded on an H200 with torch 2.11)\n"
+    )
+    table = Table(
+        title="Each setting, replayed through the exact allocator model", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False
+    )
+    table.add_column("setting", no_wrap=True, overflow="fold")
+    table.add_column("peak\nreserved", justify="right", no_wrap=True, min_width=8, overflow="ignore")
+    table.add_column("util.", justify="right", no_wrap=True, min_width=5)
+    table.add_column("min budget\n(vs default)", justify="right", no_wrap=True, min_width=15, overflow="ignore")
+    table.add_column("fits\ncard", justify="right", no_wrap=True, min_width=6, overflow="ignore")
+    if result.budget is not None:
+        table.add_column(f"fits {format_mib(result.budget)}", justify="center")
+    default_mb = result.rows[0].min_budget
+
+    def add(row, style: str = "") -> None:
+        rel = ""
+        if default_mb and row.min_budget:
+            rel = f" ({row.min_budget / default_mb - 1:+.0%})" if row.min_budget != default_mb else "       "
+        cells = [
+            row.label,
+            f"{row.peak_reserved / GiB:.2f} GiB",
+            f"{row.utilization:.0%}",
+            f"{row.min_budget / GiB:.2f} GiB{rel}" if row.min_budget else "never",
+            f"{row.smallest_card_gib} GiB" if row.smallest_card_gib else "> 24 GiB",
+        ]
+        if result.budget is not None:
+            cells.append("yes" if row.fits_budget else "[red]no[/red]")
+        table.add_row(*cells, style=style)
+
+    for row in result.rows:
+        add(row, "bold green" if row is result.recommended else "")
+    table.add_section()
+    for row in result.folklore:
+        add(row, "dim")
+    console.print(table)
+    console.print("[dim]Rows below the line are folklore values copied from forums.[/dim]\n")
+    for note in result.notes:
+        console.print(f"• {note}")
+    best = result.recommended
+    console.print(f"\n[bold]Recommendation:[/bold] {best.label}")
+    if best.conf:
+        from alloctune.shells import env_assignments, render_all
+
+        for shell, text in render_all(env_assignments(best.conf)).items():
+            console.print(f"  [cyan]{shell}[/cyan]")
+            for line in text.splitlines():
+                console.print(f"    {line}", highlight=False, markup=False)
+    console.print(
+        "\nOn your own GPU: [bold]alloctune tune --budget 5.5GiB -- python your_script.py[/bold] "
+        "measures this for your workload; [bold]alloctune record[/bold] + [bold]alloctune simulate[/bold] "
+        "predicts it on any CPU."
+    )
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("demo")
+    def demo(
+        trace: Optional[str] = typer.Option(None, "--trace", help="Trace to simulate (default: the shipped RVC trace)."),
+        budget: Optional[str] = typer.Option(None, "--budget", help="Also say whether each setting fits this per-process budget, e.g. 1.6GiB."),
+        gpu: Optional[bool] = typer.Option(
+            None, "--gpu/--no-gpu", help="Tune the RVC workload on the GPU (default: when one is present)."
+        ),
+        json_out: bool = typer.Option(False, "--json", help="Print machine-readable output."),
+    ) -> None:
+        """Show alloctune at work: tune RVC on a GPU, or simulate a real RVC trace without one."""
+        from alloctune.units import parse_size
+
+        use_gpu = _cuda_available() if gpu is None else gpu
+        if use_gpu:
+            cmd = [
+                sys.executable, "-m", "alloctune", "tune", "--budget", GPU_DEMO_BUDGET,
+                *(["--json"] if json_out else []),
+                "--", sys.executable, "-m", "alloctune.workloads.rvc", "--device", "cuda",
+            ]
+            if not json_out:
+                console.print(f"GPU found: tuning the RVC workload under {GPU_DEMO_BUDGET} (a 6 GiB card)\n$ {' '.join(cmd[2:])}")
+            raise typer.Exit(subprocess.call(cmd, env=os.environ.copy()))
+
+        from alloctune.demo import run_demo
+
+        result = run_demo(trace, budget=parse_size(budget) if budget else None)
+        if json_out:
+            print_json(result.to_dict())
+        else:
+            _render(result)

@@ -1,0 +1,180 @@
+"""The built-in demo: what alloctune tells an RVC user, from a real trace, on any CPU.
+
+It replays a shipped allocator trace (recorded on an H200 from an RVC v2 inference run with
+chunks of 7-72 s) under the standard candidate settings, finds each one's smallest working
+budget and the smallest common card it fits on, and shows what the folklore values of
+`max_split_size_mb` would do. Everything is simulated, so it runs in seconds without a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from alloctune.tune.candidates import STANDARD_CONFS
+from alloctune.units import GiB, MiB
+
+# The settings a user would consider first (shared with the snapshot diagnosis' what-if).
+STANDARD_CANDIDATES: tuple[str, ...] = STANDARD_CONFS
+# Values copied from forum threads for RVC and Stable Diffusion.
+FOLKLORE_CANDIDATES: tuple[str, ...] = (
+    "max_split_size_mb:4120",
+    "max_split_size_mb:5120",
+    "max_split_size_mb:6120",
+)
+# Common consumer/workstation card sizes, in GiB as the driver reports them (roughly).
+CARD_SIZES_GIB: tuple[int, ...] = (2, 3, 4, 6, 8, 10, 12, 16, 24)
+DEFAULT_TRACE = "rvc_h200_ec1.atrace"
+
+
+def shipped_traces() -> list[str]:
+    """Names of the traces inside the package (`alloctune/data/traces`)."""
+    root = resources.files("alloctune") / "data" / "traces"
+    return sorted(p.name for p in root.iterdir() if p.name.endswith(".atrace"))
+
+
+def shipped_trace_path(name: str = DEFAULT_TRACE) -> Path:
+    from alloctune.errors import InputError
+
+    root = resources.files("alloctune") / "data" / "traces"
+    path = Path(str(root / name))
+    if not path.is_file():
+        raise InputError(f"no shipped trace named {name!r}; available: {', '.join(shipped_traces()) or 'none'}")
+    return path
+
+
+@dataclass(frozen=True)
+class DemoRow:
+    """One setting's simulated outcome on the demo trace."""
+
+    conf: str
+    peak_reserved: int
+    peak_allocated: int
+    utilization: float
+    retries: int
+    min_budget: int | None  # smallest per-process cap that completes (bytes)
+    smallest_card_gib: int | None  # smallest card in CARD_SIZES_GIB the run fits on
+    fits_budget: bool | None  # completes under the demo's budget (None: no budget given)
+
+    @property
+    def label(self) -> str:
+        return self.conf or "(default)"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "label": self.label}
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    trace: str
+    workload: str
+    requests: int
+    budget: int | None
+    rows: tuple[DemoRow, ...]
+    folklore: tuple[DemoRow, ...]
+    recommended: DemoRow
+    notes: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": "alloctune.demo/1",
+            "trace": self.trace,
+            "workload": self.workload,
+            "requests": self.requests,
+            "budget": self.budget,
+            "rows": [r.to_dict() for r in self.rows],
+            "folklore": [r.to_dict() for r in self.folklore],
+            "recommended": self.recommended.to_dict(),
+            "notes": list(self.notes),
+        }
+
+
+def _smallest_card(trace, config, fits_at_least: int | None) -> int | None:
+    """Smallest card (GiB) on which the run completes, simulating the card's own total memory
+    (which includes the CUDA context's share, unlike a per-process cap)."""
+    from alloctune.sim import replay
+
+    for gib in CARD_SIZES_GIB:
+        if fits_at_least is not None and gib * GiB < fits_at_least:
+            continue
+        r = replay(trace, config, total_memory=gib * GiB, record_events=False, timeline_points=1)
+        if r.completed:
+            return gib
+    return None
+
+
+def simulate_row(trace, conf: str, budget: int | None = None) -> DemoRow:
+    from alloctune.config import AllocatorConfig
+    from alloctune.sim import min_budget, replay
+
+    config = AllocatorConfig.parse(conf)
+    free = replay(trace, config, record_events=False, timeline_points=1)
+    fits = None
+    if budget is not None:
+        fits = replay(trace, config, budget=budget, record_events=False, timeline_points=1).completed
+    mb = min_budget(trace, config)
+    return DemoRow(
+        conf=config.format(),
+        peak_reserved=free.peak_reserved,
+        peak_allocated=free.peak_allocated,
+        utilization=free.utilization,
+        retries=free.num_alloc_retries,
+        min_budget=mb.budget,
+        smallest_card_gib=_smallest_card(trace, config, mb.budget),
+        fits_budget=fits,
+    )
+
+
+def _rank_key(row: DemoRow, tolerance: int) -> tuple:
+    # Lowest working budget first, but budgets within the bisection's resolution are a tie;
+    # then the lower uncapped peak (less memory held for everything else on the card);
+    # then fewer retries (each is a full cache flush); then the simpler string.
+    budget = row.min_budget if row.min_budget is not None else 1 << 62
+    return (budget // max(tolerance, 1), row.peak_reserved, row.retries, len(row.conf))
+
+
+def run_demo(trace_path: str | Path | None = None, budget: int | None = None) -> DemoResult:
+    """Simulate the standard and folklore settings on a trace and pick the best setting."""
+    from alloctune.trace import load_trace
+
+    path = Path(trace_path) if trace_path else shipped_trace_path()
+    trace = load_trace(path)
+    rows = tuple(simulate_row(trace, c, budget) for c in STANDARD_CANDIDATES)
+    folklore = tuple(simulate_row(trace, c, budget) for c in FOLKLORE_CANDIDATES)
+    found = [r.min_budget for r in rows if r.min_budget]
+    tolerance = max(16 * MiB, int(0.01 * min(found))) if found else 16 * MiB
+    best = min(rows, key=lambda r: _rank_key(r, tolerance))
+    default = rows[0]
+    notes: list[str] = []
+    segs = [e.size for e in trace.segment_events if e.action == "segment_alloc"]
+    if segs:
+        biggest = max(segs)
+        noop = [r.conf.partition(":")[2] for r in folklore if int(r.conf.partition(":")[2]) * MiB > biggest]
+        if noop:
+            notes.append(
+                f"max_split_size_mb {', '.join(noop)} (folklore): larger than every segment this run ever made "
+                f"({biggest / MiB:.0f} MiB), so no block is ever 'oversize' and nothing changes."
+            )
+    if default.min_budget and best.min_budget and best is not default:
+        saved = 1 - best.min_budget / default.min_budget
+        notes.append(f"{best.label} lowers the smallest working budget by {saved:.0%} against the default.")
+    if best.conf.startswith("expandable_segments"):
+        others = [r for r in rows if not r.conf.startswith("expandable_segments")]
+        alt = min(others, key=lambda r: _rank_key(r, tolerance))
+        if alt.conf:
+            notes.append(
+                f"expandable_segments is not available on Windows; there, {alt.label} is the best of the rest"
+                + (f" ({alt.min_budget / default.min_budget - 1:+.0%})." if alt.min_budget and default.min_budget else ".")
+            )
+    return DemoResult(
+        trace=str(path),
+        workload=str(trace.meta.get("workload", "unknown")),
+        requests=len(trace.requests),
+        budget=budget,
+        rows=rows,
+        folklore=folklore,
+        recommended=best,
+        notes=tuple(notes),
+    )
