@@ -23,12 +23,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from sortedcontainers import SortedDict
 
 from alloctune.errors import TraceError
+from alloctune.sim.replay import make_allocator
+from alloctune.sim.settings import SimSettings
+from alloctune.tune.candidates import STANDARD_CONFS
 from alloctune.units import MiB, format_size
 
 SCHEMA = "alloctune.snapshot-diagnosis/1"
@@ -37,20 +41,10 @@ SCHEMA = "alloctune.snapshot-diagnosis/1"
 _MIN_BLOCK = 512
 _SMALL_SIZE = 1 * MiB
 _SMALL_BUFFER = 2 * MiB
-_MIN_LARGE_ALLOC = 10 * MiB
 _LARGE_BUFFER = 20 * MiB
-_ROUND_LARGE = 2 * MiB
 
 # Settings replayed by `what_if` when the caller gives none: the usual fixes for fragmentation.
-STANDARD_CANDIDATES: tuple[str, ...] = (
-    "",
-    "expandable_segments:True",
-    "max_split_size_mb:128",
-    "max_split_size_mb:256",
-    "max_split_size_mb:512",
-    "garbage_collection_threshold:0.6,max_split_size_mb:256",
-    "roundup_power2_divisions:4",
-)
+STANDARD_CANDIDATES: tuple[str, ...] = STANDARD_CONFS
 
 
 # --------------------------------------------------------------------------------------------
@@ -59,45 +53,38 @@ STANDARD_CANDIDATES: tuple[str, ...] = (
 
 @dataclass(frozen=True)
 class SizeRules:
-    """The settings that decide block sizes, read from the snapshot's `allocator_settings`."""
+    """The settings that decide block sizes, read from the snapshot's `allocator_settings`.
+
+    Rounding and segment sizes come from the simulator's allocator model, so the memory map
+    rebuilt here can never disagree with what `alloctune simulate` does."""
 
     max_split_size: int | None = None  # None = unlimited
     divisions: tuple[int, ...] = (0,) * 16  # roundup_power2_divisions per bucket
     expandable: bool = False
+    large_segment_size: int | None = None  # 2.11+ knob; None = 20 MiB
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any] | None) -> "SizeRules":
-        settings = settings or {}
-        mss = settings.get("max_split_size", -1)
-        max_split = None if mss is None or int(mss) < 0 else int(mss)
-        divisions = [0] * 16
-        raw = settings.get("roundup_power2_divisions") or {}
-        if isinstance(raw, Mapping):
-            for key, value in raw.items():
-                try:
-                    bucket = int(key).bit_length() - 1  # keys "1","2",...,"32768" = buckets 0..15
-                except (TypeError, ValueError):
-                    continue
-                if 0 <= bucket < 16:
-                    divisions[bucket] = int(value or 0)
-        return cls(max_split, tuple(divisions), bool(settings.get("expandable_segments", False)))
+        s = SimSettings.from_allocator_settings(settings or {})
+        return cls(s.max_split_size, tuple(s.roundup_power2_divisions), s.expandable_segments, s.large_segment_size)
+
+    @cached_property
+    def _model(self):
+        settings = SimSettings(
+            max_split_size=self.max_split_size,
+            expandable_segments=self.expandable,
+            large_segment_size=self.large_segment_size,
+            roundup_power2_divisions=self.divisions,
+        )
+        return make_allocator(settings, record_events=False)
 
     def round_size(self, size: int) -> int:
         """PyTorch's `round_size`: 512-byte multiples, or power-of-two divisions when configured."""
-        if size < _MIN_BLOCK:
-            return _MIN_BLOCK
-        bucket = min(max(size.bit_length() - 1 - 20, 0), 15)
-        d = self.divisions[bucket]
-        if d > 1 and size > _MIN_BLOCK * d:
-            if size & (size - 1) == 0:
-                return size
-            floor = 1 << (size.bit_length() - 1)
-            step = floor >> (d.bit_length() - 1)
-            if step == 0:
-                return 2 * floor
-            f = size & ~(step - 1)
-            return size if f == size else f + step
-        return -(-size // _MIN_BLOCK) * _MIN_BLOCK
+        return self._model.round_size(size)
+
+    def allocation_size(self, rounded: int) -> int:
+        """The cudaMalloc size a new segment for `rounded` bytes would have (what OOM text prints)."""
+        return self._model.allocation_size(rounded)
 
     def should_split(self, pool: str, rounded: int, remaining: int) -> bool:
         if pool == "small" or self.expandable:
@@ -106,13 +93,9 @@ class SizeRules:
         return (unlimited or rounded < self.max_split_size) and remaining > _SMALL_SIZE
 
 
-def allocation_size(rounded: int) -> int:
-    """The cudaMalloc size a new segment for `rounded` bytes would have (what OOM text prints)."""
-    if rounded <= _SMALL_SIZE:
-        return _SMALL_BUFFER
-    if rounded < _MIN_LARGE_ALLOC:
-        return _LARGE_BUFFER
-    return -(-rounded // _ROUND_LARGE) * _ROUND_LARGE
+def allocation_size(rounded: int, rules: SizeRules | None = None) -> int:
+    """The cudaMalloc size a new segment for `rounded` bytes would have under `rules` (default settings)."""
+    return (rules or SizeRules()).allocation_size(rounded)
 
 
 # --------------------------------------------------------------------------------------------
@@ -660,7 +643,7 @@ def diagnose_snapshot(
     if budget is None:
         budget_source = "unknown"
 
-    needed = allocation_size(request)
+    needed = allocation_size(request, SizeRules.from_settings(settings))
     evidence = [
         f"request: {format_size(request)} (rounded) from the {pool} pool; a new segment for it would be "
         f"{format_size(needed)} (the size the OOM message prints)",
