@@ -135,18 +135,20 @@ def _render(rows: list[dict[str, Any]], find_min: bool) -> None:
     from alloctune.cli.common import console
     from alloctune.units import format_size
 
-    table = Table(title="simulated allocator (torch caching allocator model)")
-    table.add_column("setting", overflow="fold")
-    table.add_column("peak reserved", justify="right")
-    table.add_column("peak allocated", justify="right")
-    table.add_column("util.", justify="right")
-    table.add_column("retries", justify="right")
-    table.add_column("OOM")
+    from rich import box
+
+    table = Table(title="simulated allocator (torch caching allocator model)", box=None, pad_edge=False, header_style="bold underline")
+    table.add_column("setting", overflow="fold", min_width=20)
+    table.add_column("peak\nreserved", justify="right", no_wrap=True, min_width=9)
+    table.add_column("peak\nallocated", justify="right", no_wrap=True, min_width=9)
+    table.add_column("util.", justify="right", no_wrap=True, min_width=6)
+    table.add_column("re-\ntries", justify="right", no_wrap=True, min_width=4)
+    table.add_column("OOM at", no_wrap=True)
     if find_min:
-        table.add_column("min budget", justify="right")
+        table.add_column("min budget", justify="right", no_wrap=True, min_width=9)
     for r in rows:
         oom = r["oom"]
-        where = "no" if oom is None else f"yes: #{oom['request_index']}"
+        where = "-" if oom is None else f"#{oom['request_index']}"
         if r["expected_failures"]:
             where += f" [{r['expected_failures']} recorded failure(s) reproduced]"
         cells = [
