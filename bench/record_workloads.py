@@ -76,8 +76,12 @@ def parse_output(stdout: str) -> tuple[dict | None, dict | None]:
 
 def run_one(name: str, conf_name: str, args: argparse.Namespace, out: Path) -> dict:
     cmd = workload_command(name, args)
-    trace = out / f"{name}.pickle.xz"
-    recorded = conf_name == "default" and not args.no_record
+    if args.record_all:  # every setting, laid out as bench/fidelity.py reads it: traces/NAME/CONF.pickle.xz
+        trace = out / "traces" / name / f"{conf_name}.pickle.xz"
+        trace.parent.mkdir(parents=True, exist_ok=True)
+    else:
+        trace = out / f"{name}.pickle.xz"
+    recorded = (conf_name == "default" or args.record_all) and not args.no_record
     if recorded:
         cmd = [sys.executable, "-m", "alloctune", "record", "--out", str(trace), "--json", "--"] + cmd
     t0 = time.perf_counter()
@@ -156,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=None, help="items per run (default per workload)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-record", action="store_true", help="do not record traces (no CUDA needed)")
+    parser.add_argument("--record-all", action="store_true",
+                        help="record every setting's run (for the simulator's fidelity check), not only the default")
     parser.add_argument("--timeout", type=float, default=150.0, help="seconds per run")
     parser.add_argument("--deadline-s", type=float, default=0.0, help="skip runs that would start after this")
     parser.add_argument("--append-results", type=Path, default=None, help="append the section to this file")
