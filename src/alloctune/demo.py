@@ -76,6 +76,7 @@ class DemoResult:
     folklore: tuple[DemoRow, ...]
     recommended: DemoRow
     notes: tuple[str, ...] = field(default=())
+    recorded_with: str = ""  # torch version of the recording, when its metadata says
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -88,6 +89,7 @@ class DemoResult:
             "folklore": [r.to_dict() for r in self.folklore],
             "recommended": self.recommended.to_dict(),
             "notes": list(self.notes),
+            "recorded_with": self.recorded_with,
         }
 
 
@@ -139,7 +141,13 @@ def run_demo(trace_path: str | Path | None = None, budget: int | None = None) ->
     """Simulate the standard and folklore settings on a trace and pick the best setting."""
     from alloctune.trace import load_trace
 
-    path = Path(trace_path) if trace_path else shipped_trace_path()
+    if trace_path is None:
+        path = shipped_trace_path()
+    elif Path(trace_path).is_file():
+        path = Path(trace_path)
+    else:  # a shipped trace by name, with or without the suffix
+        name = str(trace_path)
+        path = shipped_trace_path(name if name.endswith(".atrace") else name + ".atrace")
     trace = load_trace(path)
     rows = tuple(simulate_row(trace, c, budget) for c in STANDARD_CANDIDATES)
     folklore = tuple(simulate_row(trace, c, budget) for c in FOLKLORE_CANDIDATES)
@@ -177,4 +185,5 @@ def run_demo(trace_path: str | Path | None = None, budget: int | None = None) ->
         folklore=folklore,
         recommended=best,
         notes=tuple(notes),
+        recorded_with=str(trace.meta.get("torch") or ""),
     )

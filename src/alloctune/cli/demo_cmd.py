@@ -38,7 +38,9 @@ def _render(result) -> None:
 
     console.print(
         f"[bold]alloctune demo[/bold] — simulating a real allocator trace on the CPU\n"
-        f"trace: {result.workload} ({result.requests:,} allocator requests, recorded on an H200 with torch 2.11)\n"
+        f"trace: {result.workload} ({result.requests:,} allocator requests"
+        + (f", recorded with torch {result.recorded_with}" if result.recorded_with else "")
+        + ")\n"
     )
     table = Table(
         title="Each setting, replayed through the exact allocator model", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False
@@ -95,17 +97,25 @@ def _render(result) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("demo")
     def demo(
-        trace: Optional[str] = typer.Option(None, "--trace", help="Trace to simulate (default: the shipped RVC trace)."),
+        trace: Optional[str] = typer.Option(None, "--trace", help="Trace file, or the name of a shipped trace (see --list); default: the shipped RVC trace."),
         budget: Optional[str] = typer.Option(None, "--budget", help="Also say whether each setting fits this per-process budget, e.g. 1.6GiB."),
         gpu: Optional[bool] = typer.Option(
             None, "--gpu/--no-gpu", help="Tune the RVC workload on the GPU (default: when one is present)."
         ),
         json_out: bool = typer.Option(False, "--json", help="Print machine-readable output."),
+        list_traces: bool = typer.Option(False, "--list", help="List the shipped traces and exit."),
     ) -> None:
         """Show alloctune at work: tune RVC on a GPU, or simulate a real RVC trace without one."""
         from alloctune.units import parse_size
 
-        use_gpu = _cuda_available() if gpu is None else gpu
+        if list_traces:
+            from alloctune.demo import shipped_traces
+
+            names = [n.removesuffix(".atrace") for n in shipped_traces()]
+            print_json(names) if json_out else console.print("\n".join(names))
+            return
+
+        use_gpu = (_cuda_available() if trace is None else False) if gpu is None else gpu
         if use_gpu:
             cmd = [
                 sys.executable, "-m", "alloctune", "tune", "--budget", GPU_DEMO_BUDGET,
