@@ -147,6 +147,30 @@ def test_record_gives_segment_sizes_and_a_snapshot_file(tmp_path, fake_env):
     assert res.snapshot == str(rec) and rec.stat().st_size > 0
 
 
+def test_record_max_entries_and_device_reach_the_agent(tmp_path, fake_env):
+    cmd = script(tmp_path, """
+        import os, sys, torch
+        torch.cuda.fake_alloc(2 << 20)
+        agent = sys.modules["_alloctune_agent_bootstrap"]._AGENT
+        print("pid", os.getpid(), "entries", torch.cuda.fake_state.get("max_entries"), "device", agent.device,
+              "notes", agent.agent_errors)
+    """)
+    log = tmp_path / "o.log"
+    res = run_trial(cmd, record=tmp_path / "t.{pid}.pickle", record_max_entries=321, device=0, env=fake_env,
+                    capture=log)
+    text = log.read_text()
+    assert res.outcome == "ok" and "entries 321 device 0 notes []" in text
+    pid = text.split("pid ")[1].split()[0]
+    assert res.snapshot == str(tmp_path / f"t.{pid}.pickle") and os.path.getsize(res.snapshot) > 0
+    res = run_trial(cmd, device=3, env=fake_env, capture=log)  # not there: measured the default, noted, ran on
+    assert res.outcome == "ok"
+    assert "entries None device 0 notes ['device 3 is not visible (1 devices); measured device 0']" in log.read_text()
+    with pytest.raises(InputError, match="--max-entries must be at least 1"):
+        run_trial(cmd, record=tmp_path / "t.pickle", record_max_entries=0, env=fake_env)
+    with pytest.raises(InputError, match="--device must be a CUDA device index"):
+        run_trial(cmd, device=-1, env=fake_env)
+
+
 def test_sigterm_at_timeout_still_reports(tmp_path, fake_env):
     cmd = script(tmp_path, """
         import time, torch

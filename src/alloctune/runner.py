@@ -348,6 +348,8 @@ def run_trial(
     conf: str | None = None,
     budget: int | None = None,
     record: str | os.PathLike | None = None,
+    record_max_entries: int | None = None,
+    device: int | None = None,
     on_oom: str | None = None,
     oom_dir: str | os.PathLike | None = None,
     timeout: float | None = None,
@@ -364,7 +366,10 @@ def run_trial(
 
     `capture`: file that receives the child's stdout and stderr (the terminal otherwise);
     throughput is read from it; `stdout_to_stderr` keeps our stdout clean for `--json`.
-    `record`: write the full allocator history there.
+    `record`: write the full allocator history there (`{pid}` in the name: one file per
+    process; `TrialResult.snapshot` names the busiest process's); `record_max_entries`:
+    events kept (oldest dropped; None = the agent's default, 5,000,000).
+    `device`: the CUDA device the agent measures and caps (None = LOCAL_RANK's or the current).
     `on_oom="snapshot"`: keep a bounded history and dump it into `oom_dir` (default: the
     current directory) as `oom-snapshot.<pid>.pickle` when the allocator runs out of memory.
     """
@@ -372,6 +377,10 @@ def run_trial(
     conf = applied_conf(conf, torch_version)
     if on_oom not in (None, "snapshot"):
         raise InputError(f"--on-oom {on_oom!r} is not known: use --on-oom snapshot")
+    if record_max_entries is not None and record_max_entries < 1:
+        raise InputError(f"--max-entries must be at least 1, got {record_max_entries}")
+    if device is not None and device < 0:
+        raise InputError(f"--device must be a CUDA device index (0, 1, ...), got {device}")
     trial_dir = Path(tempfile.mkdtemp(prefix="alloctune-trial-"))
     try:
         site = make_site_dir(trial_dir / "site")
@@ -386,7 +395,10 @@ def run_trial(
             "on_oom": on_oom,
             "oom_dir": str(Path(oom_dir or ".").resolve()) if on_oom else None,
             "conf": conf,
+            "device": device,
         }
+        if record_max_entries is not None:
+            agent["record_max_entries"] = int(record_max_entries)
         child_env = build_env(env if env is not None else os.environ, conf=conf, agent=agent, site_dir=site,
                               torch_version=torch_version)
         log_path = Path(capture) if capture else None

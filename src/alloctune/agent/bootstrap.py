@@ -87,6 +87,7 @@ _DEFAULTS: dict[str, Any] = {
     "live_interval": 1.0,
     "state_dir": None,  # default $ALLOCTUNE_STATE_DIR or ~/.cache/alloctune/live
     "conf": None,  # the allocator string the runner applied (for reports and live samples)
+    "device": None,  # CUDA device measured and capped; None = LOCAL_RANK's, else the current one
 }
 
 
@@ -273,6 +274,12 @@ class Agent:
         device = torch.cuda.current_device()
         if self.local_rank is not None and count:
             device = self.local_rank % count
+        wanted = cfg.get("device")
+        if wanted is not None:
+            if 0 <= int(wanted) < count:
+                device = int(wanted)
+            else:  # never fail the program over it: measure the default device and say so
+                self._note(f"device {wanted} is not visible ({count} devices); measured device {device}")
         self.device = device
         props = torch.cuda.get_device_properties(device)
         self.device_name = props.name

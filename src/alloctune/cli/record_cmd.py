@@ -1,20 +1,17 @@
 """`alloctune record -- CMD ARGS...`: run a command with allocator history on, save the trace.
 
-The child gets a bootstrap `sitecustomize` first on its PYTHONPATH
-(`alloctune/workloads/_record_boot/`), which starts PyTorch's memory history before the
-program allocates and dumps `_dump_snapshot` at exit; this side only checks the request,
-starts the command, waits, and compresses the dump to the requested file.
+Recording is the general in-process agent's job (`alloctune.agent`, started by
+`runner.run_trial(record=...)`): it turns on PyTorch's memory history when the program
+initialises CUDA (before its first allocation, without importing torch itself) and dumps
+the snapshot at exit, on an uncaught exception or on SIGTERM. Every process of the command
+that uses CUDA writes its own raw file into a private folder beside `--out`; this side
+checks the request, runs the trial, and compresses the busiest process's dump to `--out`.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
-import contextlib
-import subprocess
 import tempfile
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Optional
 
@@ -25,39 +22,20 @@ from alloctune.errors import EnvironmentProblem, InputError, TraceError, Workloa
 
 RECORD_SCHEMA = 1
 DEFAULT_OUT = "alloctune-trace.pickle.xz"
-BOOT_DIR = Path(__file__).resolve().parents[1] / "workloads" / "_record_boot"
+DEFAULT_MAX_ENTRIES = 5_000_000
+RAW_NAME = "trace.{pid}.pickle"  # per process; the agent fills in {pid}
 
 
-def _cuda_available() -> bool:
-    """True when torch is importable here and sees a CUDA device (checked before starting)."""
+def _cuda_device_count() -> int:
+    """CUDA devices torch sees here (0 = no CUDA), checked before the command starts.
+
+    `device_count` asks the driver without creating a context, so the parent holds no GPU memory.
+    """
     try:
         import torch
     except ImportError as exc:
         raise EnvironmentProblem("recording needs torch; install it (pip install 'alloctune[torch]')") from exc
-    return bool(torch.cuda.is_available())
-
-
-def _resolve_command(command: list[str]) -> str:
-    """The executable that will run, or a one-line error naming what was not found."""
-    program = command[0]
-    found = shutil.which(program)
-    if found is None:
-        raise EnvironmentProblem(f"command not found: {program!r} (give a program on PATH or a path to one)")
-    return found
-
-
-def _child_env(boot: Path, raw: Path, max_entries: int, device: int | None) -> dict[str, str]:
-    """The child's environment: the bootstrap folder first on PYTHONPATH, the recording request."""
-    env = dict(os.environ)
-    env["ALLOCTUNE_RECORD"] = str(raw)
-    env["ALLOCTUNE_RECORD_MAX_ENTRIES"] = str(max_entries)
-    if device is not None:
-        env["ALLOCTUNE_RECORD_DEVICE"] = str(device)
-    else:
-        env.pop("ALLOCTUNE_RECORD_DEVICE", None)
-    existing = env.get("PYTHONPATH")
-    env["PYTHONPATH"] = str(boot) + (os.pathsep + existing if existing else "")
-    return env
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
 
 
 def _write_compressed(raw: Path, out: Path) -> None:
@@ -77,25 +55,10 @@ def _write_compressed(raw: Path, out: Path) -> None:
         shutil.copyfileobj(src, dst, length=1 << 20)
 
 
-@contextlib.contextmanager
-def _removing(path: Path) -> Iterator[None]:
-    try:
-        yield
-    finally:
-        path.unlink(missing_ok=True)
-
-
-def _run(command: list[str], env: dict[str, str]) -> int:
-    proc = subprocess.Popen(command, env=env)
-    try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        proc.terminate()  # the bootstrap dumps the trace on SIGTERM
-        try:
-            return proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
+def _largest_dump(folder: Path) -> Path | None:
+    """After Ctrl-C there are no reports to pick the busiest process by: the longest history wins."""
+    dumps = [p for p in folder.glob(RAW_NAME.format(pid="*")) if p.stat().st_size > 0]
+    return max(dumps, key=lambda p: p.stat().st_size, default=None)
 
 
 def register(app: typer.Typer) -> None:
@@ -108,15 +71,22 @@ def register(app: typer.Typer) -> None:
             None, help="the command to run, after `--` (e.g. -- python infer.py --in a.wav)", show_default=False
         ),
         out: Path = typer.Option(Path(DEFAULT_OUT), "--out", "-o", help="trace file (.pickle, .pickle.gz, .pickle.xz)"),
-        max_entries: int = typer.Option(5_000_000, "--max-entries", help="allocator events kept (oldest dropped)"),
-        device: Optional[int] = typer.Option(None, "--device", help="CUDA device index to record (default: current)"),  # noqa: UP007
+        max_entries: int = typer.Option(
+            DEFAULT_MAX_ENTRIES, "--max-entries", help="allocator events kept (oldest dropped)"
+        ),
+        device: Optional[int] = typer.Option(  # noqa: UP007
+            None, "--device", help="CUDA device the run is measured on (default: current); the trace holds every device"
+        ),
         json_out: bool = typer.Option(False, "--json", help="print the result as JSON"),
     ) -> None:
         """Run CMD with allocator history on and write the trace (a `_dump_snapshot` pickle).
 
-        The first Python process CMD starts records from start-up to its exit (or SIGTERM).
+        Every Python process of CMD that uses CUDA records from its CUDA start-up to its exit (or SIGTERM);
+        the trace of the one that reserved the most memory is kept.
         Example: `alloctune record --out rvc.pickle.xz -- python -m alloctune.workloads.rvc --count 4`
         """
+        from alloctune.runner import resolve_command, run_trial
+
         if not command:
             raise InputError("no command given: put it after `--`, e.g. alloctune record -- python infer.py")
         if max_entries < 1:
@@ -125,41 +95,56 @@ def register(app: typer.Typer) -> None:
             raise InputError(f"--device must be a CUDA device index (0, 1, ...), got {device}")
         if not out.parent.exists():
             raise InputError(f"output directory {str(out.parent)!r} does not exist")
-        _resolve_command(command)
-        if not _cuda_available():
+        resolve_command(command)
+        count = _cuda_device_count()
+        if count == 0:
             raise EnvironmentProblem("CUDA is not available: recording allocator history needs a CUDA GPU")
+        if device is not None and device >= count:
+            raise InputError(f"--device {device}: only {count} CUDA device(s) visible (0..{count - 1})")
 
-        raw = (out.parent / f".{out.name}.{os.getpid()}.raw.pickle").resolve()
-        raw.unlink(missing_ok=True)
-        t0 = time.perf_counter()
-        # A private folder holding only the bootstrap, so no other name enters the child's path.
-        with tempfile.TemporaryDirectory(prefix="alloctune-record-") as boot, _removing(raw):
-            shutil.copyfile(BOOT_DIR / "sitecustomize.py", Path(boot) / "sitecustomize.py")
-            code = _run(command, _child_env(Path(boot), raw, max_entries, device))
-            wall = time.perf_counter() - t0
-            if not raw.exists():
+        # A private folder beside the output (same disk, which /tmp may not have room on).
+        raw_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent)).resolve()
+        try:
+            try:
+                result = run_trial(command, record=raw_dir / RAW_NAME, record_max_entries=max_entries, device=device)
+            except KeyboardInterrupt:
+                # The runner stopped the command (SIGINT, then SIGTERM): the agent dumped on the way out.
+                raw = _largest_dump(raw_dir)
+                if raw is None:
+                    raise
+                _write_compressed(raw, out)
+                raise WorkloadFailed(f"interrupted; the trace up to then is kept in {out}") from None
+            raw = Path(result.snapshot) if result.snapshot else None
+            if raw is None or not raw.is_file():
+                code = result.exit_code
                 detail = f"it exited with status {code} and " if code else ""
+                why = f" ({result.error})" if result.outcome == "no-cuda" and result.error else ""
                 raise TraceError(
-                    f"no trace was written: {detail}no Python process with CUDA recorded "
+                    f"no trace was written: {detail}no Python process with CUDA recorded{why} "
                     "(record runs a Python program that uses torch.cuda)"
                 )
             _write_compressed(raw, out)
+        finally:
+            shutil.rmtree(raw_dir, ignore_errors=True)
 
-        result = {
+        code = result.exit_code
+        payload = {
             "schema": RECORD_SCHEMA,
             "out": str(out),
             "bytes": out.stat().st_size,
             "exit_code": code,
-            "wall_s": round(wall, 3),
+            "wall_s": result.wall_s,
             "max_entries": max_entries,
             "device": device,
             "command": list(command),
         }
         if json_out:
-            print_json(result)
+            print_json(payload)
         else:
-            size_mib = result["bytes"] / 2**20
-            console.print(f"trace written to [bold]{out}[/bold] ({size_mib:.2f} MiB, command ran {wall:.1f} s)")
+            size_mib = payload["bytes"] / 2**20
+            console.print(
+                f"trace written to [bold]{out}[/bold] ({size_mib:.2f} MiB, command ran {result.wall_s:.1f} s)"
+            )
         if code != 0:
             if not json_out:
                 warn(f"the command exited with status {code}; the trace covers the run up to its exit")
