@@ -7,6 +7,7 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 final_out="${OUT:-/tmp/out}"
 work=/tmp/gpu-out
 rm -rf "$work" && mkdir -p "$work" "$final_out"
+trap 'tar czf "$final_out/gpu-results.tar.gz" -C "$work" . 2>/dev/null' TERM
 {
   date -u
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -22,6 +23,7 @@ for spec in "$@"; do
   rc=$?
   echo "== $area rc=$rc $(( $(date +%s) - start ))s"
   tail -n 25 "$OUT/log.txt"
+  # re-pack after every area, so a call cut short still brings back what finished
+  tar czf "$final_out/gpu-results.tar.gz.tmp" -C "$work" . && mv "$final_out/gpu-results.tar.gz.tmp" "$final_out/gpu-results.tar.gz"
 done
-tar czf "$final_out/gpu-results.tar.gz" -C "$work" .
 ls -la "$final_out"

@@ -11,16 +11,16 @@ OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 
-timeout -k 5 200 python3 bench/guard_gpu.py --out "$OUT" --seconds 300 --budget 4GiB --requests 200 \
-  --time-limit-b 110
+timeout -k 5 170 python3 bench/guard_gpu.py --out "$OUT" --seconds 300 --budget 4GiB --requests 200 \
+  --time-limit-b 90
 echo "guard_gpu rc=$?"
 
-timeout -k 5 60 python3 bench/guard_overhead.py --device cuda --rounds 300 \
+timeout -k 5 45 python3 bench/guard_overhead.py --device cuda --rounds 150 \
   --json "$OUT/guard_overhead_gpu.json" --results "$OUT/guard_overhead_gpu.md"
 echo "guard_overhead rc=$?"
 
 if python3 -c "import pytest" 2>/dev/null; then
-  timeout -k 5 60 python3 -m pytest -q -p no:cacheprovider tests/test_guard_gpu.py > "$OUT/pytest_gpu.txt" 2>&1
+  timeout -k 5 50 python3 -m pytest -q -p no:cacheprovider tests/test_guard_gpu.py > "$OUT/pytest_gpu.txt" 2>&1
   echo "pytest rc=$?"; tail -n 3 "$OUT/pytest_gpu.txt"
 else
   echo "pytest not installed: skipped tests/test_guard_gpu.py"

@@ -13,7 +13,7 @@ mkdir -p "$out"
 python3 -c "import torch, transformers; print('torch', torch.__version__, '| transformers', transformers.__version__, '|', torch.cuda.get_device_name(0))"
 # --deadline-s: runs that would start after the deadline are skipped (and listed), so the whole script
 # stays within its slot even if a workload is slower than expected; --timeout caps any single run.
-python3 bench/record_workloads.py --out "$out" --record-all --deadline-s "${WORKLOADS_DEADLINE_S:-140}" --timeout 90 2>&1 | tee "$out/workloads_log.txt"
+python3 bench/record_workloads.py --out "$out" --record-all --deadline-s "${WORKLOADS_DEADLINE_S:-120}" --timeout 90 2>&1 | tee "$out/workloads_log.txt"
 rc=${PIPESTATUS[0]}
 ls -lR "$out/traces"
 python3 bench/fidelity.py --traces "$out/traces" --workloads rvc,diffusion,llm,train \
