@@ -18,5 +18,10 @@ rc=${PIPESTATUS[0]}
 ls -lR "$out/traces"
 python3 bench/fidelity.py --traces "$out/traces" --workloads rvc,diffusion,llm,train \
   --runs default,expandable,max_split_128 --no-append 2>&1 | tee "$out/fidelity.txt"
+if python3 -c "import pytest" 2>/dev/null; then
+  timeout -k 5 45 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_workloads.py tests/test_workloads_record.py \
+    > "$out/pytest_gpu.txt" 2>&1
+  echo "pytest rc=$?"; tail -n 3 "$out/pytest_gpu.txt"
+fi
 echo "gpu_workloads: exit $rc"
 exit $rc
