@@ -23,6 +23,11 @@ def budget():
     total = torch.cuda.get_device_properties(0).total_memory
 
     def cap(n: int) -> int:
+        # Release what is cached first: a cap only limits new segments, so memory the test
+        # already cached before capping would otherwise be reused past the cap (seen on the
+        # H200: the 4M-sample conv then did not OOM under a 400 MiB cap).
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
         limit = torch.cuda.memory_allocated() + n
         torch.cuda.set_per_process_memory_fraction(limit / total)
         return limit
