@@ -45,7 +45,7 @@ def _render(result) -> None:
     table = Table(
         title="Each setting, replayed through the exact allocator model", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False
     )
-    table.add_column("setting", no_wrap=True, overflow="fold")
+    table.add_column("setting", overflow="fold", max_width=32)
     table.add_column("peak\nreserved", justify="right", no_wrap=True, min_width=8, overflow="ignore")
     table.add_column("util.", justify="right", no_wrap=True, min_width=5)
     table.add_column("min budget\n(vs default)", justify="right", no_wrap=True, min_width=15, overflow="ignore")
