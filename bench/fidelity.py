@@ -82,8 +82,14 @@ def main() -> int:
     rows = []
     t_all = time.perf_counter()
     for wl in args.workloads.split(","):
+        if not (traces / wl / "default.pickle.xz").is_file():
+            print(f"{wl:8s} skipped: no default.pickle.xz recorded")
+            continue
         default = load_trace(traces / wl / "default.pickle.xz")
         for run in args.runs.split(","):
+            if not (traces / wl / f"{run}.pickle.xz").is_file():
+                print(f"{wl:8s} {run:22s} skipped: not recorded")
+                continue
             row = check(traces, wl, run, default)
             rows.append(row)
             rec, hin, mod = row["recorded"], row["hinted"], row["model"]
