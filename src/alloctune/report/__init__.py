@@ -35,7 +35,14 @@ def _slug(text: str) -> str:
 
 def render_figures(data: ReportData) -> dict[str, tuple[bytes, str]]:
     """Figure name -> (PNG bytes, caption), in the order the page shows them."""
+    import importlib.util
+
     from alloctune.report import figures as fg
+
+    if importlib.util.find_spec("matplotlib") is None:
+        from alloctune.errors import EnvironmentProblem
+
+        raise EnvironmentProblem("figures need matplotlib: pip install 'alloctune[plot]'")
 
     out: dict[str, tuple[bytes, str]] = {}
     budgets = min_budgets(data.rows)
