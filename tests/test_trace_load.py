@@ -196,3 +196,15 @@ def test_wrapped_history_detected_from_a_segment_release_alone(tmp_path):
     path = write_snapshot(tmp_path / "w.pickle.xz", [events])
     with pytest.raises(TraceError, match=r"0 free\(s\) and 1 segment release\(s\).*first at event 1"):
         load_trace(path)
+
+
+def test_load_snapshot_explains_compact_traces(tmp_path, traces_dir):
+    """A compact trace is a request stream, not a snapshot: commands that need the memory map say so."""
+    from alloctune.trace import load_trace
+    from alloctune.trace.compact import save_compact
+    from alloctune.trace.load import load_snapshot
+
+    path = tmp_path / "t.atrace"
+    save_compact(load_trace(traces_dir / "rvc_ec1" / "default.pickle.xz"), path)
+    with pytest.raises(TraceError, match="compact trace keeps the request stream"):
+        load_snapshot(path)

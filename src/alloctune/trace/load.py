@@ -31,6 +31,12 @@ def load_snapshot(path: str | Path) -> dict[str, Any]:
     `UnsafePickleError` if the pickle asks for any class or function.
     """
     data = read_decompressed(path)
+    if data[:64].lstrip()[:1] == b"{" and COMPACT_MAGIC in data[:200]:
+        raise TraceError(
+            f"{path}: an alloctune compact trace keeps the request stream, not the snapshot's memory map; "
+            "give the original _dump_snapshot file, or simulate it (alloctune simulate FILE --json > sim.json) "
+            "and report on that"
+        )
     return _snapshot_from_bytes(data, str(path))
 
 
