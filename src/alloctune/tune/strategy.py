@@ -257,15 +257,7 @@ class Tuner:
 
     def _feasible(self, c: Candidate, budget: int) -> CandidateSummary:
         ok, res = self._point(c.conf, budget, f"feasibility of {c.label} at the budget")
-        return CandidateSummary(
-            c,
-            feasible=ok,
-            outcome=res.outcome,
-            throughput=res.throughput,
-            wall_s=res.wall_s,
-            peak_reserved=res.peak_reserved,
-            peak_allocated=res.peak_allocated,
-        )
+        return _summary(c, ok, res)
 
     def _measure(
         self, fixed: list[Candidate], grid: SplitGrid | None, budget: int, lo_bound: int
@@ -408,16 +400,7 @@ class Tuner:
                 lo = hi0
                 ok, res = self._point(c.conf, budget, f"feasibility of {c.label} at the budget")
                 hi0 = budget
-            sm = CandidateSummary(
-                c,
-                feasible=ok,
-                outcome=res.outcome,
-                throughput=res.throughput,
-                wall_s=res.wall_s,
-                peak_reserved=res.peak_reserved,
-                peak_allocated=res.peak_allocated,
-                sim_min_budget=est,
-            )
+            sm = _summary(c, ok, res, sim_min_budget=est)
             verified += 1
             any_ok = any_ok or ok
             if ok:
@@ -454,6 +437,20 @@ class SimulatorFromTrace:
 
         config = AllocatorConfig.parse(conf, self.torch)
         return min_budget(self.trace, config, torch=self.torch, total_memory=self.total_memory).budget
+
+
+def _summary(c: Candidate, ok: bool, res: Any, **extra: Any) -> CandidateSummary:
+    """A candidate's summary from the trial at its budget (outcome, throughput, peaks)."""
+    return CandidateSummary(
+        c,
+        feasible=ok,
+        outcome=res.outcome,
+        throughput=res.throughput,
+        wall_s=res.wall_s,
+        peak_reserved=res.peak_reserved,
+        peak_allocated=res.peak_allocated,
+        **extra,
+    )
 
 
 def _minor(version: str | None) -> str:
