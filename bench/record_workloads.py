@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from rich.console import Console
@@ -133,7 +134,8 @@ def markdown(rows: list[dict], args: argparse.Namespace, started: str) -> str:
     head = (f"\n## {started} — reference workloads (`bench/record_workloads.py`)\n\n"
             f"Command: `python bench/record_workloads.py {' '.join(args.argv)}`; "
             f"device {rows[0]['summary'].get('device') if rows and rows[0]['summary'] else '?'}, "
-            f"torch {rows[0]['summary'].get('torch') if rows and rows[0]['summary'] else '?'}.\n\n"
+            f"torch {rows[0]['summary'].get('torch') if rows and rows[0]['summary'] else '?'}"
+            f"{f'; {args.jobs} runs side by side (peaks are per process; items/s is shared)' if args.jobs > 1 else ''}.\n\n"
             "| workload | setting | outcome | items | items/s | peak allocated | peak reserved | utilization | "
             "retries | wall s | trace |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
     body = []
@@ -164,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="record every setting's run (for the simulator's fidelity check), not only the default")
     parser.add_argument("--timeout", type=float, default=150.0, help="seconds per run")
     parser.add_argument("--deadline-s", type=float, default=0.0, help="skip runs that would start after this")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="runs side by side (separate processes; peaks are per process, items/s is shared)")
     parser.add_argument("--append-results", type=Path, default=None, help="append the section to this file")
     args = parser.parse_args(argv)
     args.argv = argv if argv is not None else sys.argv[1:]
@@ -176,23 +180,27 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(highlight=False, width=150)
     started = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     t0 = time.perf_counter()
-    rows = []
     # Setting-major order: every workload's default (recorded) run comes first, so a deadline
     # that cuts the batch short costs comparisons, not traces.
-    for conf in confs:
-        for name in names:
-            if args.deadline_s and time.perf_counter() - t0 > args.deadline_s:
-                console.print(f"skipped {name}/{conf}: past the {args.deadline_s:.0f} s deadline")
-                rows.append({"workload": name, "conf": conf, "conf_string": CONFS[conf], "rc": None,
-                             "skipped": "deadline", "summary": None, "record": None, "trace_bytes": None})
-                continue
-            row = run_one(name, conf, args, args.out)
-            s = row["summary"] or {}
-            console.print(f"{name:9s} {conf:13s} rc={row['rc']} items={s.get('items', '-')} "
-                          f"util={s.get('utilization', '-')} process {row['process_s']:.1f} s", highlight=False)
-            if "stderr_tail" in row:
-                console.print(row["stderr_tail"][-600:], markup=False)
-            rows.append(row)
+    order = [(name, conf) for conf in confs for name in names]
+
+    def task(name: str, conf: str) -> dict:
+        if args.deadline_s and time.perf_counter() - t0 > args.deadline_s:
+            console.print(f"skipped {name}/{conf}: past the {args.deadline_s:.0f} s deadline")
+            return {"workload": name, "conf": conf, "conf_string": CONFS[conf], "rc": None,
+                    "skipped": "deadline", "summary": None, "record": None, "trace_bytes": None}
+        row = run_one(name, conf, args, args.out)
+        s = row["summary"] or {}
+        console.print(f"{name:9s} {conf:13s} rc={row['rc']} items={s.get('items', '-')} "
+                      f"util={s.get('utilization', '-')} process {row['process_s']:.1f} s", highlight=False)
+        if "stderr_tail" in row:
+            console.print(row["stderr_tail"][-600:], markup=False)
+        return row
+
+    # --jobs > 1 runs separate processes side by side on one GPU: each process has its own caching
+    # allocator, so its allocation sequence and peaks are unchanged; only throughput is shared.
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        rows = list(pool.map(lambda nc: task(*nc), order))
     rows.sort(key=lambda r: (names.index(r["workload"]), confs.index(r["conf"])))
     (args.out / "workloads_results.json").write_text(json.dumps({"schema": 1, "started": started, "rows": rows},
                                                                  indent=2))
