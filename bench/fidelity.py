@@ -2,8 +2,10 @@
 
 For every (workload, run): uncapped runs replay `default`'s request stream under the run's
 recorded setting; capped runs replay their own stream under their setting and cap. Each is
-replayed twice, with the recorded segment addresses (`recorded`) and with the driver model's
-predicted ones (`model`), and compared strictly with the recording: segment_alloc/free/map/unmap
+replayed with the recorded segment addresses (`recorded`), with the replayed trace's
+(`hinted`) and with the driver model's predicted ones (`model`); `self` replays the run's own
+stream with its own addresses -- the simulator alone, apart from whether the program made the
+same requests under another setting (`same stream`). All are compared strictly with the recording: segment_alloc/free/map/unmap
 sequence (action + size, in order), reserved/allocated/segment peaks, num_alloc_retries,
 num_ooms, and which requests failed.
 
@@ -40,7 +42,13 @@ def check(traces: Path, workload: str, run: str, default) -> dict:
     cap = ref.meta.get("cap") or None
     stream = ref if cap else default
     settings = SimSettings.from_allocator_settings(ref.allocator_settings)
-    row = {"workload": workload, "run": run, "stream": "own" if cap else "default", "cap": cap}
+    row = {"workload": workload, "run": run, "stream": "own" if cap else "default", "cap": cap,
+           "same_stream": (ref.requests.ops, ref.requests.sizes) == (stream.requests.ops, stream.requests.sizes)}
+    # self: the run's own stream and addresses -- the simulator alone, whatever the program did differently
+    if stream is ref:
+        row["self"] = None  # same as `recorded` below
+    else:
+        row["self"] = compare(replay(ref, settings, budget=cap, addresses="recorded", reference=ref), ref)
     # recorded: the run's own addresses; hinted: the addresses of the trace being replayed
     # (default's, for uncapped runs: all a user with one recording has); model: none
     for mode, reference in (("recorded", ref), ("hinted", stream), ("model", None)):
@@ -51,6 +59,8 @@ def check(traces: Path, workload: str, run: str, default) -> dict:
         row[mode] = fid
         row[mode + "_s"] = time.perf_counter() - t0
         row[mode + "_result"] = result
+    if row["self"] is None:
+        row["self"] = row["recorded"]
     return row
 
 
@@ -98,48 +108,56 @@ def main() -> int:
                 f"{wl:8s} {run:22s} {row['stream']:7s} events {rec.events_simulated:4d}/{rec.events_recorded:<4d} "
                 f"peak_res {format_size(r.peak_reserved):>10s} retries {r.num_alloc_retries:4d} "
                 f"fails {len(rec.failed_simulated):4d}/{len(rec.failed_recorded):<4d} "
+                f"self: {verdict(row['self']):6s} same stream: {'yes' if row['same_stream'] else 'no '} "
                 f"recorded: {verdict(rec):6s} hinted: {verdict(hin):6s} model: {verdict(mod)}",
                 flush=True,
             )
     total = time.perf_counter() - t_all
     n_rec = sum(r["recorded"].exact for r in rows)
+    n_self = sum(r["self"].exact for r in rows)
+    n_same = sum(r["same_stream"] for r in rows)
     n_hin = sum(r["hinted"].exact for r in rows)
     n_mod = sum(r["model"].exact for r in rows)
     n_mod_events = sum(r["model"].events_match and r["model"].headline_match and r["model"].failures_match for r in rows)
-    print(f"\nexact: {n_rec}/{len(rows)} with the run's own addresses, {n_hin}/{len(rows)} with the replayed "
+    print(f"\nown stream + own addresses (the simulator alone): {n_self}/{len(rows)} exact; "
+          f"request stream equal to the replayed one: {n_same}/{len(rows)}")
+    print(f"exact: {n_rec}/{len(rows)} with the run's own addresses, {n_hin}/{len(rows)} with the replayed "
           f"trace's addresses, {n_mod}/{len(rows)} with predicted addresses (events + headline stats + failures: "
           f"{n_mod_events}/{len(rows)}); {total:.1f} s")
     if not args.no_append:
-        append(rows, n_rec, n_hin, n_mod, n_mod_events, total)
-    return 0 if n_rec == len(rows) else 1
+        append(rows, n_rec, n_hin, n_mod, n_mod_events, total, n_self, n_same)
+    return 0 if n_self == len(rows) else 1
 
 
-def append(rows, n_rec, n_hin, n_mod, n_mod_events, total) -> None:
+def append(rows, n_rec, n_hin, n_mod, n_mod_events, total, n_self, n_same) -> None:
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "",
         f"## Simulator fidelity — {stamp}",
         "",
-        "`python bench/fidelity.py` (CPU; traces: ../shared/traces, H200, torch 2.11). Uncapped runs replay",
+        f"`python bench/fidelity.py {' '.join(sys.argv[1:])}` (CPU; H200 traces, torch 2.11). Uncapped runs replay",
         "`default`'s request stream under the run's setting; capped runs their own stream under their cap.",
         "Compared strictly: segment event sequence (action+size), reserved/allocated/segment peaks,",
         "num_alloc_retries, num_ooms, num_device_alloc/free, failed requests.",
         "",
+        "*self* = the run's own request stream with its own addresses (the simulator alone); *same stream* = whether",
+        "the run's request stream equals the replayed one (a program may allocate differently from run to run).",
         "Address columns: *own* = the run's recorded addresses; *hinted* = the replayed trace's addresses",
         "(default's for uncapped rows: what a user with one recording has); *model* = predicted only.",
         "",
-        "| workload | run | stream | segment events sim/rec | peak reserved | retries | failed sim/rec | own | hinted | model |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| workload | run | stream | segment events sim/rec | peak reserved | retries | failed sim/rec | self | same stream | own | hinted | model |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         rec, hin, mod, r = row["recorded"], row["hinted"], row["model"], row["recorded_result"]
         lines.append(
             f"| {row['workload']} | {row['run']} | {row['stream']} | {rec.events_simulated}/{rec.events_recorded} | "
             f"{format_size(r.peak_reserved)} | {r.num_alloc_retries} | {len(rec.failed_simulated)}/{len(rec.failed_recorded)} | "
-            f"{verdict(rec)} | {verdict(hin)} | {verdict(mod)} |"
+            f"{verdict(row['self'])} | {'yes' if row['same_stream'] else 'no'} | {verdict(rec)} | {verdict(hin)} | {verdict(mod)} |"
         )
     lines += [
         "",
+        f"Self (own stream, own addresses): **{n_self}/{len(rows)}**; same stream as replayed: {n_same}/{len(rows)}. "
         f"Exact: **{n_rec}/{len(rows)}** with own addresses, **{n_hin}/{len(rows)}** hinted, **{n_mod}/{len(rows)}** model "
         f"(events + headline stats + failures: {n_mod_events}/{len(rows)}). Wall time {total:.1f} s.",
         "",

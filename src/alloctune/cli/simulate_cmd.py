@@ -135,10 +135,10 @@ def _render(rows: list[dict[str, Any]], find_min: bool) -> None:
     from alloctune.cli.common import console
     from alloctune.units import format_size
 
-    from rich import box
-
     table = Table(title="simulated allocator (torch caching allocator model)", box=None, pad_edge=False, header_style="bold underline")
-    table.add_column("setting", overflow="fold", min_width=20)
+    # wide enough for the usual settings (expandable_segments:True) to stay on one line at 80 columns
+    longest = max((len(r["conf"] or "(unset)") for r in rows), default=20)
+    table.add_column("setting", overflow="fold", min_width=min(max(20, longest), 32))
     table.add_column("peak\nreserved", justify="right", no_wrap=True, min_width=9)
     table.add_column("peak\nallocated", justify="right", no_wrap=True, min_width=9)
     table.add_column("util.", justify="right", no_wrap=True, min_width=6)
