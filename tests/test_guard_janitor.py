@@ -136,10 +136,61 @@ def test_min_release_skips_cleanups_not_worth_a_sync():
     assert j.step().cleaned is True
 
 
-def test_default_policy():
+def test_default_policy_is_the_learned_headroom():
     j = janitor(FakeCache())
-    assert (j.max_cached, j.max_cached_ratio, j.max_reserved_ratio, j.max_inactive_ratio, j.every_n, j.every_s) == (
-        None, 0.1, None, 0.25, None, None)
+    assert (j.headroom, j.max_cached, j.max_cached_ratio, j.max_reserved_ratio, j.max_inactive_ratio, j.every_n,
+            j.every_s) == (1.1, None, None, None, None, None, None)
+
+
+def test_headroom_learns_the_clean_start_need_and_cleans_only_above_it():
+    cache = FakeCache(reserved=0, allocated=0)  # fresh process: the first request starts clean
+    j = janitor(cache)
+    cache.allocated, cache.reserved = 100 * MiB, 1000 * MiB  # weights + what request 1 built
+    assert j.step().cleaned is False and j.need == 1000 * MiB
+    cache.reserved = 1090 * MiB  # a dirty-start request grew the cache by 9 %: within the headroom
+    assert j.step().cleaned is False and j.need == 1000 * MiB
+    cache.reserved = 1150 * MiB  # 15 % above anything a request needed from scratch
+    step = j.step()
+    assert (step.cleaned, step.reason, step.released) == (True, "headroom", 1050 * MiB)
+    cache.reserved = 1200 * MiB  # this request began from the emptied cache: a new, larger need
+    assert j.step().cleaned is False and j.need == 1200 * MiB
+    assert j.totals.need == 1200 * MiB and j.totals.reasons == {"headroom": 1}
+
+
+def test_a_janitor_made_after_warm_up_calibrates_once():
+    cache = FakeCache(reserved=3 * GiB, allocated=1 * GiB)  # warmed up: the start is not clean
+    j = janitor(cache)
+    cache.reserved = 3 * GiB
+    first = j.step()
+    assert (first.cleaned, first.reason, j.need) == (True, "calibrate", None)
+    cache.reserved = 2 * GiB  # the next request starts from the emptied cache
+    assert j.step().cleaned is False and j.need == 2 * GiB
+
+
+def test_before_cleans_only_for_a_request_larger_than_any_since_the_last_cleanup(caplog):
+    cache = FakeCache(reserved=0, allocated=100 * MiB)
+    j = janitor(cache)
+    assert j.before(30) is None  # nothing idle yet
+    cache.reserved = 700 * MiB
+    j.step()
+    assert j.before(10) is None and j.before(30) is None  # served by the blocks cached for 30
+    with caplog.at_level(logging.INFO, logger="alloctune.guard"):
+        step = j.before(45)
+    assert (step.cleaned, step.reason, step.request, step.released) == (True, "larger_request", 2, 600 * MiB)
+    assert "before request 2 (size 45)" in caplog.text
+    assert j.before(45) is None and j.before(20) is None
+
+
+def test_request_context_calls_before_and_step_also_on_failure():
+    cache = FakeCache(reserved=0, allocated=0)
+    j = janitor(cache)
+    with j.request(5):
+        cache.reserved = 500 * MiB
+    with pytest.raises(RuntimeError):
+        with j.request(9):  # larger: the idle cache is emptied first
+            cache.reserved = 800 * MiB
+            raise RuntimeError("failed request")
+    assert j.requests == 2 and j.totals.reasons == {"larger_request": 1}
 
 
 def test_context_manager_and_decorator_step_also_after_a_failed_request():
@@ -204,7 +255,8 @@ def test_fewer_cleanups_than_after_every_request_on_a_mixed_run():
     assert calls_janitor == 79  # after each request that left > 256 MiB (10 % of the peak) idle
 
 
-@pytest.mark.parametrize("opts", [dict(every_n=0), dict(every_s=0), dict(max_cached="lots"), dict(max_inactive_ratio=-1)])
+@pytest.mark.parametrize("opts", [dict(every_n=0), dict(every_s=0), dict(max_cached="lots"), dict(max_inactive_ratio=-1),
+                                  dict(headroom=0.9)])
 def test_bad_options(opts):
     with pytest.raises(Exception):
         Janitor(**opts)
@@ -215,3 +267,12 @@ def test_reports_round_trip():
     assert JanitorStep.from_dict(s.to_dict()) == s
     t = JanitorTotals(3, 1, 4, {"every_n": 1})
     assert JanitorTotals.from_dict(t.to_dict()) == t
+
+
+def test_a_cache_holding_only_unreleasable_pieces_counts_as_clean():
+    """Right after empty_cache() the free pieces of segments that hold the weights stay reserved;
+    that is as clean as the cache gets, so no calibration clean-up is needed."""
+    cache = FakeCache(reserved=120 * MiB, allocated=100 * MiB, inactive_split=20 * MiB)
+    j = janitor(cache)
+    cache.reserved = 900 * MiB
+    assert j.step().cleaned is False and j.need == 900 * MiB

@@ -5,36 +5,49 @@ reserved memory low but makes every request `cudaMalloc` its blocks again (slow,
 synchronises the device). Never calling it lets a long-running service's cache fill with
 blocks of sizes that no longer fit the current requests: reserved memory grows far above
 what is allocated, and the next large request OOMs. The Janitor empties the cache only when
-the cache is in a state where it pays:
+the cache is in a state where it pays.
+
+Between requests almost everything reserved is idle (the request's tensors are gone), so
+"idle cache above X" fires after nearly every request and says nothing. What matters is
+whether the cache holds more than the requests need. The default trigger learns that:
+
+* ``headroom`` (default 1.1): the Janitor remembers the largest reserved memory at the end
+  of a request that *began* from an emptied cache -- what the biggest request seen so far
+  needs from scratch, its own fragmentation included (``need``). When reserved memory after
+  a request exceeds ``headroom`` x ``need``, the cache has grown with blocks no request
+  needs: empty it. Until a clean start has been seen (a Janitor made after a warm-up) it
+  empties the cache once to measure one (reason ``calibrate``).
+
+Fixed triggers, for services that know their numbers:
 
 * ``max_cached``: reserved − allocated (bytes held by the cache but not by tensors) above a
   byte threshold;
 * ``max_cached_ratio``: that same idle cache above a fraction of the peak allocated bytes
-  (``allocated_bytes.all.peak``), i.e. relative to what the service really needs;
-* ``max_reserved_ratio``: reserved above a multiple of the peak allocated bytes: the cache
-  has outgrown anything the service ever needed at once (e.g. 1.1);
+  (``allocated_bytes.all.peak``);
+* ``max_reserved_ratio``: reserved above a multiple of the peak allocated bytes;
 * ``max_inactive_ratio``: ``inactive_split_bytes`` / reserved above a ratio: free pieces of
   partly used segments, the fragmentation that makes large allocations fail;
 * ``every_n`` requests or ``every_s`` seconds since the last clean-up, as a backstop.
 
 Statistics come from an injectable function returning `torch.cuda.memory_stats()`-style
-keys, so the policy is tested without a GPU. Bytes released are measured as the drop in
-``reserved_bytes.all.current`` across the clean-up.
+keys, so the policy is tested without a GPU (and against the allocator simulator). Bytes
+released are measured as the drop in ``reserved_bytes.all.current`` across the clean-up.
 
-    janitor = Janitor(max_cached="1GiB", max_inactive_ratio=0.2)
+    janitor = Janitor()                    # or Janitor(headroom=1.25, every_n=500)
     for request in queue:
-        with janitor:            # or: handle(request); janitor.step()
+        with janitor:                      # or: handle(request); janitor.step()
             handle(request)
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -45,6 +58,7 @@ __all__ = ["Janitor", "JanitorStep", "JanitorTotals"]
 
 log = logging.getLogger("alloctune.guard")
 SCHEMA = 1
+DEFAULT_HEADROOM = 1.1
 
 RESERVED = "reserved_bytes.all.current"
 ALLOCATED = "allocated_bytes.all.current"
@@ -77,23 +91,29 @@ class JanitorStep:
 
 @dataclass(frozen=True)
 class JanitorTotals:
-    """Counters of one Janitor since it was made."""
+    """Counters of one Janitor since it was made; `need` is the learned clean-start footprint."""
 
     requests: int
     cleanups: int
     bytes_released: int
     reasons: dict[str, int]
+    need: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, **asdict(self)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "JanitorTotals":
-        return cls(int(data["requests"]), int(data["cleanups"]), int(data["bytes_released"]), dict(data["reasons"]))
+        need = data.get("need")
+        return cls(int(data["requests"]), int(data["cleanups"]), int(data["bytes_released"]), dict(data["reasons"]),
+                   None if need is None else int(need))
 
 
 def _default_stats() -> Mapping[str, Any]:
-    import torch
+    try:
+        import torch
+    except ImportError:  # nothing to clean without torch
+        return {}
 
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
         return {}
@@ -107,6 +127,13 @@ def _default_empty_cache() -> None:
         torch.cuda.empty_cache()
 
 
+def _releasable(s: Mapping[str, Any]) -> int:
+    """Bytes `empty_cache()` could return: idle bytes minus the free pieces of segments that still
+    hold a tensor (``inactive_split_bytes``), which stay. 0 right after an `empty_cache()`."""
+    reserved, allocated = int(s.get(RESERVED, 0)), int(s.get(ALLOCATED, 0))
+    return reserved - allocated - int(s.get(INACTIVE_SPLIT, 0))
+
+
 def _ratio(name: str, value: float | None) -> float | None:
     if value is None:
         return None
@@ -118,12 +145,13 @@ def _ratio(name: str, value: float | None) -> float | None:
 class Janitor:
     """Clean-up policy for long-running services; call `step()` (or use `with`) between requests.
 
-    With no trigger given it uses ``max_inactive_ratio=0.25`` and ``max_cached_ratio=0.1``.
+    With no trigger given it uses ``headroom=1.1`` (see the module docstring).
     """
 
     def __init__(
         self,
         *,
+        headroom: float | None = None,
         max_cached: int | str | None = None,
         max_cached_ratio: float | None = None,
         max_reserved_ratio: float | None = None,
@@ -136,9 +164,12 @@ class Janitor:
         empty_cache: Callable[[], Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if all(v is None for v in (max_cached, max_cached_ratio, max_reserved_ratio, max_inactive_ratio, every_n,
-                                   every_s)):
-            max_cached_ratio, max_inactive_ratio = 0.1, 0.25
+        if all(v is None for v in (headroom, max_cached, max_cached_ratio, max_reserved_ratio, max_inactive_ratio,
+                                   every_n, every_s)):
+            headroom = DEFAULT_HEADROOM
+        if headroom is not None and not float(headroom) >= 1.0:
+            raise ValueError(f"headroom must be >= 1 (a multiple of the learned need), got {headroom!r}")
+        self.headroom = None if headroom is None else float(headroom)
         self.max_cached = None if max_cached is None else parse_size(max_cached)
         self.max_cached_ratio = _ratio("max_cached_ratio", max_cached_ratio)
         self.max_reserved_ratio = _ratio("max_reserved_ratio", max_reserved_ratio)
@@ -162,6 +193,12 @@ class Janitor:
         self._released = 0
         self._reasons: dict[str, int] = {}
         self.last_step: JanitorStep | None = None
+        # Learned need: the largest reserved at the end of a request that began from a clean cache.
+        # A Janitor made before CUDA is initialised (or with nothing idle) sees a clean start.
+        self._need: int | None = None
+        first = self._stats_fn() if self.headroom is not None else {}
+        self._clean_start = _releasable(first) <= 0
+        self._largest_served: float | None = None  # largest `before(size)` since the last clean-up
 
     # -- policy ---------------------------------------------------------------------------------
 
@@ -172,6 +209,11 @@ class Janitor:
         cached = max(0, reserved - allocated)
         if reserved <= 0:
             return None  # nothing to release
+        if self.headroom is not None:
+            if self._need is None:
+                return "calibrate"
+            if reserved > self.headroom * self._need:
+                return "headroom"
         if self.max_cached is not None and cached > self.max_cached:
             return "max_cached"
         peak = int(s.get(ALLOCATED_PEAK, allocated))
@@ -198,34 +240,92 @@ class Janitor:
             reserved = int(s.get(RESERVED, 0))
             allocated = int(s.get(ALLOCATED, 0))
             inactive = int(s.get(INACTIVE_SPLIT, 0))
+            if self.headroom is not None and self._clean_start and reserved > 0:
+                # reserved only grows inside a request (short of an OOM retry), so this is its peak
+                self._need = max(self._need or 0, reserved)
             why = self.reason(s)
             if why is not None and reserved - allocated < self.min_release and why not in ("every_n", "every_s"):
                 why = None  # not enough idle memory to be worth a device sync
             after, released = reserved, 0
             if why is not None:
-                if self.collect:
-                    gc.collect()
-                self._empty_cache()
-                after = int(self._stats_fn().get(RESERVED, 0))
-                released = max(0, reserved - after)
-                self._cleanups += 1
-                self._released += released
-                self._reasons[why] = self._reasons.get(why, 0) + 1
-                self._since_clean = 0
-                self._last_clean = self._clock()
-                guard_stats.add(cleanups=1, janitor_cleanups=1, bytes_released=released)
-                log.info("janitor: empty_cache after request %d (%s): reserved %s -> %s, released %s",
-                         self._requests, why, format_size(reserved), format_size(after), format_size(released))
+                after, released = self._clean_locked(why, reserved, f"after request {self._requests}")
+            else:
+                self._clean_start = False
             step = JanitorStep(self._requests, why is not None, why, reserved, allocated, inactive, after, released)
             self.last_step = step
             return step
+
+    def before(self, size: float) -> JanitorStep | None:
+        """Call before a request of `size` (frames, tokens x batch: any number that grows with the
+        request's memory). Empties the cache when the request is larger than every request served
+        since the last clean-up and the cache holds idle blocks.
+
+        Why: blocks cached for a large request serve smaller ones (they are split), but a larger
+        request would grow the cache on top of a layout it cannot use. Emptying first lets it build
+        the layout once, for the new largest size; with requests in random order that happens about
+        ln(n) times in n requests, and peak reserved stays at what the largest request needs alone.
+        Returns the step when it cleaned, else None.
+        """
+        with self._lock:
+            largest = self._largest_served
+            if largest is not None and size <= largest:
+                return None
+            self._largest_served = size
+            s = self._stats_fn()
+            reserved = int(s.get(RESERVED, 0))
+            allocated = int(s.get(ALLOCATED, 0))
+            idle = _releasable(s)
+            if idle <= 0 or idle < self.min_release:
+                return None
+            why = "larger_request"
+            after, released = self._clean_locked(why, reserved, f"before request {self._requests + 1} (size {size:g})")
+            self._largest_served = size  # the clean-up reset it; this request sets the new layout
+            inactive = int(s.get(INACTIVE_SPLIT, 0))
+            step = JanitorStep(self._requests + 1, True, why, reserved, allocated, inactive, after, released)
+            self.last_step = step
+            return step
+
+    @contextlib.contextmanager
+    def request(self, size: float | None = None) -> Iterator["Janitor"]:
+        """`with janitor.request(size):` -- `before(size)` (when a size is given), then `step()`,
+        after a failed request too."""
+        if size is not None:
+            self.before(size)
+        try:
+            yield self
+        finally:
+            self.step()
+
+    def _clean_locked(self, why: str, reserved: int, when: str) -> tuple[int, int]:
+        """Empty the cache and count it (lock held); returns (reserved after, bytes released)."""
+        if self.collect:
+            gc.collect()
+        self._empty_cache()
+        after = int(self._stats_fn().get(RESERVED, 0))
+        released = max(0, reserved - after)
+        self._cleanups += 1
+        self._released += released
+        self._reasons[why] = self._reasons.get(why, 0) + 1
+        self._since_clean = 0
+        self._last_clean = self._clock()
+        self._clean_start = True
+        self._largest_served = None
+        guard_stats.add(cleanups=1, janitor_cleanups=1, bytes_released=released)
+        log.info("janitor: empty_cache %s (%s): reserved %s -> %s, released %s",
+                 when, why, format_size(reserved), format_size(after), format_size(released))
+        return after, released
 
     # -- conveniences ---------------------------------------------------------------------------
 
     @property
     def totals(self) -> JanitorTotals:
         with self._lock:
-            return JanitorTotals(self._requests, self._cleanups, self._released, dict(self._reasons))
+            return JanitorTotals(self._requests, self._cleanups, self._released, dict(self._reasons), self._need)
+
+    @property
+    def need(self) -> int | None:
+        """Learned clean-start footprint in bytes (None until a request began from a clean cache)."""
+        return self._need
 
     @property
     def cleanups(self) -> int:
@@ -258,4 +358,6 @@ class Janitor:
 
     def __repr__(self) -> str:
         t = self.totals
-        return f"Janitor(requests={t.requests}, cleanups={t.cleanups}, released={format_size(t.bytes_released)})"
+        need = "unknown" if t.need is None else format_size(t.need)
+        return (f"Janitor(requests={t.requests}, cleanups={t.cleanups}, released={format_size(t.bytes_released)}, "
+                f"need={need})")

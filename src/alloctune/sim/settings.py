@@ -120,12 +120,17 @@ class SimSettings:
 
     @classmethod
     def from_config(cls, config: Any, torch: str | tuple[int, int] | None = None) -> "SimSettings":
-        """From an `alloctune.config.AllocatorConfig` (duck-typed, so the parser stays optional)."""
+        """From an `alloctune.config.AllocatorConfig` (duck-typed, so the parser stays optional) or
+        a `PYTORCH_CUDA_ALLOC_CONF` string (parsed, never silently read as the defaults)."""
         if config is None:
             return cls(torch=parse_torch_version(torch))
         if isinstance(config, SimSettings):
             return config if torch is None else config.with_torch(torch)
         ver = parse_torch_version(torch)
+        if isinstance(config, str):  # a PYTORCH_CUDA_ALLOC_CONF string ("" = the defaults)
+            from alloctune.config import parse_config
+
+            config = parse_config(config, "%d.%d" % ver)
         backend = getattr(config, "backend", None)
         if backend not in (None, "native"):
             raise ConfigError(
