@@ -138,8 +138,8 @@ def _render(rows: list[dict[str, Any]], find_min: bool) -> None:
     table = Table(title="simulated allocator (torch caching allocator model)", box=None, pad_edge=False, header_style="bold underline")
     # wide enough for the usual settings (expandable_segments:True) to stay on one line at 80 columns
     longest = max((len(r["conf"] or "(unset)") for r in rows), default=20)
-    table.add_column("setting", overflow="fold", min_width=min(max(20, longest), 32))
-    table.add_column("peak\nreserved", justify="right", no_wrap=True, min_width=9)
+    table.add_column("setting", overflow="fold", min_width=min(max(20, longest), 24))
+    table.add_column("peak\nreserved", justify="right", no_wrap=True, min_width=8)
     table.add_column("peak\nallocated", justify="right", no_wrap=True, min_width=9)
     table.add_column("util.", justify="right", no_wrap=True, min_width=6)
     table.add_column("re-\ntries", justify="right", no_wrap=True, min_width=4)
