@@ -52,3 +52,17 @@ def test_default_stream_predicts_the_other_settings(workload, variant):
     fidelity = compare(result, real, stream_trace=default)
     assert fidelity.events_match, fidelity.first_difference
     assert fidelity.headline_match and fidelity.exact, fidelity.stats
+
+
+def test_demo_list_names_each_trace_with_its_workload_and_setting():
+    from alloctune.demo import shipped_trace_info
+
+    rows = {r["name"]: r for r in shipped_trace_info()}
+    assert rows["train_h200_expandable"]["setting"] == "expandable_segments:True"
+    assert rows["llm_h200_max_split_128"]["setting"] == "max_split_size_mb:128"
+    assert rows["rvc_h200"]["setting"] == "(default)" and rows["rvc_h200"]["workload"].startswith("rvc")
+    # the listing agrees with what the simulator reads from each file
+    for name, row in rows.items():
+        trace = load_trace(shipped_trace_path(name + ".atrace"))
+        expandable = SimSettings.from_allocator_settings(trace.allocator_settings).expandable_segments
+        assert expandable == ("expandable_segments:True" in row["setting"])

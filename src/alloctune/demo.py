@@ -35,6 +35,26 @@ def shipped_traces() -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.name.endswith(".atrace"))
 
 
+def shipped_trace_info() -> list[dict[str, str]]:
+    """One row per shipped trace: name, workload, allocator setting it was recorded under, torch, how."""
+    from alloctune.trace.compact import read_compact_header
+
+    rows = []
+    for name in shipped_traces():
+        head = read_compact_header(shipped_trace_path(name))
+        meta = head.get("meta") or {}
+        settings = head.get("allocator_settings") or {}
+        conf = meta.get("conf") or settings.get("PYTORCH_CUDA_ALLOC_CONF") or ""
+        rows.append({
+            "name": name.removesuffix(".atrace"),
+            "workload": str(meta.get("workload", "")),
+            "setting": conf or "(default)",
+            "torch": str(meta.get("torch", "")),
+            "recorded_by": str(meta.get("recorded_by", "")),
+        })
+    return rows
+
+
 def shipped_trace_path(name: str = DEFAULT_TRACE) -> Path:
     from alloctune.errors import InputError
 

@@ -95,6 +95,13 @@ def _render(result) -> None:
     )
 
 
+def _short_workload(text: str) -> str:
+    """'rvc (alloctune.workloads.rvc, 6 items)' -> 'rvc, 6 items'."""
+    name, _, rest = text.partition(" (")
+    items = rest.rstrip(")").split(", ")[-1] if rest else ""
+    return f"{name}, {items}" if items.endswith("items") else name
+
+
 def register(app: typer.Typer) -> None:
     @app.command("demo")
     def demo(
@@ -110,10 +117,22 @@ def register(app: typer.Typer) -> None:
         from alloctune.units import parse_size
 
         if list_traces:
-            from alloctune.demo import shipped_traces
+            from rich.table import Table
 
-            names = [n.removesuffix(".atrace") for n in shipped_traces()]
-            print_json(names) if json_out else console.print("\n".join(names))
+            from alloctune.demo import shipped_trace_info
+
+            rows = shipped_trace_info()
+            if json_out:
+                print_json(rows)
+                return
+            torches = ", ".join(sorted({r["torch"].split("+")[0] for r in rows if r["torch"]}))
+            table = Table(title=f"shipped H200 traces (torch {torches}); use one with --trace NAME", box=None,
+                          pad_edge=False, header_style="bold underline")
+            for col in ("name", "workload", "recorded under"):
+                table.add_column(col, no_wrap=True)
+            for r in rows:  # --json has the full provenance
+                table.add_row(r["name"], _short_workload(r["workload"]), r["setting"])
+            console.print(table)
             return
 
         use_gpu = (_cuda_available() if trace is None else False) if gpu is None else gpu

@@ -133,6 +133,17 @@ def save_compact(trace: Trace, path: str | Path) -> int:
     return len(blob)
 
 
+def read_compact_header(path: str | Path) -> dict[str, Any]:
+    """A compact file's settings and meta without building its request stream (for listings)."""
+    try:
+        d = json.loads(lzma.decompress(Path(path).read_bytes()))
+    except (lzma.LZMAError, ValueError, UnicodeDecodeError) as exc:
+        raise TraceError(f"{path}: not a readable alloctune compact trace ({exc})") from exc
+    if not isinstance(d, dict):
+        raise TraceError(f"{path}: not an alloctune compact trace")
+    return {k: d.get(k) for k in ("format", "schema", "source", "device", "total_memory", "allocator_settings", "meta")}
+
+
 def trace_from_compact_bytes(data: bytes, *, source: str = "<compact>", device: int | None = None) -> Trace:
     """Parse decompressed compact-file bytes (used by `load_trace` after sniffing)."""
     try:
