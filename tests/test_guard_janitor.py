@@ -267,6 +267,8 @@ def test_reports_round_trip():
     assert JanitorStep.from_dict(s.to_dict()) == s
     t = JanitorTotals(3, 1, 4, {"every_n": 1})
     assert JanitorTotals.from_dict(t.to_dict()) == t
+    t = JanitorTotals(3, 1, 4, {"headroom": 1}, need=5 * GiB, clean_start_ratio=1.4)
+    assert JanitorTotals.from_dict(t.to_dict()) == t
 
 
 def test_a_cache_holding_only_unreleasable_pieces_counts_as_clean():
@@ -276,3 +278,23 @@ def test_a_cache_holding_only_unreleasable_pieces_counts_as_clean():
     j = janitor(cache)
     cache.reserved = 900 * MiB
     assert j.step().cleaned is False and j.need == 900 * MiB
+
+
+@pytest.mark.parametrize("conf, warned", [("", True), ("expandable_segments:True", False)])
+def test_says_once_when_a_request_fragments_memory_by_itself(monkeypatch, caplog, conf, warned):
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", conf)
+    cache = FakeCache(reserved=0, allocated=0)
+    j = janitor(cache)
+    cache.allocated, cache.peak, cache.reserved = 100 * MiB, 700 * MiB, 1000 * MiB  # from an empty cache
+    with caplog.at_level(logging.WARNING, logger="alloctune.guard"):
+        j.step()
+        cache.reserved = 1200 * MiB
+        j.step()  # dirty start, over the headroom: cleaned
+        cache.reserved = 1100 * MiB
+        j.step()  # a clean start with a larger need: the ratio is updated, the advice not repeated
+    assert j.totals.clean_start_ratio == pytest.approx(1100 / 700)
+    advice = [r for r in caplog.records if "expandable_segments:True" in r.getMessage()]
+    assert len(advice) == (1 if warned else 0)
+    if warned:
+        assert "1.43 x its peak allocated" in advice[0].getMessage()

@@ -45,6 +45,7 @@ import contextlib
 import functools
 import gc
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -59,6 +60,7 @@ __all__ = ["Janitor", "JanitorStep", "JanitorTotals"]
 log = logging.getLogger("alloctune.guard")
 SCHEMA = 1
 DEFAULT_HEADROOM = 1.1
+ADVISE_RATIO = 1.25  # clean-start reserved / peak allocated above which the Janitor suggests expandable segments
 
 RESERVED = "reserved_bytes.all.current"
 ALLOCATED = "allocated_bytes.all.current"
@@ -91,22 +93,27 @@ class JanitorStep:
 
 @dataclass(frozen=True)
 class JanitorTotals:
-    """Counters of one Janitor since it was made; `need` is the learned clean-start footprint."""
+    """Counters of one Janitor since it was made.
+
+    `need`: the learned clean-start footprint (bytes); `clean_start_ratio`: that footprint ÷ peak
+    allocated -- the fragmentation inside a request, which no clean-up between requests removes.
+    """
 
     requests: int
     cleanups: int
     bytes_released: int
     reasons: dict[str, int]
     need: int | None = None
+    clean_start_ratio: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, **asdict(self)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "JanitorTotals":
-        need = data.get("need")
+        need, ratio = data.get("need"), data.get("clean_start_ratio")
         return cls(int(data["requests"]), int(data["cleanups"]), int(data["bytes_released"]), dict(data["reasons"]),
-                   None if need is None else int(need))
+                   None if need is None else int(need), None if ratio is None else float(ratio))
 
 
 def _default_stats() -> Mapping[str, Any]:
@@ -125,6 +132,15 @@ def _default_empty_cache() -> None:
 
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
+
+
+def _expandable_segments_on() -> bool:
+    """Whether this process asked for expandable segments (either variable name, any case)."""
+    for var in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        text = os.environ.get(var, "").replace(" ", "").lower()
+        if "expandable_segments:true" in text:
+            return True
+    return False
 
 
 def _releasable(s: Mapping[str, Any]) -> int:
@@ -196,8 +212,9 @@ class Janitor:
         # Learned need: the largest reserved at the end of a request that began from a clean cache.
         # A Janitor made before CUDA is initialised (or with nothing idle) sees a clean start.
         self._need: int | None = None
-        first = self._stats_fn() if self.headroom is not None else {}
-        self._clean_start = _releasable(first) <= 0
+        self._clean_start_ratio: float | None = None
+        self._advised = False
+        self._clean_start = _releasable(self._stats_fn()) <= 0
         self._largest_served: float | None = None  # largest `before(size)` since the last clean-up
 
     # -- policy ---------------------------------------------------------------------------------
@@ -240,9 +257,10 @@ class Janitor:
             reserved = int(s.get(RESERVED, 0))
             allocated = int(s.get(ALLOCATED, 0))
             inactive = int(s.get(INACTIVE_SPLIT, 0))
-            if self.headroom is not None and self._clean_start and reserved > 0:
+            if self._clean_start and reserved > (self._need or 0):
                 # reserved only grows inside a request (short of an OOM retry), so this is its peak
-                self._need = max(self._need or 0, reserved)
+                self._need = reserved
+                self._learned_need(s)
             why = self.reason(s)
             if why is not None and reserved - allocated < self.min_release and why not in ("every_n", "every_s"):
                 why = None  # not enough idle memory to be worth a device sync
@@ -254,6 +272,21 @@ class Janitor:
             step = JanitorStep(self._requests, why is not None, why, reserved, allocated, inactive, after, released)
             self.last_step = step
             return step
+
+    def _learned_need(self, s: Mapping[str, Any]) -> None:
+        """A new need: how much of it is fragmentation inside the request? Say once if it is a lot."""
+        peak = int(s.get(ALLOCATED_PEAK, 0))
+        if peak <= 0 or self._need is None:
+            return
+        ratio = self._need / peak  # peak is the run's: the request's own ratio is at least this
+        self._clean_start_ratio = ratio
+        if ratio > ADVISE_RATIO and not self._advised and not _expandable_segments_on():
+            self._advised = True
+            log.warning(
+                "janitor: even from an emptied cache a request reserves %.2f x its peak allocated memory (%s for %s); "
+                "that is fragmentation inside the request, which no clean-up between requests removes. "
+                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True usually does; measure it with `alloctune tune`.",
+                ratio, format_size(self._need), format_size(peak))
 
     def before(self, size: float) -> JanitorStep | None:
         """Call before a request of `size` (frames, tokens x batch: any number that grows with the
@@ -320,7 +353,8 @@ class Janitor:
     @property
     def totals(self) -> JanitorTotals:
         with self._lock:
-            return JanitorTotals(self._requests, self._cleanups, self._released, dict(self._reasons), self._need)
+            return JanitorTotals(self._requests, self._cleanups, self._released, dict(self._reasons), self._need,
+                                 self._clean_start_ratio)
 
     @property
     def need(self) -> int | None:
