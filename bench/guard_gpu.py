@@ -379,6 +379,10 @@ def part_b(args, device: str) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------
 
 
+def _ratio_cell(x: float | None) -> str:
+    return "–" if x is None else f"{x:.3f}"
+
+
 def render(result: dict[str, Any]) -> str:
     """Markdown section for bench/RESULTS.md (also printed)."""
     L = [f"## guard_gpu — {result['when']}", "", f"`{result['command']}` on {result['device_name']} "
@@ -414,14 +418,15 @@ def render(result: dict[str, Any]) -> str:
               f"{b['dtype']}. ratio = peak reserved ÷ peak allocated over the whole run; vs every = peak reserved ÷ "
               "the every-request run's; `device mallocs` = cudaMalloc calls in the run.", "",
               "| order | policy | empty_cache calls | peak reserved | peak allocated | ratio | vs every | "
-              "device mallocs | time (s) |", "|---|---|---|---|---|---|---|---|---|"]
+              "device mallocs | time (s) | Janitor's clean-start ratio |", "|---|---|---|---|---|---|---|---|---|---|"]
         for order, v in b["orders"].items():
             for r in v["runs"]:
                 L.append(f"| {order} | {r['policy']} | {r['empty_cache_calls']} | "
                          f"{format_size(r.get('peak_reserved', 0))} | {format_size(r.get('peak_allocated', 0))} | "
                          f"{r.get('reserved_over_allocated', float('nan')):.3f} | "
                          f"{r.get('reserved_over_every', 1.0 if r['policy'] == 'every' else float('nan')):.3f} | "
-                         f"{r.get('num_device_alloc', '')} | {r['seconds']:.2f} |")
+                         f"{r.get('num_device_alloc', '')} | {r['seconds']:.2f} | "
+                         f"{_ratio_cell(r.get('janitor', {}).get('clean_start_ratio'))} |")
         L += ["", "(b) verdicts — literal: ratio ≤ 1.10 and fewer calls than every request; floor: peak reserved ≤ "
               "1.10 × every-request's and fewer calls:",
               ", ".join(f"{k}: {'PASS' if v['literal'] else 'FAIL'} / {'PASS' if v['floor'] else 'FAIL'}"
