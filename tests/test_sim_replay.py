@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
-from alloctune.config import AllocatorConfig
+import pytest
+
+from alloctune.config import AllocatorConfig, ConfigSyntaxError
 from alloctune.sim import SimResult, SimSettings, replay
 from alloctune.sim.replay import state_at
 from alloctune.trace.model import ALLOC, EMPTY_CACHE, FAILED_ALLOC, FREE, RequestStream, Trace
@@ -126,3 +128,11 @@ def test_oom_message_per_release():
     assert "PYTORCH_ALLOC_CONF=expandable" in m10 and m10.endswith("#environment-variables)")
     m5 = oom_message(info, total_memory=TOTAL, torch="2.5", private_pool_bytes=2 * MiB)
     assert "92.00 MiB is allocated by PyTorch, with 2.00 MiB allocated in private pools (e.g., CUDA Graphs), and" in m5
+
+
+def test_settings_from_a_conf_string_are_parsed_not_defaulted():
+    assert SimSettings.from_config("expandable_segments:True").expandable_segments is True
+    assert SimSettings.from_config("max_split_size_mb:128").max_split_size == 128 * 2**20
+    assert SimSettings.from_config("") == SimSettings.from_config(None)
+    with pytest.raises(ConfigSyntaxError):
+        SimSettings.from_config("expandable_segments:maybe")
