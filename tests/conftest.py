@@ -41,3 +41,13 @@ def oom_corpus() -> Path:
     if not OOM_CORPUS.is_file():
         pytest.skip(f"OOM corpus not found at {OOM_CORPUS}")
     return OOM_CORPUS
+
+
+@pytest.fixture
+def fresh_guard_stats():
+    """alloctune.guard's counters are process-wide: start and leave each guard test at zero."""
+    from alloctune.guard import stats
+
+    stats.reset()
+    yield stats
+    stats.reset()

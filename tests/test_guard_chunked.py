@@ -14,11 +14,7 @@ from torch import nn
 from alloctune.guard import ChunkMemo, Chunker, ChunkRun, chunked, stats
 
 
-@pytest.fixture(autouse=True)
-def _fresh_stats():
-    stats.reset()
-    yield
-    stats.reset()
+pytestmark = pytest.mark.usefixtures("fresh_guard_stats")
 
 
 class BudgetModel:

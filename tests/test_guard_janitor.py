@@ -10,11 +10,7 @@ from alloctune.guard import Janitor, JanitorStep, JanitorTotals, stats
 from alloctune.units import GiB, MiB
 
 
-@pytest.fixture(autouse=True)
-def _fresh_stats():
-    stats.reset()
-    yield
-    stats.reset()
+pytestmark = pytest.mark.usefixtures("fresh_guard_stats")
 
 
 class FakeCache:

@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from alloctune.guard import Janitor, stats
+from alloctune.guard import Janitor
 from alloctune.sim.replay import make_allocator
 from alloctune.sim.settings import SimSettings
 from alloctune.units import MiB
@@ -20,11 +20,7 @@ CHANNELS = (256, 128, 64, 32, 16)
 UPSAMPLE = (1, 12, 120, 240, 480)
 
 
-@pytest.fixture(autouse=True)
-def _fresh_stats():
-    stats.reset()
-    yield
-    stats.reset()
+pytestmark = pytest.mark.usefixtures("fresh_guard_stats")
 
 
 def serve(alloc, frames: int) -> None:

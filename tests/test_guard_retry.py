@@ -12,11 +12,7 @@ import torch
 from alloctune.guard import oom_retry, stats
 
 
-@pytest.fixture(autouse=True)
-def _fresh_stats():
-    stats.reset()
-    yield
-    stats.reset()
+pytestmark = pytest.mark.usefixtures("fresh_guard_stats")
 
 
 class FlakyStep:
