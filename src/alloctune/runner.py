@@ -25,85 +25,20 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from alloctune.agent import BOOTSTRAP, make_site_dir
 from alloctune.agent.bootstrap import ENV_VAR
 from alloctune.errors import EnvironmentProblem, InputError
+from alloctune.trial import OUTCOMES, RESULT_SCHEMA, TrialResult, raise_for_environment  # noqa: F401 (re-exported)
 from alloctune.units import MiB, format_size
 
-RESULT_SCHEMA = 1
-OUTCOMES = ("ok", "oom", "crash", "timeout", "no-cuda", "budget-too-large")
 CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 KILL_GRACE_S = 5.0
 
 # "throughput: 12.5 items/s", "throughput=3.2e3 tok/s", "alloctune:throughput=7" (last one wins)
 _THROUGHPUT_RE = re.compile(r"throughput\s*[=:]\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([^\s,;]*)", re.I)
-
-
-@dataclass(frozen=True)
-class TrialResult:
-    """Evidence of one trial, as shown in tables and kept in the tune store."""
-
-    command: tuple[str, ...]
-    conf: str | None  # allocator string as applied; None = inherited from the caller's environment
-    budget: int | None  # per-process cap in bytes; None = the whole card
-    outcome: str
-    exit_code: int | None
-    wall_s: float
-    peak_reserved: int | None = None
-    peak_allocated: int | None = None
-    num_alloc_retries: int | None = None
-    num_ooms: int | None = None
-    allocator_settings: dict[str, Any] | None = None
-    oom_message: str | None = None
-    error: str | None = None  # why it crashed (exception or output tail), or why no CUDA
-    throughput: float | None = None
-    throughput_unit: str | None = None
-    total_memory: int | None = None
-    device_name: str | None = None
-    torch_version: str | None = None
-    snapshot: str | None = None
-    oom_snapshot: str | None = None
-    segment_sizes: tuple[tuple[int, int], ...] | None = None
-    stats: dict[str, int] = field(default_factory=dict)
-    processes: int = 0
-    warnings: tuple[str, ...] = ()
-    repeat: int = 0
-    log: str | None = None
-
-    @property
-    def passed(self) -> bool:
-        return self.outcome == "ok"
-
-    @property
-    def utilization(self) -> float | None:
-        """peak allocated ÷ peak reserved (1 − fragmentation)."""
-        if not self.peak_reserved or self.peak_allocated is None:
-            return None
-        return self.peak_allocated / self.peak_reserved
-
-    def to_dict(self) -> dict[str, Any]:
-        data = {f.name: getattr(self, f.name) for f in fields(self)}
-        data["command"] = list(self.command)
-        data["segment_sizes"] = [list(p) for p in self.segment_sizes] if self.segment_sizes is not None else None
-        data["warnings"] = list(self.warnings)
-        data["utilization"] = self.utilization
-        data["schema"] = RESULT_SCHEMA
-        return data
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "TrialResult":
-        names = {f.name for f in fields(cls)}
-        kw = {k: v for k, v in data.items() if k in names}
-        kw["command"] = tuple(kw.get("command") or ())
-        if kw.get("segment_sizes") is not None:
-            kw["segment_sizes"] = tuple((int(s), int(c)) for s, c in kw["segment_sizes"])
-        kw["warnings"] = tuple(kw.get("warnings") or ())
-        kw["stats"] = dict(kw.get("stats") or {})
-        return cls(**kw)
 
 
 # ---- environment ---------------------------------------------------------------------------
@@ -496,18 +431,6 @@ def _result(
         repeat=repeat,
         log=str(log_path) if log_path else None,
     )
-
-
-def raise_for_environment(result: TrialResult) -> None:
-    """Turn the outcomes that are the user's setup, not the workload, into one-line errors."""
-    if result.outcome == "budget-too-large":
-        total = f" ({format_size(result.total_memory)})" if result.total_memory else ""
-        raise InputError(
-            f"budget {format_size(result.budget or 0)} is larger than the card{total}"
-            f"{' ' + result.device_name if result.device_name else ''}: give a --budget below its total memory"
-        )
-    if result.outcome == "no-cuda":
-        raise EnvironmentProblem(f"no CUDA in the command: {result.error}; nothing to measure")
 
 
 class TrialEvaluator:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from alloctune.errors import InputError
-from alloctune.runner import TrialResult
+from alloctune.trial import TrialResult
 
 STORE_SCHEMA = 1
 # Only these outcomes count as finished for --resume; a crash or timeout is tried again

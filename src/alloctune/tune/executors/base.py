@@ -1,0 +1,54 @@
+"""The contract between the sweep (what to run) and an executor (where and how many at once).
+
+The tuner decides *which* trials it needs; an executor decides *where* they run: one after
+another on this GPU, several side by side on it (a per-process cap leaves room for others),
+one per visible GPU, or as tasks on a Ray cluster. Keeping the two apart lets every
+strategy run on every executor, and lets tests drive the strategy with fake trials.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Protocol
+
+from alloctune.trial import TrialResult
+
+
+@dataclass(frozen=True)
+class TrialRequest:
+    """One trial the sweep wants: the workload under `conf` with a per-process cap of `budget` bytes."""
+
+    conf: str
+    budget: int | None  # bytes; None = the whole card
+    repeat: int = 0
+    record: bool = False  # keep the allocator history (the baseline)
+    ensure_cap: bool = False  # apply the cap even when it is >= the card (so it is read back)
+    exclusive: bool = False  # needs the GPU to itself: its throughput will be compared
+    purpose: str = ""
+
+
+class Evaluator(Protocol):
+    """Runs one trial in the calling thread (the runner on a GPU, a fake in tests)."""
+
+    def __call__(
+        self, conf: str, budget: int | None, *, repeat: int = 0, record: bool = False, ensure_cap: bool = False
+    ) -> TrialResult: ...
+
+
+class Executor(Protocol):
+    """Runs a batch of independent trials and yields each result as soon as it is known (any order)."""
+
+    def run(self, requests: Iterable[TrialRequest]) -> Iterator[tuple[TrialRequest, TrialResult]]: ...
+
+
+class SerialExecutor:
+    """Today's behaviour: one trial after another through one evaluator."""
+
+    def __init__(self, evaluator: Evaluator):
+        self.evaluator = evaluator
+
+    def run(self, requests: Iterable[TrialRequest]) -> Iterator[tuple[TrialRequest, TrialResult]]:
+        for req in requests:
+            yield req, self.evaluator(
+                req.conf, req.budget, repeat=req.repeat, record=req.record, ensure_cap=req.ensure_cap
+            )
