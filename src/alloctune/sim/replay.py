@@ -43,6 +43,7 @@ class SimResult:
     unexpected_successes: tuple[int, ...] = ()  # FAILED_ALLOCs that fit in the simulation
     failures: tuple[OOMInfo, ...] = ()  # allocator state at each expected failure (same order)
     timeline: dict[str, list[int]] = field(default_factory=dict)  # index/reserved/allocated, downsampled
+    adapted: tuple[int, ...] = ()  # fallible requests that failed and were served by a fallback size
     address_divergence: int | None = None  # recorded addresses: first segment whose size differs
     addresses: str = "model"  # "recorded:<source>" | "model" | "custom": where addresses came from
 
@@ -81,6 +82,7 @@ class SimResult:
             "unexpected_successes": list(self.unexpected_successes),
             "failures": [f.to_dict() for f in self.failures],
             "timeline": self.timeline,
+            "adapted": list(self.adapted),
             "segment_events": [e.to_dict() for e in self.segment_events],
             "address_divergence": self.address_divergence,
             "addresses": self.addresses,
@@ -108,6 +110,7 @@ class SimResult:
             unexpected_successes=tuple(d.get("unexpected_successes", ())),
             failures=tuple(OOMInfo(**f) for f in d.get("failures", ())),
             timeline=d.get("timeline", {}),
+            adapted=tuple(d.get("adapted", ())),
             address_divergence=d.get("address_divergence"),
             addresses=d.get("addresses", "model"),
         )
@@ -183,9 +186,11 @@ def replay(
     )
     req = trace.requests
     ops, sizes, rids, streams = req.ops, req.sizes, req.rids, req.streams
+    fallbacks = req.fallbacks
     n = len(ops)
     live: dict[int, Any] = {}
     malloc, free, st = alloc.malloc, alloc.free, alloc.stats
+    adapted: list[int] = []
     step = max(1, n // max(1, timeline_points))
     t_index: list[int] = []
     t_alloc: list[int] = []
@@ -211,6 +216,10 @@ def replay(
             if op == ALLOC:
                 alloc.request_index = i  # (frees make no segment events: not needed there)
                 b = malloc(sizes[i], streams[i])
+                if b is None and i in fallbacks:
+                    b = _fall_back(malloc, fallbacks[i], streams[i])
+                    if b is not None:
+                        adapted.append(i)
                 if b is None:
                     oom = alloc.oom
                     if stop_at_oom:
@@ -272,12 +281,23 @@ def replay(
         unexpected_successes=tuple(surprises),
         failures=tuple(failure_info),
         timeline=timeline,
+        adapted=tuple(adapted),
         address_divergence=rec.diverged_at if rec is not None else None,
         addresses=(
             f"recorded:{(reference or trace).source}" if addresses == "recorded"
             else "model" if addresses == "model" else "custom"
         ),
     )
+
+
+def _fall_back(malloc: Any, sizes: tuple[int, ...], stream: int) -> Any:
+    """A fallible request failed: ask for its fallback sizes in order, as the program does
+    (each failed try is an OOM the allocator counts); the first block that fits, or None."""
+    for size in sizes:
+        b = malloc(size, stream)
+        if b is not None:
+            return b
+    return None
 
 
 def _address_model(trace: Trace, addresses: Any, reference: Trace | None) -> AddressModel:
@@ -315,6 +335,8 @@ def state_at(
         alloc.request_index = i
         if op == ALLOC:
             b = alloc.malloc(req.sizes[i], req.streams[i])
+            if b is None and i in req.fallbacks:
+                b = _fall_back(alloc.malloc, req.fallbacks[i], req.streams[i])
             if b is None:
                 break
             live[req.rids[i]] = b

@@ -32,6 +32,9 @@ class RequestStream:
     rids: list[int] = field(default_factory=list)
     streams: list[int] = field(default_factory=list)
     event_index: list[int] = field(default_factory=list)
+    # Fallible requests (a cuDNN/cuBLAS workspace, say): request index -> the smaller sizes the
+    # program asks for instead, in order, when this request fails. Empty = every failure is fatal.
+    fallbacks: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
     def append(self, op: int, size: int, rid: int, stream: int, event_index: int) -> None:
         self.ops.append(op)
