@@ -1,0 +1,276 @@
+"""Prove a pickle stream safe for the C unpickler before it runs: a pure-Python opcode walk.
+
+Why not just the restricted C unpickler: refusing globals stops code execution, but the C
+unpickler still trusts the stream's shape. A 9-byte `LONG_BINPUT 0xfffffff0` makes it grow
+its memo table to 4 GB; a chain of a million `TUPLE1` builds a tuple that crashes CPython
+(SIGSEGV) when hashed as a dict key; a few hundred bytes of shared references ("billion
+laughs") describe a structure that any later walk expands to billions of objects.
+
+`scan` walks the opcodes once without building any object. It keeps, for every stack item,
+a *shape*: nesting depth, expanded object count (a shared reference counts every time it
+appears), direct length. It admits only the opcodes plain containers and scalars need and
+enforces `Limits`; a container may not be modified after it was placed inside another one
+(legit pickles fill a container before storing it; the rule rules out cycles and shapes
+that grow after they were counted). Anything it accepts is then built by the C unpickler at
+full speed; the walk costs a few times the C load (measured in HANDOFF-hostile.md).
+"""
+
+from __future__ import annotations
+
+from alloctune.errors import TraceError
+from alloctune.trace.limits import Limits, hint
+
+
+class NeedsGlobal(Exception):
+    """The stream asks for a global / persistent id / extension: let the restricted unpickler name it."""
+
+
+class PickleRejected(TraceError):
+    """The stream is not plain data within limits (message: what, where, which limit)."""
+
+
+_SCALAR = (0, 1)  # (depth, expanded objects) of every scalar: immutable and shared
+
+# Opcodes that name code or out-of-band data: refused (the restricted unpickler words the error).
+_GLOBALISH = frozenset(b"ci\x93\x82\x83\x84PQ")
+# Opcodes that call something or are not plain data at all.
+_FORBIDDEN = {ord("R"): "REDUCE", ord("b"): "BUILD", ord("o"): "OBJ", 0x81: "NEWOBJ", 0x92: "NEWOBJ_EX",
+              0x97: "NEXT_BUFFER", 0x98: "READONLY_BUFFER"}
+# Fixed-size scalar opcodes: opcode -> argument bytes.
+_FIXED_SCALAR = {ord("N"): 0, 0x88: 0, 0x89: 0, ord("K"): 1, ord("M"): 2, ord("J"): 4, ord("G"): 8}
+# Length-prefixed scalars: opcode -> bytes of the length field.
+_COUNTED_SCALAR = {0x8C: 1, ord("C"): 1, ord("U"): 1, 0x8A: 1, ord("X"): 4, ord("B"): 4, ord("T"): 4,
+                   0x8B: 4, 0x8D: 8, 0x8E: 8, 0x96: 8}
+# Newline-terminated scalars (protocol 0).
+_LINE_SCALAR = frozenset(b"IFLSV")
+_MAX_LINE = 1 << 16
+
+
+def _node() -> list:
+    """A container's shape: [depth, expanded objects, direct length, sealed]."""
+    return [1, 1, 0, False]
+
+
+def scan(data: bytes, limits: Limits | None = None) -> int:
+    """Walk `data`; return the expanded object count of the result, or raise.
+
+    Raises `PickleRejected` (a `TraceError`) naming the opcode and byte offset, or
+    `NeedsGlobal` when the stream names a global (the caller re-runs the restricted
+    unpickler, which refuses it with the global's name).
+    """
+    lim = limits or Limits.from_env()
+    n = len(data)
+    max_depth = lim.max_depth
+    max_len = lim.max_container
+    max_objects = lim.objects_allowed(n)
+    max_memo = n  # a genuine memo index never exceeds the number of objects, so never the byte count
+    stack: list = []
+    marks: list[int] = []
+    memo: dict[int, object] = {}
+    memo_count = 0
+    pos = 0
+    fixed = _FIXED_SCALAR
+    counted = _COUNTED_SCALAR
+    scalar = _SCALAR
+
+    def fail(what: str, at: int) -> PickleRejected:
+        return PickleRejected(f"{what} (at byte {at})")
+
+    def add(parent: list, child, at: int) -> None:
+        """Account for `child` becoming an item of container `parent`."""
+        if parent[3]:
+            raise fail("a container is modified after it was stored inside another one; not plain data", at)
+        if child is not scalar:
+            if child is parent:
+                raise fail("a container contains itself (a cycle); not plain data", at)
+            child[3] = True
+            d = child[0] + 1
+            if d > parent[0]:
+                if d > max_depth:
+                    raise fail(f"containers nest deeper than {max_depth} levels; {hint('max_depth')}", at)
+                parent[0] = d
+            parent[1] += child[1]
+        else:
+            parent[1] += 1
+        parent[2] += 1
+        if parent[2] > max_len:
+            raise fail(f"a container holds more than {max_len} items; {hint('max_container')}", at)
+        if parent[1] > max_objects:
+            raise fail(f"the data expands to more than {max_objects} objects (shared references counted each "
+                       f"time; a 'billion laughs'?); {hint('max_objects')}", at)
+
+    def pop_mark(at: int) -> int:
+        if not marks:
+            raise fail("an opcode needs a MARK that is not there", at)
+        return marks.pop()
+
+    def sealed_tuple(items: list, at: int) -> list:
+        t = _node()
+        for it in items:
+            add(t, it, at)
+        t[3] = True  # tuples are immutable
+        return t
+
+    while pos < n:
+        op = data[pos]
+        at = pos
+        pos += 1
+        # --- the hot opcodes of a snapshot first ---------------------------------------------
+        if op == 0x6A:  # LONG_BINGET
+            idx = int.from_bytes(data[pos:pos + 4], "little")
+            pos += 4
+            try:
+                stack.append(memo[idx])
+            except KeyError:
+                raise fail(f"memo index {idx} was never stored", at) from None
+        elif op == 0x68:  # BINGET
+            if pos >= n:
+                break
+            idx = data[pos]
+            pos += 1
+            try:
+                stack.append(memo[idx])
+            except KeyError:
+                raise fail(f"memo index {idx} was never stored", at) from None
+        elif op == 0x94:  # MEMOIZE
+            if not stack:
+                raise fail("MEMOIZE on an empty stack", at)
+            memo[memo_count] = stack[-1]
+            memo_count = len(memo)
+        elif op in fixed:
+            pos += fixed[op]
+            stack.append(scalar)
+        elif op in counted:
+            width = counted[op]
+            size = int.from_bytes(data[pos:pos + width], "little")
+            pos += width + size
+            if pos > n:
+                raise fail(f"a {size}-byte value runs past the end of the data (truncated?)", at)
+            stack.append(scalar)
+        elif op == 0x28:  # MARK
+            marks.append(len(stack))
+        elif op == 0x7D or op == 0x5D or op == 0x8F:  # EMPTY_DICT, EMPTY_LIST, EMPTY_SET
+            stack.append(_node())
+        elif op == 0x75 or op == 0x65 or op == 0x90:  # SETITEMS, APPENDS, ADDITEMS
+            k = pop_mark(at)
+            if k == 0 or k > len(stack):
+                raise fail("no container below the MARK", at)
+            parent = stack[k - 1]
+            if parent is scalar:
+                raise fail("items added to something that is not a container", at)
+            items = stack[k:]
+            del stack[k:]
+            if op == 0x75 and len(items) % 2:
+                raise fail("SETITEMS with an odd number of items", at)
+            plain = items.count(scalar)
+            if plain == len(items) and not parent[3]:  # the common case: a dict of scalars
+                parent[1] += plain
+                parent[2] += plain
+                if parent[2] > max_len or parent[1] > max_objects:
+                    add(parent, scalar, at)  # raises with the message
+            else:
+                for it in items:
+                    add(parent, it, at)
+        elif op == 0x73 or op == 0x61:  # SETITEM, APPEND
+            need = 3 if op == 0x73 else 2
+            if len(stack) - (marks[-1] if marks else 0) < need:
+                raise fail("stack underflow", at)
+            parent = stack[-need]
+            if parent is scalar:
+                raise fail("items added to something that is not a container", at)
+            for it in stack[1 - need:]:
+                add(parent, it, at)
+            del stack[1 - need:]
+        elif op == 0x85 or op == 0x86 or op == 0x87:  # TUPLE1..3
+            k = op - 0x84
+            if len(stack) - (marks[-1] if marks else 0) < k:
+                raise fail("stack underflow", at)
+            items = stack[-k:]
+            del stack[-k:]
+            stack.append(sealed_tuple(items, at))
+        elif op == 0x29:  # EMPTY_TUPLE
+            stack.append(sealed_tuple([], at))
+        elif op == 0x74 or op == 0x6C or op == 0x64 or op == 0x91:  # TUPLE, LIST, DICT, FROZENSET
+            k = pop_mark(at)
+            items = stack[k:]
+            del stack[k:]
+            if op == 0x64 and len(items) % 2:
+                raise fail("DICT with an odd number of items", at)
+            node = sealed_tuple(items, at) if op in (0x74, 0x91) else _node()
+            if op in (0x6C, 0x64):
+                for it in items:
+                    add(node, it, at)
+            stack.append(node)
+        elif op in _LINE_SCALAR:
+            end = data.find(b"\n", pos, pos + _MAX_LINE)
+            if end < 0:
+                raise fail("a text argument has no end of line", at)
+            pos = end + 1
+            stack.append(scalar)
+        elif op == 0x71:  # BINPUT
+            if not stack or pos >= n:
+                raise fail("BINPUT on an empty stack", at)
+            memo[data[pos]] = stack[-1]
+            pos += 1
+            memo_count = len(memo)
+        elif op == 0x72 or op == 0x70:  # LONG_BINPUT, PUT
+            if op == 0x72:
+                idx = int.from_bytes(data[pos:pos + 4], "little")
+                pos += 4
+            else:
+                idx, pos = _line_int(data, pos, at, fail)
+            if not stack:
+                raise fail("PUT on an empty stack", at)
+            if idx >= max_memo:
+                raise fail(f"memo index {idx} is larger than the file could ever need; a memory bomb", at)
+            memo[idx] = stack[-1]
+            memo_count = len(memo)
+        elif op == 0x67:  # GET
+            idx, pos = _line_int(data, pos, at, fail)
+            try:
+                stack.append(memo[idx])
+            except KeyError:
+                raise fail(f"memo index {idx} was never stored", at) from None
+        elif op == 0x30:  # POP
+            if stack and (not marks or len(stack) > marks[-1]):
+                stack.pop()
+            elif marks:
+                marks.pop()
+            else:
+                raise fail("POP on an empty stack", at)
+        elif op == 0x31:  # POP_MARK
+            del stack[pop_mark(at):]
+        elif op == 0x32:  # DUP
+            if not stack:
+                raise fail("DUP on an empty stack", at)
+            stack.append(stack[-1])
+        elif op == 0x80:  # PROTO
+            if pos >= n or data[pos] > 5:
+                raise fail("unsupported pickle protocol", at)
+            pos += 1
+        elif op == 0x95:  # FRAME: only a length hint
+            pos += 8
+        elif op == 0x2E:  # STOP
+            if len(stack) != 1 or marks:
+                raise fail("STOP with a malformed stack", at)
+            if pos != n and data[pos:].strip(b"\x00\n\r \t"):
+                raise fail(f"{n - pos} byte(s) of trailing data after the pickle", pos)
+            top = stack[0]
+            return 1 if top is scalar else top[1]
+        elif op in _GLOBALISH:
+            raise NeedsGlobal(at)
+        elif op in _FORBIDDEN:
+            raise fail(f"opcode {_FORBIDDEN[op]} calls code; a memory snapshot never uses it", at)
+        else:
+            raise fail(f"unknown opcode 0x{op:02x}", at)
+    raise fail("the pickle ends without its STOP opcode (truncated?)", n)
+
+
+def _line_int(data: bytes, pos: int, at: int, fail) -> tuple[int, int]:
+    end = data.find(b"\n", pos, pos + 32)
+    if end < 0:
+        raise fail("a memo index has no end of line", at)
+    try:
+        return int(data[pos:end]), end + 1
+    except ValueError:
+        raise fail("a memo index is not a number", at) from None
