@@ -9,21 +9,70 @@ Columns are stored as they compress best: rids of ALLOC requests are implicit (t
 count up from 0 in order), so only FREE rids are stored, as the distance back to the
 allocation (`alloc count so far - 1 - rid`), which is small for short-lived tensors;
 `event_index` is stored as deltas (mostly 1 or 2).
+
+Schema 2 puts a header line before the JSON inside the xz stream:
+`alloctune-trace 2 sha256=<hex of the JSON> bytes=<its length>`, so a file damaged or
+edited after it was written is refused before it is parsed, and every decoded trace is
+checked for consistency (`validate.check_trace`) whatever its schema. Schema 1 files
+(plain JSON) are still read.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import lzma
+import re
 from pathlib import Path
 from typing import Any
 
 from alloctune.errors import TraceError
+from alloctune.trace.limits import Limits
 from alloctune.trace.model import ALLOC, FREE, RequestStream, SegmentEvent, Trace
+from alloctune.trace.validate import check_fallbacks, check_trace
 
-SCHEMA = 1
+SCHEMA = 2
+READABLE_SCHEMAS = (1, 2)
 FORMAT = "alloctune-trace"
-COMPACT_MAGIC = FORMAT.encode()  # appears near the start of the JSON text (first key)
+COMPACT_MAGIC = FORMAT.encode()  # schema 1: near the start of the JSON text (first key)
+HEADER_PREFIX = COMPACT_MAGIC + b" "  # schema 2: the first bytes of the decompressed file
+_HEADER = re.compile(rb"alloctune-trace (\d+) sha256=([0-9a-f]{64}) bytes=(\d+)\n")
+
+
+def is_compact(data: bytes) -> bool:
+    """Whether decompressed bytes are an alloctune compact trace (either schema)."""
+    return data.startswith(HEADER_PREFIX) or (data[:64].lstrip()[:1] == b"{" and COMPACT_MAGIC in data[:200])
+
+
+def encode(trace: Trace) -> bytes:
+    """The decompressed bytes of a schema-2 file: header line + JSON."""
+    body = json.dumps(to_compact_dict(trace), separators=(",", ":")).encode()
+    head = f"{FORMAT} {SCHEMA} sha256={hashlib.sha256(body).hexdigest()} bytes={len(body)}\n".encode()
+    return head + body
+
+
+def _body(data: bytes, source: str) -> bytes:
+    """The JSON of a compact file, its header and checksum verified (schema 1: the data itself)."""
+    if not data.startswith(HEADER_PREFIX):
+        return data
+    m = _HEADER.match(data, 0, 200)
+    if m is None:
+        raise TraceError(f"{source}: the compact trace header is damaged (expected "
+                         f"'{FORMAT} <schema> sha256=<hex> bytes=<n>'); convert the original snapshot again")
+    schema, digest, length = int(m.group(1)), m.group(2).decode(), int(m.group(3))
+    if schema not in READABLE_SCHEMAS:
+        raise TraceError(
+            f"{source}: compact trace schema {schema} is not supported by this alloctune (reads schema {SCHEMA}); "
+            "convert the original snapshot again with `alloctune trace convert`"
+        )
+    body = data[m.end():]
+    if len(body) != length:
+        raise TraceError(f"{source}: the compact trace is {len(body)} bytes after its header, the header says "
+                         f"{length}: truncated or damaged; convert the original snapshot again")
+    if hashlib.sha256(body).hexdigest() != digest:
+        raise TraceError(f"{source}: the compact trace fails its sha256 checksum: damaged or edited after it was "
+                         "written; convert the original snapshot again")
+    return body
 
 
 def to_compact_dict(trace: Trace) -> dict[str, Any]:
@@ -56,6 +105,7 @@ def to_compact_dict(trace: Trace) -> dict[str, Any]:
             "free_back": free_back,
             "streams": stream_col,
             "event_index_delta": _deltas(req.event_index),
+            **({"fallbacks": {str(k): list(v) for k, v in sorted(req.fallbacks.items())}} if req.fallbacks else {}),
         },
         "segment_events": {
             "action": [e.action for e in seg],
@@ -74,14 +124,16 @@ def from_compact_dict(d: dict[str, Any], *, source: str = "<compact>") -> Trace:
     if d.get("format") != FORMAT:
         raise TraceError(f"{source}: not an alloctune compact trace (format {d.get('format')!r})")
     schema = d.get("schema")
-    if schema != SCHEMA:
+    if schema not in READABLE_SCHEMAS:
         raise TraceError(
             f"{source}: compact trace schema {schema!r} is not supported by this alloctune (reads schema {SCHEMA}); "
             "convert the original snapshot again with `alloctune trace convert`"
         )
     try:
         r = d["requests"]
-        n = int(r["n"])
+        n = _count(r["n"])
+        if not isinstance(r["ops"], str) or len(r["ops"]) != n:
+            raise ValueError(f"the request count {n} differs from the {len(r['ops'])} request kinds stored")
         ops = [int(c) for c in r["ops"]]
         sizes = [int(x) for x in r["sizes"]]
         streams = r["streams"]
@@ -109,9 +161,13 @@ def from_compact_dict(d: dict[str, Any], *, source: str = "<compact>") -> Trace:
             SegmentEvent(str(a), int(ad), int(sz), int(st), int(ei), int(ri), dfree.get(k))
             for k, (a, ad, sz, st, ei, ri) in enumerate(zip(*cols))
         ]
-        req = RequestStream(ops=ops, sizes=sizes, rids=rids, streams=streams, event_index=event_index)
+        if next(free_back, None) is not None:
+            raise ValueError("more frees stored than FREE requests")
+        fallbacks = {int(k): tuple(int(x) for x in v) for k, v in (r.get("fallbacks") or {}).items()}
+        req = RequestStream(ops=ops, sizes=sizes, rids=rids, streams=streams, event_index=event_index,
+                            fallbacks=fallbacks)
         total = d.get("total_memory")
-        return Trace(
+        trace = Trace(
             source=str(d.get("source") or source),
             device=int(d.get("device") or 0),
             requests=req,
@@ -121,23 +177,34 @@ def from_compact_dict(d: dict[str, Any], *, source: str = "<compact>") -> Trace:
             meta=dict(d.get("meta") or {}),
             total_memory=int(total) if total else None,
         )
-    except (KeyError, TypeError, ValueError, StopIteration) as exc:
+    except (KeyError, TypeError, ValueError, StopIteration, AttributeError) as exc:
         raise TraceError(f"{source}: the compact trace is damaged ({exc or type(exc).__name__}); convert it again") from exc
+    check_trace(trace, source)
+    check_fallbacks(trace.requests.fallbacks, len(trace.requests), source)
+    return trace
+
+
+def _count(value: Any) -> int:
+    if type(value) is not int or value < 0:
+        raise ValueError(f"request count {value!r} is not a count")
+    return value
 
 
 def save_compact(trace: Trace, path: str | Path) -> int:
-    """Write `trace` as an xz-compressed compact file; returns the bytes written."""
-    text = json.dumps(to_compact_dict(trace), separators=(",", ":"))
-    blob = lzma.compress(text.encode(), preset=6)
+    """Write `trace` as an xz-compressed compact file (schema 2); returns the bytes written."""
+    blob = lzma.compress(encode(trace), preset=6)
     Path(path).write_bytes(blob)
     return len(blob)
 
 
 def read_compact_header(path: str | Path) -> dict[str, Any]:
     """A compact file's settings and meta without building its request stream (for listings)."""
+    from alloctune.trace.safe_pickle import read_decompressed
+
+    data = read_decompressed(path, Limits.from_env())
     try:
-        d = json.loads(lzma.decompress(Path(path).read_bytes()))
-    except (lzma.LZMAError, ValueError, UnicodeDecodeError) as exc:
+        d = json.loads(_body(data, str(path)))
+    except (ValueError, UnicodeDecodeError) as exc:
         raise TraceError(f"{path}: not a readable alloctune compact trace ({exc})") from exc
     if not isinstance(d, dict):
         raise TraceError(f"{path}: not an alloctune compact trace")
@@ -146,6 +213,7 @@ def read_compact_header(path: str | Path) -> dict[str, Any]:
 
 def trace_from_compact_bytes(data: bytes, *, source: str = "<compact>", device: int | None = None) -> Trace:
     """Parse decompressed compact-file bytes (used by `load_trace` after sniffing)."""
+    data = _body(data, source)
     try:
         d = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:

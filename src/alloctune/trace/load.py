@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from alloctune.errors import TraceError
-from alloctune.trace.compact import COMPACT_MAGIC, trace_from_compact_bytes
+from alloctune.trace.compact import is_compact, trace_from_compact_bytes
 from alloctune.trace.model import Trace
 from alloctune.trace.safe_pickle import load_pickle_bytes, read_decompressed
 from alloctune.trace.stream import build_stream
+from alloctune.trace.validate import check_events, check_settings, check_snapshot, device_bound
 
 _RECORD_HINT = (
     "call torch.cuda.memory._record_memory_history(max_entries=5_000_000) before the workload "
@@ -31,16 +32,18 @@ def load_snapshot(path: str | Path) -> dict[str, Any]:
     `UnsafePickleError` if the pickle asks for any class or function.
     """
     data = read_decompressed(path)
-    if data[:64].lstrip()[:1] == b"{" and COMPACT_MAGIC in data[:200]:
+    side = read_sidecar(path)
+    if is_compact(data):
         raise TraceError(
             f"{path}: an alloctune compact trace keeps the request stream, not the snapshot's memory map; "
             "give the original _dump_snapshot file, or simulate it (alloctune simulate FILE --json > sim.json) "
             "and report on that"
         )
-    return _snapshot_from_bytes(data, str(path))
+    return _snapshot_from_bytes(data, str(path), side.get("total_memory"))
 
 
-def _snapshot_from_bytes(data: bytes, source: str) -> dict[str, Any]:
+def _snapshot_from_bytes(data: bytes, source: str, total_memory: Any = None) -> dict[str, Any]:
+    """Unpickle safely, then check every event (`validate.check_snapshot`): bad data is one line."""
     obj = load_pickle_bytes(data, source=source)
     if not isinstance(obj, dict) or "device_traces" not in obj:
         what = f"a dict with keys {sorted(map(str, obj))[:6]}" if isinstance(obj, dict) else type(obj).__name__
@@ -50,6 +53,7 @@ def _snapshot_from_bytes(data: bytes, source: str) -> dict[str, Any]:
         )
     if not isinstance(obj["device_traces"], list):
         raise TraceError(f"{source}: 'device_traces' is not a list; the snapshot is damaged")
+    check_snapshot(obj, source, total_memory)
     return obj
 
 
@@ -116,13 +120,19 @@ def trace_from_snapshot(
     source: str = "<snapshot>",
     meta: dict[str, Any] | None = None,
     partial: bool = False,
+    _checked: bool = False,
 ) -> Trace:
-    """Build a `Trace` from an already-loaded snapshot dict (see `load_trace`)."""
+    """Build a `Trace` from an already-loaded snapshot dict (see `load_trace`).
+
+    The device's events and the settings are validated (`validate.check_events`) unless
+    the snapshot came through `_snapshot_from_bytes`, which already did.
+    """
     dev = pick_device(snapshot, device, source)
     events = snapshot["device_traces"][dev]
     settings = snapshot.get("allocator_settings") or {}
-    if not isinstance(settings, dict):
-        settings = {}
+    if not _checked:
+        check_events(events, f"{source}: device_traces[{dev}]", device_bound((meta or {}).get("total_memory")))
+        check_settings(settings, source)
     try:
         built = build_stream(events, settings, source=source)
     except (KeyError, TypeError, AttributeError) as exc:
@@ -161,11 +171,11 @@ def load_trace(path: str | Path, device: int | None = None, *, partial: bool = F
     """
     data = read_decompressed(path)
     source = str(path)
-    if data[:64].lstrip()[:1] == b"{" and COMPACT_MAGIC in data[:200]:
+    side = read_sidecar(path)
+    if is_compact(data):
         trace = trace_from_compact_bytes(data, source=source, device=device)
-        side = read_sidecar(path)
         if side and not trace.meta:
             trace.meta = side
         return trace
-    snapshot = _snapshot_from_bytes(data, source)
-    return trace_from_snapshot(snapshot, device, source=source, meta=read_sidecar(path), partial=partial)
+    snapshot = _snapshot_from_bytes(data, source, side.get("total_memory"))
+    return trace_from_snapshot(snapshot, device, source=source, meta=side, partial=partial, _checked=True)
