@@ -75,13 +75,13 @@ def register(app: typer.Typer) -> None:
             repeat=repeat,
         )
         path = store or default_store(list(command), cap)
-        if store is None and not resume and path.exists() and path.stat().st_size > 0:
-            old = path.with_name(f"trials.{int(path.stat().st_mtime)}.jsonl")
-            path.rename(old)
-            warn(f"the previous sweep of this command was moved to {old} (use --resume to continue one)")
-        trial_store = TrialStore(path, command, resume=resume)
-        if resume and trial_store.skipped_lines:
-            warn(f"{trial_store.skipped_lines} unreadable line(s) in {path} skipped (a trial cut off by a kill)")
+        # Locked before anything is moved or run: a second tune on this store is a one-line error.
+        trial_store = TrialStore(path, command, resume=resume, rotate=store is None)
+        if trial_store.rotated_to is not None:
+            warn(f"the previous sweep of this command was moved to {trial_store.rotated_to} "
+                 "(use --resume to continue one)")
+        for line in trial_store.warnings:
+            warn(line)
         workdir = path.with_suffix(".d")
         evaluator = TrialEvaluator(command, workdir, timeout=timeout)
 
