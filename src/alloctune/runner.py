@@ -8,17 +8,26 @@ whole sweep); everything measured comes from the agent inside the child, which w
 2. builds the child's environment: the allocator string in `PYTORCH_CUDA_ALLOC_CONF` and
    `PYTORCH_ALLOC_CONF` (or both removed for the default), our `sitecustomize` folder first
    on `PYTHONPATH`, the agent's settings in `ALLOCTUNE_AGENT`,
-3. starts the command in its own session / process group and kills the whole group at the
-   timeout (SIGTERM, then SIGKILL after a grace period) or on Ctrl-C,
-4. reads the reports and classifies the trial: `ok`, `oom`, `crash`, `timeout`, `no-cuda`
+3. starts the command in its own session / process group and kills the whole group on
+   every way out: the timeout (SIGTERM, then SIGKILL after a grace period), Ctrl-C, SIGTERM
+   or SIGHUP to alloctune, and a normal exit (stragglers the command left behind). If
+   alloctune itself is killed (SIGKILL leaves no way out), the workload dies with it: the
+   direct child has PR_SET_PDEATHSIG (Linux), and the agent in every Python process of the
+   trial watches a pipe whose other end only alloctune holds (`bootstrap.Agent._watch`),
+   4. leaves `owner.json` in its trial folder, so a later run removes folders whose owner
+   died, and, when asked (`pid_file`), a pid file that `--resume` uses to report a trial of
+   an earlier sweep that is still running (and holding the GPU),
+5. reads the reports and classifies the trial: `ok`, `oom`, `crash`, `timeout`, `no-cuda`
    (or `budget-too-large`, which the CLI turns into a one-line error).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import re
+import threading
 import shutil
 import signal
 import subprocess
@@ -276,6 +285,163 @@ def _kill_group(proc: subprocess.Popen, grace: float, first: tuple[signal.Signal
         return
 
 
+# ---- no orphans -----------------------------------------------------------------------------------
+PR_SET_PDEATHSIG = 1
+TRIAL_PREFIX = "alloctune-trial-"
+OWNER_FILE = "owner.json"
+
+
+def _die_with_parent(parent: int):
+    """A preexec function: the child gets SIGKILL when alloctune dies (Linux), or None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:  # alloctune died between fork and prctl
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of process group `pgid` still exists."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    if sys.platform.startswith("linux"):  # zombies only (e.g. killed, not reaped) do not count
+        try:
+            for entry in os.listdir("/proc"):
+                if entry.isdigit():
+                    try:
+                        with open(f"/proc/{entry}/stat", "rb") as fh:
+                            fields = fh.read().rsplit(b")", 1)[1].split()
+                    except OSError:
+                        continue
+                    if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+                        return True
+            return False
+        except OSError:
+            return True
+    return True
+
+
+def _reap_group(pgid: int) -> None:
+    """SIGKILL whatever is left of the trial's process group."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def sweep_stale_trial_dirs(tmp: str | os.PathLike | None = None, older_than_s: float = 86400.0) -> int:
+    """Remove trial folders whose alloctune died without cleaning up; returns how many.
+
+    A folder with `owner.json` goes once its owner and its process group are gone; one
+    without (an older alloctune) once it is a day old.
+    """
+    removed = 0
+    root = Path(tmp or tempfile.gettempdir())
+    try:
+        candidates = [p for p in root.iterdir() if p.name.startswith(TRIAL_PREFIX)][:200]
+    except OSError:
+        return 0
+    now = time.time()
+    for folder in candidates:
+        try:
+            owner = json.loads((folder / OWNER_FILE).read_text())
+            stale = not pid_alive(int(owner["runner_pid"])) and not (
+                isinstance(owner.get("pgid"), int) and group_alive(owner["pgid"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            try:
+                stale = now - folder.stat().st_mtime > older_than_s
+            except OSError:
+                continue
+        if stale:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed += 1
+    return removed
+
+
+def check_previous_trial(pid_file: str | os.PathLike) -> None:
+    """On resume: a trial of an earlier sweep still running is a one-line error; a dead one's file goes.
+
+    Raises `EnvironmentProblem` naming its process group (it may hold the GPU, which would
+    make every measurement of this sweep wrong).
+    """
+    path = Path(pid_file)
+    try:
+        info = json.loads(path.read_text())
+        pgid = int(info["pgid"])
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError, KeyError, TypeError):
+        path.unlink(missing_ok=True)
+        return
+    if group_alive(pgid):
+        who = "whose alloctune is still running" if pid_alive(int(info.get("runner_pid", -1))) else "orphaned"
+        raise EnvironmentProblem(
+            f"a trial of an earlier sweep on this store is still running ({who}: process group {pgid}, "
+            f"conf {info.get('conf') or 'default'!r}); it may hold the GPU: stop it with `kill -- -{pgid}` "
+            "or wait for it, then resume"
+        )
+    path.unlink(missing_ok=True)
+
+
+class _Terminated(SystemExit):
+    """SIGTERM/SIGHUP reached alloctune during a trial: unwind so the trial's group is killed."""
+
+
+def _install_exit_signals() -> dict[int, Any]:
+    """Turn SIGTERM/SIGHUP into an exception while a trial runs (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def handler(signum: int, frame: Any) -> None:
+        raise _Terminated(128 + signum)
+
+    previous = {}
+    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if sig is None:
+            continue
+        try:
+            previous[sig] = signal.signal(sig, handler)
+        except (ValueError, OSError):
+            pass
+    return previous
+
+
+def _restore_signals(previous: dict[int, Any]) -> None:
+    for sig, old in previous.items():
+        try:
+            signal.signal(sig, old)
+        except (ValueError, OSError, TypeError):
+            pass
+
+
 # ---- the trial -----------------------------------------------------------------------------------
 def run_trial(
     command: Sequence[str],
@@ -296,6 +462,7 @@ def run_trial(
     cwd: str | os.PathLike | None = None,
     kill_grace: float = KILL_GRACE_S,
     stdout_to_stderr: bool = False,
+    pid_file: str | os.PathLike | None = None,
 ) -> TrialResult:
     """Run `command` once and return its evidence. Raises only for a missing command.
 
@@ -307,6 +474,8 @@ def run_trial(
     `device`: the CUDA device the agent measures and caps (None = LOCAL_RANK's or the current).
     `on_oom="snapshot"`: keep a bounded history and dump it into `oom_dir` (default: the
     current directory) as `oom-snapshot.<pid>.pickle` when the allocator runs out of memory.
+    `pid_file`: written while the child runs (runner pid, process group, conf) and removed
+    after; `check_previous_trial` reads it on resume.
     """
     argv = resolve_command(command)
     conf = applied_conf(conf, torch_version)
@@ -316,8 +485,16 @@ def run_trial(
         raise InputError(f"--max-entries must be at least 1, got {record_max_entries}")
     if device is not None and device < 0:
         raise InputError(f"--device must be a CUDA device index (0, 1, ...), got {device}")
-    trial_dir = Path(tempfile.mkdtemp(prefix="alloctune-trial-"))
+    sweep_stale_trial_dirs()
+    trial_dir = Path(tempfile.mkdtemp(prefix=TRIAL_PREFIX))
+    watch_r = watch_w = -1
+    previous_signals: dict[int, Any] = {}
+    proc: subprocess.Popen | None = None
     try:
+        owner = {"runner_pid": os.getpid(), "pgid": None, "conf": conf, "started": time.time()}
+        (trial_dir / OWNER_FILE).write_text(json.dumps(owner))
+        # The watchdog pipe: the child's agents read it; only this process holds the write end.
+        watch_r, watch_w = os.pipe()
         site = make_site_dir(trial_dir / "site")
         reports_dir = trial_dir / "reports"
         reports_dir.mkdir()
@@ -334,12 +511,14 @@ def run_trial(
         }
         if record_max_entries is not None:
             agent["record_max_entries"] = int(record_max_entries)
+        agent.update(watch_fd=watch_r, watch_ino=os.fstat(watch_r).st_ino, runner_pid=os.getpid())
         child_env = build_env(env if env is not None else os.environ, conf=conf, agent=agent, site_dir=site,
                               torch_version=torch_version)
         log_path = Path(capture) if capture else None
         out = open(log_path, "wb") if log_path else None
         t0 = time.monotonic()
         timed_out = False
+        previous_signals = _install_exit_signals()
         try:
             try:
                 proc = subprocess.Popen(
@@ -350,24 +529,40 @@ def run_trial(
                     stderr=subprocess.STDOUT if out else None,
                     stdin=subprocess.DEVNULL if out else None,
                     start_new_session=True,
+                    pass_fds=(watch_r,),
+                    preexec_fn=_die_with_parent(os.getpid()),
                 )
             except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
                 raise EnvironmentProblem(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
+            os.close(watch_r)
+            watch_r = -1
+            owner["pgid"] = proc.pid
+            (trial_dir / OWNER_FILE).write_text(json.dumps(owner))
+            if pid_file is not None:
+                Path(pid_file).write_text(json.dumps(owner))
             try:
                 proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 timed_out = True
                 _kill_group(proc, kill_grace)
-            except BaseException:  # Ctrl-C: the child is in its own session and did not get it
+            except BaseException:  # Ctrl-C, SIGTERM, SIGHUP: the child is in its own session
                 _kill_group(proc, min(kill_grace, 3.0), first=(signal.SIGINT,))
                 raise
         finally:
+            if proc is not None:
+                _reap_group(proc.pid)  # every way out: nothing of the trial outlives it
+            _restore_signals(previous_signals)
             if out:
                 out.close()
         wall = time.monotonic() - t0
         reports = read_reports(reports_dir)
         return _result(argv, conf, budget, proc.returncode, timed_out, wall, reports, log_path, repeat)
     finally:
+        for fd in (watch_r, watch_w):
+            if fd >= 0:
+                os.close(fd)
+        if pid_file is not None:
+            Path(pid_file).unlink(missing_ok=True)
         shutil.rmtree(trial_dir, ignore_errors=True)
 
 
@@ -452,6 +647,8 @@ class TrialEvaluator:
         self.torch_version: str | None = None
         self._baseline_wall: float | None = None
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
+        self.pid_file = self.workdir / "running.json"
+        check_previous_trial(self.pid_file)  # an earlier sweep's trial still on the GPU: say so
 
     def _timeout(self) -> float | None:
         if self.timeout is not None:
@@ -474,6 +671,7 @@ class TrialEvaluator:
             repeat=repeat,
             torch_version=self.torch_version,
             env=self.env,
+            pid_file=self.pid_file,
         )
         if record and result.outcome in ("ok", "oom"):
             self._baseline_wall = result.wall_s

@@ -254,6 +254,55 @@ class Agent:
         except (ValueError, OSError):  # not the main thread / unsupported
             pass
         atexit.register(self.finish)
+        self._start_watchdog()
+
+    # ---- dying with alloctune -------------------------------------------------------------------
+    def _start_watchdog(self) -> None:
+        """Watch the pipe the runner keeps open: EOF means alloctune died (even by SIGKILL).
+
+        Why: a workload left running after `tune`/`run` was killed keeps holding the GPU and
+        skews every later trial. The runner sets PR_SET_PDEATHSIG on its direct child, which
+        does not reach grandchildren (a shell, torchrun's workers); every Python process of the
+        trial runs this agent, so each one can take the whole trial process group down. The
+        pipe is identified by fd *and* inode, so a program that reused the fd number for
+        another file is never mistaken for an orphan.
+        """
+        fd, ino, runner = (self.config.get(k) for k in ("watch_fd", "watch_ino", "runner_pid"))
+        if not (isinstance(fd, int) and isinstance(ino, int) and isinstance(runner, int)):
+            return
+        if not self._is_watch_pipe(fd, ino):
+            return
+        threading.Thread(target=self._watch, args=(fd, ino, runner), name="alloctune-watchdog", daemon=True).start()
+
+    @staticmethod
+    def _is_watch_pipe(fd: int, ino: int) -> bool:
+        import stat
+
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            return False
+        return stat.S_ISFIFO(st.st_mode) and st.st_ino == ino
+
+    def _watch(self, fd: int, ino: int, runner: int) -> None:
+        try:
+            while os.read(fd, 64):
+                pass
+        except OSError:
+            return  # the program closed the fd: nothing to watch any more
+        if not self._is_watch_pipe(fd, ino) or _alive(runner):
+            return
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        pgid = os.getpgrp()
+        for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 0.0)):
+            try:
+                os.killpg(pgid, sig)
+            except OSError:
+                return
+            time.sleep(wait)
 
     def _on_torch_import(self, torch) -> None:
         self.torch = torch
@@ -560,6 +609,22 @@ def segment_sizes(snapshot: dict[str, Any], device: int = 0) -> list[list[int]]:
         if ev.get("action") == "segment_alloc":
             counts[int(ev["size"])] = counts.get(int(ev["size"]), 0) + 1
     return [[size, counts[size]] for size in sorted(counts)]
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process exists and is not a zombie (a killed runner is a zombie until reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it exists, owned by someone else
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            state = fh.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True
 
 
 _AGENT: Agent | None = None
