@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import re
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 
 from alloctune.diagnose import parse as grammar
@@ -19,7 +20,7 @@ from alloctune.diagnose.report import OOMReport
 
 # A message is at most a few hundred characters; with per-line log prefixes and escapes it can
 # span more. Normalising a bounded window per candidate keeps the scan linear in the input size.
-WINDOWS = (2500, 20000)
+WINDOWS = (1000, 2500, 20000)
 
 # Log decorations that may start a continuation line of a wrapped message.
 _LINE_PREFIX = re.compile(
@@ -34,68 +35,108 @@ _LINE_PREFIX = re.compile(
 
 _FULLWIDTH = str.maketrans({"；": ";", "：": ":", "（": "(", "）": ")", "，": ","})
 
-# One regex, one pass: entities, backslash escapes, <br>, line breaks, whitespace, other chars.
-_TOKEN = re.compile(
+
+# The characters normalisation changes; everything between two of them is copied as one chunk
+# (C speed), so a window costs a few steps per line instead of a few per word. Candidates are
+# found with a character class (rare characters) and `str.find("  ")` (runs of spaces), both
+# fast scans; `_SPECIAL` is then matched only there.
+_SPECIAL = re.compile(
     r"(?P<entity>&(?:#\d+|#x[0-9A-Fa-f]+|[A-Za-z]+);)"
     r"|(?P<esc>\\[nrt])"
     r"|(?P<escq>\\[\"'\\/])"
     r"|(?P<br><br\s*/?>)"
     r"|(?P<nl>\r\n|\r|\n)"
-    r"|(?P<ws>[ \t\f\v\u00a0\u3000]+)"
-    r"|(?P<text>[^&\\<\r\n \t\f\v\u00a0\u3000]+|.)",
+    r"|(?P<ws>[\t\f\v\u00a0\u3000][ \t\f\v\u00a0\u3000]*| [ \t\f\v\u00a0\u3000]+)",
     re.S,
 )
+_RARE = re.compile(r"[&\\<\r\n\t\f\v\u00a0\u3000]")
 
 
 class Normalized:
-    """Single-spaced, un-escaped text plus `src[i]` = index in the raw input of character `i`."""
+    """Single-spaced, un-escaped text plus the map back to the raw input (`raw_span`).
+
+    The map is a table of pieces (normalised start, raw start, copied?): a copied chunk maps
+    character by character, a replaced token (entity, escape, line break) maps every
+    character it produced to the token's first raw character.
+    """
 
     def __init__(self, raw: str, start: int, end: int) -> None:
-        chars: list[str] = []
-        src: list[int] = []
-
-        def put(text: str, at: int) -> None:
-            for c in text:
-                if c == " " and (not chars or chars[-1] == " "):
-                    continue
-                chars.append(c)
-                src.append(at)
-
+        parts: list[str] = []
+        ns: list[int] = []
+        rs: list[int] = []
+        cp: list[bool] = []
+        length = 0
+        last_space = True  # at the start a space is dropped, as after a space
         pos = start
+        match, rare, find = _SPECIAL.match, _RARE.search, raw.find
+        next_rare = next_spaces = -1  # cached positions of the next candidates (recomputed when passed)
         while pos < end:
-            m = _TOKEN.match(raw, pos, end)
+            m = None
+            q = pos
+            while True:
+                if next_rare < q:
+                    r = rare(raw, q, end)
+                    next_rare = r.start() if r else end
+                if next_spaces < q:
+                    d = find("  ", q, end)
+                    next_spaces = d if d >= 0 else end
+                c = next_rare if next_rare < next_spaces else next_spaces
+                if c >= end:
+                    break
+                m = match(raw, c, end)
+                if m is not None:
+                    break
+                q = c + 1
+            stop = m.start() if m else end
+            if stop > pos:
+                a = pos + 1 if last_space and raw[pos] == " " else pos
+                if a < stop:
+                    chunk = raw[a:stop].translate(_FULLWIDTH)
+                    ns.append(length)
+                    rs.append(a)
+                    cp.append(True)
+                    parts.append(chunk)
+                    length += len(chunk)
+                    last_space = chunk[-1] == " "
+            if m is None:
+                break
             kind = m.lastgroup
-            tok = m.group()
+            at = m.start()
             if kind == "entity":
-                put(html.unescape(tok), pos)
-            elif kind in ("esc", "br", "ws"):
-                put(" ", pos)
+                out = html.unescape(m.group())
             elif kind == "escq":
-                put(tok[1], pos)
-            elif kind == "nl":
-                put(" ", pos)
-                p = m.end()
-                while True:  # strip stacked prefixes such as "(Worker pid=1) ERROR ... ]"
-                    pm = _LINE_PREFIX.match(raw, p, end)
-                    if not pm or pm.end() == p:
-                        break
-                    p = pm.end()
-                pos = p
-                continue
+                out = m.group()[1]
             else:
-                chars.extend(tok.translate(_FULLWIDTH))
-                src.extend(range(pos, pos + len(tok)))
+                out = " "
+            for c in out:
+                if c == " " and last_space:
+                    continue
+                ns.append(length)
+                rs.append(at)
+                cp.append(False)
+                parts.append(c)
+                length += 1
+                last_space = c == " "
             pos = m.end()
-        self.text = "".join(chars)
-        self.src = src
+            if kind == "nl":
+                while True:  # strip stacked prefixes such as "(Worker pid=1) ERROR ... ]"
+                    pm = _LINE_PREFIX.match(raw, pos, end)
+                    if not pm or pm.end() == pos:
+                        break
+                    pos = pm.end()
+        self.text = "".join(parts)
+        self._ns, self._rs, self._cp = ns, rs, cp
         self.raw_end = end
+
+    def _src(self, i: int) -> int:
+        k = bisect_right(self._ns, i) - 1
+        return self._rs[k] + (i - self._ns[k]) if self._cp[k] else self._rs[k]
 
     def raw_span(self, i: int, j: int) -> tuple[int, int]:
         """Raw [start, end) covering normalised characters [i, j)."""
         if j <= i:
-            return (self.src[i], self.src[i])
-        last = self.src[j - 1]
-        return (self.src[i], last + 1)
+            return (self._src(i), self._src(i))
+        return (self._src(i), self._src(j - 1) + 1)
 
 
 # ---- platform hints from the surrounding text ------------------------------------------------
@@ -116,13 +157,62 @@ _PLATFORM_HINTS: tuple[tuple[str, tuple[str, ...], re.Pattern[str]], ...] = (
 _CONTEXT = 3000
 
 
-def platform_hint(text: str, start: int, end: int, vendor: str) -> tuple[str | None, str | None]:
+class PlatformIndex:
+    """Every platform clue of a big text, found once, so each message's hint is a lookup.
+
+    Why: `platform_hint` scans 6,000 characters per message; on a log made of OOM messages
+    that is most of the time. Here each needle and evidence regex runs once over the whole
+    text; a message asks which clues lie wholly inside its context window. (A clue that
+    straddles the window's edge can differ from slicing the text there; only texts above
+    `BIG_TEXT` use the index.)
+    """
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.tables = []
+        for name, needles, rx in _PLATFORM_HINTS:
+            hits = sorted((i, i + len(nd)) for nd in needles for i in _find_all(text, nd))
+            if hits:  # the evidence regex runs only where a needle is near (see `hint`)
+                self.tables.append((name, [h[0] for h in hits], hits, rx))
+
+    @staticmethod
+    def _first_inside(starts: list[int], items: list, lo: int, hi: int):
+        k = bisect_left(starts, lo)
+        while k < len(items) and items[k][0] < hi:
+            if items[k][1] <= hi:
+                return items[k]
+            k += 1
+        return None
+
+    def hint(self, lo: int, hi: int) -> tuple[str | None, str | None]:
+        for name, nstarts, hits, rx in self.tables:
+            if self._first_inside(nstarts, hits, lo, hi) is not None:
+                found = rx.search(self.text, lo, hi)
+                if found is not None:
+                    return name, found.group().strip()
+        return None, None
+
+
+BIG_TEXT = 100_000
+
+
+def _find_all(text: str, needle: str) -> Iterator[int]:
+    i = text.find(needle)
+    while i >= 0:
+        yield i
+        i = text.find(needle, i + 1)
+
+
+def platform_hint(text: str, start: int, end: int, vendor: str,
+                  index: PlatformIndex | None = None) -> tuple[str | None, str | None]:
     """Guess the OS from paths and words near the message; `(platform, evidence)`.
 
     MPS means macOS whatever the surroundings say.
     """
     if vendor == "mps":
         return "macos", "MPS backend"
+    if index is not None:
+        return index.hint(max(0, start - _CONTEXT), min(len(text), end + _CONTEXT))
     ctx = text[max(0, start - _CONTEXT) : min(len(text), end + _CONTEXT)]
     for name, needles, rx in _PLATFORM_HINTS:
         if any(n in ctx for n in needles):
@@ -193,7 +283,8 @@ def _modern_hint(p: grammar.Parsed, vendor: str) -> str | None:
     return f">={lo}"
 
 
-def build_report(p: grammar.Parsed, norm: Normalized, i: int, raw: str, platform: str | None = None) -> OOMReport:
+def build_report(p: grammar.Parsed, norm: Normalized, i: int, raw: str, platform: str | None = None,
+                 index: PlatformIndex | None = None) -> OOMReport:
     """Assemble the frozen report: vendor, backend, derived figures, hints, span."""
     v = dict(p.values)
     devkind = v.get("devkind")
@@ -229,7 +320,7 @@ def build_report(p: grammar.Parsed, norm: Normalized, i: int, raw: str, platform
 
     j = p.end
     start, end = norm.raw_span(i, j)
-    plat, evidence = platform_hint(raw, start, end, vendor)
+    plat, evidence = platform_hint(raw, start, end, vendor, index)
     if platform:
         plat, evidence = platform, "given"
     return OOMReport(
@@ -283,27 +374,134 @@ def _plausible_bare_head(text: str, m: re.Match[str], parsed: grammar.Parsed) ->
     return before_ok and after_ok
 
 
+# Memory for repeats within one call (a log often repeats one message thousands of times).
+_CACHE_CHARS = 8_000_000
+
+# Every anchor contains one of these words; finding them is memchr-fast. Each word comes with the
+# word that must precede it in any anchor (None: the word starts the anchor), so a plain
+# "memory" in a log line costs one short `rfind`, not a regex run. The anchor regex then runs on
+# a short stretch around the word (an anchor starts at most `_ANCHOR_REACH` before it).
+_ANCHOR_WORDS = {"memory": "out", "allocate": "Tried", "Allocation": None, "Aloca": None}
+_ANCHOR_REACH = 256
+_NEAR = 64
+
+
+class _Anchors:
+    """`ANCHOR.search(text, pos)` for a whole text, without running the regex over all of it."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.next = {w: text.find(w) for w in _ANCHOR_WORDS}
+
+    def search(self, pos: int) -> re.Match[str] | None:
+        text = self.text
+        while True:
+            best = -1
+            for w, at in self.next.items():
+                if 0 <= at < pos:
+                    at = self.next[w] = text.find(w, pos)
+                if at >= 0 and (best < 0 or at < best):
+                    best = at
+            if best < 0:
+                return None
+            word = next(w for w, at in self.next.items() if at == best)
+            before = _ANCHOR_WORDS[word]
+            if before is None or text.rfind(before, max(pos, best - _NEAR), best) >= 0:
+                m = grammar.ANCHOR.search(text, max(pos, best - _ANCHOR_REACH), best + _ANCHOR_REACH)
+                if m is not None:
+                    return m
+            pos = best + 1
+
+
+class _Shifted:
+    """A window normalised from a slice, with raw positions moved back into the whole text."""
+
+    __slots__ = ("text", "_norm", "_base")
+
+    def __init__(self, norm: Normalized, base: int) -> None:
+        self.text, self._norm, self._base = norm.text, norm, base
+
+    def raw_span(self, i: int, j: int) -> tuple[int, int]:
+        a, b = self._norm.raw_span(i, j)
+        return a + self._base, b + self._base
+
+
 def iter_reports(text: str, platform: str | None = None) -> Iterator[OOMReport]:
-    """Every OOM message in `text`, in order of appearance (repeats included)."""
-    pos = 0
+    """Every OOM message in `text`, in order of appearance (repeats included).
+
+    Linear in the text, and fast on logs made of repeats: a window is normalised once per
+    distinct raw window and parsed once per distinct normalised text; a repeat's report is the
+    first one's with its own span and platform clue. Windows are normalised from a slice, which
+    is exact: neither normalisation nor the line-prefix rules look behind their start.
+    """
     n = len(text)
+    index = PlatformIndex(text) if n > BIG_TEXT and platform is None else None
+    anchors = _Anchors(text) if n > BIG_TEXT else None
+    windows: dict[str, tuple[Normalized, grammar.Parsed | None]] = {}
+    parsed_cache: dict[str, grammar.Parsed | None] = {}
+    reports: dict[str, tuple[int, OOMReport]] = {}
+    cached = 0
+    pos = 0
     while pos < n:
-        m = grammar.ANCHOR.search(text, pos)
+        m = anchors.search(pos) if anchors is not None else grammar.ANCHOR.search(text, pos)
         if not m:
             return
+        s = m.start()
         for window in WINDOWS:  # small first; grow only if the message may run past the window
-            norm = Normalized(text, m.start(), min(n, m.start() + window))
-            parsed = grammar.parse_at(norm.text, 0)
-            if parsed is None or norm.raw_end >= n or parsed.end < len(norm.text) - 200:
+            e = min(n, s + window)
+            chunk = text[s:e]
+            hit = windows.get(chunk)
+            if hit is None:
+                norm = Normalized(chunk, 0, len(chunk))
+                parsed = parsed_cache.get(norm.text, _MISSING)
+                if parsed is _MISSING:
+                    parsed = parsed_cache[norm.text] = grammar.parse_at(norm.text, 0)
+                if cached > _CACHE_CHARS:
+                    windows.clear()
+                    parsed_cache.clear()
+                    reports.clear()
+                    cached = 0
+                windows[chunk] = (norm, parsed)
+                cached += 2 * len(chunk)
+            else:
+                norm, parsed = hit
+            if parsed is None or e >= n or parsed.end < len(norm.text) - 200:
                 break
         if parsed is None or (
             not parsed.clauses and parsed.head not in ("thc", "cuda-error") and not _plausible_bare_head(text, m, parsed)
         ):
             pos = m.end()
             continue
-        report = build_report(parsed, norm, 0, text, platform)
+        first = reports.get(chunk)
+        if first is None:
+            report = build_report(parsed, _Shifted(norm, s), 0, text, platform, index)
+            reports[chunk] = (s, report)
+        else:
+            report = _repeat(first[1], first[1].span[0] - first[0] + s, first[1].span[1] - first[0] + s,
+                             text, platform, index)
         yield report
         pos = max(report.span[1], m.end())
+
+
+_MISSING = object()
+
+
+def _repeat(first: OOMReport, start: int, end: int, text: str, platform: str | None,
+            index: PlatformIndex | None) -> OOMReport:
+    """The report of a message whose raw window equals an earlier one's: same figures and text
+    (shared, not copied), its own span and platform clue."""
+    if platform:
+        plat, evidence = platform, "given"
+    else:
+        plat, evidence = platform_hint(text, start, end, first.vendor, index)
+    if not hasattr(first, "__dict__"):  # a slotted OOMReport: the slower, general way
+        from dataclasses import replace
+
+        return replace(first, span=(start, end), platform=plat, platform_evidence=evidence)
+    report = object.__new__(OOMReport)  # a plain copy: dataclasses.replace costs more than the rest
+    report.__dict__.update(first.__dict__)
+    report.__dict__.update(span=(start, end), platform=plat, platform_evidence=evidence)
+    return report
 
 
 def find_reports(text: str, platform: str | None = None) -> list[OOMReport]:
