@@ -20,6 +20,7 @@ GiB = 1 << 30
 # name of the field -> environment variable that overrides it
 ENV = {
     "max_decompressed": "ALLOCTUNE_MAX_DECOMPRESSED",
+    "max_ratio": "ALLOCTUNE_MAX_RATIO",
     "max_depth": "ALLOCTUNE_MAX_DEPTH",
     "max_container": "ALLOCTUNE_MAX_CONTAINER",
     "max_objects": "ALLOCTUNE_MAX_OBJECTS",
@@ -31,7 +32,9 @@ ENV = {
 class Limits:
     """What a loaded file may make us allocate.
 
-    `max_decompressed`: bytes after gzip/xz/bz2 (a 5M-event snapshot with stacks is < 1 GiB).
+    `max_decompressed`: bytes after gzip/xz/bz2 (a 5M-event snapshot with stacks is < 1 GiB),
+    and at most `max_ratio` times the compressed size once past `ratio_floor` bytes (real
+    snapshots compress 20-40x; 10 GB of zeros in 2.6 MB is 3,800x).
     `max_depth`: nesting of containers (a snapshot nests 6 deep; deep nesting crashes C code
     that recurses, e.g. hashing a million-deep tuple).
     `max_container`: items in one list/dict/set/tuple.
@@ -42,10 +45,19 @@ class Limits:
 
     schema: int = 1
     max_decompressed: int = 4 * GiB
+    max_ratio: int = 200
+    ratio_floor: int = 256 << 20
     max_depth: int = 64
     max_container: int = 50_000_000
     max_objects: int = 4_000_000
     objects_per_byte: int = 16
+
+    def decompressed_allowed(self, compressed: int) -> tuple[int, str]:
+        """The byte budget for decompressing `compressed` bytes, and the limit's field name."""
+        by_ratio = max(self.ratio_floor, self.max_ratio * compressed)
+        if by_ratio < self.max_decompressed:
+            return by_ratio, "max_ratio"
+        return self.max_decompressed, "max_decompressed"
 
     def objects_allowed(self, nbytes: int) -> int:
         """The expanded-object budget for an input of `nbytes` decompressed bytes."""

@@ -102,12 +102,13 @@ def read_decompressed(path: str | Path, limits: Limits | None = None) -> bytes:
             raise TraceError(f"{path}: {len(raw)} bytes is more than the {lim.max_decompressed}-byte limit; "
                              f"{hint('max_decompressed')}")
         return raw
+    allowed, which = lim.decompressed_allowed(len(raw))
     try:
-        return decompress_bounded(raw, kind, lim.max_decompressed)
+        return decompress_bounded(raw, kind, allowed)
     except _TooLarge:
         raise TraceError(
-            f"{path}: decompresses to more than {lim.max_decompressed} bytes (a decompression bomb?); "
-            f"{hint('max_decompressed')}"
+            f"{path}: decompresses to more than {allowed} bytes ({len(raw)} compressed; a decompression bomb?); "
+            f"{hint(which)}"
         ) from None
     except (lzma.LZMAError, EOFError, OSError, zlib.error, ValueError) as exc:
         raise TraceError(
@@ -130,7 +131,7 @@ def _decompressor(kind: str) -> Any:
     return bz2.BZ2Decompressor()
 
 
-def decompress_bounded(raw: bytes, kind: str, limit: int) -> bytes:
+def decompress_bounded(raw: bytes, kind: str, limit: int) -> bytearray:
     """Decompress `raw` (all concatenated members/streams) in chunks; `_TooLarge` past `limit`.
 
     Output is produced at most `_CHUNK` bytes at a time, so memory never exceeds the limit
@@ -164,7 +165,7 @@ def decompress_bounded(raw: bytes, kind: str, limit: int) -> bytes:
                 raise EOFError("compressed stream ended before the end-of-stream marker")
         rest = dec.unused_data
         if not rest.strip(b"\x00"):  # xz/gzip allow zero padding between/after members
-            return bytes(out)
+            return out  # a bytearray: copying it to bytes would double the peak
         if sniff_compression(rest[:8]) != kind:
             raise ValueError(f"{len(rest)} byte(s) of trailing garbage after the {kind} stream")
         data = rest
