@@ -258,21 +258,22 @@ class Agent:
 
     # ---- dying with alloctune -------------------------------------------------------------------
     def _start_watchdog(self) -> None:
-        """Watch the pipe the runner keeps open: EOF means alloctune died (even by SIGKILL).
+        """Die with alloctune: kill this trial's process group once the runner is gone (even by SIGKILL).
 
         Why: a workload left running after `tune`/`run` was killed keeps holding the GPU and
         skews every later trial. The runner sets PR_SET_PDEATHSIG on its direct child, which
-        does not reach grandchildren (a shell, torchrun's workers); every Python process of the
-        trial runs this agent, so each one can take the whole trial process group down. The
-        pipe is identified by fd *and* inode, so a program that reused the fd number for
-        another file is never mistaken for an orphan.
+        does not reach grandchildren (a shell's children, torchrun's workers, a program's own
+        subprocesses); every Python process of the trial runs this agent, so each one watches
+        the runner: through the pipe whose write end only the runner holds (EOF at once when it
+        dies; identified by fd *and* inode, so a reused fd number is never mistaken for it),
+        and where that fd was not inherited, by checking the runner's pid every second.
         """
         fd, ino, runner = (self.config.get(k) for k in ("watch_fd", "watch_ino", "runner_pid"))
-        if not (isinstance(fd, int) and isinstance(ino, int) and isinstance(runner, int)):
+        if not isinstance(runner, int) or runner <= 1:
             return
-        if not self._is_watch_pipe(fd, ino):
-            return
-        threading.Thread(target=self._watch, args=(fd, ino, runner), name="alloctune-watchdog", daemon=True).start()
+        if not (isinstance(fd, int) and isinstance(ino, int) and self._is_watch_pipe(fd, ino)):
+            fd = None
+        threading.Thread(target=self._watch, args=(fd, runner), name="alloctune-watchdog", daemon=True).start()
 
     @staticmethod
     def _is_watch_pipe(fd: int, ino: int) -> bool:
@@ -284,18 +285,23 @@ class Agent:
             return False
         return stat.S_ISFIFO(st.st_mode) and st.st_ino == ino
 
-    def _watch(self, fd: int, ino: int, runner: int) -> None:
-        try:
-            while os.read(fd, 64):
-                pass
-        except OSError:
-            return  # the program closed the fd: nothing to watch any more
-        if not self._is_watch_pipe(fd, ino) or _alive(runner):
-            return
-        try:
-            os.close(fd)
-        except OSError:
-            pass
+    def _watch(self, fd: int | None, runner: int) -> None:
+        import select
+
+        while True:
+            if fd is not None:
+                try:
+                    ready, _, _ = select.select([fd], [], [], 1.0)
+                    if ready and os.read(fd, 64):
+                        continue
+                    if ready:
+                        fd = None  # EOF: the runner closed it or died; the pid check decides
+                except (OSError, ValueError):
+                    fd = None  # the program closed the fd: fall back to the pid check
+            else:
+                time.sleep(1.0)
+            if not _alive(runner):
+                break
         pgid = os.getpgrp()
         for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 0.0)):
             try:
