@@ -273,7 +273,25 @@ class Agent:
             return
         if not (isinstance(fd, int) and isinstance(ino, int) and self._is_watch_pipe(fd, ino)):
             fd = None
-        threading.Thread(target=self._watch, args=(fd, runner), name="alloctune-watchdog", daemon=True).start()
+        # A thread still blocked in select() while the interpreter finalizes can crash the process
+        # at exit (seen: SIGSEGV); a wake-up pipe lets `_stop_watchdog` end it first.
+        self._wake_r, self._wake_w = os.pipe()
+        self._watch_pid = os.getpid()  # a forked worker inherits the atexit hook, not the thread
+        self._watch_thread = threading.Thread(target=self._watch, args=(fd, runner), name="alloctune-watchdog",
+                                              daemon=True)
+        self._watch_thread.start()
+        atexit.register(self._stop_watchdog)
+
+    def _stop_watchdog(self) -> None:
+        thread = getattr(self, "_watch_thread", None)
+        if thread is None or os.getpid() != self._watch_pid:
+            return
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+        thread.join(timeout=2.0)
+        self._watch_thread = None
 
     @staticmethod
     def _is_watch_pipe(fd: int, ino: int) -> bool:
@@ -288,18 +306,22 @@ class Agent:
     def _watch(self, fd: int | None, runner: int) -> None:
         import select
 
+        wake = self._wake_r
         while True:
-            if fd is not None:
+            try:
+                ready, _, _ = select.select([wake] if fd is None else [wake, fd], [], [], 1.0)
+            except (OSError, ValueError):  # the program closed the fd: fall back to the pid check
+                fd = None
+                continue
+            if wake in ready:
+                return  # this process is exiting normally
+            if fd is not None and fd in ready:
                 try:
-                    ready, _, _ = select.select([fd], [], [], 1.0)
-                    if ready and os.read(fd, 64):
+                    if os.read(fd, 64):
                         continue
-                    if ready:
-                        fd = None  # EOF: the runner closed it or died; the pid check decides
-                except (OSError, ValueError):
-                    fd = None  # the program closed the fd: fall back to the pid check
-            else:
-                time.sleep(1.0)
+                except OSError:
+                    pass
+                fd = None  # EOF: the runner closed it or died; the pid check decides
             if not _alive(runner):
                 break
         pgid = os.getpgrp()
