@@ -349,7 +349,7 @@ def main() -> None:
             for name, blob in items:
                 path = tmp / f"{name}.pickle"
                 path.write_bytes(blob)
-                for cmd in (commands if cls != "damaged snapshots" else commands[:1]):
+                for cmd in (commands if cls != "damaged snapshots" else [commands[0], commands[2]]):
                     out = run_forked([*cmd, str(path)], mem, args.timeout)
                     row.count(hp.verdict(out), f"{' '.join(cmd)} {name}")
                 if marker.exists():
@@ -397,7 +397,8 @@ def main() -> None:
     md = (f"## Hostile and damaged input ({dt.date.today().isoformat()}, {platform.python_version()}, "
           f"{os.cpu_count()} CPUs, RLIMIT_AS {args.mem}, {elapsed:.0f} s)\n\n"
           f"Command: `{cmd}`. File probes run `trace info`, `simulate` and `diagnose-snapshot` (damaged snapshots: "
-          "`trace info` only; compact traces: `trace info` and `simulate`) in a forked child; clean = exit 0, or "
+          "`trace info` and `diagnose-snapshot`; compact traces: `trace info` and `simulate`) in a forked child; "
+          "clean = exit 0, or "
           "exit 2 with one `alloctune: error:` line.\n\n" + table + "\n" + ("\n" + "\n".join(notes) + "\n" if notes else ""))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

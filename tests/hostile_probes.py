@@ -97,13 +97,21 @@ def bad_value_snapshots() -> list[tuple[str, dict]]:
     out = []
     for name, key, value in [("negative-size", "size", -5), ("huge-size", "size", 200 * 10**12),
                              ("float-size", "size", 1.5), ("bool-size", "size", True),
-                             ("str-addr", "addr", "0x10"), ("unknown-action", "action", "alloc2")]:
+                             ("str-addr", "addr", "0x10"), ("unknown-action", "action", "alloc2"),
+                             ("dict-action", "action", {"a": 1}), ("list-stream", "stream", [0])]:
         snap = plain_snapshot()
         snap["device_traces"][0][3] = dict(snap["device_traces"][0][3], **{key: value})
         out.append((name, snap))
     nested = plain_snapshot()
     nested["allocator_settings"] = {"x": [[1, 2], [3]]}
     out.append(("nested-settings", nested))
+    for name, segments in [("segment-not-dict", [7]),
+                           ("negative-block", [{"address": 0, "total_size": 2 * MiB,
+                                                "blocks": [{"size": -1, "state": "active_allocated"}]}]),
+                           ("segments-dict", {"a": 1})]:
+        snap = plain_snapshot()
+        snap["segments"] = segments
+        out.append((name, snap))
     return out
 
 

@@ -84,7 +84,7 @@ def check_events(events: Any, where: str, bound: int) -> None:
         if type(ev) is not dict:
             raise TraceError(f"{where}[{i}]: the entry is malformed: a {type(ev).__name__} where an event dict belongs")
         action = ev.get("action")
-        if action not in actions:
+        if type(action) is not str or action not in actions:  # (a dict here is unhashable: test the type first)
             raise TraceError(f"{where}[{i}]: unknown action {_describe(action)} (known: {', '.join(sorted(actions))})")
         size = ev.get("size")
         if type(size) is not int or size < 0 or size > bound:
@@ -113,9 +113,43 @@ def check_snapshot(snapshot: dict[str, Any], source: str, total_memory: Any = No
     for dev, events in enumerate(snapshot["device_traces"]):
         check_events(events, f"{source}: device_traces[{dev}]", bound)
     check_settings(snapshot.get("allocator_settings"), source)
-    segments = snapshot.get("segments")
-    if segments is not None and not isinstance(segments, list):
+    check_segments(snapshot.get("segments"), source, bound)
+
+
+_SEGMENT_INTS = ("address", "total_size", "allocated_size", "active_size", "requested_size", "device", "stream")
+_BLOCK_INTS = ("address", "size", "requested_size")
+
+
+def check_segments(segments: Any, source: str, bound: int) -> None:
+    """The snapshot's final memory map (`segments`), as far as reports and diagnosis read it."""
+    if segments is None:
+        return
+    if not isinstance(segments, list):
         raise TraceError(f"{source}: 'segments' is a {type(segments).__name__}, expected a list")
+    for i, seg in enumerate(segments):
+        where = f"{source}: segments[{i}]"
+        if type(seg) is not dict:
+            raise TraceError(f"{where}: a {type(seg).__name__} where a segment dict belongs")
+        for key in _SEGMENT_INTS:
+            if key in seg and not _is_count(seg[key], UINT64):
+                raise TraceError(f"{where}: {key} {_describe(seg[key])} is not a non-negative integer")
+        if "total_size" in seg and seg["total_size"] > bound:
+            raise TraceError(f"{where}: total_size {seg['total_size']} does not fit the device ({bound} bytes)")
+        for key in ("segment_type", "state"):
+            if key in seg and not isinstance(seg[key], str):
+                raise TraceError(f"{where}: {key} {_describe(seg[key])} is not text")
+        blocks = seg.get("blocks", [])
+        if not isinstance(blocks, list):
+            raise TraceError(f"{where}: blocks is a {type(blocks).__name__}, expected a list")
+        for j, block in enumerate(blocks):
+            if type(block) is not dict:
+                raise TraceError(f"{where}.blocks[{j}]: a {type(block).__name__} where a block dict belongs")
+            for key in _BLOCK_INTS:
+                if key in block and not _is_count(block[key], UINT64):
+                    raise TraceError(f"{where}.blocks[{j}]: {key} {_describe(block[key])} is not a "
+                                     "non-negative integer")
+            if "state" in block and not isinstance(block["state"], str):
+                raise TraceError(f"{where}.blocks[{j}]: state {_describe(block['state'])} is not text")
 
 
 def check_trace(trace: Trace, where: str) -> None:
