@@ -377,40 +377,8 @@ def _plausible_bare_head(text: str, m: re.Match[str], parsed: grammar.Parsed) ->
 # Memory for repeats within one call (a log often repeats one message thousands of times).
 _CACHE_CHARS = 8_000_000
 
-# Every anchor contains one of these words; finding them is memchr-fast. Each word comes with the
-# word that must precede it in any anchor (None: the word starts the anchor), so a plain
-# "memory" in a log line costs one short `rfind`, not a regex run. The anchor regex then runs on
-# a short stretch around the word (an anchor starts at most `_ANCHOR_REACH` before it).
-_ANCHOR_WORDS = {"memory": "out", "allocate": "Tried", "Allocation": None, "Aloca": None}
-_ANCHOR_REACH = 256
-_NEAR = 64
-
-
-class _Anchors:
-    """`ANCHOR.search(text, pos)` for a whole text, without running the regex over all of it."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.next = {w: text.find(w) for w in _ANCHOR_WORDS}
-
-    def search(self, pos: int) -> re.Match[str] | None:
-        text = self.text
-        while True:
-            best = -1
-            for w, at in self.next.items():
-                if 0 <= at < pos:
-                    at = self.next[w] = text.find(w, pos)
-                if at >= 0 and (best < 0 or at < best):
-                    best = at
-            if best < 0:
-                return None
-            word = next(w for w, at in self.next.items() if at == best)
-            before = _ANCHOR_WORDS[word]
-            if before is None or text.rfind(before, max(pos, best - _NEAR), best) >= 0:
-                m = grammar.ANCHOR.search(text, max(pos, best - _ANCHOR_REACH), best + _ANCHOR_REACH)
-                if m is not None:
-                    return m
-            pos = best + 1
+# Messages after which a big text's platform clues are indexed once instead of scanned per message.
+_INDEX_AFTER = 64
 
 
 class _Shifted:
@@ -435,15 +403,15 @@ def iter_reports(text: str, platform: str | None = None) -> Iterator[OOMReport]:
     is exact: neither normalisation nor the line-prefix rules look behind their start.
     """
     n = len(text)
-    index = PlatformIndex(text) if n > BIG_TEXT and platform is None else None
-    anchors = _Anchors(text) if n > BIG_TEXT else None
+    index = None  # built once a big text has shown many messages (a few are cheaper to scan for)
+    found = 0
     windows: dict[str, tuple[Normalized, grammar.Parsed | None]] = {}
     parsed_cache: dict[str, grammar.Parsed | None] = {}
     reports: dict[str, tuple[int, OOMReport]] = {}
     cached = 0
     pos = 0
     while pos < n:
-        m = anchors.search(pos) if anchors is not None else grammar.ANCHOR.search(text, pos)
+        m = grammar.ANCHOR.search(text, pos)
         if not m:
             return
         s = m.start()
@@ -472,6 +440,9 @@ def iter_reports(text: str, platform: str | None = None) -> Iterator[OOMReport]:
         ):
             pos = m.end()
             continue
+        found += 1
+        if found == _INDEX_AFTER and n > BIG_TEXT and platform is None:
+            index = PlatformIndex(text)
         first = reports.get(chunk)
         if first is None:
             report = build_report(parsed, _Shifted(norm, s), 0, text, platform, index)
