@@ -288,6 +288,7 @@ def kill_tune_probes(tmp: Path, row: Row, quick: bool) -> None:
                     "    torch.cuda.fake_alloc(300 << 20)\n"
                     "time.sleep(0.4)\n"
                     "print('throughput: 50 items/s')\n")
+    on_disk = reused_total = 0
     for i in range(3 if quick else 10):
         store = tmp / f"t{i}.jsonl"
         pids = tmp / f"t{i}.pids"
@@ -323,10 +324,13 @@ def kill_tune_probes(tmp: Path, row: Row, quick: bool) -> None:
             reused = Counter(ident(t) for t in trials if t.get("reused"))
             fresh = Counter(ident(t) for t in trials if not t.get("reused"))
             lost, repeated = sum((done - reused).values()), sum((fresh & done).values())
+            on_disk += sum(done.values())
+            reused_total += sum(reused.values())
             row.lost += lost + repeated
             if lost or repeated:
                 row.notes.append(f"tune kill {i}: {lost} lost, {repeated} run twice")
         row.count("clean" if ok and not left else "crash", f"tune kill {i}: rc {res.returncode} {res.stderr[-200:]}")
+    row.notes.append(f"{on_disk} finished trials were on disk at the kills; --resume reused {reused_total}")
 
 
 # ---- main --------------------------------------------------------------------------------------------------
