@@ -1,0 +1,94 @@
+"""Fallible requests learned from frames and from a calibration run (synthetic streams)."""
+
+from alloctune.sim import min_budget, replay
+from alloctune.trace.fallible import (
+    NO_WORKSPACE,
+    learn_from_calibration,
+    model_from_frames,
+    untagged_note,
+    with_fallbacks,
+)
+from alloctune.trace.model import ALLOC, FAILED_ALLOC, FREE, RequestStream, Trace
+
+MiB = 1 << 20
+WS, SMALL_WS = 300 * MiB, 180 * MiB
+
+
+def _stream(steps):
+    rs = RequestStream()
+    for k, (op, size, rid) in enumerate(steps):
+        rs.append(op, size, rid, 0, k)
+    return rs
+
+
+def _trace(steps, events=None, cap=None):
+    return Trace("synthetic", 0, _stream(steps), [], {}, events=events or [], meta={"cap": cap} if cap else {})
+
+
+# Uncapped: an activation, a workspace (freed at once), the next layer, twice.
+UNCAPPED = [
+    (ALLOC, 400 * MiB, 0), (ALLOC, WS, 1), (FREE, WS, 1), (ALLOC, 100 * MiB, 2), (FREE, 100 * MiB, 2),
+    (ALLOC, WS, 3), (FREE, WS, 3), (FREE, 400 * MiB, 0),
+]
+# Capped: the first workspace fails twice (two algorithms), the program settles on 180 MiB;
+# the second time it asks for 180 MiB at once (the library cached its choice).
+CAPPED = [
+    (ALLOC, 400 * MiB, 0), (FAILED_ALLOC, WS, -1), (FAILED_ALLOC, 250 * MiB, -1), (ALLOC, SMALL_WS, 1),
+    (FREE, SMALL_WS, 1), (ALLOC, 100 * MiB, 2), (FREE, 100 * MiB, 2),
+    (ALLOC, SMALL_WS, 3), (FREE, SMALL_WS, 3), (FREE, 400 * MiB, 0),
+]
+
+
+def test_calibration_turns_each_failure_into_its_replacement_ladder():
+    m = learn_from_calibration(_trace(UNCAPPED), _trace(CAPPED, cap=650 * MiB))
+    assert m.ladders == {WS: (250 * MiB, SMALL_WS)}
+    assert m.unaligned_requests == 0 and m.cached_replacements == 1
+    assert m.calibration_cap == 650 * MiB
+
+
+def test_a_failure_replaced_by_nothing_settles_on_no_workspace():
+    capped = [(ALLOC, 400 * MiB, 0), (FAILED_ALLOC, WS, -1), (ALLOC, 100 * MiB, 1), (FREE, 100 * MiB, 1),
+              (ALLOC, WS, 2), (FREE, WS, 2), (FREE, 400 * MiB, 0)]
+    m = learn_from_calibration(_trace(UNCAPPED), _trace(capped))
+    assert m.ladders == {WS: (NO_WORKSPACE,)}
+    assert m.unaligned_requests == 0
+
+
+def test_learned_fallbacks_lower_the_simulated_min_budget():
+    plain = _trace(UNCAPPED)
+    tagged = with_fallbacks(plain, learn_from_calibration(plain, _trace(CAPPED)))
+    assert set(tagged.requests.fallbacks) == {1, 5}
+    assert plain.requests.fallbacks == {}  # the input trace is left alone
+    cap = 600 * MiB  # 400 + 180 fits, 400 + 300 does not
+    assert not replay(plain, budget=cap, addresses="model").completed
+    r = replay(tagged, budget=cap, addresses="model")
+    assert r.completed and r.adapted
+    assert min_budget(tagged).budget < min_budget(plain).budget
+
+
+def test_unexplained_divergence_stops_learning_and_is_counted():
+    capped = [(ALLOC, 400 * MiB, 0), (ALLOC, 7 * MiB, 1), (ALLOC, 9 * MiB, 2), (FREE, 9 * MiB, 2)]
+    m = learn_from_calibration(_trace(UNCAPPED), _trace(capped))
+    assert m.ladders == {} and m.unaligned_requests == 3
+
+
+def test_frames_tag_cudnn_workspaces_and_silence_the_untagged_note():
+    ev = [{"action": "alloc", "frames": [{"name": "at::native::cudnn_convolution_forward", "filename": "", "line": 0}]}
+          if size == WS else {"action": "alloc", "frames": [{"name": "at::empty", "filename": "", "line": 0}]}
+          for op, size, _ in UNCAPPED]
+    plain = _trace(UNCAPPED, events=ev)
+    assert untagged_note(plain) is not None  # no evidence applied yet: the large requests are open
+    m = model_from_frames(plain)
+    assert m.method == "frames" and m.tagged_sizes == {WS}
+    tagged = with_fallbacks(plain, m)
+    assert tagged.requests.fallbacks == {1: (NO_WORKSPACE,), 5: (NO_WORKSPACE,)}
+    assert untagged_note(tagged) is None
+
+
+def test_untagged_note_names_what_calibration_did_not_cover():
+    steps = UNCAPPED + [(ALLOC, 500 * MiB, 9), (FREE, 500 * MiB, 9)]
+    plain = _trace(steps)
+    tagged = with_fallbacks(plain, learn_from_calibration(plain, _trace(CAPPED, cap=650 * MiB)))
+    note = untagged_note(tagged)
+    assert note is not None and note.startswith("3 request(s)")  # the 400, 100 and 500 MiB ones
+    assert "capped at 650 MiB" in note
