@@ -116,7 +116,9 @@ def _rounds_to(size: int, failed: int) -> bool:
     return size <= failed <= size + max(512, size // 4)
 
 
-def learn_from_calibration(uncapped: Trace, capped: Trace, *, window: int = 64) -> FallbackModel:
+def learn_from_calibration(
+    uncapped: Trace, capped: Trace, *, cap: int | None = None, window: int = 64
+) -> FallbackModel:
     """Align a capped recording with the uncapped one: every failed request → what replaced it.
 
     Both recordings are of the same program, so their streams are identical until the first
@@ -198,7 +200,8 @@ def learn_from_calibration(uncapped: Trace, capped: Trace, *, window: int = 64) 
             break
         iu = j
     method = "calibration"
-    cap = capped.meta.get("cap") if capped.meta else None
+    if cap is None:
+        cap = capped.meta.get("cap") if capped.meta else None
     return FallbackModel(
         ladders=ladders,
         method=method,

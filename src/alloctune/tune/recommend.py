@@ -35,6 +35,13 @@ def recommend(result: TuneResult) -> Recommendation:
             f"(peak allocated without a budget: {format_mib(result.baseline.peak_allocated or 0)})",
             reasons=reasons,
         )
+    if best.candidate.knob == DEFAULT and best.min_budget is None:
+        return Recommendation(
+            "",
+            f"keep the default: it completes under {budget}, and the settings that need less memory were "
+            "measurably slower (see the candidates table); leave PYTORCH_CUDA_ALLOC_CONF unset",
+            reasons=reasons,
+        )
     if best.candidate.knob == DEFAULT:
         return Recommendation(
             "",
