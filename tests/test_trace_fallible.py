@@ -25,17 +25,18 @@ def _trace(steps, events=None, cap=None):
     return Trace("synthetic", 0, _stream(steps), [], {}, events=events or [], meta={"cap": cap} if cap else {})
 
 
-# Uncapped: an activation, a workspace (freed at once), the next layer, twice.
+# Uncapped: an activation, a workspace (freed at once), the next layers, the workspace again.
+TAIL_U = [(ALLOC, (10 + k) * MiB, 10 + k) for k in range(4)] + [(FREE, (10 + k) * MiB, 10 + k) for k in range(4)]
 UNCAPPED = [
     (ALLOC, 400 * MiB, 0), (ALLOC, WS, 1), (FREE, WS, 1), (ALLOC, 100 * MiB, 2), (FREE, 100 * MiB, 2),
-    (ALLOC, WS, 3), (FREE, WS, 3), (FREE, 400 * MiB, 0),
+    *TAIL_U, (ALLOC, WS, 3), (FREE, WS, 3), (FREE, 400 * MiB, 0),
 ]
 # Capped: the first workspace fails twice (two algorithms), the program settles on 180 MiB;
 # the second time it asks for 180 MiB at once (the library cached its choice).
 CAPPED = [
     (ALLOC, 400 * MiB, 0), (FAILED_ALLOC, WS, -1), (FAILED_ALLOC, 250 * MiB, -1), (ALLOC, SMALL_WS, 1),
     (FREE, SMALL_WS, 1), (ALLOC, 100 * MiB, 2), (FREE, 100 * MiB, 2),
-    (ALLOC, SMALL_WS, 3), (FREE, SMALL_WS, 3), (FREE, 400 * MiB, 0),
+    *TAIL_U, (ALLOC, SMALL_WS, 3), (FREE, SMALL_WS, 3), (FREE, 400 * MiB, 0),
 ]
 
 
@@ -48,7 +49,7 @@ def test_calibration_turns_each_failure_into_its_replacement_ladder():
 
 def test_a_failure_replaced_by_nothing_settles_on_no_workspace():
     capped = [(ALLOC, 400 * MiB, 0), (FAILED_ALLOC, WS, -1), (ALLOC, 100 * MiB, 1), (FREE, 100 * MiB, 1),
-              (ALLOC, WS, 2), (FREE, WS, 2), (FREE, 400 * MiB, 0)]
+              *TAIL_U, (ALLOC, WS, 2), (FREE, WS, 2), (FREE, 400 * MiB, 0)]
     m = learn_from_calibration(_trace(UNCAPPED), _trace(capped))
     assert m.ladders == {WS: (NO_WORKSPACE,)}
     assert m.unaligned_requests == 0
@@ -57,7 +58,7 @@ def test_a_failure_replaced_by_nothing_settles_on_no_workspace():
 def test_learned_fallbacks_lower_the_simulated_min_budget():
     plain = _trace(UNCAPPED)
     tagged = with_fallbacks(plain, learn_from_calibration(plain, _trace(CAPPED)))
-    assert set(tagged.requests.fallbacks) == {1, 5}
+    assert set(tagged.requests.fallbacks) == {1, 13}
     assert plain.requests.fallbacks == {}  # the input trace is left alone
     cap = 600 * MiB  # 400 + 180 fits, 400 + 300 does not
     assert not replay(plain, budget=cap, addresses="model").completed
@@ -72,17 +73,34 @@ def test_unexplained_divergence_stops_learning_and_is_counted():
     assert m.ladders == {} and m.unaligned_requests == 3
 
 
-def test_frames_tag_cudnn_workspaces_and_silence_the_untagged_note():
-    ev = [{"action": "alloc", "frames": [{"name": "at::native::cudnn_convolution_forward", "filename": "", "line": 0}]}
-          if size == WS else {"action": "alloc", "frames": [{"name": "at::empty", "filename": "", "line": 0}]}
-          for op, size, _ in UNCAPPED]
+def _frames(name):
+    return [{"name": name, "filename": "", "line": 0}, {"name": "forward", "filename": "conv.py", "line": 1}]
+
+
+def test_cpp_frames_tag_cudnn_workspaces_not_conv_outputs_and_silence_the_note():
+    names = {WS: "at::native::run_conv_plan(cudnnContext*, at::Tensor const&)",
+             400 * MiB: "at::native::cudnn_convolution(at::Tensor const&, at::Tensor const&)"}  # an output
+    ev = [{"action": "alloc", "frames": _frames(names.get(size, "at::empty(c10::IntArrayRef)"))} for _, size, _ in UNCAPPED]
     plain = _trace(UNCAPPED, events=ev)
     assert untagged_note(plain) is not None  # no evidence applied yet: the large requests are open
     m = model_from_frames(plain)
-    assert m.method == "frames" and m.tagged_sizes == {WS}
+    assert m.method == "frames" and m.tagged_requests == {1, 13}
     tagged = with_fallbacks(plain, m)
-    assert tagged.requests.fallbacks == {1: (NO_WORKSPACE,), 5: (NO_WORKSPACE,)}
+    assert tagged.requests.fallbacks == {1: (NO_WORKSPACE,), 13: (NO_WORKSPACE,)}
     assert untagged_note(tagged) is None
+
+
+def test_python_frames_alone_are_no_evidence():
+    ev = [{"action": "alloc", "frames": [{"name": "forward", "filename": "conv.py", "line": 1}]} for _ in UNCAPPED]
+    m = model_from_frames(_trace(UNCAPPED, events=ev))
+    assert m.method == "none" and not m.tagged_requests
+
+
+def test_a_fatal_oom_is_not_learned_as_a_fallback():
+    # the capped run fails on the workspace and then only cleans up (the program died)
+    capped = [(ALLOC, 400 * MiB, 0), (FAILED_ALLOC, WS, -1), (FREE, 400 * MiB, 0)]
+    m = learn_from_calibration(_trace(UNCAPPED), _trace(capped))
+    assert m.ladders == {}
 
 
 def test_untagged_note_names_what_calibration_did_not_cover():

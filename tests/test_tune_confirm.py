@@ -173,3 +173,42 @@ def test_batches_go_through_the_executor_interface():
     assert {r.conf for r in first} == {"max_split_size_mb:32", ""}
     assert all(r.exclusive for r in first)  # both are throughput samples
     assert any(r.record for r in first)  # the capped run is recorded: a calibration for fallible requests
+
+
+def test_a_capped_run_that_adapted_recalibrates_the_simulator():
+    # the simulator is 7 % pessimistic until it sees a capped recording in which the program
+    # fell back (num_ooms > 0 and completed); then it is exact. Capped runs are recorded until then.
+    class Adapting(FakeEvaluator):
+        def __call__(self, conf, budget, **kw):
+            r = super().__call__(conf, budget, **kw)
+            if r.passed and budget is not None and budget < self.need(conf) * 1.1:
+                from dataclasses import replace
+
+                r = replace(r, num_ooms=40)
+            return r
+
+    class Calibrating(FakeSimulator):
+        def __init__(self, ev):
+            super().__init__(ev)
+            self.factor, self.seen = 1.07, []
+
+        def min_budget(self, conf):
+            return int(self.evaluator.need(conf) * self.factor)
+
+        def calibrate(self, trial):
+            self.seen.append(trial.budget)
+            if trial.num_ooms:
+                self.factor = 1.0
+                return "calibration: learned"
+            return None
+
+    ev = Adapting()
+    sim = Calibrating(ev)
+    res = run(ev, sim)
+    best = res.ranking.best
+    assert sim.seen and "calibration: learned" in res.notes
+    assert best.verified and best.infeasible_below < NEED_SPLIT32 <= best.min_budget
+    assert best.sim_min_budget == NEED_SPLIT32  # the re-simulated estimate is what the table shows
+    recorded = [c for c in ev.calls[1:] if c[3]]
+    assert len(recorded) == len(sim.seen)  # every recorded capped run was offered to the simulator
+    assert gpu_runs(ev) <= 5

@@ -37,8 +37,13 @@ MiB = 1 << 20
 # is modelled as a 1-byte request (one 512-byte block in the small pool, which nearly always
 # has a free block in an existing 2 MiB segment): an error of at most one small segment.
 NO_WORKSPACE = 1
-# Stack frames of libraries whose workspace requests fall back when they fail.
-FALLIBLE_FRAME = re.compile(r"cudnn|miopen", re.I)
+# C++ frames of the workspace allocations that fall back when they fail: cuDNN's plan loop
+# (frontend / v8: run_conv_plan inside try_configs / try_plans), the v7 `Workspace` struct,
+# MIOpen's. Not `cudnn_convolution` alone: the convolution's output is allocated there too,
+# and it is not fallible; nor cuBLAS(Lt) workspaces, allocated once and never retried.
+FALLIBLE_FRAME = re.compile(r"run_conv_plan|try_configs|try_plans|native::Workspace::Workspace|miopen.*workspace", re.I)
+# Matching allocations after a failure that show the program went on (see learn_from_calibration).
+CONFIRM = 4
 # A request this large that no evidence covers is named in the untagged note.
 LARGE = 64 * MiB
 
@@ -54,6 +59,7 @@ class FallbackModel:
 
     ladders: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
     tagged_sizes: frozenset[int] = frozenset()
+    tagged_requests: frozenset[int] = frozenset()  # request indices (valid for the trace the frames came from)
     method: str = "none"  # none | frames | calibration | frames+calibration
     calibration_cap: int | None = None
     aligned_requests: int = 0  # capped requests explained by the alignment
@@ -70,6 +76,7 @@ class FallbackModel:
             "method": self.method,
             "ladders": {str(k): list(v) for k, v in sorted(self.ladders.items())},
             "tagged_sizes": sorted(self.tagged_sizes),
+            "tagged_requests": len(self.tagged_requests),
             "calibration_cap": self.calibration_cap,
             "aligned_requests": self.aligned_requests,
             "unaligned_requests": self.unaligned_requests,
@@ -79,13 +86,18 @@ class FallbackModel:
 
 
 # ---- evidence 1: frames ------------------------------------------------------------------------
-def has_frames(trace: Trace) -> bool:
-    """Whether the recording kept stack frames on its allocations (`stacks="python"/"all"`)."""
+def has_cpp_frames(trace: Trace) -> bool:
+    """Whether the recording kept C++ frames on its allocations (`stacks="all"`).
+
+    Python frames alone cannot tell a workspace from the convolution's output (both are
+    allocated under the same `forward`), so they are no evidence either way.
+    """
     for i, op in enumerate(trace.requests.ops):
         if op == ALLOC:
             ev = _event(trace, i)
-            if ev is not None:
-                return bool(ev.get("frames"))
+            if ev is None:
+                return False
+            return any("::" in str(f.get("name", "")) for f in ev.get("frames") or () if isinstance(f, Mapping))
     return False
 
 
@@ -135,6 +147,9 @@ def learn_from_calibration(
     dropped: set[int] = set()  # uncapped rids the capped run never allocated (replaced by nothing)
     ladders: dict[int, tuple[int, ...]] = {}
     conflicts = sticky = 0
+    # A failure counts as survivable only once the program is seen going on in step with the
+    # uncapped run (CONFIRM matching allocations later); a fatal OOM is followed by clean-up.
+    pending: tuple[int, tuple[int, ...], int] | None = None
     while iu < nu and ic < nc:
         uo, co = u.ops[iu], c.ops[ic]
         if uo == EMPTY_CACHE:
@@ -167,16 +182,23 @@ def learn_from_calibration(
             else:
                 settled = NO_WORKSPACE
                 dropped.add(u.rids[iu])
-            ladder = _ladder(size, tries[1:], settled)
-            if size in ladders and ladders[size] != ladder:
-                conflicts += 1
-            ladders.setdefault(size, ladder)
+            if pending is not None:
+                break  # two failures in a row without the program getting back in step: not learned
+            pending = (size, _ladder(size, tries[1:], settled), 0)
             iu += 1
             continue
         if uo == co == ALLOC and u.sizes[iu] == c.sizes[ic]:
             rid_map[c.rids[ic]] = u.rids[iu]
             iu += 1
             ic += 1
+            if pending is not None:
+                size, ladder, seen = pending
+                pending = (size, ladder, seen + 1)
+                if seen + 1 >= CONFIRM:  # the program went on as before: the failure was survivable
+                    if size in ladders and ladders[size] != ladder:
+                        conflicts += 1
+                    ladders.setdefault(size, ladder)
+                    pending = None
             continue
         if uo == co == ALLOC and c.sizes[ic] < u.sizes[iu] and u.sizes[iu] in ladders:
             # A size that failed before is now asked for smaller at once: the library cached
@@ -249,10 +271,12 @@ def _resync(u: RequestStream, c: RequestStream, iu: int, ic: int, rid_map: dict[
 
 # ---- putting the evidence on a trace ------------------------------------------------------------
 def model_from_frames(trace: Trace) -> FallbackModel:
-    """The fallible sizes a recording with frames shows (replacement: no workspace)."""
+    """The fallible requests a recording with C++ frames shows (replacement: no workspace)."""
+    if not has_cpp_frames(trace):
+        return FallbackModel()
     tagged = tag_by_frames(trace)
     sizes = frozenset(trace.requests.sizes[i] for i in tagged)
-    return FallbackModel(tagged_sizes=sizes, method="frames" if has_frames(trace) else "none")
+    return FallbackModel(tagged_sizes=sizes, tagged_requests=frozenset(tagged), method="frames")
 
 
 def combine(a: FallbackModel, b: FallbackModel) -> FallbackModel:
@@ -261,6 +285,7 @@ def combine(a: FallbackModel, b: FallbackModel) -> FallbackModel:
     return FallbackModel(
         ladders={**b.ladders, **a.ladders},
         tagged_sizes=a.tagged_sizes | b.tagged_sizes,
+        tagged_requests=a.tagged_requests | b.tagged_requests,
         method="+".join(methods) if methods else "none",
         calibration_cap=a.calibration_cap or b.calibration_cap,
         aligned_requests=a.aligned_requests + b.aligned_requests,
@@ -283,7 +308,7 @@ def with_fallbacks(trace: Trace, model: FallbackModel) -> Trace:
             continue
         size = req.sizes[i]
         ladder = model.ladders.get(size)
-        if ladder is None and size in model.tagged_sizes and size > NO_WORKSPACE:
+        if ladder is None and i in model.tagged_requests and size > NO_WORKSPACE:
             ladder = (NO_WORKSPACE,)
         if ladder:
             fallbacks[i] = ladder
@@ -297,7 +322,7 @@ def untagged_note(trace: Trace) -> str | None:
     info = (trace.meta or {}).get("fallible") or {}
     method = info.get("method", "none")
     if "frames" in str(method):
-        return None  # every allocation's stack was seen: the untagged ones are not workspaces
+        return None  # every allocation's C++ stack was seen: the untagged ones are not workspaces
     req = trace.requests
     large = Counter(s for o, s in zip(req.ops, req.sizes) if o == ALLOC and s >= LARGE)
     covered = {int(k) for k in (info.get("ladders") or {})}

@@ -72,10 +72,17 @@ class Bracket:
         return self.failed < self.est <= self.passed
 
 
-def half_width(tuner: "Tuner", around: int) -> int:
-    """Half the width a proven bracket may have at `around` bytes (1 % or 16 MiB in all)."""
+def tolerance(tuner: "Tuner", around: int) -> int:
+    """How wide a proven bracket may be at `around` bytes: `rel_tol` of it, at least
+    `confirm_abs_tol` (4 MiB: GPU runs cost the same whatever the width, and small
+    workloads need a tight bracket to be within 2 % of an independent bisection)."""
     s = tuner.settings
-    return max(ALIGN, max(s.abs_tol, int(s.rel_tol * around)) // 2 - ALIGN)
+    return max(s.confirm_abs_tol, int(s.rel_tol * around), 2 * ALIGN)
+
+
+def half_width(tuner: "Tuner", around: int) -> int:
+    """How far above / below the estimate the first two runs go (their gap is within `tolerance`)."""
+    return max(ALIGN, tolerance(tuner, around) // 2 - ALIGN)
 
 
 def next_budget(tuner: "Tuner", b: Bracket, budget: int, hint: int | None = None) -> int | None:
@@ -89,14 +96,14 @@ def next_budget(tuner: "Tuner", b: Bracket, budget: int, hint: int | None = None
     """
     s = tuner.settings
     if b.passed is not None and b.failed is not None:
-        if b.passed - b.failed <= max(s.abs_tol, int(s.rel_tol * b.passed), ALIGN):
+        if b.passed - b.failed <= tolerance(tuner, b.passed):
             return None
         lo, hi = b.failed, b.passed
-        if hint is not None and lo < hint < hi:
+        if hint is not None and lo < hint < hi:  # close in around the re-simulated estimate
             h = half_width(tuner, hint)
-            cand = _up(hint + h) if hint - lo > hi - hint else _down(hint - h)
-            if lo < cand < hi:
-                return cand
+            for cand in (_down(hint - h), _up(hint + h)):
+                if lo < cand < hi:
+                    return cand
         mid = _down((lo + hi) // 2)
         return mid if lo < mid < hi else None
     center = b.est if b.est is not None else budget
@@ -153,6 +160,7 @@ class ConfirmFlow:
         self.samples: dict[str, list[float]] = {}
         self.hints: dict[str, int | None] = {}
         self.verdict: str | None = None
+        self.calibrated = False
 
     # ---- GPU runs ----------------------------------------------------------------------------
     def _run(self, reqs: list[TrialRequest]) -> list[TrialResult]:
@@ -178,6 +186,7 @@ class ConfirmFlow:
         if req.record and res.snapshot and self.sim is not None and hasattr(self.sim, "calibrate"):
             learned = self.sim.calibrate(res)
             if learned:  # the capped run showed how the program adapts: re-simulate every candidate
+                self.calibrated = True
                 self.t.notes.append(learned)
                 self.hints = dict(self.sim.estimates([c.conf for c in self.cands]))
 
@@ -192,6 +201,10 @@ class ConfirmFlow:
         what = "its simulated min_budget" if b.est is not None else "the budget (no simulated min_budget)"
         return TrialRequest(c.conf, nxt if nxt is not None else self.budget, record=calibrate, exclusive=True,
                             ensure_cap=self._gc(c), purpose=f"confirm {c.label} just above {what}")
+
+    def _want_calibration(self) -> bool:
+        """Record capped runs until one has shown how the program adapts (then the simulator knows)."""
+        return not self.calibrated and hasattr(self.sim, "calibrate")
 
     @staticmethod
     def _gc(c: Candidate) -> bool:
@@ -214,7 +227,8 @@ class ConfirmFlow:
                 purpose = f"bisect {c.label}"
             else:
                 purpose = f"widen {c.label}: the GPU contradicted the simulation"
-            self._run([TrialRequest(c.conf, nxt, ensure_cap=self._gc(c), purpose=purpose)])
+            self._run([TrialRequest(c.conf, nxt, ensure_cap=self._gc(c), purpose=purpose,
+                                    record=self._want_calibration())])
         if next_budget(self.t, b, self.budget, None) is not None:
             self.t.notes.append(f"{c.label}: stopped at --max-gpu-runs {self.s.max_gpu_runs} before its bracket was proven")
 
@@ -311,7 +325,7 @@ class ConfirmFlow:
         focus_b = self.brackets.get(focus.conf) if focus is not None else None
         cmp_ = getattr(self, "comparison", None)
         for rank_no, c in enumerate(order, 1):
-            est = self.est.get(c.conf)
+            est = self.hints.get(c.conf, self.est.get(c.conf))  # the latest simulation (after calibration)
             b = self.brackets.get(c.conf)
             at = self.at_budget.get(c.conf)
             r = rate(self.samples.get(c.conf, []))
@@ -324,8 +338,7 @@ class ConfirmFlow:
                 feasible = True if b.passed is not None else (False if b.failed is not None and b.failed >= self.budget else None)
                 if at is not None:
                     feasible = at.passed
-                verified = b.passed is not None and b.failed is not None and (
-                    b.passed - b.failed <= max(self.s.abs_tol, int(self.s.rel_tol * b.passed)) or b.passed - b.failed <= ALIGN)
+                verified = b.passed is not None and b.failed is not None and b.passed - b.failed <= tolerance(self.t, b.passed)
                 note = None
                 if b.passed is None:
                     note = f"did not complete at {_fmt(b.failed)} (simulated min_budget {_fmt(est)})"

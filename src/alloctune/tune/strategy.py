@@ -89,6 +89,7 @@ class TuneSettings:
     sim_margin: float = 0.02  # bracket around a simulated min_budget: ± this fraction
     platform: str = field(default_factory=this_platform)  # linux | windows: where the setting will be used
     max_gpu_runs: int = 10  # confirm: GPU runs after the baseline, at most
+    confirm_abs_tol: int = 4 * MiB  # confirm: a proven bracket is within rel_tol or this
     widen_start: float = 0.03  # confirm: first widening step when the GPU contradicts, fraction of the estimate
     throughput_tolerance: float = 0.03
     ab_pairs: int = 2  # confirm: A/B repeat pairs at most when throughput might decide
