@@ -34,11 +34,20 @@ def register(app: typer.Typer) -> None:
             help="Knobs to try, comma-separated, values after '=' split by '/': "
             "expandable, max_split[=128/256], gc[=0.6/0.8], roundup[=4/8] (default: all).",
         ),
-        strategy: str = typer.Option("auto", "--strategy", help="auto (bisection for max_split_size_mb) or grid."),
+        strategy: str = typer.Option(
+            "confirm", "--strategy",
+            help="confirm (simulate every candidate, confirm the best on the GPU), exhaustive (measure every "
+            "candidate on the GPU; auto is the old name) or grid (exhaustive, every max_split_size_mb value).",
+        ),
+        platform: Optional[str] = typer.Option(
+            None, "--platform", help="linux or windows: where the setting will be used (default: this machine); "
+            "windows never gets expandable_segments."
+        ),
+        max_gpu_runs: int = typer.Option(10, "--max-gpu-runs", help="confirm: GPU runs after the baseline, at most."),
         store: Optional[Path] = typer.Option(None, "--store", help="Results store (JSONL); default under ~/.cache/alloctune/tune/."),
         resume: bool = typer.Option(False, "--resume", help="Continue the sweep in the store, skipping finished trials."),
         simulate_first: bool = typer.Option(
-            False, "--simulate-first", help="Rank all candidates with the simulator, run only the top three on the GPU."
+            False, "--simulate-first", help="exhaustive: rank all candidates with the simulator, run only the top three."
         ),
         repeat: int = typer.Option(1, "--repeat", help="Run every (setting, budget) point N times; all must pass."),
         timeout: Optional[float] = typer.Option(
@@ -55,6 +64,7 @@ def register(app: typer.Typer) -> None:
         from alloctune.errors import AlloctuneError, InputError
         from alloctune.runner import TrialEvaluator, resolve_command
         from alloctune.tune.candidates import parse_knobs
+        from alloctune.tune.platform import check_platform
         from alloctune.tune.recommend import recommend
         from alloctune.tune.store import TrialStore
         from alloctune.tune.strategy import SimulatorFromTrace, Tuner, TuneSettings
@@ -66,6 +76,8 @@ def register(app: typer.Typer) -> None:
             raise InputError("--budget must be more than 0 bytes")
         if timeout is not None and timeout <= 0:
             raise InputError("--timeout must be a positive number of seconds")
+        if max_gpu_runs < 2:
+            raise InputError("--max-gpu-runs must be at least 2 (a pass and a failure prove a min_budget)")
         settings = TuneSettings(
             command=tuple(command),
             budget=cap,
@@ -73,6 +85,8 @@ def register(app: typer.Typer) -> None:
             strategy=strategy,
             simulate_first=simulate_first,
             repeat=repeat,
+            platform=check_platform(platform),
+            max_gpu_runs=max_gpu_runs,
         )
         path = store or default_store(list(command), cap)
         if store is None and not resume and path.exists() and path.stat().st_size > 0:
@@ -150,6 +164,20 @@ def _outcome(outcome: str) -> str:
     return f"[{colour}]{outcome}[/{colour}]"
 
 
+def _measured(s: Any) -> str:
+    if s.min_budget is None:
+        return "-" if s.feasible is None else ("fits" if s.feasible else "no fit")
+    return _fmt(s.min_budget)
+
+
+def _rate(s: Any) -> str:
+    if s.throughput is None:
+        return "-"
+    if s.throughput_noise is None:
+        return f"{s.throughput:.3g} (n=1)" if s.throughput_samples else f"{s.throughput:.3g}"
+    return f"{s.throughput:.3g} ± {s.throughput_noise:.2g}"
+
+
 def _render_trials(trials: Any, title: str = "trials") -> None:
     from rich.table import Table
 
@@ -192,22 +220,27 @@ def _render_result(result: Any, rec: Any, store: Path, elapsed: float) -> None:
 
     _render_trials(result.trials)
     t = Table(title=f"candidates at the budget {_fmt(result.budget)}", title_justify="left")
-    for col in ("setting", "at budget", "min_budget", "simulated", "throughput", "trials", "verdict"):
+    for col in ("setting", "simulated", "measured", "verified", "throughput", "runs"):
         t.add_column(col, overflow="fold")
     best = result.ranking.best
+    why = []
     for s in result.ranking.order:
-        verdict = "[bold green]recommended[/bold green]" if s is best else result.ranking.reasons.get(s.candidate.conf, "")
-        at_budget = "-" if s.feasible is None else (_outcome("ok") if s.feasible else _outcome(s.outcome or "fail"))
+        verdict = "recommended" if s is best else result.ranking.reasons.get(s.candidate.conf, "")
+        why.append((s.candidate.label, verdict, s is best))
         t.add_row(
-            s.candidate.label,
-            at_budget,
-            _fmt(s.min_budget),
+            f"[bold green]{s.candidate.label}[/bold green]" if s is best else s.candidate.label,
             _fmt(s.sim_min_budget),
-            f"{s.throughput:g}" if s.throughput is not None else "-",
+            _measured(s),
+            "-" if s.verified is None else ("yes" if s.verified else "no"),
+            _rate(s),
             str(s.trials),
-            verdict,
         )
     console.print(t)
+    console.print("[dim]simulated / measured: smallest working budget (measured = a tested pass; "
+                  "verified = a tested failure within 1 % below it)[/dim]")
+    for label, text, chosen in why:
+        mark = "[bold green]→[/bold green]" if chosen else "-"
+        console.print(f"{mark} {label}: {text}", highlight=False)
     for note in result.notes:
         console.print(f"note: {note}")
     console.print(f"\n[bold]{rec.summary}[/bold]")
@@ -215,7 +248,8 @@ def _render_result(result: Any, rec: Any, store: Path, elapsed: float) -> None:
         console.print(f"[dim]{shell}:[/dim]")
         console.print(text, markup=False, highlight=False)
     fresh = result.fresh_trials
+    after = result.to_dict()["gpu_runs_after_baseline"]
     console.print(
-        f"\n{len(result.trials)} trials ({fresh} run, {len(result.trials) - fresh} from the store) in {elapsed:.0f} s; "
-        f"store: {store}"
+        f"\n{len(result.trials)} trials ({fresh} run, {after} after the baseline, {len(result.trials) - fresh} from "
+        f"the store) in {elapsed:.0f} s; store: {store}"
     )

@@ -121,6 +121,9 @@ def next_budget(tuner: "Tuner", b: Bracket, budget: int, hint: int | None = None
             if nxt > b.failed:
                 return nxt
     # everything so far passed: go down
+    if b.est is None:  # no estimate to widen around: halve (a failure is needed to bisect)
+        nxt = _down(b.passed // 2)
+        return nxt if nxt > 0 else None
     if hint is not None and hint < b.passed:
         cand = _down(hint - half_width(tuner, hint))
         if 0 < cand < b.passed:
@@ -254,6 +257,9 @@ class ConfirmFlow:
             reqs.append(TrialRequest("", self.budget, exclusive=True, purpose="the default at the budget"))
         self._run(reqs)
 
+        if best is None and self.t.fresh_runs_after_baseline() < self.s.max_gpu_runs:
+            best = self._despite_simulation(order)
+
         # settle the best; if it is refused or infeasible, move down the simulator's order
         focus = best
         tried: list[Candidate] = []
@@ -290,6 +296,29 @@ class ConfirmFlow:
         if focus is not None and focus.knob != DEFAULT:
             self._throughput(default, focus)
         return self._summaries(default, focus, order)
+
+    def _despite_simulation(self, order: list[Candidate]) -> Candidate | None:
+        """Nothing is simulated to fit: run the candidates at the budget anyway, best estimate first.
+
+        The simulator replays what the program asked for uncapped; a program that asks for less
+        under another setting or under pressure can still fit, and an empty answer must be
+        measured, not simulated.
+        """
+        for c in order:
+            if c.knob == DEFAULT or c.conf in self.refused:
+                continue  # the default already ran at the budget
+            if self.t.fresh_runs_after_baseline() >= self.s.max_gpu_runs:
+                break
+            b = self.brackets.setdefault(c.conf, Bracket(None))
+            self._run([TrialRequest(c.conf, self.budget, exclusive=True, ensure_cap=self._gc(c), record=self._want_calibration(),
+                                    purpose=f"{c.label} at the budget although simulated not to fit")])
+            if b.passed is not None:
+                self.t.notes.append(
+                    f"the simulation said no setting fits {format_mib(self.budget)}, but {c.label} completed there: "
+                    "the program asks for less memory than its uncapped recording under this setting or cap"
+                )
+                return c
+        return None
 
     def _est_key(self, c: Candidate) -> tuple[bool, int]:
         e = self.est.get(c.conf)
