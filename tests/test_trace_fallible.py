@@ -110,3 +110,19 @@ def test_untagged_note_names_what_calibration_did_not_cover():
     note = untagged_note(tagged)
     assert note is not None and note.startswith("3 request(s)")  # the 400, 100 and 500 MiB ones
     assert "capped at 650 MiB" in note
+
+
+def test_real_h200_calibration_explains_the_capped_run(traces_dir):
+    # rvc_ec1 under a cap of 85 % of its peak: cuDNN fell back ~1900 times and the run completed.
+    # Replaying the uncapped stream fails at that cap; with the learned fallbacks it completes.
+    from alloctune.trace import load_trace
+
+    plain = load_trace(traces_dir / "rvc_ec1" / "default.pickle.xz")
+    capped = load_trace(traces_dir / "rvc_ec1" / "default_cap85.pickle.xz")
+    cap = int(capped.meta["cap"])
+    model = learn_from_calibration(plain, capped)
+    assert model.unaligned_requests == 0 and model.ladders
+    tagged = with_fallbacks(plain, model)
+    assert not replay(plain, budget=cap, record_events=False, timeline_points=1).completed
+    r = replay(tagged, budget=cap, record_events=False, timeline_points=1)
+    assert r.completed and r.adapted

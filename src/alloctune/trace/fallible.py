@@ -182,8 +182,8 @@ def learn_from_calibration(
             else:
                 settled = NO_WORKSPACE
                 dropped.add(u.rids[iu])
-            if pending is not None:
-                break  # two failures in a row without the program getting back in step: not learned
+            if pending is not None:  # the program went on to its next (attributable) request
+                conflicts += _commit(ladders, pending)
             pending = (size, _ladder(size, tries[1:], settled), 0)
             iu += 1
             continue
@@ -195,14 +195,17 @@ def learn_from_calibration(
                 size, ladder, seen = pending
                 pending = (size, ladder, seen + 1)
                 if seen + 1 >= CONFIRM:  # the program went on as before: the failure was survivable
-                    if size in ladders and ladders[size] != ladder:
-                        conflicts += 1
-                    ladders.setdefault(size, ladder)
+                    conflicts += _commit(ladders, pending)
                     pending = None
             continue
-        if uo == co == ALLOC and c.sizes[ic] < u.sizes[iu] and u.sizes[iu] in ladders:
+        if uo == co == ALLOC and c.sizes[ic] < u.sizes[iu] and (
+                u.sizes[iu] in ladders or (pending is not None and pending[0] == u.sizes[iu])):
             # A size that failed before is now asked for smaller at once: the library cached
             # the algorithm it fell back to (cuDNN's plan cache), so no failure is recorded.
+            # The program went on, so a pending failure was survivable.
+            if pending is not None:
+                conflicts += _commit(ladders, pending)
+                pending = None
             rid_map[c.rids[ic]] = u.rids[iu]
             sticky += 1
             iu += 1
@@ -233,6 +236,15 @@ def learn_from_calibration(
         conflicts=conflicts,
         cached_replacements=sticky,
     )
+
+
+def _commit(ladders: dict[int, tuple[int, ...]], pending: tuple[int, tuple[int, ...], int]) -> int:
+    """Keep a confirmed ladder (the first one seen for its size); 1 if it conflicts with that one."""
+    size, ladder, _ = pending
+    if size in ladders:
+        return int(ladders[size] != ladder)
+    ladders[size] = ladder
+    return 0
 
 
 def _next_alloc(rs: RequestStream, start: int) -> int | None:
