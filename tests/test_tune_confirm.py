@@ -212,3 +212,14 @@ def test_a_capped_run_that_adapted_recalibrates_the_simulator():
     recorded = [c for c in ev.calls[1:] if c[3]]
     assert len(recorded) == len(sim.seen)  # every recorded capped run was offered to the simulator
     assert gpu_runs(ev) <= 5
+
+
+def test_when_the_default_is_best_its_own_two_runs_prove_it():
+    needs = {"": 1500 * MiB, "expandable_segments:True": 2100 * MiB,
+             "garbage_collection_threshold:0.6": 2050 * MiB, "roundup_power2_divisions:4": 2300 * MiB}
+    ev = FakeEvaluator(needs)
+    res = run(ev, knobs=parse_knobs(["expandable", "gc", "roundup"]))
+    assert gpu_runs(ev) == 2 and {c[0] for c in ev.calls[1:]} == {""}
+    assert res.ranking.best.candidate.conf == "" and res.ranking.best.verified
+    rec = recommend(res)
+    assert rec.conf == "" and "keep the default" in rec.summary
