@@ -55,6 +55,11 @@ class SweepRow:
     replays: int  # replays spent on this row (cost)
     at_budget: bool | None = None  # completes under `Sweep.budget`; None: no budget asked
     adapted_at_budget: int = 0  # fallible requests that fell back at the budget
+    peak_reserved_at_budget: int | None = None
+    num_ooms_at_budget: int | None = None
+    oom_at_budget: dict[str, Any] | None = None  # the failure that ended the capped replay (OOMInfo.to_dict())
+    # recorded failures (FAILED_ALLOC) that fit at the budget: a snapshot what-if's "avoids the OOM"
+    surprises_at_budget: tuple[int, ...] = ()
 
     @property
     def label(self) -> str:
@@ -105,12 +110,16 @@ def simulate_setting(
     find_min: bool = True,
     rel_tol: float = 0.01,
     abs_tol: int = 16 * MiB,
+    addresses: Any = "recorded",
+    reference: Trace | None = None,
 ) -> SweepRow:
     """One row of a sweep (the unit `sweep` repeats; also what a caller with one setting uses)."""
     from alloctune.config import AllocatorConfig
 
     config = AllocatorConfig.parse(conf, torch) if torch else AllocatorConfig.parse(conf)
-    free = replay(trace, config, total_memory=total_memory, torch=torch, record_events=False, timeline_points=1)
+    where = {"addresses": addresses, "reference": reference}
+    free = replay(trace, config, total_memory=total_memory, torch=torch, record_events=False, timeline_points=1,
+                  **where)
     replays = 1
     mb_budget = mb_below = None
     if find_min:
@@ -118,14 +127,12 @@ def simulate_setting(
         # bisection does not replay the uncapped run a second time. This is the one call site.
         mb = min_budget(trace, config, torch=torch, total_memory=total_memory, rel_tol=rel_tol, abs_tol=abs_tol)
         mb_budget, mb_below, replays = mb.budget, mb.infeasible_below, replays + mb.replays
-    at_budget = None
-    adapted = 0
+    capped = None
     if budget is not None:
         # replayed, not inferred from min_budget: feasibility is monotone in the cap only in practice
         capped = replay(trace, config, budget=budget, total_memory=total_memory, torch=torch,
-                        record_events=False, timeline_points=1)
+                        record_events=False, timeline_points=1, **where)
         replays += 1
-        at_budget, adapted = capped.completed, len(capped.adapted)
     return SweepRow(
         conf=config.format(),
         completed=free.completed,
@@ -136,8 +143,12 @@ def simulate_setting(
         min_budget=mb_budget,
         infeasible_below=mb_below,
         replays=replays,
-        at_budget=at_budget,
-        adapted_at_budget=adapted,
+        at_budget=capped.completed if capped else None,
+        adapted_at_budget=len(capped.adapted) if capped else 0,
+        peak_reserved_at_budget=capped.peak_reserved if capped else None,
+        num_ooms_at_budget=int(capped.stats.get("num_ooms", 0)) if capped else None,
+        oom_at_budget=capped.oom.to_dict() if capped and capped.oom else None,
+        surprises_at_budget=tuple(capped.unexpected_successes) if capped else (),
     )
 
 
@@ -151,11 +162,17 @@ def sweep(
     find_min: bool = True,
     rel_tol: float = 0.01,
     abs_tol: int = 16 * MiB,
+    addresses: Any = "recorded",
+    reference: Trace | None = None,
 ) -> Sweep:
-    """Simulate every setting in `confs` on `trace` (see `simulate_setting`)."""
+    """Simulate every setting in `confs` on `trace` (see `simulate_setting`).
+
+    `addresses` / `reference`: where new segments are placed (see `sim.replay`); the default
+    places them where the trace itself placed its segments.
+    """
     rows = tuple(
         simulate_setting(trace, c, budget=budget, torch=torch, total_memory=total_memory, find_min=find_min,
-                         rel_tol=rel_tol, abs_tol=abs_tol)
+                         rel_tol=rel_tol, abs_tol=abs_tol, addresses=addresses, reference=reference)
         for c in confs
     )
     from alloctune.trace.fallible import untagged_note
