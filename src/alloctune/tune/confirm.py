@@ -326,7 +326,12 @@ class ConfirmFlow:
         return (e is None or e > self.budget, e or 0)
 
     def _throughput(self, default: Candidate, best: Candidate) -> None:
-        """A/B repeats, alternating, only while the best may be measurably slower than the default."""
+        """A/B repeats, alternating, only while the best may be measurably slower than the default.
+
+        Samples are the exclusive passing runs: for the default its run at the budget, for the
+        best its first probe (a tighter cap, so if anything a pessimistic sample) and then the
+        A/B runs at the budget.
+        """
         ok_default = self.at_budget.get("")
         if ok_default is None or not ok_default.passed:
             return  # the default does not complete: no alternative to compare with
