@@ -223,3 +223,20 @@ def test_when_the_default_is_best_its_own_two_runs_prove_it():
     assert res.ranking.best.candidate.conf == "" and res.ranking.best.verified
     rec = recommend(res)
     assert rec.conf == "" and "keep the default" in rec.summary
+
+
+def test_python_api_runs_the_same_flow_with_the_real_simulator(tmp_path):
+    # the shipped H200 trace stands in for the baseline's recording; the fake GPU needs what it needs
+    from alloctune.demo import shipped_trace_path
+    from alloctune.tune.session import tune
+
+    ev = FakeEvaluator(snapshot=str(shipped_trace_path()))
+    out = tune(COMMAND, budget=BUDGET, knobs=["expandable", "roundup"], evaluator=ev, store=tmp_path / "s.jsonl",
+               platform="linux", max_gpu_runs=16)  # the fake needs 45 % more than the trace: a long bracket
+    data = out.to_dict()
+    assert data["schema"] == 2 and data["strategy"] == "confirm"
+    assert data["recommendation"]["conf"] == "expandable_segments:True"
+    best = out.result.ranking.best
+    assert best.verified and best.infeasible_below < 2100 * MiB <= best.min_budget
+    assert best.sim_min_budget is not None  # simulated from the real trace
+    assert len((tmp_path / "s.jsonl").read_text().splitlines()) == 1 + len(ev.calls)  # header + every trial

@@ -2,19 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
-import time
 from pathlib import Path
 from typing import Any, List, Optional
 
 import typer
-
-
-def default_store(command: List[str], budget: Optional[int]) -> Path:
-    """~/.cache/alloctune/tune/<hash of command and budget>/trials.jsonl (so --resume finds it)."""
-    key = hashlib.sha256(json.dumps([command, budget]).encode()).hexdigest()[:12]
-    return Path.home() / ".cache" / "alloctune" / "tune" / key / "trials.jsonl"
 
 
 def register(app: typer.Typer) -> None:
@@ -60,93 +51,53 @@ def register(app: typer.Typer) -> None:
         Every trial runs the command in a fresh process with the agent inside; every finished
         trial is written to the store at once, so Ctrl-C or a crash loses nothing (--resume).
         """
-        from alloctune.cli.common import print_json, warn
-        from alloctune.errors import AlloctuneError, InputError
-        from alloctune.runner import TrialEvaluator, resolve_command
-        from alloctune.tune.candidates import parse_knobs
-        from alloctune.tune.platform import check_platform
-        from alloctune.tune.recommend import recommend
-        from alloctune.tune.store import TrialStore
-        from alloctune.tune.strategy import SimulatorFromTrace, Tuner, TuneSettings
-        from alloctune.units import parse_size
-
-        resolve_command(command)  # a missing command is an error before anything is created
-        cap = parse_size(budget) if budget is not None else None
-        if cap is not None and cap <= 0:
-            raise InputError("--budget must be more than 0 bytes")
-        if timeout is not None and timeout <= 0:
-            raise InputError("--timeout must be a positive number of seconds")
-        if max_gpu_runs < 2:
-            raise InputError("--max-gpu-runs must be at least 2 (a pass and a failure prove a min_budget)")
-        settings = TuneSettings(
-            command=tuple(command),
-            budget=cap,
-            knobs=parse_knobs(knobs),
-            strategy=strategy,
-            simulate_first=simulate_first,
-            repeat=repeat,
-            platform=check_platform(platform),
-            max_gpu_runs=max_gpu_runs,
-        )
-        path = store or default_store(list(command), cap)
-        if store is None and not resume and path.exists() and path.stat().st_size > 0:
-            old = path.with_name(f"trials.{int(path.stat().st_mtime)}.jsonl")
-            path.rename(old)
-            warn(f"the previous sweep of this command was moved to {old} (use --resume to continue one)")
-        trial_store = TrialStore(path, command, resume=resume)
-        if resume and trial_store.skipped_lines:
-            warn(f"{trial_store.skipped_lines} unreadable line(s) in {path} skipped (a trial cut off by a kill)")
-        workdir = path.with_suffix(".d")
-        evaluator = TrialEvaluator(command, workdir, timeout=timeout)
-
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-        from alloctune.cli.common import err_console
+        from alloctune.cli.common import err_console, print_json, warn
+        from alloctune.errors import AlloctuneError
+        from alloctune.tune.session import prepare
+        from alloctune.units import parse_size
 
         progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                             console=err_console, transient=True)
         task = progress.add_task("starting", total=None)
 
         def started(conf: str, cap_: Optional[int], purpose: str) -> None:
-            progress.update(task, description=f"trial {len(tuner.trials) + 1}: {purpose} ({_budget(cap_)})")
+            progress.update(task, description=f"trial {len(session.tuner.trials) + 1}: {purpose} ({_budget(cap_)})")
 
         def finished(rec: Any) -> None:
             r = rec.result
             src = " [dim](from store)[/dim]" if rec.reused else ""
             progress.console.print(
-                f"  #{len(tuner.trials):<3} {r.conf or '(default)'} @ {_budget(r.budget)} → "
+                f"  #{len(session.tuner.trials):<3} {r.conf or '(default)'} @ {_budget(r.budget)} → "
                 f"{_outcome(r.outcome)}  peak reserved {_fmt(r.peak_reserved)}  {r.wall_s:.1f} s{src}"
             )
 
-        tuner = Tuner(
-            evaluator,
-            settings,
-            store=trial_store,
-            simulator_factory=SimulatorFromTrace,
-            on_trial_start=started,
-            on_trial_end=finished,
+        session = prepare(
+            command, budget=parse_size(budget) if budget is not None else None, knobs=knobs, strategy=strategy,
+            platform=platform, store=store, resume=resume, simulate_first=simulate_first, repeat=repeat,
+            timeout=timeout, max_gpu_runs=max_gpu_runs, on_trial_start=started, on_trial_end=finished,
         )
-        t0 = time.monotonic()
+        if session.moved_previous is not None:
+            warn(f"the previous sweep of this command was moved to {session.moved_previous} (use --resume to continue one)")
+        if session.skipped_lines:
+            warn(f"{session.skipped_lines} unreadable line(s) in {session.store_path} skipped (a trial cut off by a kill)")
+        path = session.store_path
         try:
             with progress:
-                result = tuner.run()
+                outcome = session.run()
         except KeyboardInterrupt:
-            _render_trials(tuner.trials, title="trials so far (interrupted)")
-            err_console.print(f"{len(tuner.trials)} trial(s) kept in {path}; continue with --resume --store {path}")
+            _render_trials(session.tuner.trials, title="trials so far (interrupted)")
+            err_console.print(f"{len(session.tuner.trials)} trial(s) kept in {path}; continue with --resume --store {path}")
             raise
         except AlloctuneError:
-            if tuner.trials and not json_out:
-                _render_trials(tuner.trials, title="trials so far")
+            if session.tuner.trials and not json_out:
+                _render_trials(session.tuner.trials, title="trials so far")
             raise
-        rec = recommend(result)
         if json_out:
-            data = result.to_dict()
-            data["recommendation"] = rec.to_dict()
-            data["store"] = str(path)
-            data["elapsed_s"] = round(time.monotonic() - t0, 1)
-            print_json(data)
+            print_json(outcome.to_dict())
             return
-        _render_result(result, rec, path, time.monotonic() - t0)
+        _render_result(outcome.result, outcome.recommendation, path, outcome.elapsed_s)
 
 
 def _fmt(n: Optional[int]) -> str:
