@@ -88,17 +88,11 @@ def register(app: typer.Typer) -> None:
 
             print_json({"schema": 1, "torch": torch, "knobs": [k.to_dict() for k in knobs]})
             return
-        from rich.table import Table
+        from alloctune.cli.render import Col, FitTable, console
 
-        from alloctune.cli.common import console
-
-        table = Table(title="Allocator knobs" + (f" accepted by torch {torch}" if torch else " (torch 2.0–2.15)"))
-        table.add_column("knob", no_wrap=True)
-        table.add_column("default")
-        table.add_column("torch", no_wrap=True)
-        table.add_column("honoured by")
-        table.add_column("affects allocation")
-        table.add_column("meaning", ratio=1, min_width=30)
+        table = FitTable(Col("knob"), Col("default"), Col("torch", nowrap=True), Col("honoured\nby"),
+                         Col("affects\nallocation"), Col("meaning"),
+                         title="Allocator knobs" + (f" accepted by torch {torch}" if torch else " (torch 2.0–2.15)"))
         for k in knobs:
             name = k.name + "".join(f"\n(alias {a})" for a in k.aliases)
             table.add_row(name, k.default, k.versions(), k.honoured_by, "yes" if k.affects_allocation else "no",
