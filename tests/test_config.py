@@ -327,8 +327,9 @@ def test_to_env_sets_both_variables():
 def test_dict_round_trip_and_constructor_validation():
     c = C.parse(LIST + ",max_split_size_mb:128,pinned_num_register_threads:4")
     d = json.loads(json.dumps(c.to_dict()))
-    assert d["schema"] == 1 and d["string"] == c.format()
+    assert d["schema"] == "alloctune.allocator-config/1" and d["string"] == c.format()
     assert C.from_dict(d) == c
+    assert C.from_dict({**d, "schema": 1}) == c  # files written before the shared schema form
     with pytest.raises(ConfigError):
         C(max_split_size=100)  # not a whole MiB
     with pytest.raises(ConfigError):
