@@ -21,7 +21,7 @@ def test_info_json_on_rvc(traces_dir, capsys):
     code, out, _ = run(["trace", "info", str(traces_dir / "rvc_ec1" / "default.pickle.xz"), "--json"], capsys)
     assert code == 0
     d = json.loads(out)
-    assert d["schema"] == 1
+    assert d["schema"] == "alloctune.trace-info/1"
     assert d["requests_by_kind"] == {"alloc": 14145, "free": 13616, "empty_cache": 16, "failed_alloc": 0}
     assert d["inferred_empty_cache"] == 16
     assert d["streams"] == [0]

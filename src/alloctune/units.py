@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 
-from alloctune.errors import SizeError
+from alloctune.errors import InputError, SizeError
 
 KiB = 1024
 MiB = 1024**2
@@ -117,3 +117,15 @@ def parse_user_size(text: str | int, option: str = "size") -> int:
     if value <= 0:
         raise SizeError(f"{option} must be more than 0 bytes, got {raw!r}")
     return value
+
+
+def parse_seconds(value: float | None, option: str = "--timeout") -> float | None:
+    """A duration a person gave for `option`: None stays None, else it must be finite and > 0.
+
+    Why: `float("nan")` passes `value <= 0` checks unnoticed and then never times out.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        raise InputError(f"{option} must be a positive number of seconds, got {value}")
+    return float(value)

@@ -207,8 +207,9 @@ def _share(minima: list[int], maxima: list[int], room: int) -> list[int]:
         wanting = [i for i in range(len(widths)) if widths[i] < maxima[i]]
         if not wanting:
             break
-        # the column furthest (relatively) from its natural width gets the next character
-        i = min(wanting, key=lambda j: widths[j] / maxima[j])
+        # the narrowest column that still wraps gets the next character: short columns (names,
+        # labels) reach their natural width first and the long text column wraps instead
+        i = min(wanting, key=lambda j: widths[j])
         widths[i] += 1
         spare -= 1
     return widths

@@ -30,6 +30,10 @@ def register(app: typer.Typer) -> None:
         from alloctune.cli.views import snapshot_view
         from alloctune.report.tables import rich_settings_table
 
+        if device is not None and device < 0:
+            from alloctune.errors import InputError
+
+            raise InputError(f"--device must be 0 or more, got {device}")
         data = build_report(inputs, title=title, device=device, what_if=what_if)
         written = write_report(data, out)
         if json_out:

@@ -26,11 +26,16 @@ def register(app: typer.Typer) -> None:
         from alloctune.trace.load import load_trace
         from alloctune.trace.summary import summarize
 
+        if device is not None and device < 0:
+            from alloctune.errors import InputError
+
+            raise InputError(f"--device must be 0 or more, got {device}")
         summary = summarize(load_trace(file, device, partial=partial))
         if json_out:
             from alloctune.cli.common import print_json
+            from alloctune.schema import with_schema
 
-            print_json(summary)
+            print_json(with_schema("trace-info", summary.to_dict()))
             return
         _render_info(summary)
 
@@ -43,6 +48,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Save a snapshot in alloctune's compact format (xz JSON: requests, segment events, settings, meta)."""
         from alloctune.errors import InputError
+        from alloctune.schema import schema_id
         from alloctune.trace.compact import save_compact
         from alloctune.trace.load import load_trace
 
@@ -55,6 +61,7 @@ def register(app: typer.Typer) -> None:
             raise InputError(f"{out}: cannot write: {exc.strerror or exc}") from exc
         in_size = file.stat().st_size
         result = {
+            "schema": schema_id("trace-convert"),
             "source": str(file),
             "output": str(out),
             "requests": len(trace.requests),
@@ -77,14 +84,10 @@ def register(app: typer.Typer) -> None:
 
 
 def _render_info(s) -> None:  # s: TraceSummary
-    from rich.table import Table
-
-    from alloctune.cli.common import console
+    from alloctune.cli.render import console, kv_table
     from alloctune.units import format_size
 
-    t = Table(title=f"{s.source} (device {s.device})", show_header=False, title_justify="left")
-    t.add_column("what", style="bold")
-    t.add_column("value")
+    t = kv_table([], title=f"{s.source} (device {s.device})")
     if s.meta:
         t.add_row("run", ", ".join(f"{k}={v!r}" if k == "conf" else f"{k}={v}" for k, v in s.meta.items()))
     kinds = ", ".join(f"{k} {v}" for k, v in s.requests_by_kind.items())
