@@ -145,16 +145,21 @@ class FitTable:
         head = [self.columns[i].header] if self.show_header else []
         return head + [_plain(r[i]) for r in self.rows]
 
+    def _min(self, i: int, hard: bool) -> int:
+        """Column i's narrowest width: its longest piece; a `nowrap` column's whole values (its
+        header may still wrap between its words, "peak" over "reserved" above "1.40 GiB")."""
+        col = self.columns[i]
+        head = min_width(col.header, hard=hard) if self.show_header else 0
+        cells = (min_width(_plain(r[i]), nowrap=col.nowrap, hard=hard) for r in self.rows)
+        return max(head, max(cells, default=0))
+
     def widths(self, available: int) -> list[int] | None:
         """Column widths for `available` characters, or None when the table cannot fit."""
         n = len(self.columns)
         room = available - _GAP * (n - 1)
         maxima = [max((len(line) for t in self._texts(i) for line in t.split("\n")), default=1) or 1 for i in range(n)]
         for hard in (False, True):
-            minima = [
-                max(1, max((min_width(t, nowrap=c.nowrap, hard=hard) for t in self._texts(i)), default=1))
-                for i, c in enumerate(self.columns)
-            ]
+            minima = [max(1, self._min(i, hard)) for i in range(n)]
             if sum(minima) <= room:
                 return _share(minima, maxima, room)
         return None
@@ -179,7 +184,7 @@ class FitTable:
         yield table
 
     def _stacked(self, width: int) -> RenderResult:
-        """One `header: value` line group per row: fits any width without cutting words."""
+        """One `header: value` line group per row (empty fields left out): fits any width without cutting words."""
         out: list[Text] = []
         if self.title:
             out.append(wrap_text(Text(self.title, style="bold"), width))
@@ -187,6 +192,8 @@ class FitTable:
             if k:
                 out.append(Text(""))
             for col, cell in zip(self.columns, row):
+                if not _plain(cell).strip():
+                    continue  # an empty field says nothing in this layout
                 label = " ".join(col.header.split()) if self.show_header else ""
                 value = wrap_text(cell, max(1, width - 2))
                 value.stylize(col.style or "")

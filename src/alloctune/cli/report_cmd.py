@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
         from alloctune.report import build_report, write_report
         from alloctune.report.model import min_budgets
         from alloctune.cli.views import snapshot_view
-        from alloctune.report.tables import rich_settings_table
+        from alloctune.report.tables import SETTINGS_HEADER, settings_cells
 
         if device is not None and device < 0:
             from alloctune.errors import InputError
@@ -42,9 +42,22 @@ def register(app: typer.Typer) -> None:
             print_json(with_schema("report-output", {"written": written.to_dict(), "report": data.to_dict()}))
             return
         if data.rows:
-            console.print(rich_settings_table(data.rows, min_budgets(data.rows)))
+            console.print(settings_table(SETTINGS_HEADER, settings_cells(data.rows, min_budgets(data.rows))))
         for d in data.diagnoses:
             console.print(*snapshot_view(d))
         for note in data.notes:
             console.print(f"note: {note}")
         console.print(f"wrote {written.html} ({len(written.figures)} figures, data in {written.json})")
+
+
+def settings_table(header, cells):
+    """The report's settings with the shared table helper (the `config` column only where it says more)."""
+    from alloctune.cli.render import Col, FitTable
+
+    keep = [i for i, h in enumerate(header) if h != "config" or any(r[1] != "(default)" and r[1] not in r[0] for r in cells)]
+    numeric = {"budget", "peak reserved", "peak allocated", "utilization", "retries", "OOMs", "min_budget"}
+    table = FitTable(*(Col(header[i], "right" if header[i] in numeric else "left", header[i] in numeric)
+                       for i in keep), title="Settings")
+    for r in cells:
+        table.add_row(*(r[i] for i in keep))
+    return table
