@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from alloctune.errors import InputError
+from alloctune.progress import Progress, no_progress
 
 
 def read_log(source: str | Path | None, stdin: BinaryIO | None = None) -> str:
@@ -48,6 +49,7 @@ def explain_snapshot(
     device: int = 0,
     oom: int = -1,
     what_if: bool = True,
+    progress: Progress = no_progress,
 ) -> Any:
     """The `SnapshotDiagnosis` of the OOM recorded in `snapshot` (`oom`: which one, -1 = last).
 
@@ -60,6 +62,7 @@ def explain_snapshot(
     if device < 0:
         raise InputError(f"--device must be 0 or more, got {device}")
     cap = parse_user_size(budget, "--budget") if budget is not None else None
+    progress(f"reading {snapshot}" + (" and replaying the standard settings" if what_if else ""))
     return diagnose_snapshot(snapshot, device=device, oom=oom, budget=cap,
                              candidates=STANDARD_CANDIDATES if what_if else None)
 
@@ -74,6 +77,7 @@ def diagnose_input(
     oom: int | None = None,
     what_if: bool = True,
     stdin: BinaryIO | None = None,
+    progress: Progress = no_progress,
 ) -> tuple[str, Any]:
     """What `alloctune diagnose` does: ("log", [Diagnosis, ...]) or ("snapshot", SnapshotDiagnosis).
 
@@ -92,4 +96,4 @@ def diagnose_input(
     if platform is not None:
         raise InputError("--platform applies to logs, not to --snapshot")
     return "snapshot", explain_snapshot(snapshot, budget=budget, device=device or 0,
-                                        oom=-1 if oom is None else oom, what_if=what_if)
+                                        oom=-1 if oom is None else oom, what_if=what_if, progress=progress)

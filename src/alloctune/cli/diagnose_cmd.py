@@ -94,10 +94,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Explain CUDA/HIP/XPU/MPS/NPU out-of-memory messages found in a log, with fixes for bash, PowerShell,
         cmd and Python; or, with --snapshot, the OOM recorded in a memory snapshot."""
+        from alloctune.cli.progress import progress_on_stderr
         from alloctune.diagnosis import diagnose_input
 
-        kind, result = diagnose_input(source, snapshot=snapshot, platform=platform, budget=budget, device=device,
-                                      oom=oom, what_if=not no_what_if)
+        with progress_on_stderr(quiet=json_out or snapshot is None) as progress:  # logs are read at once
+            kind, result = diagnose_input(source, snapshot=snapshot, platform=platform, budget=budget, device=device,
+                                          oom=oom, what_if=not no_what_if, progress=progress)
         if json_out:
             from alloctune.schema import with_schema
 

@@ -30,7 +30,11 @@ def register(app: typer.Typer) -> None:
             from alloctune.errors import InputError
 
             raise InputError(f"--device must be 0 or more, got {device}")
-        summary = summarize(load_trace(file, device, partial=partial))
+        from alloctune.cli.progress import progress_on_stderr
+
+        with progress_on_stderr(quiet=json_out) as progress:
+            progress(f"loading {file}")
+            summary = summarize(load_trace(file, device, partial=partial))
         if json_out:
             from alloctune.cli.common import print_json
             from alloctune.schema import with_schema
@@ -54,7 +58,11 @@ def register(app: typer.Typer) -> None:
 
         if out.exists() and out.is_dir():
             raise InputError(f"{out}: is a directory; give the output file name")
-        trace = load_trace(file, device)
+        from alloctune.cli.progress import progress_on_stderr
+
+        with progress_on_stderr(quiet=json_out) as progress:
+            progress(f"loading {file}")
+            trace = load_trace(file, device)
         try:
             written = save_compact(trace, out)
         except OSError as exc:
