@@ -47,6 +47,7 @@ def test_convert_then_info_gives_the_same_numbers(traces_dir, tmp_path, capsys):
     code, out, _ = run(["trace", "convert", str(src), str(out_file), "--json"], capsys)
     assert code == 0
     result = json.loads(out)
+    assert result["schema"] == "alloctune.trace-convert/1"
     assert result["output_bytes"] == out_file.stat().st_size
     assert result["requests"] == 27777
     _, a, _ = run(["trace", "info", str(src), "--json"], capsys)

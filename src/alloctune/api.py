@@ -24,10 +24,11 @@ from typing import Any
 from alloctune.config.effective import check_setting
 from alloctune.errors import AlloctuneError
 from alloctune.simulation import simulate
+from alloctune.trace_files import convert_trace, trace_info
 
 __all__ = [
-    "ApiUnavailable", "check_setting", "diagnose", "diagnose_all", "diagnose_snapshot", "plan", "record",
-    "simulate", "tune",
+    "ApiUnavailable", "check_setting", "convert_trace", "diagnose", "diagnose_all", "diagnose_snapshot", "plan",
+    "record", "simulate", "trace_info", "tune",
 ]
 
 # name -> (module, function) of the entry points other packages provide
