@@ -7,6 +7,8 @@ from typing import Optional
 
 import typer
 
+from rich.markup import escape
+
 from alloctune.cli.common import console, print_json
 
 _VERDICT_STYLE = {
@@ -19,55 +21,41 @@ _VERDICT_STYLE = {
 
 
 def render_diagnosis(d, index: int, count: int) -> None:
-    """Rich view of one diagnosis: verdict, evidence, ranked fixes with their shell forms."""
+    """Rich view of one diagnosis: verdict, evidence, ranked fixes with their shell forms.
+
+    Prose wraps (indented); the lines to copy into a shell are printed unbroken."""
+    from rich.padding import Padding
     from rich.panel import Panel
     from rich.text import Text
 
     from alloctune.cli.render import kv_table
 
     r = d.report
-    title = f"OOM {index}/{count}" if count > 1 else "OOM"
-    where = ", ".join(
-        x
-        for x in (
-            f"{r.vendor.upper()} {r.backend}",
-            f"format {r.format}" + (f" (torch {r.torch_hint})" if r.torch_hint else ""),
-            f"platform {d.platform}" if d.platform else None,
-            f"seen {d.occurrences}x" if d.occurrences > 1 else None,
-            "truncated" if r.truncated else None,
-        )
-        if x
-    )
-    head = Text()
-    head.append(d.verdict.upper(), style=_VERDICT_STYLE.get(d.verdict, "bold"))
-    if d.contributing:
-        head.append(f" (+ {', '.join(d.contributing)})")
-    head.append(f": {d.reason}\n")
-    head.append(where, style="dim")
-    console.print(Panel(head, title=title, title_align="left"))
+    where = [f"{r.vendor.upper()} {r.backend}", f"format {r.format}" + (f" (torch {r.torch_hint})" if r.torch_hint else ""),
+             f"platform {d.platform}" if d.platform else "", f"seen {d.occurrences}x" if d.occurrences > 1 else "",
+             "truncated" if r.truncated else ""]
+    head = Text.assemble((d.verdict.upper(), _VERDICT_STYLE.get(d.verdict, "bold")),
+                         f" (+ {', '.join(d.contributing)})" if d.contributing else "", f": {d.reason}\n",
+                         (", ".join(x for x in where if x), "dim"))
+    console.print(Panel(head, title=f"OOM {index}/{count}" if count > 1 else "OOM", title_align="left"))
     if d.evidence:
         console.print(kv_table(((str(i), line) for i, line in enumerate(d.evidence, 1)), title="Evidence"))
-    working, blocked = d.working_fixes, d.blocked_fixes
-    if working:
+    if d.working_fixes:
         console.print("[bold]Fixes[/bold] (best first)")
-    for rank, f in enumerate(working, 1):
-        console.print(f"[bold]{rank}. {f.title}[/bold]" + (f" [dim](requires {f.requires})[/dim]" if f.requires else ""))
-        console.print(f"   {f.why}", markup=False, highlight=False)
-        forms = f.shell_forms()
-        for shell, text in forms.items():
+    for rank, f in enumerate(d.working_fixes, 1):
+        console.print(f"[bold]{rank}. {escape(f.title)}[/bold]" + (f" [dim](requires {escape(f.requires)})[/dim]" if f.requires else ""))
+        console.print(Padding(Text(f.why), (0, 0, 0, 3)))
+        forms = [*f.shell_forms().items(), *([("python", f.code)] if f.code else [])]
+        for shell, text in forms:
             console.print(f"   [dim]{shell}:[/dim]")
             for line in text.splitlines():
-                console.print(f"     {line}", markup=False, highlight=False)
-        if f.code:
-            console.print("   [dim]python:[/dim]")
-            for line in f.code.splitlines():
-                console.print(f"     {line}", markup=False, highlight=False)
+                console.print(f"     {line}", markup=False, soft_wrap=True)
         if f.command:
-            console.print("   check: " + f.command, markup=False, highlight=False)
-    if blocked:
+            console.print("   check: " + f.command, markup=False, soft_wrap=True)
+    if d.blocked_fixes:
         console.print("[bold]Will not work here[/bold]")
-        for f in blocked:
-            console.print(f"  - {f.title}: {f.why}", markup=False, highlight=False)
+        for f in d.blocked_fixes:
+            console.print(Padding(Text(f"- {f.title}: {f.why}"), (0, 0, 0, 2)))
     console.print()
 
 
