@@ -233,7 +233,7 @@ def test_memory_map_round_trip():
 
 def test_cli_diagnose_snapshot(traces_dir, tmp_path):
     exe = [sys.executable, "-m", "alloctune"]
-    out = subprocess.run(exe + ["diagnose-snapshot", str(traces_dir / "llm/default_cap85.pickle.xz"), "--json",
+    out = subprocess.run(exe + ["diagnose", "--snapshot", str(traces_dir / "llm/default_cap85.pickle.xz"), "--json",
                                 "--no-what-if"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
@@ -241,7 +241,7 @@ def test_cli_diagnose_snapshot(traces_dir, tmp_path):
     assert data["verdict"] == "fragmentation" and data["largest_free"] == 41820160
     bad = tmp_path / "x.pickle"
     bad.write_bytes(b"not a pickle")
-    out = subprocess.run(exe + ["diagnose-snapshot", str(bad)], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(exe + ["diagnose", "--snapshot", str(bad)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert out.stderr.startswith("alloctune: error: ") and out.stderr.count("\n") == 1
 

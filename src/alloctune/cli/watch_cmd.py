@@ -26,9 +26,9 @@ def register(app: typer.Typer) -> None:
 
         from alloctune.errors import InputError
         from alloctune.monitor import PynvmlFacade, SampleLog, sample_table, samples
+        from alloctune.units import parse_seconds
 
-        if interval <= 0:
-            raise InputError(f"--interval must be positive, got {interval}")
+        interval = parse_seconds(interval, "--interval")
         if count is not None and count < 1:
             raise InputError(f"--count must be at least 1, got {count}")
         nvml = PynvmlFacade()
