@@ -111,7 +111,7 @@ def _budget(n: Optional[int]) -> str:
 
 
 def _outcome(outcome: str) -> str:
-    colour = {"ok": "green", "oom": "red", "crash": "red", "timeout": "yellow"}.get(outcome, "white")
+    colour = _COLOURS.get(outcome, "white")
     return f"[{colour}]{outcome}[/{colour}]"
 
 
@@ -130,56 +130,57 @@ def _rate(s: Any) -> str:
 
 
 def _render_trials(trials: Any, title: str = "trials") -> None:
-    from rich.table import Table
+    from rich.text import Text
 
     from alloctune.cli.common import console
+    from alloctune.cli.render import Col, FitTable
 
-    t = Table(title=title, title_justify="left")
-    for col in ("#", "setting (as applied)", "allocator ran with", "budget", "outcome", "peak reserved",
-                "peak allocated", "util", "retries", "OOMs", "wall", "throughput"):
-        t.add_column(col, justify="right" if col in ("#", "retries", "OOMs", "wall", "util") else "left",
-                     overflow="fold")
+    t = FitTable(Col("#", justify="right", nowrap=True), "setting", Col("budget", nowrap=True), "outcome",
+                 Col("peak\nreserved", justify="right", nowrap=True), Col("OOMs", justify="right", nowrap=True),
+                 "why", title=title)
+    mismatched = []
     for i, rec in enumerate(trials, 1):
         r = rec.result
-        seen = (r.allocator_settings or {}).get("PYTORCH_CUDA_ALLOC_CONF")
-        ran = "-" if r.allocator_settings is None else ("same" if (seen or "") == (r.conf or "") else repr(seen))
-        if r.warnings:
-            ran = f"[yellow]{ran} (!)[/yellow]"
+        setting = r.conf or "(default)"
+        if r.warnings:  # the allocator did not run with what was asked: the trial is refused
+            setting += " (!)"
+            mismatched.append(f"#{i}: {'; '.join(r.warnings)}")
         t.add_row(
             f"{i}{'*' if rec.reused else ''}",
-            r.conf or "(default)",
-            ran,
+            setting,
             _budget(r.budget),
-            _outcome(r.outcome),
+            Text(r.outcome, style=_COLOURS.get(r.outcome, "")),
             _fmt(r.peak_reserved),
-            _fmt(r.peak_allocated),
-            f"{r.utilization:.0%}" if r.utilization is not None else "-",
-            "-" if r.num_alloc_retries is None else str(r.num_alloc_retries),
             "-" if r.num_ooms is None else str(r.num_ooms),
-            f"{r.wall_s:.1f}s",
-            f"{r.throughput:g} {r.throughput_unit or ''}".rstrip() if r.throughput is not None else "-",
+            rec.purpose,
         )
     console.print(t)
+    for line in mismatched:
+        console.print(Text(f"(!) {line}", style="yellow"))
     if any(rec.reused for rec in trials):
         console.print("[dim]* taken from the results store (--resume)[/dim]")
 
 
+_COLOURS = {"ok": "green", "oom": "red", "crash": "red", "timeout": "yellow"}
+
+
 def _render_result(result: Any, rec: Any, store: Path, elapsed: float) -> None:
-    from rich.table import Table
+    from rich.text import Text
 
     from alloctune.cli.common import console
+    from alloctune.cli.render import Col, FitTable
 
     _render_trials(result.trials)
-    t = Table(title=f"candidates at the budget {_fmt(result.budget)}", title_justify="left")
-    for col in ("setting", "simulated", "measured", "verified", "throughput", "runs"):
-        t.add_column(col, overflow="fold")
+    t = FitTable("setting", Col("simulated", nowrap=True), Col("measured", nowrap=True), "verified",
+                 "throughput", Col("runs", justify="right", nowrap=True),
+                 title=f"candidates at the budget {_fmt(result.budget)}")
     best = result.ranking.best
     why = []
     for s in result.ranking.order:
         verdict = "recommended" if s is best else result.ranking.reasons.get(s.candidate.conf, "")
         why.append((s.candidate.label, verdict, s is best))
         t.add_row(
-            f"[bold green]{s.candidate.label}[/bold green]" if s is best else s.candidate.label,
+            Text(s.candidate.label, style="bold green") if s is best else s.candidate.label,
             _fmt(s.sim_min_budget),
             _measured(s),
             "-" if s.verified is None else ("yes" if s.verified else "no"),
@@ -190,10 +191,9 @@ def _render_result(result: Any, rec: Any, store: Path, elapsed: float) -> None:
     console.print("[dim]simulated / measured: smallest working budget (measured = a tested pass; "
                   "verified = a tested failure within 1 % below it)[/dim]")
     for label, text, chosen in why:
-        mark = "[bold green]→[/bold green]" if chosen else "-"
-        console.print(f"{mark} {label}: {text}", highlight=False)
+        console.print(Text.assemble(("→ " if chosen else "- ", "bold green" if chosen else ""), f"{label}: {text}"))
     for note in result.notes:
-        console.print(f"note: {note}")
+        console.print(Text(f"note: {note}"))
     console.print(f"\n[bold]{rec.summary}[/bold]")
     for shell, text in rec.lines.items():
         console.print(f"[dim]{shell}:[/dim]")

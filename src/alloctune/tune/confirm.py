@@ -201,9 +201,17 @@ class ConfirmFlow:
         sample, so it runs alone); a failure there shows the simulation was optimistic."""
         b = self._bracket(c)
         nxt = next_budget(self.t, b, self.budget)
-        what = "its simulated min_budget" if b.est is not None else "the budget (no simulated min_budget)"
+        what = "just above the simulated min_budget" if b.est is not None else "at the budget (not simulated)"
         return TrialRequest(c.conf, nxt if nxt is not None else self.budget, record=calibrate, exclusive=True,
-                            ensure_cap=self._gc(c), purpose=f"confirm {c.label} just above {what}")
+                            ensure_cap=self._gc(c), purpose=f"best: {what}")
+
+    def _hinted(self, c: Candidate, budget: int) -> bool:
+        """Whether `budget` is one of the two runs around the re-simulated estimate."""
+        hint = self.hints.get(c.conf)
+        if hint is None:
+            return False
+        h = half_width(self.t, hint)
+        return budget in (_down(hint - h), _up(hint + h), min(self.budget, _up(hint + h)))
 
     def _want_calibration(self) -> bool:
         """Record capped runs until one has shown how the program adapts (then the simulator knows)."""
@@ -224,12 +232,16 @@ class ConfirmFlow:
                 return
             if (b.passed is not None and nxt >= b.passed) or (b.failed is not None and nxt <= b.failed):
                 return  # nothing new to learn there
-            if b.passed is not None and b.failed is None and b.widen == 0:
-                purpose = f"confirm {c.label} fails just below its simulated min_budget"
+            if b.est is None:
+                purpose = "halve (no simulated min_budget to start from)" if b.failed is None else "bisect"
+            elif b.passed is not None and b.failed is None and b.widen == 0 and not self._hinted(c, nxt):
+                purpose = "just below the simulated min_budget"
+            elif self._hinted(c, nxt):
+                purpose = "at the re-simulated min_budget (after calibration)"
             elif b.passed is not None and b.failed is not None:
-                purpose = f"bisect {c.label}"
+                purpose = "bisect"
             else:
-                purpose = f"widen {c.label}: the GPU contradicted the simulation"
+                purpose = "widen: the GPU contradicted the simulation"
             self._run([TrialRequest(c.conf, nxt, ensure_cap=self._gc(c), purpose=purpose,
                                     record=self._want_calibration())])
         if next_budget(self.t, b, self.budget, None) is not None:
@@ -288,7 +300,7 @@ class ConfirmFlow:
                 if could and self.t.fresh_runs_after_baseline() < self.s.max_gpu_runs:
                     rb = self._bracket(runner)
                     self._run([TrialRequest(runner.conf, fb.failed, ensure_cap=self._gc(runner),
-                                            purpose=f"can {runner.label} run where {focus.label} failed?")])
+                                            purpose=f"runner-up, where {focus.label} failed")])
                     tried.append(runner)
                     if rb.passed is not None:  # it beats the focus: prove its own bracket
                         self._settle(runner)
@@ -312,7 +324,7 @@ class ConfirmFlow:
                 break
             b = self.brackets.setdefault(c.conf, Bracket(None))
             self._run([TrialRequest(c.conf, self.budget, exclusive=True, ensure_cap=self._gc(c), record=self._want_calibration(),
-                                    purpose=f"{c.label} at the budget although simulated not to fit")])
+                                    purpose="at the budget although simulated not to fit")])
             if b.passed is not None:
                 self.t.notes.append(
                     f"the simulation said no setting fits {format_mib(self.budget)}, but {c.label} completed there: "
@@ -350,9 +362,9 @@ class ConfirmFlow:
             pairs += 1
             rep = pairs
             self._run([
-                TrialRequest("", self.budget, repeat=rep, exclusive=True, purpose="throughput A/B: the default"),
+                TrialRequest("", self.budget, repeat=rep, exclusive=True, purpose="throughput A/B"),
                 TrialRequest(best.conf, self.budget, repeat=rep, exclusive=True, ensure_cap=self._gc(best),
-                             purpose=f"throughput A/B: {best.label}"),
+                             purpose="throughput A/B"),
             ])
 
     def _summaries(self, default: Candidate, focus: Candidate | None, order: list[Candidate]) -> list[CandidateSummary]:

@@ -317,7 +317,7 @@ class Tuner:
         )
 
     def _feasible(self, c: Candidate, budget: int) -> CandidateSummary:
-        ok, res = self._point(c.conf, budget, f"feasibility of {c.label} at the budget")
+        ok, res = self._point(c.conf, budget, "feasibility at the budget")
         return _summary(c, ok, res)
 
     def _measure(
@@ -383,7 +383,7 @@ class Tuner:
         fails: the reported bracket is always a tested pass and a tested failure (or 0).
         """
         n = 0
-        purpose = f"min_budget of {c.label}"
+        purpose = "min_budget bisection"
         lo_seen = False
         if lo >= hi:  # the workload allocated more without a budget than this candidate is given
             lo = align_down(hi // 2)
@@ -456,10 +456,10 @@ class Tuner:
             # smaller cap), so the separate feasibility trial is needed only when it fails.
             hi0 = budget if est is None else min(budget, align_up(int(est * (1 + self.settings.sim_margin))))
             lo = lo_bound
-            ok, res = self._point(c.conf, hi0, f"verify {c.label} near the simulated min_budget")
+            ok, res = self._point(c.conf, hi0, "verify near the simulated min_budget")
             if not ok and hi0 < budget:
                 lo = hi0
-                ok, res = self._point(c.conf, budget, f"feasibility of {c.label} at the budget")
+                ok, res = self._point(c.conf, budget, "feasibility at the budget")
                 hi0 = budget
             sm = _summary(c, ok, res, sim_min_budget=est)
             verified += 1
