@@ -123,7 +123,7 @@ def test_exhaustive_strategy_stays_behind_a_flag_and_both_agree(setup):
     (tmp_path / "s.jsonl").unlink()
     old = json.loads(tune(tmp_path, env, "--json", "--strategy", "exhaustive").stdout)
     assert confirm["strategy"] == "confirm" and old["strategy"] == "exhaustive"
-    assert confirm["schema"] == 2 and "gpu_runs_after_baseline" in confirm
+    assert confirm["schema"] == "alloctune.tune/2" and "gpu_runs_after_baseline" in confirm
     assert confirm["recommendation"]["conf"] == old["recommendation"]["conf"] == "expandable_segments:True"
 
 

@@ -234,7 +234,7 @@ def test_python_api_runs_the_same_flow_with_the_real_simulator(tmp_path):
     out = tune(COMMAND, budget=BUDGET, knobs=["expandable", "roundup"], evaluator=ev, store=tmp_path / "s.jsonl",
                platform="linux", max_gpu_runs=16)  # the fake needs 45 % more than the trace: a long bracket
     data = out.to_dict()
-    assert data["schema"] == 2 and data["strategy"] == "confirm"
+    assert data["schema"] == "alloctune.tune/2" and data["strategy"] == "confirm"
     assert data["recommendation"]["conf"] == "expandable_segments:True"
     best = out.result.ranking.best
     assert best.verified and best.infeasible_below < 2100 * MiB <= best.min_budget

@@ -73,10 +73,15 @@ def register(app: typer.Typer) -> None:
                 f"{_outcome(r.outcome)}  peak reserved {_fmt(r.peak_reserved)}  {r.wall_s:.1f} s{src}"
             )
 
+        def simulating(step: str, done: int = 0, total: Optional[int] = None) -> None:
+            of = f" ({done}/{total})" if total else ""
+            progress.update(task, description=f"{step}{of}")
+
         session = prepare(
             command, budget=parse_size(budget) if budget is not None else None, knobs=knobs, strategy=strategy,
             platform=platform, store=store, resume=resume, simulate_first=simulate_first, repeat=repeat,
             timeout=timeout, max_gpu_runs=max_gpu_runs, on_trial_start=started, on_trial_end=finished,
+            progress=simulating,
         )
         if session.moved_previous is not None:
             warn(f"the previous sweep of this command was moved to {session.moved_previous} (use --resume to continue one)")

@@ -18,11 +18,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from alloctune.progress import Progress, no_progress
+from alloctune.schema import schema_id
 from alloctune.sim.budget import min_budget
 from alloctune.sim.replay import replay
 from alloctune.trace.model import Trace
 
-SCHEMA = "alloctune.sweep/1"
+SCHEMA = schema_id("sweep")
 MiB = 1 << 20
 
 # The usual fixes for fragmentation, as whole setting strings: what the demo compares, what a
@@ -164,17 +166,20 @@ def sweep(
     abs_tol: int = 16 * MiB,
     addresses: Any = "recorded",
     reference: Trace | None = None,
+    progress: Progress = no_progress,
 ) -> Sweep:
     """Simulate every setting in `confs` on `trace` (see `simulate_setting`).
 
     `addresses` / `reference`: where new segments are placed (see `sim.replay`); the default
     places them where the trace itself placed its segments.
     """
-    rows = tuple(
-        simulate_setting(trace, c, budget=budget, torch=torch, total_memory=total_memory, find_min=find_min,
-                         rel_tol=rel_tol, abs_tol=abs_tol, addresses=addresses, reference=reference)
-        for c in confs
-    )
+    rows = []
+    for i, c in enumerate(confs):
+        progress(f"simulating {c or '(default)'}", i, len(confs))
+        rows.append(simulate_setting(trace, c, budget=budget, torch=torch, total_memory=total_memory,
+                                     find_min=find_min, rel_tol=rel_tol, abs_tol=abs_tol, addresses=addresses,
+                                     reference=reference))
+    progress("simulated", len(confs), len(confs))
     from alloctune.trace.fallible import untagged_note
 
     return Sweep(
@@ -182,7 +187,7 @@ def sweep(
         torch=torch,
         total_memory=total_memory or trace.total_memory,
         budget=budget,
-        rows=rows,
+        rows=tuple(rows),
         fallible=len(trace.requests.fallbacks),
         untagged_note=untagged_note(trace),
     )

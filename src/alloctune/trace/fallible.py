@@ -28,10 +28,11 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
+from alloctune.schema import schema_id
 from alloctune.units import format_mib
 from alloctune.trace.model import ALLOC, EMPTY_CACHE, FAILED_ALLOC, FREE, RequestStream, Trace
 
-SCHEMA = "alloctune.fallible/1"
+SCHEMA = schema_id("fallible")
 MiB = 1 << 20
 # "Ran without a workspace": the replay stores one block per request, so the no-memory choice
 # is modelled as a 1-byte request (one 512-byte block in the small pool, which nearly always

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from alloctune.errors import InputError
+from alloctune.progress import Progress, no_progress
 from alloctune.tune.executors.base import Evaluator, Executor
 from alloctune.tune.recommend import Recommendation, recommend
 from alloctune.tune.strategy import SimulatorFromTrace, TrialRecord, Tuner, TuneResult, TuneSettings
@@ -78,6 +79,7 @@ def prepare(
     executor: Executor | None = None,
     on_trial_start: Callable[[str, int | None, str], None] | None = None,
     on_trial_end: Callable[[TrialRecord], None] | None = None,
+    progress: Progress = no_progress,
 ) -> TuneSession:
     """Check the inputs (one-line errors), open the store and build the tuner; nothing runs yet."""
     from alloctune.tune.candidates import parse_knobs
@@ -118,7 +120,7 @@ def prepare(
         evaluator,
         settings,
         store=trial_store,
-        simulator_factory=SimulatorFromTrace,
+        simulator_factory=lambda baseline: SimulatorFromTrace(baseline, progress=progress),
         on_trial_start=on_trial_start,
         on_trial_end=on_trial_end,
         executor=executor,

@@ -45,6 +45,7 @@ from alloctune.tune.candidates import (
 from alloctune.tune.executors.base import Executor, SerialExecutor, TrialRequest
 from alloctune.tune.objective import CandidateSummary, Ranking, rank
 from alloctune.tune.platform import filter_candidates, is_async_backend, this_platform
+from alloctune.schema import schema_id
 from alloctune.tune.store import TrialStore, trial_key
 from alloctune.units import MiB, format_mib
 
@@ -135,7 +136,7 @@ class TuneResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "schema": 2,
+            "schema": schema_id("tune", 2),
             "command": list(self.settings.command),
             "strategy": self.settings.strategy,
             "platform": self.settings.platform,
@@ -489,9 +490,13 @@ class SimulatorFromTrace:
     `calibrate` learns what replaces them from a capped recorded trial.
     """
 
-    def __init__(self, baseline: TrialResult):
+    def __init__(self, baseline: TrialResult, progress: Any = None):
+        from alloctune.progress import no_progress
         from alloctune.trace import load_trace
         from alloctune.trace.fallible import model_from_frames, with_fallbacks
+
+        self.progress = progress or no_progress
+        self.progress("loading the baseline's recording")
 
         self.raw = load_trace(baseline.snapshot)
         self.model = model_from_frames(self.raw)
@@ -509,7 +514,7 @@ class SimulatorFromTrace:
     def estimates(self, confs: Sequence[str]) -> dict[str, int | None]:
         from alloctune.sim.sweep import sweep
 
-        self.last = sweep(self.trace, confs, torch=self.torch, total_memory=self.total_memory)
+        self.last = sweep(self.trace, confs, torch=self.torch, total_memory=self.total_memory, progress=self.progress)
         return {c: row.min_budget for c, row in zip(confs, self.last.rows)}
 
     def min_budget(self, conf: str) -> int | None:
