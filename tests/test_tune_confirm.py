@@ -240,3 +240,14 @@ def test_python_api_runs_the_same_flow_with_the_real_simulator(tmp_path):
     assert best.verified and best.infeasible_below < 2100 * MiB <= best.min_budget
     assert best.sim_min_budget is not None  # simulated from the real trace
     assert len((tmp_path / "s.jsonl").read_text().splitlines()) == 1 + len(ev.calls)  # header + every trial
+
+
+def test_api_tune_is_the_session(tmp_path):
+    from alloctune import api
+    from alloctune.demo import shipped_trace_path
+
+    ev = FakeEvaluator(snapshot=str(shipped_trace_path()))
+    out = api.tune(COMMAND, budget=BUDGET, knobs=["expandable"], evaluator=ev, store=tmp_path / "s.jsonl",
+                   platform="windows")
+    assert out.to_dict()["platform"] == "windows"
+    assert not any("expandable" in c[0] for c in ev.calls)

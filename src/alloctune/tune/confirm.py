@@ -285,6 +285,8 @@ class ConfirmFlow:
             focus = next((c for c in fits if c not in tried), None)
             if focus is None or self.t.fresh_runs_after_baseline() >= self.s.max_gpu_runs:
                 focus = None
+            else:  # the next best starts like the best did: just above its estimate, alone, recorded
+                self._run([self._first_probe(focus, calibrate=self._want_calibration())])
 
         # the simulation was wrong for the focus: can the runner-up beat its measured bracket?
         if focus is not None:
