@@ -256,17 +256,13 @@ def _next_alloc(rs: RequestStream, start: int) -> int | None:
 
 
 def _ladder(size: int, tries: Sequence[int], settled: int) -> tuple[int, ...]:
-    """The distinct smaller sizes tried after the first failure, in order, then the settled one.
+    """Every size tried after the first failure, in order, then the settled one.
 
-    Sizes at or above the failed one are left out: in the same allocator state they fail
-    as well, so they change nothing but the OOM count.
+    Kept whole, repeats and larger sizes included: in the same allocator state they fail as
+    well and change no memory, but each is an OOM and a retry the allocator counts, so the
+    replay reproduces `num_ooms` / `num_alloc_retries` too (rvc_ec1 capped: 1881 OOMs).
     """
-    out: list[int] = []
-    for s in tries:
-        if s < size and s not in out and s != settled:
-            out.append(s)
-    out.append(settled)
-    return tuple(out)
+    return (*tries, settled)
 
 
 def _resync(u: RequestStream, c: RequestStream, iu: int, ic: int, rid_map: dict[int, int], window: int) -> int | None:
