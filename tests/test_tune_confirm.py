@@ -251,3 +251,14 @@ def test_api_tune_is_the_session(tmp_path):
                    platform="windows")
     assert out.to_dict()["platform"] == "windows"
     assert not any("expandable" in c[0] for c in ev.calls)
+
+
+def test_an_unreadable_recording_falls_back_to_measuring_with_a_note():
+    ev = FakeEvaluator()
+
+    def broken(baseline):
+        raise ValueError("not a snapshot")
+
+    res = Tuner(ev, settings(knobs=parse_knobs(["expandable"])), simulator_factory=broken).run()
+    assert res.ranking.best.candidate.conf == "expandable_segments:True"
+    assert any("could not use the baseline's recording (ValueError: not a snapshot)" in n for n in res.notes)

@@ -39,6 +39,10 @@ if TYPE_CHECKING:
 ALIGN = 2 * MiB
 
 
+class SimulationUnavailable(Exception):
+    """The baseline's recording cannot be simulated: the tuner measures every candidate instead."""
+
+
 def _up(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
@@ -190,8 +194,11 @@ class ConfirmFlow:
             learned = self.sim.calibrate(res)
             if learned:  # the capped run showed how the program adapts: re-simulate every candidate
                 self.calibrated = True
-                self.t.notes.append(learned)
-                self.hints = dict(self.sim.estimates([c.conf for c in self.cands]))
+                try:
+                    self.hints = dict(self.sim.estimates([c.conf for c in self.cands]))
+                    self.t.notes.append(learned)
+                except Exception as exc:  # noqa: BLE001 - keep probing without hints
+                    self.t.notes.append(f"{learned}, but re-simulating failed ({type(exc).__name__}: {exc})")
 
     def _bracket(self, c: Candidate) -> Bracket:
         return self.brackets.setdefault(c.conf, Bracket(self.est.get(c.conf)))
@@ -250,11 +257,12 @@ class ConfirmFlow:
     # ---- the flow ----------------------------------------------------------------------------
     def run(self) -> list[CandidateSummary]:
         if self.t.simulator_factory is None or not self.baseline.snapshot:
-            from alloctune.errors import WorkloadFailed
-
-            raise WorkloadFailed("the confirm strategy needs the baseline's recorded trace, and none was written")
-        self.sim = self.t.simulator_factory(self.baseline)
-        self.est = dict(self.sim.estimates([c.conf for c in self.cands]))
+            raise SimulationUnavailable("the baseline wrote no recording")
+        try:
+            self.sim = self.t.simulator_factory(self.baseline)
+            self.est = dict(self.sim.estimates([c.conf for c in self.cands]))
+        except Exception as exc:  # noqa: BLE001 - the caller measures instead, and says why
+            raise SimulationUnavailable(f"{type(exc).__name__}: {exc}") from exc
         note = getattr(self.sim, "note", None)
         if note:
             self.t.notes.append(note)

@@ -286,12 +286,17 @@ class Tuner:
         if async_backend:
             auto_split = False
         if s.strategy == "confirm":
-            from alloctune.tune.confirm import ConfirmFlow
+            from alloctune.tune.confirm import ConfirmFlow, SimulationUnavailable
 
             cands = list(fixed)
             if auto_split:
                 cands += [make(MAX_SPLIT, str(v)) for v in grid.values_mb]
-            summaries = ConfirmFlow(self, baseline, cands, budget).run()
+            try:
+                summaries = ConfirmFlow(self, baseline, cands, budget).run()
+            except SimulationUnavailable as exc:
+                self.notes.append(f"the simulator could not use the baseline's recording ({exc}): every candidate "
+                                  "was measured on the GPU instead (the exhaustive strategy)")
+                summaries = self._measure(fixed, grid if auto_split else None, budget, lo_bound)
         elif s.simulate_first:
             summaries = self._simulate_then_verify(baseline, fixed, grid if auto_split else None, budget, lo_bound)
         else:
@@ -529,9 +534,9 @@ class SimulatorFromTrace:
 
         try:
             capped = load_trace(trial.snapshot)
-        except Exception:  # noqa: BLE001 - a calibration that cannot be read teaches nothing
+            learned = learn_from_calibration(self.raw, capped, cap=trial.budget)
+        except Exception:  # noqa: BLE001 - a calibration that cannot be read or aligned teaches nothing
             return None
-        learned = learn_from_calibration(self.raw, capped, cap=trial.budget)
         if not learned.ladders:
             return None
         self.model = combine(learned, self.model)
