@@ -47,7 +47,7 @@ BISECTED_SAME = {"hubert": True, "timm": True, "torchvision": True, "llama": Tru
 MiB = 1 << 20
 
 
-def run_all(names: list[str], out: Path, jobs: int, timeout: float) -> list[dict]:
+def run_all(names: list[str], out: Path, jobs: int, timeout: float, on_row=None) -> list[dict]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.setdefault("COLUMNS", "100")
@@ -67,8 +67,12 @@ def run_all(names: list[str], out: Path, jobs: int, timeout: float) -> list[dict
         for name, (proc, t0, d, files) in list(running.items()):
             rc = proc.poll()
             if rc is None and time.monotonic() - t0 > timeout:
-                os.killpg(proc.pid, 15)
-                rc = proc.wait()
+                os.killpg(proc.pid, 2)  # Ctrl-C: the tune keeps its store and prints what it has
+                try:
+                    rc = proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, 9)
+                    rc = proc.wait()
             if rc is None:
                 continue
             del running[name]
@@ -77,6 +81,8 @@ def run_all(names: list[str], out: Path, jobs: int, timeout: float) -> list[dict
             wall = time.monotonic() - t0
             rows.append(summarize(name, d, rc, wall))
             print(f"finished {name}: rc={rc} in {wall:.0f} s", file=sys.stderr, flush=True)
+            if on_row is not None:
+                on_row(rows)
         time.sleep(0.5)
     return sorted(rows, key=lambda r: names.index(r["workload"]))
 
@@ -160,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "bench" / "gpu-results" / "tune_real"))
     ap.add_argument("--only", default=",".join(WORKLOADS), help="comma-separated workload names")
     ap.add_argument("--jobs", type=int, default=len(WORKLOADS), help="tunes side by side")
-    ap.add_argument("--timeout", type=float, default=420.0, help="per tune, seconds")
+    ap.add_argument("--timeout", type=float, default=390.0, help="per tune, seconds (then Ctrl-C; the store keeps its trials)")
     ap.add_argument("--compare", type=Path, default=None, help="bisect_results.json: compare a finished summary")
     ap.add_argument("--summary", type=Path, default=None, help="summary.json of a finished run (with --compare)")
     args = ap.parse_args(argv)
@@ -173,25 +179,32 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_tune_real: error: unknown workload(s) {', '.join(unknown)}", file=sys.stderr)
         return 2
     out = Path(args.out)
-    work = out / "work"
-    work.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    # recordings stay outside $OUT (large, many files); summary and logs are rewritten after every
+    # finished tune, so a run cut off by the time limit still brings back what finished
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix="gpu_tune_real."))
     t0 = time.monotonic()
-    rows = run_all(names, work, max(1, args.jobs), args.timeout)
-    total = round(time.monotonic() - t0, 1)
-    (out / "summary.json").write_text(json.dumps({"schema": "alloctune.bench.gpu_tune_real/1", "total_wall_s": total,
-                                                  "jobs": args.jobs, "rows": rows}, indent=1))
-    md = table(rows) + f"\n\ntotal wall {total} s, {args.jobs} tune(s) side by side\n"
-    (out / "summary.md").write_text(md)
-    print(md)
-    with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
-        for name in names:
-            d = work / name
-            for f in ("tune.json", "tune.stderr", "trials.jsonl"):
-                if (d / f).exists():
-                    tar.add(d / f, arcname=f"{name}/{f}")
+
+    def save(rows: list[dict]) -> None:
+        total = round(time.monotonic() - t0, 1)
+        rows = sorted(rows, key=lambda r: names.index(r["workload"]))
+        (out / "summary.json").write_text(json.dumps({"schema": "alloctune.bench.gpu-tune-real/1", "total_wall_s": total,
+                                                      "jobs": args.jobs, "rows": rows}, indent=1))
+        (out / "summary.md").write_text(table(rows) + f"\n\ntotal wall {total} s, {args.jobs} tune(s) side by side\n")
+        with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
+            for name in names:
+                for f in ("tune.json", "tune.stderr", "trials.jsonl"):
+                    if (work / name / f).exists():
+                        tar.add(work / name / f, arcname=f"{name}/{f}")
+
+    rows = run_all(names, work, max(1, args.jobs), args.timeout, on_row=save)
+    save(rows)
+    print((out / "summary.md").read_text())
     import shutil
 
-    shutil.rmtree(work, ignore_errors=True)  # recordings are large; the tar keeps what matters
+    shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
