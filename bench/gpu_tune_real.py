@@ -96,7 +96,7 @@ def summarize(name: str, d: Path, rc: int, wall: float) -> dict:
         row["error"] = " | ".join(tail) or "no JSON output"
         store = d / "trials.jsonl"
         if store.exists():  # an interrupted tune: its trials are still in the store (in logs.tar.gz)
-            row["trials_in_store"] = sum(1 for line in store.read_text().splitlines() if '"kind": "trial"' in line)
+            row["trials_in_store"] = sum(1 for line in store.read_text().splitlines() if '"kind":"trial"' in line.replace(' ', ''))
         return row
     trials = data["trials"]
     base = trials[0] if trials else {}
