@@ -7,7 +7,10 @@ it prints the real bracket (fails_at, min_budget], the simulated min_budget from
 uncapped recording alone ("before"), and after learning fallbacks from the calibration run
 ("after"), with the error against the real min_budget.
 
-    python bench/tune_fallible.py [--data DIR] [--calibration cap_tight|cap_mid] [--json OUT]
+    python bench/tune_fallible.py [--data DIR] [--calibration cap_tight|cap_mid|cap_min] [--json OUT]
+
+It also checks the C++-frame tagger on every `a/{workload}_default_cpp` recording: the requests
+of 1 MiB or more it tags as cuDNN workspaces against those freed right after allocation.
 """
 
 from __future__ import annotations
@@ -68,9 +71,25 @@ def main(argv: list[str] | None = None) -> int:
         mib = lambda x: "-" if x is None else f"{x / 2**20:.0f}"
         print(f"{r['workload']:<12} {r['setting']:<26} ({mib(r['real_fails_at'])}, {mib(r['real_min_budget'])}] MiB".ljust(65)
               + f"{mib(r['sim_before']):>10} {err(r['sim_before']):>7} {mib(r['sim_after']):>10} {err(r['sim_after']):>7} {r['learned_sizes']}")
+    frames_check(data)
     if args.json:
         Path(args.json).write_text(json.dumps({"schema": "alloctune.bench.tune_fallible/1", "rows": rows}, indent=1))
     return 0
+
+
+def frames_check(data: Path) -> None:
+    from alloctune.trace import load_trace
+    from alloctune.trace.fallible import tag_by_frames
+    from alloctune.trace.model import ALLOC, FREE
+
+    for path in sorted((data / "a").glob("*_default_cpp.pickle.xz")):
+        t = load_trace(path)
+        r = t.requests
+        big = {i for i, (o, z) in enumerate(zip(r.ops, r.sizes)) if o == ALLOC and z >= 1 << 20}
+        tagged = tag_by_frames(t) & big
+        at_once = {i for i in big if i + 1 < len(r) and r.ops[i + 1] == FREE and r.rids[i + 1] == r.rids[i]}
+        print(f"frames {path.name}: {len(tagged)} request(s) >= 1 MiB tagged as workspaces, {len(at_once)} freed "
+              f"right after allocation, {len(tagged & at_once)} both")
 
 
 if __name__ == "__main__":
