@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from alloctune.demo import FOLKLORE_CANDIDATES, run_demo, shipped_traces
-from alloctune.sim.sweep import STANDARD_CONFS
+from alloctune.config.standard import STANDARD_CONFS
 
 
 @pytest.fixture(scope="module")

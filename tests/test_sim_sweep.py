@@ -2,7 +2,8 @@
 
 from alloctune.config import AllocatorConfig
 from alloctune.sim import min_budget, replay
-from alloctune.sim.sweep import STANDARD_CONFS, sweep
+from alloctune.config.standard import STANDARD_CONFS
+from alloctune.sim.sweep import sweep
 from alloctune.trace.model import ALLOC, FREE, RequestStream, Trace
 
 MiB = 1 << 20

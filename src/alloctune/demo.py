@@ -13,7 +13,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from alloctune.sim.sweep import STANDARD_CONFS
+from alloctune.config.standard import STANDARD_CONFS
 from alloctune.units import GiB, MiB
 
 # Values copied from forum threads for RVC and Stable Diffusion.

@@ -32,7 +32,7 @@ from sortedcontainers import SortedDict
 from alloctune.errors import TraceError
 from alloctune.sim.replay import make_allocator
 from alloctune.sim.settings import SimSettings
-from alloctune.sim.sweep import STANDARD_CONFS
+from alloctune.config.standard import STANDARD_CONFS
 from alloctune.units import MiB, format_size
 
 SCHEMA = "alloctune.snapshot-diagnosis/1"

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from alloctune.config.standard import STANDARD_CONFS
 from alloctune.progress import Progress, no_progress
 from alloctune.schema import schema_id
 from alloctune.sim.budget import min_budget
@@ -26,21 +27,6 @@ from alloctune.trace.model import Trace
 
 SCHEMA = schema_id("sweep")
 MiB = 1 << 20
-
-# The usual fixes for fragmentation, as whole setting strings: what the demo compares, what a
-# snapshot diagnosis replays ("what if") and what `tune` simulates before any GPU run. GC
-# appears with a max_split_size because it only acts on a capped process and mostly on
-# split-protected blocks. The one list of the project: import it under this name.
-STANDARD_CONFS: tuple[str, ...] = (
-    "",
-    "expandable_segments:True",
-    "max_split_size_mb:128",
-    "max_split_size_mb:256",
-    "max_split_size_mb:512",
-    "garbage_collection_threshold:0.6,max_split_size_mb:256",
-    "roundup_power2_divisions:4",
-)
-
 
 @dataclass(frozen=True)
 class SweepRow:
