@@ -200,6 +200,10 @@ class ConfirmFlow:
                 except Exception as exc:  # noqa: BLE001 - keep probing without hints
                     self.t.notes.append(f"{learned}, but re-simulating failed ({type(exc).__name__}: {exc})")
 
+    def _latest(self, c: Candidate) -> int | None:
+        """The candidate's latest simulated min_budget (re-simulated after a calibration)."""
+        return self.hints.get(c.conf, self.est.get(c.conf))
+
     def _bracket(self, c: Candidate) -> Bracket:
         return self.brackets.setdefault(c.conf, Bracket(self.est.get(c.conf)))
 
@@ -299,22 +303,21 @@ class ConfirmFlow:
         # the simulation was wrong for the focus: can the runner-up beat its measured bracket?
         if focus is not None:
             fb = self._bracket(focus)
-            if fb.agrees() is False and fb.failed is not None and fb.passed is not None:
-                runner = next((c for c in fits if c not in tried), None)
-                # Could the runner-up run where the focus failed? Yes if its estimate says so,
-                # either as simulated or with the focus's simulation error applied to it.
-                could = False
-                if runner is not None and self.est.get(runner.conf) and fb.est:
-                    er = self.est[runner.conf]
-                    could = min(er, er * fb.passed / fb.est) < fb.failed
-                if could and self.t.fresh_runs_after_baseline() < self.s.max_gpu_runs:
-                    rb = self._bracket(runner)
-                    self._run([TrialRequest(runner.conf, fb.failed, ensure_cap=self._gc(runner),
-                                            purpose=f"runner-up, where {focus.label} failed")])
-                    tried.append(runner)
-                    if rb.passed is not None:  # it beats the focus: prove its own bracket
-                        self._settle(runner)
-                        focus = runner
+            ef = self._latest(focus)
+            wrong = ef is not None and fb.failed is not None and fb.passed is not None and not fb.failed < ef <= fb.passed
+            runner = next((c for c in fits if c not in tried), None)
+            er = self._latest(runner) if runner is not None else None
+            # Could the runner-up run where the focus failed? Yes if its (latest) estimate says so,
+            # either as simulated or with the focus's simulation error applied to it.
+            if wrong and er is not None and min(er, er * fb.passed / ef) < fb.failed \
+                    and self.t.fresh_runs_after_baseline() < self.s.max_gpu_runs:
+                rb = self._bracket(runner)
+                self._run([TrialRequest(runner.conf, fb.failed, ensure_cap=self._gc(runner),
+                                        purpose=f"runner-up, where {focus.label} failed")])
+                tried.append(runner)
+                if rb.passed is not None:  # it beats the focus: prove its own bracket
+                    self._settle(runner)
+                    focus = runner
 
         if focus is not None and focus.knob != DEFAULT:
             self._throughput(default, focus)
