@@ -46,10 +46,9 @@ def register(app: typer.Typer) -> None:
         ),
         json_out: bool = typer.Option(False, "--json", help="Print every trial and the recommendation as JSON."),
     ) -> None:
-        """Try allocator settings under a budget, measure each one's min_budget, recommend the best.
+        """Simulate every allocator setting from one recorded run, confirm the best on the GPU, recommend it.
 
-        Every trial runs the command in a fresh process with the agent inside; every finished
-        trial is written to the store at once, so Ctrl-C or a crash loses nothing (--resume).
+        Each trial is a fresh process with the agent inside, stored at once: Ctrl-C loses nothing (--resume).
         """
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
