@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -276,6 +277,26 @@ def _kill_group(proc: subprocess.Popen, grace: float, first: tuple[signal.Signal
         return
 
 
+# ---- children running now (parallel executors stop them all on Ctrl-C) -------------------------
+_RUNNING: set[subprocess.Popen] = set()
+_RUNNING_LOCK = threading.Lock()
+
+
+def terminate_running(grace: float = 3.0) -> None:
+    """Stop every trial this process has running (SIGINT, SIGTERM, SIGKILL to each group).
+
+    Only the main thread gets Ctrl-C; trials started by an executor's worker threads are in
+    their own sessions and would run on without this.
+    """
+    with _RUNNING_LOCK:
+        procs = list(_RUNNING)
+    workers = [threading.Thread(target=_kill_group, args=(p, grace, (signal.SIGINT,)), daemon=True) for p in procs]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+
+
 # ---- the trial -----------------------------------------------------------------------------------
 def run_trial(
     command: Sequence[str],
@@ -353,6 +374,8 @@ def run_trial(
                 )
             except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
                 raise EnvironmentProblem(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
+            with _RUNNING_LOCK:
+                _RUNNING.add(proc)
             try:
                 proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -361,6 +384,9 @@ def run_trial(
             except BaseException:  # Ctrl-C: the child is in its own session and did not get it
                 _kill_group(proc, min(kill_grace, 3.0), first=(signal.SIGINT,))
                 raise
+            finally:
+                with _RUNNING_LOCK:
+                    _RUNNING.discard(proc)
         finally:
             if out:
                 out.close()

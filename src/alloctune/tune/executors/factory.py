@@ -1,0 +1,59 @@
+"""`--executor NAME` → an executor: the one place the CLI's options become an object."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+from alloctune.errors import InputError
+from alloctune.tune.executors.base import Executor
+from alloctune.tune.executors.progress import TrialProgress
+from alloctune.tune.executors.tasks import DEFAULT_CONTEXT_BYTES
+
+EXECUTORS = ("local", "gpus", "ray")
+CONTEXT_ENV = "ALLOCTUNE_CUDA_CONTEXT"  # bytes (or 600MiB) a trial's CUDA context needs beside its cap
+
+
+def context_bytes_from_env(env: dict[str, str] | None = None) -> int:
+    value = (env if env is not None else os.environ).get(CONTEXT_ENV)
+    if not value:
+        return DEFAULT_CONTEXT_BYTES
+    from alloctune.units import parse_size
+
+    return parse_size(value)
+
+
+def make_executor(
+    name: str,
+    runner: Any,
+    *,
+    jobs: int | None = None,
+    address: str | None = None,
+    budget_hint: int | None = None,
+    gpus_per_trial: int = 1,
+    timeout: float | None = None,
+    first_number: int = 0,
+    progress: TrialProgress | None = None,
+    command: Sequence[str] = (),
+    context_bytes: int | None = None,
+) -> Executor:
+    """`runner`: a `SpecRunner` (needed by `ray`, which ships it to workers) or any evaluator."""
+    ctx = context_bytes if context_bytes is not None else context_bytes_from_env()
+    common = dict(timeout=timeout, first_number=first_number, progress=progress, command=command, context_bytes=ctx)
+    if address is not None and name != "ray":
+        raise InputError("--address is for --executor ray")
+    if name == "local":
+        from alloctune.tune.executors.local import LocalExecutor
+
+        return LocalExecutor(runner, jobs=jobs, budget_hint=budget_hint, **common)
+    if name == "gpus":
+        from alloctune.tune.executors.gpus import GpusExecutor
+
+        return GpusExecutor(runner, gpus_per_trial=gpus_per_trial, jobs_per_gpu=jobs or 1, **common)
+    if name == "ray":
+        if jobs is not None:
+            raise InputError("--jobs is for the local and gpus executors; Ray packs trials by GPU fraction")
+        from alloctune.tune.executors.ray_tasks import RayExecutor
+
+        return RayExecutor(runner, address=address, **common)
+    raise InputError(f"--executor {name!r} is not known: use one of {', '.join(EXECUTORS)}")
