@@ -22,6 +22,7 @@ from alloctune.tune.executors.gpus import GpusExecutor, gpu_slots
 from alloctune.tune.executors.local import LocalExecutor, default_jobs
 from alloctune.tune.executors.pool import PoolExecutor, Slot
 from alloctune.tune.executors.progress import ProgressLog
+from alloctune.tune.executors.ray_tasks import RayExecutor, gpu_fraction
 from alloctune.tune.executors.spec import SpecRunner, TrialSpec
 from alloctune.tune.executors.stored import run_stored
 from alloctune.tune.store import TrialStore
@@ -124,6 +125,35 @@ def test_make_executor_rejects_bad_combinations():
         make_executor("local", FakeTrials(), address="auto")
     with pytest.raises(InputError, match="--jobs is for"):
         make_executor("ray", FakeTrials(), jobs=2)
+
+
+# ---- ray without Ray: the arithmetic and the message --------------------------------------------
+def test_gpu_fraction_from_budget():
+    ctx = 512 * MiB
+    assert gpu_fraction(TrialRequest("", None), 140 * GiB, ctx) == 1.0
+    assert gpu_fraction(TrialRequest("", 20 * GiB, exclusive=True), 140 * GiB, ctx) == 1.0
+    assert gpu_fraction(TrialRequest("", 20 * GiB), None, ctx) == 1.0  # card size unknown yet
+    assert gpu_fraction(TrialRequest("", 20 * GiB), 140 * GiB, ctx) == 0.15  # 20.5/140 = 0.146 -> up to 0.15
+    assert gpu_fraction(TrialRequest("", 13 * GiB + 512 * MiB), 140 * GiB, ctx) == 0.1  # exactly 0.1
+    assert gpu_fraction(TrialRequest("", 1 * MiB), 140 * GiB, ctx) == 0.05
+    assert gpu_fraction(TrialRequest("", 200 * GiB), 140 * GiB, ctx) == 1.0
+
+
+def test_ray_executor_without_ray_is_a_one_line_error(monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_ray(name, *a, **kw):
+        if name == "ray":
+            raise ImportError("No module named 'ray'")
+        return real(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_ray)
+    with pytest.raises(EnvironmentProblem, match=r"pip install 'alloctune\[ray\]'"):
+        list(RayExecutor(FakeTrials()).run(requests()[:1]))
+    with pytest.raises(InputError, match="HOST:PORT"):
+        RayExecutor(FakeTrials(), address="nohost")
 
 
 # ---- failures and stopping ------------------------------------------------------------------------
@@ -288,3 +318,14 @@ def test_kill_and_resume_loses_and_repeats_no_finished_trial(tmp_path):
     assert len(keys) == len(set(keys)) == 15  # each trial stored exactly once
     ends_after = [json.loads(x) for x in log.read_text().splitlines()[n_runs_before:] if '"end"' in x]
     assert len(ends_after) == 15 - len(before)
+
+
+def test_executors_import_no_torch_ray_rich_or_runner():
+    code = ("import sys; import alloctune.tune.executors.factory, alloctune.tune.executors.local, "
+            "alloctune.tune.executors.gpus, alloctune.tune.executors.ray_tasks, alloctune.tune.executors.stored, "
+            "alloctune.tune.executors.spec, alloctune.tune.executors.progress; "
+            "print(sorted(m for m in ('torch', 'ray', 'rich', 'alloctune.runner') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=SRC), capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,82 @@
+"""The executor contract on a real local Ray instance (CPU only: Ray is told of two GPUs it cannot see).
+
+Skipped without Ray (`pip install 'alloctune[ray]'`; the `test` extra brings it). The GPU-fraction
+arithmetic, which needs no Ray, is tested in test_executors.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from alloctune.tune.executors import SerialExecutor, TrialRequest
+from alloctune.tune.executors.ray_tasks import RayExecutor
+from alloctune.tune.executors.stored import run_stored
+from alloctune.tune.store import TrialStore
+
+import executor_fakes
+from executor_fakes import COMMAND, GiB, MiB, FakeTrials, requests
+
+
+ray = pytest.importorskip("ray", reason="Ray not installed: pip install 'alloctune[ray]' to run the Ray executor tests")
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray.cloudpickle.register_pickle_by_value(executor_fakes)  # workers need not import the test helpers
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def _trial_lines(path: Path) -> list[str]:
+    return sorted(line for line in path.read_text().splitlines() if '"kind":"trial"' in line)
+
+
+def test_ray_store_is_identical_to_the_serial_one(ray_local, tmp_path):
+    serial = tmp_path / "serial.jsonl"
+    list(run_stored(SerialExecutor(lambda c, b, **kw: FakeTrials().result(TrialRequest(c, b))), requests(),
+                    TrialStore(serial, COMMAND), COMMAND))
+    path = tmp_path / "ray.jsonl"
+    ex = RayExecutor(FakeTrials(delay=0.0), gpu_memory=140 * GiB, command=COMMAND)
+    out = list(run_stored(ex, requests(), TrialStore(path, COMMAND), COMMAND))
+    assert len(out) == 15 and all(t.result.outcome in ("ok", "oom") for t in out)
+    assert _trial_lines(path) == _trial_lines(serial)
+    assert not ex.started_ray  # the fixture's instance was used, not a new one
+
+
+def test_ray_sets_the_gpu_of_each_task(ray_local, tmp_path):
+    class Where(FakeTrials):
+        def run_task(self, task, env):
+            import os
+
+            res = super().run_task(task, env)
+            return type(res)(**{**res.__dict__, "device_name": os.environ.get("CUDA_VISIBLE_DEVICES")})
+
+    got = [res.device_name for _, res in RayExecutor(Where(delay=0.0)).run(requests()[:4])]
+    assert set(got) <= {"0", "1"} and all(got)
+
+
+def test_a_lost_ray_worker_loses_and_repeats_no_finished_trial(ray_local, tmp_path):
+    path, log = tmp_path / "t.jsonl", tmp_path / "runs.log"
+    fake = FakeTrials(delay=0.05, log=str(log), die_once="max_split_size_mb:128", marker_dir=str(tmp_path))
+    out = list(run_stored(RayExecutor(fake, gpu_memory=140 * GiB, command=COMMAND), requests(),
+                          TrialStore(path, COMMAND), COMMAND))
+    assert len(out) == 15
+    lost = [t for t in out if t.result.outcome == "crash"]
+    assert len(lost) == 1 and lost[0].request.conf == "max_split_size_mb:128"
+    assert "ray worker lost" in lost[0].result.error
+    assert all(t.result.outcome in ("ok", "oom") for t in out if t not in lost)
+    ends_before = sum('"end"' in x for x in log.read_text().splitlines())
+    assert ends_before == 14
+
+    again = list(run_stored(RayExecutor(fake, gpu_memory=140 * GiB, command=COMMAND), requests(),
+                            TrialStore(path, COMMAND, resume=True), COMMAND))
+    fresh = [t for t in again if not t.reused]
+    assert [(t.request.conf, t.request.budget) for t in fresh] == [(lost[0].request.conf, lost[0].request.budget)]
+    assert fresh[0].result.outcome in ("ok", "oom")
+    ends = [json.loads(x) for x in log.read_text().splitlines() if '"end"' in x]
+    assert len(ends) == 15  # every trial finished exactly once over both runs
+    assert len({(e["conf"], e["budget"]) for e in ends}) == 15
