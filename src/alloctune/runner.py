@@ -32,11 +32,15 @@ from typing import Any, Mapping, Sequence
 from alloctune.agent import BOOTSTRAP, make_site_dir
 from alloctune.agent.bootstrap import ENV_VAR
 from alloctune.errors import EnvironmentProblem, InputError
+from alloctune.ranks import summarize_ranks
 from alloctune.trial import OUTCOMES, RESULT_SCHEMA, TrialResult, raise_for_environment  # noqa: F401 (re-exported)
 from alloctune.units import MiB, format_size
 
 CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 KILL_GRACE_S = 5.0
+# NVLink multicast (NVLS) off for multi-GPU children by default: trials packed side by side or
+# in containers often cannot map multicast objects, and NCCL then fails at init, not for memory.
+MULTICAST_OFF = (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"))
 
 # "throughput: 12.5 items/s", "throughput=3.2e3 tok/s", "alloctune:throughput=7" (last one wins)
 _THROUGHPUT_RE = re.compile(r"throughput\s*[=:]\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([^\s,;]*)", re.I)
@@ -95,6 +99,8 @@ def build_env(
     old = env.get("PYTHONPATH")
     env["PYTHONPATH"] = str(site_dir) + (os.pathsep + old if old else "")
     env[ENV_VAR] = json.dumps(dict(agent))
+    for name, value in MULTICAST_OFF:
+        env.setdefault(name, value)  # a value the user exported wins
     return env
 
 
@@ -456,6 +462,7 @@ def _result(
         warnings=tuple(warnings),
         repeat=repeat,
         log=str(log_path) if log_path else None,
+        ranks=tuple(r.to_dict() for r in summarize_ranks(reports)),
     )
 
 
