@@ -50,6 +50,14 @@ def test_local_never_holds_more_than_the_memory_it_was_given():
     assert fake.max_held <= ex.peak_bytes["gpu"] <= memory  # what it booked bounds what ran
 
 
+def test_a_trial_of_several_processes_books_a_cap_and_a_context_for_each():
+    fake = FakeTrials(delay=0.05)
+    memory = 12 * GiB  # two-rank trials of ~2.5-3.5 GiB per rank: at most two at once
+    ex = LocalExecutor(fake, jobs=8, memory=memory, context_bytes=fake.context, processes=2)
+    assert len(list(ex.run(requests()))) == 15
+    assert 2 * fake.max_held <= memory and fake.max_running == 2
+
+
 def test_local_jobs_limit_and_exclusive_trials_run_alone():
     fake = FakeTrials(delay=0.03)
     reqs = requests()
@@ -137,6 +145,7 @@ def test_gpu_fraction_from_budget():
     assert gpu_fraction(TrialRequest("", 13 * GiB + 512 * MiB), 140 * GiB, ctx) == 0.1  # exactly 0.1
     assert gpu_fraction(TrialRequest("", 1 * MiB), 140 * GiB, ctx) == 0.05
     assert gpu_fraction(TrialRequest("", 200 * GiB), 140 * GiB, ctx) == 1.0
+    assert gpu_fraction(TrialRequest("", 20 * GiB), 140 * GiB, ctx, processes=2) == 0.3  # 41/140 = 0.293
 
 
 def test_ray_executor_without_ray_is_a_one_line_error(monkeypatch):

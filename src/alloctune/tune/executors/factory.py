@@ -36,10 +36,12 @@ def make_executor(
     progress: TrialProgress | None = None,
     command: Sequence[str] = (),
     context_bytes: int | None = None,
+    processes: int = 1,
 ) -> Executor:
     """`runner`: a `SpecRunner` (needed by `ray`, which ships it to workers) or any evaluator."""
     ctx = context_bytes if context_bytes is not None else context_bytes_from_env()
-    common = dict(timeout=timeout, first_number=first_number, progress=progress, command=command, context_bytes=ctx)
+    common = dict(timeout=timeout, first_number=first_number, progress=progress, command=command, context_bytes=ctx,
+                  processes=processes)
     if address is not None and name != "ray":
         raise InputError("--address is for --executor ray")
     if name == "local":
@@ -49,6 +51,8 @@ def make_executor(
     if name == "gpus":
         from alloctune.tune.executors.gpus import GpusExecutor
 
+        # one process per GPU when a trial gets a group of GPUs (torchrun with --nproc-per-node = the group)
+        common["processes"] = max(1, processes // gpus_per_trial)
         return GpusExecutor(runner, gpus_per_trial=gpus_per_trial, jobs_per_gpu=jobs or 1, **common)
     if name == "ray":
         if jobs is not None:

@@ -49,10 +49,11 @@ class GpusExecutor(PoolExecutor):
         first_number: int = 0,
         progress: TrialProgress | None = None,
         command: Sequence[str] = (),
+        processes: int = 1,
     ):
         gpus = list(gpus) if gpus is not None else probe()
         if not gpus:
             raise EnvironmentProblem("--executor gpus: no GPU visible (NVML sees none, or CUDA_VISIBLE_DEVICES hides them)")
         super().__init__(runner, gpu_slots(gpus, gpus_per_trial=gpus_per_trial, jobs_per_gpu=jobs_per_gpu),
                          context_bytes=context_bytes, timeout=timeout, first_number=first_number,
-                         progress=progress, command=command)
+                         progress=progress, command=command, processes=processes)

@@ -53,6 +53,7 @@ class LocalExecutor(PoolExecutor):
         first_number: int = 0,
         progress: TrialProgress | None = None,
         command: Sequence[str] = (),
+        processes: int = 1,
     ):
         if jobs is not None and jobs < 1:
             raise InputError(f"--jobs must be at least 1, got {jobs}")
@@ -60,11 +61,12 @@ class LocalExecutor(PoolExecutor):
             gpus = probe()
             memory = usable_memory(gpus[0].free) if gpus else None
         if jobs is None:
-            jobs = default_jobs(memory, budget_hint, context_bytes)
+            per = None if budget_hint is None else max(1, processes) * (budget_hint + context_bytes) - context_bytes
+            jobs = default_jobs(memory, per, context_bytes)
         if jobs > 1 and memory is None:
             raise InputError("--jobs > 1 needs the GPU's free memory (NVML: pip install nvidia-ml-py), "
                              "or give the memory trials may share")
         super().__init__(runner, [Slot("gpu", (), memory, jobs)], context_bytes=context_bytes, timeout=timeout,
-                         first_number=first_number, progress=progress, command=command)
+                         first_number=first_number, progress=progress, command=command, processes=processes)
         self.jobs = jobs
         self.memory = memory

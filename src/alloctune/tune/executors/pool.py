@@ -66,6 +66,8 @@ class PoolExecutor:
 
     `runner`: a `TrialRunner` or an in-process `Evaluator` (called from several threads).
     `context_bytes`: GPU memory each trial's process needs outside its cap.
+    `processes`: processes of the workload on each GPU (2 for `torchrun --nproc-per-node 2`
+    on one card): each has its own cap and context, so a trial holds that many of each.
     `progress`: told when a trial starts and ends (the live table).
     Ctrl-C (or closing the iterator) stops starting trials, stops the running ones
     (the runner's `cancel`) and waits for their threads.
@@ -81,6 +83,7 @@ class PoolExecutor:
         first_number: int = 0,
         progress: TrialProgress | None = None,
         command: Sequence[str] = (),
+        processes: int = 1,
     ):
         if not slots:
             raise ValueError("no slots to run trials on")
@@ -91,6 +94,7 @@ class PoolExecutor:
         self.numbers = Numbering(first_number)
         self.progress = progress or NullProgress()
         self.command = tuple(command)
+        self.processes = max(1, int(processes))
         self.peak_bytes: dict[str, int] = {s.name: 0 for s in self.slots}  # most memory ever admitted per slot
 
     # ---- admission ---------------------------------------------------------------------------
@@ -98,7 +102,7 @@ class PoolExecutor:
         """Bytes `req` holds on `slot` while it runs, or None when it must run alone there."""
         if req.exclusive or req.budget is None or slot.memory is None:
             return None
-        need = int(req.budget) + self.context_bytes
+        need = self.processes * (int(req.budget) + self.context_bytes)
         return None if need > slot.memory else need
 
     def _fits(self, state: _SlotState, need: int | None) -> bool:

@@ -42,11 +42,12 @@ def import_ray() -> Any:
     return ray
 
 
-def gpu_fraction(req: TrialRequest, gpu_memory: int | None, context_bytes: int, granularity: float = 0.05) -> float:
-    """The `num_gpus` a trial asks Ray for: its budget plus a context over the card, rounded up."""
+def gpu_fraction(req: TrialRequest, gpu_memory: int | None, context_bytes: int, granularity: float = 0.05,
+                 processes: int = 1) -> float:
+    """The `num_gpus` a trial asks Ray for: its budget plus a context (per process) over the card, rounded up."""
     if req.exclusive or req.budget is None or not gpu_memory:
         return 1.0
-    frac = (int(req.budget) + context_bytes) / gpu_memory
+    frac = max(1, processes) * (int(req.budget) + context_bytes) / gpu_memory
     steps = math.ceil(frac / granularity - 1e-9)
     return min(1.0, max(granularity, round(steps * granularity, 6)))
 
@@ -82,6 +83,7 @@ class RayExecutor:
         max_retries: int = 0,
         progress: TrialProgress | None = None,
         command: Sequence[str] = (),
+        processes: int = 1,
         init_kwargs: dict[str, Any] | None = None,
     ):
         if address is not None and address != "auto" and ":" not in address:
@@ -99,6 +101,7 @@ class RayExecutor:
         self.max_retries = max_retries
         self.progress = progress or NullProgress()
         self.command = tuple(command)
+        self.processes = max(1, int(processes))
         self.init_kwargs = dict(init_kwargs or {})
         self.started_ray = False
 
@@ -131,7 +134,7 @@ class RayExecutor:
         try:
             for req in requests:
                 task = TrialTask(req, self.numbers.next(), self.timeouts.next())
-                frac = gpu_fraction(req, self.gpu_memory, self.context_bytes, self.granularity)
+                frac = gpu_fraction(req, self.gpu_memory, self.context_bytes, self.granularity, self.processes)
                 ref = remote.options(num_gpus=frac, num_cpus=self.cpus_per_trial, max_retries=self.max_retries,
                                      name=f"alloctune-trial-{task.number}").remote(self.runner, task)
                 pending[ref] = task
