@@ -338,3 +338,23 @@ def test_executors_import_no_torch_ray_rich_or_runner():
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_live_table_draws_workers_and_trials():
+    import io
+
+    from rich.console import Console
+
+    from alloctune.tune.executors.progress import LiveTrialTable
+
+    buf = io.StringIO()
+    table = LiveTrialTable(Console(file=buf, width=150, force_terminal=False))
+    gpus = [GpuInfo("0", "H200", 140 * GiB, 139 * GiB), GpuInfo("1", "H200", 140 * GiB, 139 * GiB)]
+    list(GpusExecutor(FakeTrials(delay=0.01), gpus=gpus, progress=table).run(requests()[:4]))
+    lines = buf.getvalue().splitlines()
+    assert len(lines) == 4 and all(ln.startswith(("gpu0: #", "gpu1: #")) for ln in lines)
+    assert "(default) @ 1,800 MiB (fake) -> oom" in buf.getvalue()
+    drawn = Console(width=150, record=True)
+    drawn.print(table._render())
+    text = drawn.export_text()
+    assert "4/4 finished, 0 running" in text and "gpu0" in text and "gpu1" in text

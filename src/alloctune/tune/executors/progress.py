@@ -71,7 +71,7 @@ class ProgressLog:
 
 
 class LiveTrialTable:
-    """A live table of running and finished trials per GPU/worker, on stderr."""
+    """A live table of running and finished trials per GPU/worker, on stderr (a line per trial if not a terminal)."""
 
     def __init__(self, console: Any = None, *, keep_last: int = 8):
         from rich.console import Console
@@ -93,8 +93,9 @@ class LiveTrialTable:
             self._total += total
             for w in workers:
                 self._per_worker.setdefault(w, [0, 0])
-        if self._live is None:
-            self._live = Live(self._render(), console=self.console, refresh_per_second=2, transient=False,
+        if self._live is None and self.console.is_terminal:
+            # transient: the sweep prints its own final tables; a log file gets one line per trial instead
+            self._live = Live(self._render(), console=self.console, refresh_per_second=2, transient=True,
                               get_renderable=self._render)
             self._live.start()
 
@@ -108,6 +109,10 @@ class LiveTrialTable:
             self._finished.append((worker, task, result))
             counts = self._per_worker.setdefault(worker, [0, 0])
             counts[0 if result.outcome in ("ok", "oom") else 1] += 1
+        if self._live is None:
+            peak = "-" if result.peak_reserved is None else _mib(result.peak_reserved)
+            self.console.print(f"{worker}: {describe(task)} -> {result.outcome}, peak reserved {peak}, "
+                               f"{result.wall_s:.1f} s", markup=False, highlight=False)
 
     def end(self, interrupted: bool = False) -> None:
         if self._live is not None:
