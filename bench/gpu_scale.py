@@ -45,6 +45,7 @@ OUT = Path(os.environ.get("OUT") or "gpu-scale-out")
 WORK = Path(os.environ.get("SCALE_WORK") or "/tmp/alloctune-gpu-scale")
 ITEMS = int(os.environ.get("SCALE_ITEMS", "30"))
 JOBS = int(os.environ["SCALE_JOBS"]) if os.environ.get("SCALE_JOBS") else None
+RANKS_TOL = float(os.environ.get("SCALE_RANKS_TOL", "0.04"))  # coarser: a 2-rank trial takes ~3x longer
 MEMORY = int(os.environ["SCALE_MEMORY"]) if os.environ.get("SCALE_MEMORY") else None  # dry runs without NVML
 SKIP = set(filter(None, os.environ.get("SCALE_SKIP", "").split(",")))
 WORKLOAD = [PY, str(HERE / "frag_workload.py"), "--seed", "2", "--items", str(ITEMS)]
@@ -100,8 +101,9 @@ def _align(n: int) -> int:
     return -(-n // (2 * MiB)) * (2 * MiB)
 
 
-def search(executor, confs: list[str], lo: int, hi: int, tag: str) -> dict:
-    """min_budget of each setting by bisection in [lo (fails), hi (must pass)]; one trial per setting per round."""
+def search(executor, confs: list[str], lo: int, hi: int, tag: str, tol: float = 0.01) -> dict:
+    """min_budget of each setting by bisection in [lo (fails), hi (must pass)] to `tol` or 16 MiB;
+    one trial per setting per round (the settings' trials side by side when the executor allows)."""
     state = {c: [lo, hi] for c in confs}
     trials, rounds, worst = 0, 0, {}
     t0 = time.monotonic()
@@ -116,7 +118,7 @@ def search(executor, confs: list[str], lo: int, hi: int, tag: str) -> dict:
         batch = []
         for c in live:
             a, b = state[c]
-            if b - a <= max(16 * MiB, b // 100):
+            if b - a <= max(16 * MiB, int(b * tol)):
                 continue
             mid = _align((a + b) // 2)
             if mid >= b or mid <= a:
@@ -157,11 +159,12 @@ def parallel_vs_sequential(context: int | None) -> None:
     say(f"- workload {' '.join(WORKLOAD[1:])}: peak allocated {base['peak_allocated'] / MiB:.0f} MiB, "
         f"default peak reserved {base['peak_reserved'] / MiB:.0f} MiB, baseline {base['wall_s']:.1f} s; "
         f"bracket [{lo // MiB}, {hi // MiB}] MiB")
-    seq = search(SerialExecutor(TrialEvaluator(WORKLOAD, work / "seq")), CONFS, lo, hi, "sequential")
+    seq = search(SerialExecutor(TrialEvaluator(WORKLOAD, work / "seq", timeout=max(60.0, 5 * base["wall_s"]))),
+                 CONFS, lo, hi, "sequential")
     spec = TrialSpec.make(WORKLOAD, work / "par")
     ctx = context if context else 512 * MiB
     ex = LocalExecutor(SpecRunner(spec), jobs=JOBS, memory=MEMORY, budget_hint=hi, context_bytes=ctx, progress=LiveTrialTable(),
-                       command=WORKLOAD)
+                       command=WORKLOAD, timeout=max(60.0, 5 * base["wall_s"]))
     par = search(ex, CONFS, lo, hi, "parallel")
     par["jobs"], par["memory"], par["peak_booked"] = ex.jobs, ex.memory, ex.peak_bytes
     save("search.json", {"baseline": base, "sequential": seq, "parallel": par, "context_bytes": ctx})
@@ -235,10 +238,10 @@ def torchrun_ranks(context: int | None) -> None:
     hi = _align(neediest["peak_reserved"]) + 64 * MiB
     spec = TrialSpec.make(job, WORK / "ranks" / "tune")
     ex = LocalExecutor(SpecRunner(spec), jobs=2, memory=MEMORY, budget_hint=hi, context_bytes=context or 512 * MiB,
-                       processes=2, progress=LiveTrialTable(), command=job)
-    res = search(ex, CONFS[:2], lo, hi, "torchrun")
+                       processes=2, progress=LiveTrialTable(), command=job, timeout=max(90.0, 5 * run["wall_s"]))
+    res = search(ex, CONFS[:2], lo, hi, "torchrun", tol=RANKS_TOL)
     save("ranks_tune.json", res)
-    say(f"\n- min_budget per rank-process of the 2-rank job (worst rank decides; {res['trials']} trials, "
+    say(f"\n- min_budget per rank-process of the 2-rank job to {RANKS_TOL:.0%} (worst rank decides; {res['trials']} trials, "
         f"{res['wall_s']} s, 2 trials side by side = 4 processes): "
         + ", ".join(f"{c or '(default)'}: {'-' if v is None else f'{v / MiB:.0f} MiB'}" for c, v in res["min_budget"].items())
         + f"; recommended {res['recommended']!r}")

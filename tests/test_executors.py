@@ -14,20 +14,18 @@ from pathlib import Path
 import pytest
 
 from alloctune.errors import EnvironmentProblem, InputError
-from alloctune.trial import TrialResult
 from alloctune.tune.executors import SerialExecutor, TrialRequest
 from alloctune.tune.executors.factory import make_executor
 from alloctune.tune.executors.gpuinfo import GpuInfo, visible_entries
 from alloctune.tune.executors.gpus import GpusExecutor, gpu_slots
 from alloctune.tune.executors.local import LocalExecutor, default_jobs
-from alloctune.tune.executors.pool import PoolExecutor, Slot
 from alloctune.tune.executors.progress import ProgressLog
 from alloctune.tune.executors.ray_tasks import RayExecutor, gpu_fraction
 from alloctune.tune.executors.spec import SpecRunner, TrialSpec
 from alloctune.tune.executors.stored import run_stored
 from alloctune.tune.store import TrialStore
 
-from executor_fakes import COMMAND, GiB, MiB, NEEDS, FakeTrials, requests
+from executor_fakes import COMMAND, GiB, MiB, FakeTrials, requests
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 TESTS = str(Path(__file__).resolve().parent)

@@ -17,7 +17,7 @@ from alloctune.tune.executors.stored import run_stored
 from alloctune.tune.store import TrialStore
 
 import executor_fakes
-from executor_fakes import COMMAND, GiB, MiB, FakeTrials, requests
+from executor_fakes import COMMAND, GiB, FakeTrials, requests
 
 
 ray = pytest.importorskip("ray", reason="Ray not installed: pip install 'alloctune[ray]' to run the Ray executor tests")

@@ -112,7 +112,7 @@ class LiveTrialTable:
         if self._live is None:
             peak = "-" if result.peak_reserved is None else _mib(result.peak_reserved)
             self.console.print(f"{worker}: {describe(task)} -> {result.outcome}, peak reserved {peak}, "
-                               f"{result.wall_s:.1f} s", markup=False, highlight=False)
+                               f"{result.wall_s:.1f} s", markup=False, highlight=False, soft_wrap=True)
 
     def end(self, interrupted: bool = False) -> None:
         if self._live is not None:
