@@ -356,3 +356,16 @@ def test_live_table_draws_workers_and_trials():
     drawn.print(table._render())
     text = drawn.export_text()
     assert "4/4 finished, 0 running" in text and "gpu0" in text and "gpu1" in text
+
+
+def test_executor_for_sweep_runs_real_trials_and_numbers_logs_after_a_resume(tmp_path):
+    from alloctune.tune.executors.factory import executor_for_sweep
+
+    work = tmp_path / "work"
+    (work / "logs").mkdir(parents=True)
+    (work / "logs" / "trial-0007.log").write_text("from the first run of the sweep\n")
+    ex = executor_for_sweep("local", [sys.executable, "-c", "print('throughput: 5 it/s')"], work, jobs=1, live=False)
+    got = [res for _, res in ex.run([TrialRequest("", None), TrialRequest("expandable_segments:True", None)])]
+    assert [r.outcome for r in got] == ["no-cuda", "no-cuda"]  # a real child ran (no torch in it)
+    assert [r.throughput for r in got] == [5.0, 5.0]
+    assert sorted(p.name for p in (work / "logs").iterdir()) == ["trial-0007.log", "trial-0008.log", "trial-0009.log"]

@@ -61,3 +61,35 @@ def make_executor(
 
         return RayExecutor(runner, address=address, **common)
     raise InputError(f"--executor {name!r} is not known: use one of {', '.join(EXECUTORS)}")
+
+
+def executor_for_sweep(
+    name: str,
+    command: Sequence[str],
+    workdir: str | os.PathLike,
+    *,
+    jobs: int | None = None,
+    address: str | None = None,
+    budget: int | None = None,
+    timeout: float | None = None,
+    torch_version: str | None = None,
+    processes: int = 1,
+    gpus_per_trial: int = 1,
+    live: bool = True,
+) -> Executor:
+    """What `alloctune tune --executor NAME [--jobs N] [--address A]` runs its trials on.
+
+    Logs go to `workdir/logs/trial-NNNN.log`, numbered after the ones a resumed sweep left;
+    the recorded baseline to `workdir/baseline.pickle`; `live` draws the progress table on stderr.
+    """
+    from alloctune.tune.executors.spec import SpecRunner, TrialSpec
+
+    spec = TrialSpec.make(command, workdir, torch_version=torch_version)
+    progress = None
+    if live:
+        from alloctune.tune.executors.progress import LiveTrialTable
+
+        progress = LiveTrialTable()
+    return make_executor(name, SpecRunner(spec), jobs=jobs, address=address, budget_hint=budget, timeout=timeout,
+                         first_number=spec.first_free_number(), progress=progress, command=command,
+                         processes=processes, gpus_per_trial=gpus_per_trial)
