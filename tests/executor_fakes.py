@@ -119,3 +119,11 @@ class FakeTrials:
 
     def cancel(self):
         self.cancelled.set()
+
+
+class WhereTrials(FakeTrials):
+    """Reports the GPU(s) the worker was given (`CUDA_VISIBLE_DEVICES`) as the device name."""
+
+    def run_task(self, task, env):
+        res = super().run_task(task, env)
+        return TrialResult(**{**res.__dict__, "device_name": os.environ.get("CUDA_VISIBLE_DEVICES")})

@@ -17,7 +17,7 @@ from alloctune.tune.executors.stored import run_stored
 from alloctune.tune.store import TrialStore
 
 import executor_fakes
-from executor_fakes import COMMAND, GiB, FakeTrials, requests
+from executor_fakes import COMMAND, GiB, FakeTrials, WhereTrials, requests
 
 
 ray = pytest.importorskip("ray", reason="Ray not installed: pip install 'alloctune[ray]' to run the Ray executor tests")
@@ -48,14 +48,7 @@ def test_ray_store_is_identical_to_the_serial_one(ray_local, tmp_path):
 
 
 def test_ray_sets_the_gpu_of_each_task(ray_local, tmp_path):
-    class Where(FakeTrials):
-        def run_task(self, task, env):
-            import os
-
-            res = super().run_task(task, env)
-            return type(res)(**{**res.__dict__, "device_name": os.environ.get("CUDA_VISIBLE_DEVICES")})
-
-    got = [res.device_name for _, res in RayExecutor(Where(delay=0.0)).run(requests()[:4])]
+    got = [res.device_name for _, res in RayExecutor(WhereTrials(delay=0.0)).run(requests()[:4])]
     assert set(got) <= {"0", "1"} and all(got)
 
 
@@ -80,3 +73,8 @@ def test_a_lost_ray_worker_loses_and_repeats_no_finished_trial(ray_local, tmp_pa
     ends = [json.loads(x) for x in log.read_text().splitlines() if '"end"' in x]
     assert len(ends) == 15  # every trial finished exactly once over both runs
     assert len({(e["conf"], e["budget"]) for e in ends}) == 15
+
+
+def test_ray_gives_a_multi_gpu_trial_whole_cards(ray_local, tmp_path):
+    got = [res.device_name for _, res in RayExecutor(WhereTrials(delay=0.0), gpus_per_trial=2).run(requests()[:2])]
+    assert [sorted(g.split(",")) for g in got] == [["0", "1"], ["0", "1"]]

@@ -59,7 +59,9 @@ def make_executor(
             raise InputError("--jobs is for the local and gpus executors; Ray packs trials by GPU fraction")
         from alloctune.tune.executors.ray_tasks import RayExecutor
 
-        return RayExecutor(runner, address=address, **common)
+        if gpus_per_trial > 1:
+            common["processes"] = max(1, processes // gpus_per_trial)
+        return RayExecutor(runner, address=address, gpus_per_trial=gpus_per_trial, **common)
     raise InputError(f"--executor {name!r} is not known: use one of {', '.join(EXECUTORS)}")
 
 

@@ -66,7 +66,8 @@ class RayExecutor:
     `num_cpus`), "auto" or HOST:PORT joins a running cluster. `gpu_memory`: a card's bytes,
     to size fractions (default: learned from the first result that reports it; until then
     each trial asks for a whole GPU). `max_retries`: Ray's retries of a task whose worker
-    died (0: the trial is a crash and `--resume` runs it again).
+    died (0: the trial is a crash and `--resume` runs it again). `gpus_per_trial` > 1: each
+    trial gets that many whole GPUs (a `torchrun` job with one rank per card).
     """
 
     def __init__(
@@ -84,6 +85,7 @@ class RayExecutor:
         progress: TrialProgress | None = None,
         command: Sequence[str] = (),
         processes: int = 1,
+        gpus_per_trial: int = 1,
         init_kwargs: dict[str, Any] | None = None,
     ):
         if address is not None and address != "auto" and ":" not in address:
@@ -101,7 +103,10 @@ class RayExecutor:
         self.max_retries = max_retries
         self.progress = progress or NullProgress()
         self.command = tuple(command)
+        if gpus_per_trial < 1:
+            raise InputError("--gpus-per-trial must be at least 1")
         self.processes = max(1, int(processes))
+        self.gpus_per_trial = int(gpus_per_trial)
         self.init_kwargs = dict(init_kwargs or {})
         self.started_ray = False
 
@@ -134,7 +139,8 @@ class RayExecutor:
         try:
             for req in requests:
                 task = TrialTask(req, self.numbers.next(), self.timeouts.next())
-                frac = gpu_fraction(req, self.gpu_memory, self.context_bytes, self.granularity, self.processes)
+                frac = (float(self.gpus_per_trial) if self.gpus_per_trial > 1  # whole cards, one rank each
+                        else gpu_fraction(req, self.gpu_memory, self.context_bytes, self.granularity, self.processes))
                 ref = remote.options(num_gpus=frac, num_cpus=self.cpus_per_trial, max_retries=self.max_retries,
                                      name=f"alloctune-trial-{task.number}").remote(self.runner, task)
                 pending[ref] = task
