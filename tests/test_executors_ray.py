@@ -78,3 +78,53 @@ def test_a_lost_ray_worker_loses_and_repeats_no_finished_trial(ray_local, tmp_pa
 def test_ray_gives_a_multi_gpu_trial_whole_cards(ray_local, tmp_path):
     got = [res.device_name for _, res in RayExecutor(WhereTrials(delay=0.0), gpus_per_trial=2).run(requests()[:2])]
     assert [sorted(g.split(",")) for g in got] == [["0", "1"], ["0", "1"]]
+
+
+RAY_SWEEP = """
+import sys, ray, executor_fakes
+from executor_fakes import COMMAND, GiB, FakeTrials, requests
+from alloctune.tune.executors.ray_tasks import RayExecutor
+from alloctune.tune.executors.stored import run_stored
+from alloctune.tune.store import TrialStore
+ray.cloudpickle.register_pickle_by_value(executor_fakes)
+ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
+try:
+    ex = RayExecutor(FakeTrials(delay=0.4, log=sys.argv[2]), gpu_memory=140 * GiB, command=COMMAND)
+    for t in run_stored(ex, requests(), TrialStore(sys.argv[1], COMMAND, resume=True), COMMAND):
+        print("done", t.request.conf, t.request.budget, flush=True)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+finally:
+    ray.shutdown()
+"""
+
+
+def test_ctrl_c_of_a_ray_sweep_then_resume_loses_and_repeats_nothing(ray_local, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    here = Path(__file__).resolve().parent
+    path, log = tmp_path / "t.jsonl", tmp_path / "runs.log"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(here.parent / "src"), str(here), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen([sys.executable, "-c", RAY_SWEEP, str(path), str(log)], env=env, stdout=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and (not path.exists() or len(_trial_lines(path)) < 3):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=90)
+    assert "interrupted" in out and proc.returncode == 0
+    before = {(json.loads(x)["key"]["conf"], json.loads(x)["key"]["budget"]) for x in _trial_lines(path)}
+    assert 3 <= len(before) < 15
+
+    fake = FakeTrials(delay=0.0, log=str(log))
+    again = list(run_stored(RayExecutor(fake, gpu_memory=140 * GiB, command=COMMAND), requests(),
+                            TrialStore(path, COMMAND, resume=True), COMMAND))
+    assert len(again) == 15
+    rerun = {(t.request.conf, t.request.budget) for t in again if not t.reused}
+    assert not (rerun & before) and len(rerun) == 15 - len(before)
+    keys = [json.dumps(json.loads(x)["key"], sort_keys=True) for x in _trial_lines(path)]
+    assert len(keys) == len(set(keys)) == 15
