@@ -84,6 +84,8 @@ import json; print(json.dumps({"total": total, "free": free, "reserved": torch.c
 
 
 def measure_context() -> int | None:
+    """The context size; also fills MEMORY from the probe's free memory when NVML/nvidia-smi see nothing."""
+    global MEMORY
     p = subprocess.run([PY, "-c", CONTEXT_PROBE], capture_output=True, text=True, timeout=120)
     try:
         d = json.loads(p.stdout.strip().splitlines()[-1])
@@ -91,8 +93,15 @@ def measure_context() -> int | None:
         say(f"context probe failed: {p.stderr[-500:]}")
         return None
     used = d["total"] - d["free"] - d["reserved"]
-    save("context.json", {**d, "context_bytes": used})
-    say(f"- CUDA context of one process (total − free − reserved, idle card): {used / MiB:.0f} MiB")
+    from alloctune.tune.executors.gpuinfo import probe
+
+    seen = probe()
+    source = "NVML/nvidia-smi"
+    if MEMORY is None and not (seen and seen[0].free):
+        MEMORY, source = int(d["free"] * 0.98), "the probe's mem_get_info"
+    save("context.json", {**d, "context_bytes": used, "gpus": [g.to_dict() for g in seen], "memory_source": source})
+    say(f"- CUDA context of one process (total − free − reserved, idle card): {used / MiB:.0f} MiB; "
+        f"free memory for packing from {source}")
     return used
 
 

@@ -369,3 +369,18 @@ def test_executor_for_sweep_runs_real_trials_and_numbers_logs_after_a_resume(tmp
     assert [r.outcome for r in got] == ["no-cuda", "no-cuda"]  # a real child ran (no torch in it)
     assert [r.throughput for r in got] == [5.0, 5.0]
     assert sorted(p.name for p in (work / "logs").iterdir()) == ["trial-0007.log", "trial-0008.log", "trial-0009.log"]
+
+
+def test_probe_falls_back_to_nvidia_smi_and_follows_visible_devices(tmp_path, monkeypatch):
+    from alloctune.tune.executors import gpuinfo
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho '0, GPU-aaa, NVIDIA H200, 143771, 143000'\necho '1, GPU-bbb, NVIDIA H200, 143771, 100000'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # nvidia-ml-py not installed
+    got = gpuinfo.probe({"CUDA_VISIBLE_DEVICES": "GPU-bbb,0,7"})
+    assert [(g.visible_id, g.free) for g in got] == [("GPU-bbb", 100000 * MiB), ("0", 143000 * MiB)]  # stops at 7
+    assert [g.visible_id for g in gpuinfo.probe({})] == ["0", "1"]
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))
+    assert gpuinfo.probe({"CUDA_VISIBLE_DEVICES": "0"}) == [GpuInfo("0", None, None, None)]

@@ -482,6 +482,7 @@ class TrialEvaluator:
         self.timeout = timeout
         self.env = env
         self.count = 0
+        self._count_lock = threading.Lock()  # executors may call one evaluator from several threads
         self.torch_version: str | None = None
         self._baseline_wall: float | None = None
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
@@ -495,14 +496,16 @@ class TrialEvaluator:
 
     def __call__(self, conf: str, budget: int | None, *, repeat: int = 0, record: bool = False,
                  ensure_cap: bool = False) -> TrialResult:
-        self.count += 1
+        with self._count_lock:
+            self.count += 1
+            number = self.count
         result = run_trial(
             self.command,
             conf=conf,
             budget=budget,
             record=self.workdir / "baseline.pickle" if record else None,
             timeout=self._timeout(),
-            capture=self.workdir / "logs" / f"trial-{self.count:04d}.log",
+            capture=self.workdir / "logs" / f"trial-{number:04d}.log",
             ensure_cap=ensure_cap,
             repeat=repeat,
             torch_version=self.torch_version,
