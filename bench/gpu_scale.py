@@ -211,8 +211,9 @@ def tune_cli_jobs() -> None:
 
 # ---- 3. torchrun, two ranks on one GPU ------------------------------------------------------------------
 def torchrun_ranks(context: int | None) -> None:
-    torchrun = shutil.which("torchrun") or str(Path(PY).with_name("torchrun"))
-    job = [torchrun, "--nproc-per-node", "2", str(HERE / "scale_ranks_workload.py"), "--items", "24"]
+    torchrun = os.environ.get("SCALE_TORCHRUN") or shutil.which("torchrun") or str(Path(PY).with_name("torchrun"))
+    script = os.environ.get("SCALE_RANKS_SCRIPT") or str(HERE / "scale_ranks_workload.py")  # overrides: CPU dry runs
+    job = [torchrun, "--nproc-per-node", "2", script, "--items", "24"]
     rec = WORK / "ranks" / "rec.pickle"
     rec.parent.mkdir(parents=True, exist_ok=True)
     p = alloctune("run", "--json", "--record", str(rec), "--", *job)
