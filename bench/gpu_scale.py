@@ -14,9 +14,12 @@
    on each rank's recording must reproduce that rank's peak reserved; then a min_budget
    search of two settings on the 2-rank job (each trial books two caps and two contexts),
    the worst rank deciding each trial, with the ranks side by side.
+4. **Several GPUs** (only when ≥ 2 are visible, issue #16): the same search on the `gpus`
+   executor (and on a local Ray if it is installed), compared with the one-GPU sequential run;
+   and the torchrun job with `--backend nccl`, one rank per GPU, recorded and simulated per rank.
 
 Writes JSON files and summary.md into $OUT (default ./gpu-scale-out). Knobs: SCALE_ITEMS,
-SCALE_JOBS, SCALE_SKIP (comma list of parts: context,search,tune_cli,ranks), SCALE_MEMORY (bytes
+SCALE_JOBS, SCALE_SKIP (comma list of parts: context,search,tune_cli,ranks,multi), SCALE_MEMORY (bytes
 the parallel trials may share; default NVML's free memory).
 """
 
@@ -51,6 +54,7 @@ SKIP = set(filter(None, os.environ.get("SCALE_SKIP", "").split(",")))
 WORKLOAD = [PY, str(HERE / "frag_workload.py"), "--seed", "2", "--items", str(ITEMS)]
 CONFS = ["", "expandable_segments:True", "max_split_size_mb:128"]
 SUMMARY: list[str] = []
+STATE: dict = {}  # the one-GPU search's bracket and results, for the several-GPU comparison
 
 
 def save(name: str, data) -> None:
@@ -176,6 +180,7 @@ def parallel_vs_sequential(context: int | None) -> None:
                        command=WORKLOAD, timeout=max(60.0, 5 * base["wall_s"]))
     par = search(ex, CONFS, lo, hi, "parallel")
     par["jobs"], par["memory"], par["peak_booked"] = ex.jobs, ex.memory, ex.peak_bytes
+    STATE.update(lo=lo, hi=hi, seq=seq, par=par, timeout=max(60.0, 5 * base["wall_s"]), ctx=ctx)
     save("search.json", {"baseline": base, "sequential": seq, "parallel": par, "context_bytes": ctx})
     same = seq["min_budget"] == par["min_budget"] and seq["recommended"] == par["recommended"]
     say("\n| setting | min_budget sequential | min_budget parallel |\n|---|---|---|")
@@ -210,11 +215,11 @@ def tune_cli_jobs() -> None:
 
 
 # ---- 3. torchrun, two ranks on one GPU ------------------------------------------------------------------
-def torchrun_ranks(context: int | None) -> None:
+def torchrun_ranks(context: int | None, backend: str = "gloo", tag: str = "ranks", search_too: bool = True) -> None:
     torchrun = os.environ.get("SCALE_TORCHRUN") or shutil.which("torchrun") or str(Path(PY).with_name("torchrun"))
     script = os.environ.get("SCALE_RANKS_SCRIPT") or str(HERE / "scale_ranks_workload.py")  # overrides: CPU dry runs
-    job = [torchrun, "--nproc-per-node", "2", script, "--items", "24"]
-    rec = WORK / "ranks" / "rec.pickle"
+    job = [torchrun, "--nproc-per-node", "2", script, "--items", "24", "--backend", backend]
+    rec = WORK / tag / "rec.pickle"
     rec.parent.mkdir(parents=True, exist_ok=True)
     p = alloctune("run", "--json", "--record", str(rec), "--", *job)
     try:
@@ -223,7 +228,7 @@ def torchrun_ranks(context: int | None) -> None:
         say(f"- torchrun run failed (exit {p.returncode}): {p.stderr[-1500:]}")
         return
     ranks = run.get("ranks") or []
-    say(f"\n- `alloctune run --record -- torchrun --nproc-per-node 2 ...`: exit {p.returncode}, outcome {run.get('outcome')}, "
+    say(f"\n- `alloctune run --record -- torchrun --nproc-per-node 2 ... --backend {backend}`: exit {p.returncode}, outcome {run.get('outcome')}, "
         f"{run.get('processes')} agent reports, {len(ranks)} ranks")
     say("\n| rank | device | outcome | peak reserved | peak allocated | simulated peak reserved | recording |\n|---|---|---|---|---|---|---|")
     sims = {}
@@ -240,17 +245,17 @@ def torchrun_ranks(context: int | None) -> None:
         say(f"| {r['rank']} | cuda:{r.get('device')} | {r.get('outcome')} | {(r.get('peak_reserved') or 0) / MiB:.0f} MiB | "
             f"{(r.get('peak_allocated') or 0) / MiB:.0f} MiB | "
             f"{'-' if sim_peak is None else f'{sim_peak / MiB:.0f} MiB'}{match} | {Path(r.get('snapshot') or '-').name} |")
-    save("ranks_run.json", {"run": run, "simulate": sims})
-    if not ranks:
+    save(f"{tag}_run.json", {"run": run, "simulate": sims})
+    if not ranks or not search_too:
         return
     neediest = max(ranks, key=lambda r: r.get("peak_reserved") or 0)
     lo = _align(min(r.get("peak_allocated") or 0 for r in ranks)) - 2 * MiB
     hi = _align(neediest["peak_reserved"]) + 64 * MiB
-    spec = TrialSpec.make(job, WORK / "ranks" / "tune")
+    spec = TrialSpec.make(job, WORK / tag / "tune")
     ex = LocalExecutor(SpecRunner(spec), jobs=2, memory=MEMORY, budget_hint=hi, context_bytes=context or 512 * MiB,
                        processes=2, progress=LiveTrialTable(), command=job, timeout=max(90.0, 5 * run["wall_s"]))
     res = search(ex, CONFS[:2], lo, hi, "torchrun", tol=RANKS_TOL)
-    save("ranks_tune.json", res)
+    save(f"{tag}_tune.json", res)
     say(f"\n- min_budget per rank-process of the 2-rank job to {RANKS_TOL:.0%} (worst rank decides; {res['trials']} trials, "
         f"{res['wall_s']} s, 2 trials side by side = 4 processes): "
         + ", ".join(f"{c or '(default)'}: {'-' if v is None else f'{v / MiB:.0f} MiB'}" for c, v in res["min_budget"].items())
@@ -260,13 +265,54 @@ def torchrun_ranks(context: int | None) -> None:
             f"rank {r['rank']} {r['outcome']} peak reserved {(r.get('peak_reserved') or 0) / MiB:.0f} MiB" for r in rows))
 
 
+# ---- 4. several GPUs (issue #16): the gpus executor, Ray if installed, torchrun with NCCL ---------------
+def several_gpus(context: int | None) -> None:
+    from alloctune.tune.executors.gpuinfo import probe
+    from alloctune.tune.executors.gpus import GpusExecutor
+
+    gpus = probe()
+    if len(gpus) < 2:
+        say(f"\n- several GPUs: {len(gpus)} visible, skipped (issue #16 runs this part on nvidia-h200-x2)")
+        return
+    if "seq" not in STATE:
+        say("\n- several GPUs: the one-GPU search did not run (SCALE_SKIP=search?), skipped the comparison")
+    else:
+        seq, lo, hi = STATE["seq"], STATE["lo"], STATE["hi"]
+        rows = {}
+        spec = TrialSpec.make(WORKLOAD, WORK / "gpus")
+        ex = GpusExecutor(SpecRunner(spec), gpus=gpus, context_bytes=STATE["ctx"], timeout=STATE["timeout"],
+                          progress=LiveTrialTable(), command=WORKLOAD)
+        rows["gpus"] = search(ex, CONFS, lo, hi, "gpus")
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            say("- Ray not installed on this machine: `--executor ray` part skipped")
+        else:
+            from alloctune.tune.executors.ray_tasks import RayExecutor
+
+            rex = RayExecutor(SpecRunner(TrialSpec.make(WORKLOAD, WORK / "ray")), context_bytes=STATE["ctx"],
+                              timeout=STATE["timeout"], command=WORKLOAD, init_kwargs={"num_cpus": len(gpus) * 4, "num_gpus": len(gpus)})
+            try:
+                rex._ray()  # start Ray outside the timed search
+                rows["ray"] = search(rex, CONFS, lo, hi, "ray")
+            finally:
+                rex.close()
+        save("several_gpus.json", {"gpus": [g.to_dict() for g in gpus], **rows, "sequential_one_gpu": seq})
+        for name, res in rows.items():
+            same = res["min_budget"] == seq["min_budget"] and res["recommended"] == seq["recommended"]
+            say(f"- `{name}` on {len(gpus)} GPUs: {res['wall_s']} s for {res['trials']} trials "
+                f"(sequential on one GPU: {seq['wall_s']} s); min budgets and recommendation "
+                f"{'SAME as' if same else 'DIFFERENT from'} the one-GPU sequential run")
+    torchrun_ranks(context, backend="nccl", tag="nccl", search_too=False)
+
+
 def main() -> int:
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
     say(f"# gpu_scale ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n")
     context = None if "context" in SKIP else measure_context()
     for name, fn in (("search", lambda: parallel_vs_sequential(context)), ("tune_cli", tune_cli_jobs),
-                     ("ranks", lambda: torchrun_ranks(context))):
+                     ("ranks", lambda: torchrun_ranks(context)), ("multi", lambda: several_gpus(context))):
         if name in SKIP:
             continue
         t0 = time.monotonic()
