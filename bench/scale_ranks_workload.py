@@ -30,30 +30,35 @@ def main() -> int:
     ap.add_argument("--items", type=int, default=24)
     ap.add_argument("--rank0-extra-mib", type=int, default=768, help="a buffer only rank 0 holds (uneven memory)")
     ap.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: check the rank logic without a GPU")
     args = ap.parse_args()
 
     import torch
     import torch.distributed as dist
 
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    device = local % max(1, torch.cuda.device_count())
-    torch.cuda.set_device(device)
+    cuda = args.device == "cuda"
+    device = local % max(1, torch.cuda.device_count()) if cuda else 0
+    where = f"cuda:{device}" if cuda else "cpu"
+    if cuda:
+        torch.cuda.set_device(device)
     dist.init_process_group(args.backend)
     plan = frag_workload.plan(args.items, seed=rank)
-    extra = torch.empty(args.rank0_extra_mib << 20, dtype=torch.uint8, device=f"cuda:{device}") if rank == 0 else None
+    extra = torch.empty(args.rank0_extra_mib << 20, dtype=torch.uint8, device=where) if rank == 0 else None
     live: dict[int, torch.Tensor] = {}
-    token = torch.ones(1, device=f"cuda:{device}" if args.backend == "nccl" else "cpu")
+    token = torch.ones(1, device=where if args.backend == "nccl" else "cpu")
     t0 = time.monotonic()
     done = 0
     for i, (op, ident, size) in enumerate(plan):
         if op == "alloc":
-            live[ident] = torch.empty(size, dtype=torch.uint8, device=f"cuda:{device}").fill_(1)
+            live[ident] = torch.empty(size, dtype=torch.uint8, device=where).fill_(1)
         else:
             del live[ident]
         if i % 5 == 4:  # about one item: sync the ranks as a training step would (same count on every rank)
             dist.all_reduce(token)
             done += 1
-    torch.cuda.synchronize(device)
+    if cuda:
+        torch.cuda.synchronize(device)
     dist.barrier()
     del extra
     if rank == 0:

@@ -295,7 +295,7 @@ SWEEP = textwrap.dedent("""
     from alloctune.tune.executors.stored import run_stored
     from alloctune.tune.store import TrialStore
     store = TrialStore(sys.argv[1], COMMAND, resume=True)
-    ex = LocalExecutor(FakeTrials(delay=0.25, log=sys.argv[2]), jobs=3, memory=20 * GiB)
+    ex = LocalExecutor(FakeTrials(delay=0.4, log=sys.argv[2]), jobs=3, memory=20 * GiB)
     for t in run_stored(ex, requests(), store, COMMAND):
         pass
 """)
