@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from alloctune.ranks import RankSummary, neediest, rank_table, summarize_ranks, worst
+from alloctune.ranks import RankSummary, neediest, processes_per_gpu, rank_table, summarize_ranks, worst
 from alloctune.runner import build_env, run_trial
 from alloctune.trial import TrialResult
 
@@ -67,6 +67,7 @@ def test_every_rank_reports_and_records_under_its_own_name(tmp_path, job):
     assert [Path(r.snapshot).name for r in ranks] == ["rec.rank0.pickle", "rec.rank1.pickle"]
     assert all(Path(r.snapshot).stat().st_size > 0 for r in ranks)
     assert res.peak_reserved == 900 * MiB and res.snapshot.endswith("rec.rank1.pickle")  # the neediest rank
+    assert processes_per_gpu(res.ranks) == 2  # both ranks on the one (fake) device
     assert TrialResult.from_dict(res.to_dict()) == res  # ranks survive the store
 
 
@@ -110,6 +111,8 @@ def test_rank_helpers():
     assert neediest(ranks).rank == 0
     assert worst(r.outcome for r in ranks) == "oom" and worst(["ok", "weird"]) == "crash" and worst([]) is None
     assert summarize_ranks([{"rank": None}]) == ()
+    assert processes_per_gpu(ranks) == 1 and processes_per_gpu(()) == 1
+    assert processes_per_gpu([{"device": 0}, {"device": 0}, {"device": 1}]) == 2
     from rich.console import Console
 
     console = Console(width=120, record=True)

@@ -83,6 +83,19 @@ def neediest(ranks: Sequence[RankSummary]) -> RankSummary | None:
     return max(ranks, key=lambda s: s.peak_reserved or 0, default=None)
 
 
+def processes_per_gpu(ranks: Sequence[RankSummary | Mapping[str, Any]]) -> int:
+    """Most ranks that shared one device in a run (1 for a single process): what a packed trial books.
+
+    From the baseline's ranks, so a sweep over `torchrun --nproc-per-node 2` on one GPU books two
+    caps and two contexts per trial without being told.
+    """
+    counts: dict[Any, int] = {}
+    for r in ranks:
+        device = r.device if isinstance(r, RankSummary) else r.get("device")
+        counts[device] = counts.get(device, 0) + 1
+    return max(counts.values(), default=1)
+
+
 def rank_table(ranks: Sequence[RankSummary | Mapping[str, Any]], title: str = "ranks") -> Any:
     """A rich table, one column per rank, so uneven memory across ranks shows at a glance."""
     from rich.table import Table
