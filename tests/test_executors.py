@@ -384,3 +384,32 @@ def test_probe_falls_back_to_nvidia_smi_and_follows_visible_devices(tmp_path, mo
     assert [g.visible_id for g in gpuinfo.probe({})] == ["0", "1"]
     monkeypatch.setenv("PATH", str(tmp_path / "none"))
     assert gpuinfo.probe({"CUDA_VISIBLE_DEVICES": "0"}) == [GpuInfo("0", None, None, None)]
+
+
+def test_the_runners_evaluator_is_stopped_too_when_wrapped(tmp_path):
+    """`runner.TrialEvaluator` given straight to an executor: Ctrl-C still reaches its children."""
+    import threading
+
+    from alloctune.runner import TrialEvaluator
+
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    code = "import os,sys,time; open(os.path.join(sys.argv[1], str(os.getpid())), 'w').close(); time.sleep(120)"
+    ev = TrialEvaluator([sys.executable, "-c", code, str(pids)], tmp_path / "work", timeout=300)
+    it = LocalExecutor(ev, jobs=2, memory=100 * GiB).run([TrialRequest("", GiB), TrialRequest("", 2 * GiB)])
+    deadline = time.monotonic() + 30
+
+    def stop_when_started():
+        while len(list(pids.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=stop_when_started, daemon=True).start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        list(it)
+    assert time.monotonic() - t0 < 30
+    for pid in (int(p.name) for p in pids.iterdir()):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert sorted(p.name for p in (tmp_path / "work" / "logs").iterdir()) == ["trial-0001.log", "trial-0002.log"]

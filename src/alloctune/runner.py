@@ -487,6 +487,10 @@ class TrialEvaluator:
         self._baseline_wall: float | None = None
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
 
+    def cancel(self) -> None:
+        """Stop the trials running now (a parallel executor calls this on Ctrl-C)."""
+        terminate_running()
+
     def _timeout(self) -> float | None:
         if self.timeout is not None:
             return self.timeout
