@@ -9,16 +9,9 @@ import math
 
 import pytest
 
-from alloctune.cli import main
 from alloctune.errors import InputError, SizeError
 from alloctune.units import GiB, parse_seconds, parse_user_size
-
-
-def _run(capsys, *args):
-    with pytest.raises(SystemExit) as exc:
-        main(list(args))
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
+from cli_run import run_cli as _run
 
 
 @pytest.mark.parametrize(

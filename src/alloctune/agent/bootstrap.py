@@ -15,7 +15,7 @@ What it does, in order:
    applied (`set_per_process_memory_fraction(budget / total_memory)`), allocator history is
    recorded if asked (`--record`: full history; `--on-oom snapshot`: a bounded ring dumped
    when an OOM happens), the OOM observer is attached, and the live sampler starts.
-3. At exit (normal, exception, OOM, `sys.exit`, SIGTERM) it writes `report.<pid>.json`
+3. At exit (normal, exception, OOM, `sys.exit`, SIGTERM) it writes `report.<pid>.json` (`report.rank<R>.<pid>.json` in a rank of a multi-process job)
    into the report directory (schema `REPORT_SCHEMA`, see `build_report`).
 
 Live samples (the contract `alloctune watch` reads)
@@ -470,7 +470,8 @@ class Agent:
             report = self._base_report()
             report["agent_errors"] = self.agent_errors + [f"report failed: {type(exc).__name__}: {exc}"]
         try:
-            write_json_atomic(os.path.join(report_dir, f"report.{os.getpid()}.json"), report)
+            rank = "" if self.rank is None else f"rank{self.rank}."  # torchrun: one report per rank, named so
+            write_json_atomic(os.path.join(report_dir, f"report.{rank}{os.getpid()}.json"), report)
         except Exception as exc:
             sys.stderr.write(f"alloctune agent: cannot write report: {exc}\n")
 

@@ -80,8 +80,10 @@ def register(app: typer.Typer) -> None:
         no_what_if: bool = typer.Option(
             False, "--no-what-if", help="With --snapshot: skip replaying other settings in the simulator."),
     ) -> None:
-        """Explain CUDA/HIP/XPU/MPS/NPU out-of-memory messages found in a log, with fixes for bash, PowerShell,
-        cmd and Python; or, with --snapshot, the OOM recorded in a memory snapshot."""
+        """Explain an out-of-memory error from a log (or --snapshot FILE) and print the fixes.
+
+        Finds CUDA/HIP/XPU/MPS/NPU out-of-memory messages in a log, with fixes for bash,
+        PowerShell, cmd and Python; with --snapshot, explains the OOM recorded in a memory snapshot."""
         from alloctune.cli.progress import progress_on_stderr
         from alloctune.diagnosis import diagnose_input
 

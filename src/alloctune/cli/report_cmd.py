@@ -22,8 +22,10 @@ def register(app: typer.Typer) -> None:
         ),
         json_out: bool = typer.Option(False, "--json", help="Print the written paths and the data as JSON."),
     ) -> None:
-        """Write PNG figures (reserved vs allocated over time, peaks and min_budget per setting, the
-        segment map at the peak or the OOM) and one self-contained HTML page."""
+        """Write figures and one self-contained HTML page from results, stores and snapshots.
+
+        PNG figures: reserved vs allocated over time, peaks and min_budget per setting, the
+        segment map at the peak or the OOM."""
         from alloctune.cli.common import console, print_json
         from alloctune.report import build_report, write_report
         from alloctune.report.model import min_budgets

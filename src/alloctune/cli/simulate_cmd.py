@@ -42,9 +42,11 @@ def register(app: typer.Typer) -> None:
         ),
         json_out: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
     ) -> None:
-        """Peak reserved/allocated, utilization, retries and OOM point per setting; optional
-        minimum budget and a fidelity check against a recording. Exits 1 for a predicted OOM
-        or a difference from the recording, 0 otherwise."""
+        """Replay a recorded allocator history under other settings, on the CPU.
+
+        Peak reserved/allocated, utilization, retries and OOM point per setting; optional minimum
+        budget and a fidelity check against a recording. Exits 1 for a predicted OOM or a
+        difference from the recording, 0 otherwise."""
         from alloctune.cli.progress import progress_on_stderr
         from alloctune.simulation import simulate as run
 

@@ -20,8 +20,10 @@ def register(app: typer.Typer) -> None:
         ),
         json_out: bool = typer.Option(False, "--json", help="Print each sample as one JSON line instead of the view."),
     ) -> None:
-        """Live view of GPU memory, like `nvidia-smi -l 1`, plus reserved / allocated / inactive-split
-        bytes, utilization and retries of processes started by `alloctune run`."""
+        """Live view of GPU memory per device and process, like `nvidia-smi -l 1`.
+
+        Adds reserved / allocated / inactive-split bytes, utilization and retries of processes
+        started by `alloctune run`."""
         import sys
 
         from alloctune.errors import InputError
