@@ -44,6 +44,17 @@ def register(app: typer.Typer) -> None:
         timeout: Optional[float] = typer.Option(
             None, "--timeout", help="Kill a trial after S s (default: 5x the baseline's wall time, at least 60 s)."
         ),
+        executor: Optional[str] = typer.Option(
+            None, "--executor", help="Where trials run: local (this GPU, --jobs side by side), gpus (one per visible "
+            "GPU), ray (Ray tasks). Default: one after another on this GPU."
+        ),
+        jobs: Optional[int] = typer.Option(
+            None, "--jobs", help="Trials side by side on one GPU (with --executor local, the default then: as many "
+            "as fit in its free memory at the budget, at most one per CPU core). Throughput trials always run alone."
+        ),
+        address: Optional[str] = typer.Option(
+            None, "--address", help="--executor ray: 'auto' or HOST:PORT of a running cluster (default: a local Ray)."
+        ),
         json_out: bool = typer.Option(False, "--json", help="Print every trial and the recommendation as JSON."),
     ) -> None:
         """Simulate every allocator setting from one recorded run, confirm the best on the GPU, recommend it.
@@ -80,7 +91,7 @@ def register(app: typer.Typer) -> None:
             command, budget=parse_size(budget) if budget is not None else None, knobs=knobs, strategy=strategy,
             platform=platform, store=store, resume=resume, simulate_first=simulate_first, repeat=repeat,
             timeout=timeout, max_gpu_runs=max_gpu_runs, on_trial_start=started, on_trial_end=finished,
-            progress=simulating,
+            progress=simulating, executor_name=executor, jobs=jobs, address=address,
         )
         if session.moved_previous is not None:
             warn(f"the previous sweep of this command was moved to {session.moved_previous} (use --resume to continue one)")

@@ -43,7 +43,10 @@ class TuneSession:
 
     def run(self) -> "TuneOutcome":
         self.started = time.monotonic()
-        result = self.tuner.run()
+        try:
+            result = self.tuner.run()
+        finally:
+            getattr(self.tuner.executor, "close", lambda: None)()  # a Ray executor holds a cluster connection
         return TuneOutcome(result, recommend(result), self.store_path, round(time.monotonic() - self.started, 1))
 
 
@@ -77,6 +80,9 @@ def prepare(
     max_gpu_runs: int = 10,
     evaluator: Evaluator | None = None,
     executor: Executor | None = None,
+    executor_name: str | None = None,
+    jobs: int | None = None,
+    address: str | None = None,
     on_trial_start: Callable[[str, int | None, str], None] | None = None,
     on_trial_end: Callable[[TrialRecord], None] | None = None,
     progress: Progress = no_progress,
@@ -116,6 +122,13 @@ def prepare(
         from alloctune.runner import TrialEvaluator
 
         evaluator = TrialEvaluator(list(command), path.with_suffix(".d"), timeout=timeout)
+    if executor is None and (executor_name is not None or jobs is not None or address is not None):
+        # scale's executors (side by side on this GPU, one per GPU, Ray); without these options
+        # the trials run one after another through the evaluator
+        from alloctune.tune.executors.factory import executor_for_sweep
+
+        executor = executor_for_sweep(executor_name or "local", command, path.with_suffix(".d"), jobs=jobs,
+                                      address=address, budget=budget, timeout=timeout, live=False)
     tuner = Tuner(
         evaluator,
         settings,
