@@ -24,7 +24,6 @@ says so (`untagged_note`). Pure Python: no torch.
 from __future__ import annotations
 
 import re
-from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
@@ -45,8 +44,8 @@ NO_WORKSPACE = 1
 FALLIBLE_FRAME = re.compile(r"run_conv_plan|try_configs|try_plans|native::Workspace::Workspace|miopen.*workspace", re.I)
 # Matching allocations after a failure that show the program went on (see learn_from_calibration).
 CONFIRM = 4
-# A request this large that no evidence covers is named in the untagged note.
-LARGE = 64 * MiB
+# A scratch request this large that no evidence covers is named in the untagged note.
+SCRATCH_MIN = 1 * MiB
 
 
 @dataclass(frozen=True)
@@ -326,27 +325,41 @@ def with_fallbacks(trace: Trace, model: FallbackModel) -> Trace:
     return replace(trace, requests=stream, meta=meta)
 
 
+def scratch_requests(trace: Trace, min_size: int = SCRATCH_MIN) -> list[int]:
+    """ALLOCs of at least `min_size` freed by the very next request: the shape of a workspace.
+
+    A cuDNN workspace is allocated, used by one kernel and freed before anything else is
+    allocated. On the HuBERT recording with C++ stacks the requests of 1 MiB or more that the
+    frames tag as workspaces are exactly these; transformer decoding has none. So these are
+    the requests a program might give up under a cap; every other request is its data.
+    """
+    r = trace.requests
+    ops, sizes, rids = r.ops, r.sizes, r.rids
+    return [i for i in range(len(ops) - 1)
+            if ops[i] == ALLOC and sizes[i] >= min_size and ops[i + 1] == FREE and rids[i + 1] == rids[i]]
+
+
 def untagged_note(trace: Trace) -> str | None:
-    """One sentence when predictions rest on large requests no evidence covers, else None."""
+    """One sentence when predictions rest on possible workspaces no evidence covers, else None."""
     info = (trace.meta or {}).get("fallible") or {}
     method = info.get("method", "none")
     if "frames" in str(method):
         return None  # every allocation's C++ stack was seen: the untagged ones are not workspaces
-    req = trace.requests
-    large = Counter(s for o, s in zip(req.ops, req.sizes) if o == ALLOC and s >= LARGE)
     covered = {int(k) for k in (info.get("ladders") or {})}
-    open_ = sum(n for s, n in large.items() if s not in covered)
+    sizes = trace.requests.sizes
+    open_ = sum(1 for i in scratch_requests(trace) if sizes[i] not in covered)
     if not open_:
         return None
     how = (
         f"fallbacks learned for {len(covered)} size(s) from a run capped at "
         f"{format_mib(int(info['calibration_cap'])) if info.get('calibration_cap') else 'an unknown cap'}"
         if method == "calibration"
-        else "no stack frames, no calibration run"
+        else "no C++ stack frames, no calibration run"
     )
     return (
-        f"{open_} request(s) of {LARGE // MiB} MiB or more could not be tagged as fixed or fallible ({how}): "
-        "simulated as fixed, so min budgets may be high if the program adapts (cuDNN workspaces)"
+        f"{open_} request(s) of {SCRATCH_MIN // MiB} MiB or more are freed right after allocation, like a cuDNN "
+        f"workspace the program may give up under a cap, and nothing says whether it can ({how}): simulated as "
+        "fixed, so min budgets may be high"
     )
 
 
