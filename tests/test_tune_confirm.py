@@ -262,3 +262,20 @@ def test_an_unreadable_recording_falls_back_to_measuring_with_a_note():
     res = Tuner(ev, settings(knobs=parse_knobs(["expandable"])), simulator_factory=broken).run()
     assert res.ranking.best.candidate.conf == "expandable_segments:True"
     assert any("could not use the baseline's recording (ValueError: not a snapshot)" in n for n in res.notes)
+
+
+def test_capped_runs_are_recorded_only_while_a_calibration_could_teach_something():
+    class Learner(FakeSimulator):
+        can_learn = True
+
+        def calibrate(self, trial):
+            return None  # never learns anything
+
+    class NothingToLearn(Learner):
+        can_learn = False  # e.g. a transformer decoder: no request shaped like a workspace
+
+    ev1, ev2 = FakeEvaluator(), FakeEvaluator()
+    run(ev1, Learner(ev1))
+    run(ev2, NothingToLearn(ev2))
+    assert all(c[3] for c in ev1.calls if c[0] == "max_split_size_mb:32")  # every capped probe recorded
+    assert not any(c[3] for c in ev2.calls[1:])  # none: only the baseline is recorded

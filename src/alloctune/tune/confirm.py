@@ -225,8 +225,9 @@ class ConfirmFlow:
         return budget in (_down(hint - h), _up(hint + h), min(self.budget, _up(hint + h)))
 
     def _want_calibration(self) -> bool:
-        """Record capped runs until one has shown how the program adapts (then the simulator knows)."""
-        return not self.calibrated and hasattr(self.sim, "calibrate")
+        """Record capped runs until one has shown how the program adapts (then the simulator knows),
+        and only while the recording has requests a calibration could explain (`can_learn`)."""
+        return not self.calibrated and hasattr(self.sim, "calibrate") and bool(getattr(self.sim, "can_learn", True))
 
     @staticmethod
     def _gc(c: Candidate) -> bool:

@@ -516,6 +516,12 @@ class SimulatorFromTrace:
 
         return untagged_note(self.trace)
 
+    @property
+    def can_learn(self) -> bool:
+        """Whether a capped recording could teach anything: scratch requests no evidence covers yet
+        (a transformer decoder has none, so its capped runs are not recorded)."""
+        return self.note is not None
+
     def estimates(self, confs: Sequence[str]) -> dict[str, int | None]:
         from alloctune.sim.sweep import sweep
 
