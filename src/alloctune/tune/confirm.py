@@ -278,7 +278,7 @@ class ConfirmFlow:
 
         # batch 1: the best around its estimate, the default at the user's budget (independent runs)
         # (when the best is the default itself, its own runs answer "does the default fit?")
-        reqs = [self._first_probe(best, calibrate=True)] if best is not None else []
+        reqs = [self._first_probe(best, calibrate=self._want_calibration())] if best is not None else []
         if best is None or best.knob != DEFAULT:
             reqs.append(TrialRequest("", self.budget, exclusive=True, purpose="the default at the budget"))
         self._run(reqs)
