@@ -21,7 +21,7 @@ _VERDICT_STYLE = {
 
 
 def read_input(source: Optional[str]) -> str:
-    """The text to diagnose: a file, or stdin for `-` / no argument. Bytes that are not UTF-8 are replaced."""
+    """The text to diagnose: a file, or stdin for `-` / no argument (UTF-8 or UTF-16; bad bytes replaced)."""
     if source is None or source == "-":
         if sys.stdin is None or sys.stdin.isatty():
             raise InputError("no input: give a file with the OOM message, or pipe the log into 'alloctune diagnose -'")
@@ -36,7 +36,9 @@ def read_input(source: Optional[str]) -> str:
             data = path.read_bytes()
         except OSError as exc:
             raise InputError(f"cannot read {source}: {exc.strerror}") from None
-    return data.decode("utf-8", errors="replace")
+    from alloctune.diagnose.text import decode_log
+
+    return decode_log(data)  # UTF-16 logs from Windows PowerShell too
 
 
 def render_diagnosis(d, index: int, count: int) -> None:

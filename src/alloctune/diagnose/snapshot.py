@@ -665,18 +665,39 @@ def diagnose_snapshot(
             f"{'<' if headroom < needed else '>='} the {format_size(needed)} new segment"
         )
 
-    if reserved_free >= request and largest < request:
+    # Fragmentation whenever no free block served the request although the bytes were there:
+    # cached-but-free alone covered it, or live tensors + request fit in the budget (the cached
+    # pieces and the headroom together would have, had they been one range). Capacity only when
+    # the live tensors and the request exceed the budget themselves.
+    fits = budget is not None and allocated + request <= budget
+    if largest < request and reserved_free >= request:
         verdict = "fragmentation"
         summary = (
             f"Fragmentation: {format_size(reserved_free)} was reserved but free, enough for the "
             f"{format_size(request)} request, yet no free block was larger than {format_size(largest)}."
         )
+    elif largest < request and fits:
+        verdict = "fragmentation"
+        summary = (
+            f"Fragmentation: the live tensors ({format_size(allocated)}) and the {format_size(request)} request "
+            f"fit in the {format_size(budget)} budget, but its free part was split: {format_size(reserved_free)} "
+            f"cached in blocks of at most {format_size(largest)}, and {format_size(max(budget - reserved, 0))} "
+            f"of headroom, less than the {format_size(needed)} new segment."
+        )
+        evidence.append(f"allocated {format_size(allocated)} + request {format_size(request)} = "
+                        f"{format_size(allocated + request)} <= budget {format_size(budget)}")
     else:
         verdict = "capacity"
-        summary = (
-            f"Capacity: only {format_size(reserved_free)} was reserved but free for a "
-            f"{format_size(request)} request; the live tensors themselves did not fit."
-        )
+        if budget is not None:
+            summary = (
+                f"Capacity: the live tensors ({format_size(allocated)}) and the {format_size(request)} request "
+                f"need {format_size(allocated + request)}, more than the {format_size(budget)} budget."
+            )
+        else:
+            summary = (
+                f"Capacity: only {format_size(reserved_free)} was reserved but free for a "
+                f"{format_size(request)} request, and the budget is unknown."
+            )
 
     what_if: tuple[WhatIf, ...] = ()
     recommendation = None
