@@ -65,11 +65,12 @@ def explain_snapshot(
 ) -> None:
     """Shared by `alloctune diagnose --snapshot` and `alloctune diagnose-snapshot`."""
     from alloctune.cli.common import console, print_json
-    from alloctune.diagnose.snapshot import STANDARD_CANDIDATES, diagnose_snapshot
+    from alloctune.config.standard import STANDARD_CONFS
+    from alloctune.diagnose.snapshot import diagnose_snapshot
     from alloctune.units import parse_size
 
     cap = parse_size(budget) if budget is not None else None
-    d = diagnose_snapshot(file, device=device, oom=oom, budget=cap, candidates=STANDARD_CANDIDATES if what_if else None)
+    d = diagnose_snapshot(file, device=device, oom=oom, budget=cap, candidates=STANDARD_CONFS if what_if else None)
     if json_out:
         print_json(d.to_dict(with_map=False))
         return

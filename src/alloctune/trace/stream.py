@@ -136,6 +136,7 @@ class StreamBuild:
     empty_cache_bursts: list[int] = field(default_factory=list)  # request index of each EMPTY_CACHE
     marked: bool = False  # the program's calls came from the agent's marks (exact), not inference
     unmatched_marks: int = 0  # marks that found no place in the events (clock trouble): should be 0
+    addresses: list[int] | None = None  # with keep_addresses: each request's block address (0: none)
 
 
 def stream_context(snapshot: dict[str, Any], meta: dict[str, Any] | None, *, source: str = "<trace>") -> dict[str, Any]:
@@ -158,11 +159,14 @@ def build_stream(
     source: str = "<trace>",
     limit: Limit | None = None,
     marks: Sequence[Sequence[int]] | None = None,
+    keep_addresses: bool = False,
 ) -> StreamBuild:
     """Build the request stream and segment events of one device's `device_traces` list.
 
     `limit`: what the run could hold (module doc); `marks`: the agent's recorded
     `empty_cache()` intervals, which replace the inference when given (even empty).
+    `keep_addresses`: also list each request's block address (the snapshot memory map of
+    `diagnose` is rebuilt from this interpretation, not from a second reading of the events).
     Frees without a matching alloc are counted (not raised) so the caller can word the
     error (`load_trace`) or accept a partial history.
     """
@@ -177,6 +181,8 @@ def build_stream(
     out = StreamBuild(req, seg_events, marked=marked is not None)
     if marked is not None:
         out.unmatched_marks = marked.pop(-1, 0)
+    addrs: list[int] | None = [] if keep_addresses else None
+    out.addresses = addrs
 
     live: dict[tuple[int, int], int] = {}  # (addr, stream) -> rid
     segments: set[int] = set()  # addresses of cudaMalloc'd segments (not expandable ranges)
@@ -195,6 +201,8 @@ def build_stream(
         if marked is not None and marked.get(i) == _SILENT:  # a marked call that released nothing
             out.empty_cache_bursts.append(len(req))
             append(EMPTY_CACHE, -1, -1, ev.get("stream", 0), i)
+            if addrs is not None:
+                addrs.append(0)
         if action == "alloc":
             key = (ev["addr"], ev["stream"])
             if key in live:
@@ -204,6 +212,8 @@ def build_stream(
                 )
             live[key] = next_rid
             append(ALLOC, ev["size"], next_rid, ev["stream"], i)
+            if addrs is not None:
+                addrs.append(ev["addr"])
             next_rid += 1
         elif action == "free_completed":
             rid = live.pop((ev["addr"], ev["stream"]), None)
@@ -213,6 +223,8 @@ def build_stream(
                     out.first_unmatched_index = i
             else:
                 append(FREE, ev["size"], rid, ev["stream"], i)
+                if addrs is not None:
+                    addrs.append(ev["addr"])
         elif action in RELEASE_ACTIONS:
             # A maximal burst of releases: decide whose it is from what follows.
             j = i
@@ -228,6 +240,8 @@ def build_stream(
             if program:
                 out.empty_cache_bursts.append(len(req))
                 append(EMPTY_CACHE, -1, -1, ev["stream"], i)
+                if addrs is not None:
+                    addrs.append(0)
                 owner = len(req) - 1
             else:
                 owner = len(req)  # the request whose malloc comes next
@@ -261,11 +275,15 @@ def build_stream(
             free = ev.get("device_free")
             seg_append(SegmentEvent("oom", 0, ev["size"], ev["stream"], i, len(req), None if free is None else int(free)))
             append(FAILED_ALLOC, ev["size"], -1, ev["stream"], i)
+            if addrs is not None:
+                addrs.append(0)
         # free_requested, snapshot, annotations: not requests (see module doc).
         i += 1
     if marked is not None and marked.get(n) == _SILENT:  # a call after the last event
         out.empty_cache_bursts.append(len(req))
         append(EMPTY_CACHE, -1, -1, 0, n)
+        if addrs is not None:
+            addrs.append(0)
     return out
 
 
