@@ -64,6 +64,16 @@ def find_runs(folder: Path) -> dict[str, Path]:
     return runs
 
 
+def flat_groups(folder: Path) -> dict[str, dict[str, Path]]:
+    """A flat folder of `WORKLOAD_RUN.pickle.xz` recordings (as /work/gpu-data/a) as workload -> run -> file."""
+    groups: dict[str, dict[str, Path]] = {}
+    for name, path in find_runs(folder).items():
+        wl, _, run = name.partition("_")
+        if run:
+            groups.setdefault(wl, {})[run] = path
+    return groups
+
+
 def shipped_groups() -> dict[str, dict[str, Path]]:
     """The package's shipped traces as workload -> run -> file (`default` = no suffix)."""
     from alloctune.demo import shipped_trace_path, shipped_traces
@@ -146,6 +156,18 @@ def min_budget_pair(ref: Trace, default: Trace) -> dict[str, Any]:
     return {"replay": own, "prediction": pred, "agree": agree, "tolerance": tol}
 
 
+def measured_min_budget(ref: Trace, default: Trace, measured: dict[str, Any]) -> dict[str, Any]:
+    """The simulated min budget of `ref`'s setting from default's stream (what a user predicts) beside
+    the one bisected on the GPU in fresh processes (`fails_at` < min budget <= `min_budget`)."""
+    settings = SimSettings.from_allocator_settings(ref.allocator_settings)
+    sim = min_budget(default, settings, total_memory=ref.total_memory)
+    lo, hi = int(measured["fails_at"]), int(measured["min_budget"])
+    s_lo, s_hi = sim.infeasible_below, sim.budget
+    overlap = s_hi is not None and s_lo < hi and s_hi > lo
+    return {"measured": [lo, hi], "simulated": [s_lo, s_hi], "overlap": overlap,
+            "ratio": None if s_hi is None else round(s_hi / hi, 4)}
+
+
 def _cell(check: dict[str, Any] | None, capped: bool) -> str:
     if check is None:
         return "(is the recording)"
@@ -168,6 +190,15 @@ def _peaks(check: dict[str, Any] | None) -> str:
     return f"res {res}; alloc {alc}"
 
 
+def _gpu_cell(m: dict[str, Any] | None) -> str:
+    if not m:
+        return ""
+    sim = m["simulated"][1]
+    lo, hi = m["measured"]
+    return (f"{format_size(sim) if sim else '-'} / ({format_size(lo)}, {format_size(hi)}] "
+            f"({'overlap' if m['overlap'] else 'DIFFER'})")
+
+
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The three headline figures, counted over the rows where each applies."""
     out: dict[str, Any] = {}
@@ -187,14 +218,19 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         }
     mbs = [r["min_budget"] for r in rows if r.get("min_budget")]
     out["min_budget"] = {"agree": sum(m["agree"] for m in mbs), "rows": len(mbs)}
+    gpu = [r["measured_min_budget"] for r in rows if r.get("measured_min_budget")]
+    ratios = [m["ratio"] for m in gpu if m["ratio"] is not None]
+    out["measured_min_budget"] = {"overlap": sum(m["overlap"] for m in gpu), "rows": len(gpu),
+                                  "ratio_min": min(ratios, default=None), "ratio_max": max(ratios, default=None)}
     return out
 
 
 def _kind_line(name: str, what: str, f: dict[str, Any]) -> str:
     alloc = (f", peak allocated in {f['uncapped_peak_allocated']}/{f['with_allocated']}" if f["with_allocated"] else "")
+    capped = (f"; runs that failed under their cap fail at the recorded first request in "
+              f"**{f['capped_first_failure']}/{f['capped']}**" if f["capped"] else "")
     return (f"- **{name}** ({what}): runs without a recorded failure **{f['uncapped_exact']}/{f['uncapped']} exact** "
-            f"(peak reserved equal in {f['uncapped_peak_reserved']}/{f['uncapped']}{alloc}); runs that failed under "
-            f"their cap fail at the recorded first request in **{f['capped_first_failure']}/{f['capped']}**.")
+            f"(peak reserved equal in {f['uncapped_peak_reserved']}/{f['uncapped']}{alloc}){capped}.")
 
 
 def render(rows: list[dict[str, Any]], summary: dict[str, Any], header: str) -> str:
@@ -210,6 +246,11 @@ def render(rows: list[dict[str, Any]], summary: dict[str, Any], header: str) -> 
         lines.append(f"- **min budget** of each uncapped setting other than default, bisected on the run's own stream "
                      f"and addresses vs on default's (within 1 % / 16 MiB): **{s['min_budget']['agree']}/"
                      f"{s['min_budget']['rows']} agree** (not measured on the GPU; `min_budget` has no modelled-address mode).")
+    g = s["measured_min_budget"]
+    if g["rows"]:
+        lines.append(f"- **min budget against the GPU** (simulated from default's stream and addresses vs bisected on "
+                     f"the GPU in fresh processes): brackets overlap in **{g['overlap']}/{g['rows']}**; simulated ÷ "
+                     f"measured {g['ratio_min']:.3f}–{g['ratio_max']:.3f}.")
     lines += [
         "",
         "*exact* = same segment event sequence, same compared stats, same failed requests. *compared*: "
@@ -218,8 +259,8 @@ def render(rows: list[dict[str, Any]], summary: dict[str, Any], header: str) -> 
         "OOM count were compared. Peaks: `=` equal to the recording, else simulated vs recorded.",
         "",
         "| workload | run | cap | same stream | compared | replay | prediction (one recording) | peaks | "
-        "modelled addresses | peaks | min budget own / default's stream |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "modelled addresses | peaks | min budget own / default's stream | min budget simulated / GPU |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         capped = bool(r["cap"])
@@ -231,7 +272,7 @@ def render(rows: list[dict[str, Any]], summary: dict[str, Any], header: str) -> 
             f"| {r['workload']} | {r['run']} | {format_size(r['cap']) if capped else '-'} | "
             f"{'yes' if r['same_stream'] else 'no'} | {'sidecar' if r['sidecar_stats'] else 'events only'} | "
             f"{_cell(r[REPLAY], capped)} | {_cell(r[PREDICTION], capped)} | {_peaks(r[PREDICTION])} | "
-            f"{_cell(r[MODELLED], capped)} | {_peaks(r[MODELLED])} | {mb_cell} |"
+            f"{_cell(r[MODELLED], capped)} | {_peaks(r[MODELLED])} | {mb_cell} | {_gpu_cell(r.get('measured_min_budget'))} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -242,14 +283,23 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--traces", default=str(ROOT.parent / "shared" / "traces"),
                      help="folder with one sub-folder of recordings per workload")
     src.add_argument("--shipped", action="store_true", help="the traces shipped in the package")
+    src.add_argument("--flat", help="a flat folder of WORKLOAD_RUN recordings (e.g. /work/gpu-data/a)")
     ap.add_argument("--workloads", default="", help="comma-separated workloads (default: every folder)")
     ap.add_argument("--runs", default="", help="comma-separated run names (default: every recording)")
+    ap.add_argument("--skip", default="", help="comma-separated run names to leave out (another program input)")
     ap.add_argument("--min-budget", action="store_true", help="also bisect each uncapped setting's min budget twice")
+    ap.add_argument("--measured", help="bisect_results.json of GPU min-budget bisections (name WORKLOAD_RUN)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "fidelity.md"))
     args = ap.parse_args(argv)
     if args.shipped:
         groups = shipped_groups()
         label = "the package's shipped traces (`src/alloctune/data/traces`)"
+    elif args.flat:
+        if not Path(args.flat).is_dir():
+            print(f"fidelity: error: no folder {args.flat}", file=sys.stderr)
+            return 2
+        groups = flat_groups(Path(args.flat))
+        label = f"`{args.flat}`"
     else:
         traces = Path(args.traces)
         if not traces.is_dir():
@@ -258,6 +308,10 @@ def main(argv: list[str] | None = None) -> int:
         groups = {d.name: find_runs(d) for d in sorted(traces.iterdir()) if d.is_dir()}
         label = f"`{traces}`"
     wanted_wl = [w for w in args.workloads.split(",") if w] or sorted(groups)
+    measured: dict[str, Any] = {}
+    if args.measured:
+        measured = {m["name"]: m for m in json.loads(Path(args.measured).read_text())
+                    if "min_budget" in m and "fails_at" in m}
     wanted_runs = [r for r in args.runs.split(",") if r]
     rows: list[dict[str, Any]] = []
     t_all = time.perf_counter()
@@ -268,12 +322,14 @@ def main(argv: list[str] | None = None) -> int:
             continue
         default = load_trace(runs["default"])
         for run in ["default"] + sorted(r for r in runs if r != "default"):
-            if wanted_runs and run not in wanted_runs:
+            if (wanted_runs and run not in wanted_runs) or run in args.skip.split(","):
                 continue
             ref = default if run == "default" else load_trace(runs[run])
             row = {"workload": wl, **check_run(run, ref, default)}
             if args.min_budget and not row["cap"] and ref is not default:
                 row["min_budget"] = min_budget_pair(ref, default)
+            if measured.get(f"{wl}_{run}") and not row["cap"]:
+                row["measured_min_budget"] = measured_min_budget(ref, default, measured[f"{wl}_{run}"])
             rows.append(row)
             capped = bool(row["cap"])
             print(f"{wl:10s} {run:24s} replay: {_cell(row[REPLAY], capped):24s} "
