@@ -111,8 +111,10 @@ class Limit:
         meta = meta or {}
         cap = meta.get("cap")
         total = meta.get("total_memory") or total_memory
-        capped = None if not isinstance(cap, int) else cap > 0
-        return cls(cap if capped else None, int(total) if isinstance(total, int) and total > 0 else None, capped)
+        number = isinstance(cap, (int, float)) and not isinstance(cap, bool)
+        capped = None if not number else cap > 0
+        total_ok = isinstance(total, (int, float)) and not isinstance(total, bool) and total > 0
+        return cls(int(cap) if capped else None, int(total) if total_ok else None, capped)
 
     @property
     def bytes(self) -> int | None:
