@@ -52,18 +52,14 @@ def check(path: Path) -> dict[str, Any] | None:
                            "limit": Limit.from_meta(meta).bytes}
     if marks is not None:
         marked = build_stream(events, settings, marks=marks)
-        truth = set(marked.empty_cache_bursts)
-        row.update(marked_calls=len(marks), unmatched_marks=marked.unmatched_marks,
-                   positions_right_old=_positions(old, truth, marked, build_stream(events, settings)),
-                   positions_right_aware=_positions(aware, truth, marked,
-                                                    build_stream(events, settings, limit=Limit.from_meta(meta))))
+        truth = {marked.requests.event_index[i] for i in marked.empty_cache_bursts}
+        row.update(marked_calls=len(marks), unmatched_marks=marked.unmatched_marks)
+        for name, limit in (("old", Limit()), ("aware", Limit.from_meta(meta))):
+            inferred = build_stream(events, settings, limit=limit)
+            found = {inferred.requests.event_index[i] for i in inferred.empty_cache_bursts}
+            row[f"positions_right_{name}"] = len(found & truth)  # marked calls the inference placed right
+            row[f"extra_{name}"] = len(found - truth)  # inferred calls the program never made
     return row
-
-
-def _positions(found: list[int], truth: set[int], marked, inferred) -> int:
-    """Calls placed right: an inferred call and a marked call at the same raw event."""
-    at = {inferred.requests.event_index[i] for i in found}
-    return sum(marked.requests.event_index[i] in at for i in truth)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,13 +94,16 @@ def main(argv: list[str] | None = None) -> int:
         tot = sum(r["marked_calls"] for r in marked)
         lines.append(f"- Agent-marked recordings: {len(marked)}, {tot} marked calls; placed right by inference "
                      f"{sum(r['positions_right_aware'] for r in marked)}/{tot} (limit-aware), "
-                     f"{sum(r['positions_right_old'] for r in marked)}/{tot} (old rule); "
-                     f"marks that found no place: {sum(r['unmatched_marks'] for r in marked)}.")
+                     f"{sum(r['positions_right_old'] for r in marked)}/{tot} (old rule); calls inferred that the "
+                     f"program never made: {sum(r['extra_aware'] for r in marked)} (limit-aware), "
+                     f"{sum(r['extra_old'] for r in marked)} (old rule); marks that found no place: "
+                     f"{sum(r['unmatched_marks'] for r in marked)}.")
     else:
         lines.append("- No agent-marked recordings in the input (record through `alloctune record` to get them).")
-    lines += ["", "| recording | known calls | old rule | limit-aware | marked (placed right, aware) |", "|---|---|---|---|---|"]
+    lines += ["", "| recording | known calls | old rule | limit-aware | marked (limit-aware: right, extra) |", "|---|---|---|---|---|"]
     for r in rows:
-        mk = f"{r['marked_calls']} ({r['positions_right_aware']})" if "marked_calls" in r else "-"
+        mk = (f"{r['marked_calls']} ({r['positions_right_aware']} right, {r['extra_aware']} extra)"
+              if "marked_calls" in r else "-")
         lines.append(f"| {r['file']} | {r['known_calls'] if r['known_calls'] is not None else '-'} | {r['old_rule']} | "
                      f"{r['limit_aware']} | {mk} |")
     out = Path(args.out)

@@ -55,7 +55,7 @@ def _empty_cache(d: dict[str, Any]) -> list[str]:
     if marked:
         tot = sum(r["marked_calls"] for r in marked)
         out.append(f"- agent-marked calls placed right by inference: **{sum(r['positions_right_aware'] for r in marked)}"
-                   f"/{tot}**")
+                   f"/{tot}**, calls inferred that the program never made: {sum(r['extra_aware'] for r in marked)}")
     return out
 
 
