@@ -52,3 +52,28 @@ def test_without_sidecar_stats_the_table_says_events_only(tmp_path):
     assert row["sidecar_stats"] is False
     assert set(row["replay"]["compared_stats"]) == {"reserved_bytes.all.peak", "num_ooms"}
     assert "| events only |" in out.read_text()
+
+
+def test_flat_folder_and_gpu_measured_min_budget(traces_dir, tmp_path):
+    """#18.5: recordings laid out flat (as /work/gpu-data/a) are scored, and the simulated min budget
+    is set beside one bisected on the GPU."""
+    bench = _bench()
+    flat = tmp_path / "a"
+    flat.mkdir()
+    for run in ("default", "max_split_128"):
+        for suffix in (".pickle.xz", ".json"):
+            (flat / f"rvc_{run}{suffix}").symlink_to(traces_dir / "rvc_ec1" / f"{run}{suffix}")
+    assert set(bench.flat_groups(flat)["rvc"]) == {"default", "max_split_128"}
+    measured = tmp_path / "bisect.json"
+    measured.write_text(json.dumps([
+        {"name": "rvc_default", "conf": "", "min_budget": 2 << 30, "fails_at": 1 << 30},  # wide: must overlap
+        {"name": "rvc_max_split_128", "conf": "max_split_size_mb:128", "min_budget": 1 << 20, "fails_at": 1 << 19},
+    ]))
+    out = tmp_path / "f.md"
+    assert bench.main(["--flat", str(flat), "--measured", str(measured), "--out", str(out)]) == 0
+    data = json.loads(out.with_suffix(".json").read_text())
+    rows = {r["run"]: r for r in data["rows"]}
+    assert rows["default"]["measured_min_budget"]["overlap"] is True
+    assert rows["max_split_128"]["measured_min_budget"]["overlap"] is False  # 1 MiB cannot be right
+    assert data["summary"]["measured_min_budget"]["rows"] == 2
+    assert "min budget against the GPU" in out.read_text()
