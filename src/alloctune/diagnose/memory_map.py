@@ -244,35 +244,51 @@ def replay_history(
     if built.unmatched_frees or built.unmatched_segment_frees:
         raise HistoryGap(f"history event {built.first_unmatched_index} frees memory whose allocation is not in "
                          "the history")
+    size_rules = SizeRules.from_settings(settings)
+    rep, tl, maps, ooms = _pass(built, events, size_rules, sorted(set(capture)))
+    peak_r = max(tl.reserved, default=0)
+    peak_i = tl.event_index[tl.reserved.index(peak_r)] if tl.reserved and peak_r > 0 else -1
+    if capture_peak and peak_i >= 0:
+        # A second, shorter pass over the same interpretation: cheaper than a map at every new peak.
+        maps[peak_i] = MemoryMap(peak_i, _pass(built, events, size_rules, [], stop=peak_i)[0].memory_map(-1).segments)
+    return Replay(rep.memory_map(-1), tl, maps, peak_r, peak_i, max(tl.allocated, default=0), ooms)
+
+
+def _pass(
+    built: Any, events: Sequence[Mapping[str, Any]], size_rules: SizeRules, wanted: list[int], stop: int | None = None
+) -> tuple["_Replayer", Timeline, dict[int, MemoryMap], list[int]]:
+    """One forward pass over the loader's requests and segment events, merged back into history
+    order by their event index; up to event `stop` (inclusive) when given."""
     req, addrs = built.requests, built.addresses or []
-    rep = _Replayer(SizeRules.from_settings(settings))
-    wanted = sorted(set(capture))
-    w = 0
+    rep = _Replayer(size_rules)
     maps: dict[int, MemoryMap] = {}
     tl = Timeline()
-    peak_r = peak_a = 0
-    peak_i = -1
     ooms: list[int] = []
-    # The loader's two outputs, merged back into history order by their event index.
     segs = built.segment_events
-    k = 0
-    nseg = len(segs)
-    nreq = len(req)
-    r = 0
+    k = r = w = 0
+    nseg, nreq = len(segs), len(req)
+    req_index = req.event_index
     while r < nreq or k < nseg:
-        if k < nseg and (r >= nreq or segs[k].event_index < req.event_index[r]):
+        if k < nseg and (r >= nreq or segs[k].event_index < req_index[r]):
             e = segs[k]
             i, kind = e.event_index, e.action
             k += 1
         else:
-            i, kind = req.event_index[r], req.ops[r]
+            i, kind = req_index[r], req.ops[r]
+        if stop is not None and i > stop:
+            break
         while w < len(wanted) and wanted[w] <= i:
             maps[wanted[w]] = rep.memory_map(wanted[w])
             w += 1
         if kind == ALLOC:
             rep.alloc(addrs[r], req.sizes[r])
+            r += 1
         elif kind == FREE:
             rep.free(addrs[r])
+            r += 1
+        elif isinstance(kind, int):  # EMPTY_CACHE / FAILED_ALLOC: their segment events carry the change
+            r += 1
+            continue
         elif kind == "segment_alloc":
             rep.seg_alloc(e.addr, e.size, e.stream)
         elif kind == "segment_free":
@@ -281,28 +297,16 @@ def replay_history(
             rep.seg_map(e.addr, e.size, e.stream)
         elif kind == "segment_unmap":
             rep.seg_unmap(e.addr, e.size)
-        elif kind == "oom":
+        else:  # "oom"
             ooms.append(i)
-        if isinstance(kind, int):
-            r += 1
-            if kind not in (ALLOC, FREE):
-                continue
-        elif kind == "oom":
             continue
         tl.event_index.append(i)
         tl.time_us.append(int(events[i].get("time_us", 0) or 0))
         tl.reserved.append(rep.reserved)
         tl.allocated.append(rep.allocated)
-        if rep.reserved > peak_r:
-            peak_r, peak_i = rep.reserved, i
-        peak_a = max(peak_a, rep.allocated)
     for c in wanted[w:]:
         maps[c] = rep.memory_map(c)
-    if capture_peak and peak_i >= 0:
-        # A second, shorter pass: cheaper than building a map at every new peak.
-        at_peak = replay_history(events[: peak_i + 1], settings).final
-        maps[peak_i] = MemoryMap(peak_i, at_peak.segments)
-    return Replay(rep.memory_map(-1), tl, maps, peak_r, peak_i, peak_a, ooms)
+    return rep, tl, maps, ooms
 
 
 def verify_against_segments(replayed: MemoryMap, recorded: MemoryMap) -> list[str]:
