@@ -52,8 +52,9 @@ def check(path: Path) -> dict[str, Any] | None:
                            "limit": Limit.from_meta(meta).bytes}
     if marks is not None:
         marked = build_stream(events, settings, marks=marks)
-        truth = {marked.requests.event_index[i] for i in marked.empty_cache_bursts}
-        row.update(marked_calls=len(marks), unmatched_marks=marked.unmatched_marks)
+        truth = {marked.requests.event_index[i] for i in marked.marked_calls}
+        row.update(marked_calls=len(marks), unmatched_marks=marked.unmatched_marks,
+                   unmarked_releases=len(marked.empty_cache_bursts) - len(marked.marked_calls))
         for name, limit in (("old", Limit()), ("aware", Limit.from_meta(meta))):
             inferred = build_stream(events, settings, limit=limit)
             found = {inferred.requests.event_index[i] for i in inferred.empty_cache_bursts}
@@ -97,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"{sum(r['positions_right_old'] for r in marked)}/{tot} (old rule); calls inferred that the "
                      f"program never made: {sum(r['extra_aware'] for r in marked)} (limit-aware), "
                      f"{sum(r['extra_old'] for r in marked)} (old rule); marks that found no place: "
-                     f"{sum(r['unmatched_marks'] for r in marked)}.")
+                     f"{sum(r['unmatched_marks'] for r in marked)}; releases no mark and no malloc explains (an "
+                     f"empty_cache reached without the wrapper): {sum(r['unmarked_releases'] for r in marked)}.")
     else:
         lines.append("- No agent-marked recordings in the input (record through `alloctune record` to get them).")
     lines += ["", "| recording | known calls | old rule | limit-aware | marked (limit-aware: right, extra) |", "|---|---|---|---|---|"]

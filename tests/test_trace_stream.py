@@ -262,18 +262,27 @@ def test_marks_place_a_call_that_released_nothing():
     assert EMPTY_CACHE not in inferred.requests.ops  # invisible without marks
     b = build_stream(events, marks=[[3100, 3150]])  # called between the free (3000) and the alloc (4000)
     assert b.marked and b.unmatched_marks == 0
-    assert b.requests.ops == [ALLOC, FREE, EMPTY_CACHE, ALLOC]
+    assert b.requests.ops == [ALLOC, FREE, EMPTY_CACHE, ALLOC] and b.marked_calls == [2]
     assert build_stream(events, marks=[[5000, 5001]]).requests.ops[-1] == EMPTY_CACHE  # after the last event
 
 
-def test_marks_decide_every_burst():
-    # both bursts look like the program's to the inference; only the marked one is
-    events = _timed(_cache_then([ev("alloc", C, 10), ev("free_completed", C, 10)])
-                    + [ev("segment_free", C, 2 * MiB), ev("alloc", C, 10)])
-    assert build_stream(events).requests.count(EMPTY_CACHE) == 2
-    b = build_stream(events, marks=[[7000, 8000]])  # the first burst is at events 7-8 (time 7000, 8000)
-    assert b.requests.count(EMPTY_CACHE) == 1 and b.empty_cache_bursts == [4]
-    assert build_stream(events, marks=[]).requests.count(EMPTY_CACHE) == 0  # agent saw no call
+def test_marks_decide_every_burst_before_a_new_segment():
+    # Two bursts, each right before a new segment: the ambiguous case. The generous device limit
+    # makes the inference call both the program's; the marks say only the first one was.
+    first = _cache_then([ev("segment_alloc", C, 20 * MiB), ev("alloc", C, 10), ev("free_completed", C, 10)])
+    events = _timed(first + [ev("segment_free", C, 20 * MiB), ev("segment_alloc", A, 20 * MiB), ev("alloc", A, 10)])
+    limit = Limit(total_memory=H200, capped=False)
+    assert build_stream(events, limit=limit).requests.count(EMPTY_CACHE) == 2
+    b = build_stream(events, limit=limit, marks=[[7000, 8000]])  # the first burst: events 7-8 (time 7000, 8000)
+    assert b.requests.count(EMPTY_CACHE) == 1 and b.empty_cache_bursts == b.marked_calls == [4]
+    none = build_stream(events, limit=limit, marks=[])  # the agent saw no call: both are the allocator's
+    assert none.requests.count(EMPTY_CACHE) == 0
+
+
+def test_with_marks_a_burst_no_malloc_follows_stays_the_programs():
+    events = _timed(_cache_then([ev("alloc", C, 10)]))  # released, then a cached alloc: no malloc slow path
+    b = build_stream(events, marks=[])
+    assert b.requests.count(EMPTY_CACHE) == 1 and b.marked_calls == []
 
 
 def test_malformed_marks_are_one_trace_error():

@@ -51,7 +51,8 @@ bench/gpu_trace.sh checks them against programs whose calls are known):
   of the events' `time_us`) under the snapshot key `alloctune_empty_cache_calls`. With
   those marks the calls are exact: the release burst inside a call's interval is that call,
   a call with no burst becomes an EMPTY_CACHE at its place in time, and every other burst
-  is the allocator's.
+  directly before a malloc's segment or OOM is the allocator's (a burst that no malloc
+  follows is still the program's: the allocator releases only inside malloc).
 
   A burst followed by an `oom` is always counted as the allocator's: if the program had
   called `empty_cache()` just before, the allocator's retry would have released the same
@@ -137,6 +138,7 @@ class StreamBuild:
     first_unmatched_index: int = -1  # event index of the first unmatched free
     empty_cache_bursts: list[int] = field(default_factory=list)  # request index of each EMPTY_CACHE
     marked: bool = False  # the program's calls came from the agent's marks (exact), not inference
+    marked_calls: list[int] = field(default_factory=list)  # request index of each EMPTY_CACHE a mark placed
     unmatched_marks: int = 0  # marks that found no place in the events (clock trouble): should be 0
     addresses: list[int] | None = None  # with keep_addresses: each request's block address (0: none)
 
@@ -201,6 +203,7 @@ def build_stream(
         ev = events[i]
         action = ev.get("action")
         if marked is not None and marked.get(i) == _SILENT:  # a marked call that released nothing
+            out.marked_calls.append(len(req))
             out.empty_cache_bursts.append(len(req))
             append(EMPTY_CACHE, -1, -1, ev.get("stream", 0), i)
             if addrs is not None:
@@ -236,10 +239,14 @@ def build_stream(
                 j += 1
             nxt = events[j] if j < n else None
             if marked is not None:
-                program = marked.get(i) == _BURST
+                # the marks decide the ambiguous case; a burst no malloc follows cannot be the
+                # allocator's even if the program reached empty_cache some unwrapped way
+                program = marked.get(i) == _BURST or (nxt is None or nxt.get("action") not in _MALLOC_CONTINUATION)
             else:
                 program = _is_program_empty_cache(nxt, reserved, peak_reserved, gc_threshold, limit, limit_bytes)
             if program:
+                if marked is not None and marked.get(i) == _BURST:
+                    out.marked_calls.append(len(req))
                 out.empty_cache_bursts.append(len(req))
                 append(EMPTY_CACHE, -1, -1, ev["stream"], i)
                 if addrs is not None:
@@ -282,6 +289,7 @@ def build_stream(
         # free_requested, snapshot, annotations: not requests (see module doc).
         i += 1
     if marked is not None and marked.get(n) == _SILENT:  # a call after the last event
+        out.marked_calls.append(len(req))
         out.empty_cache_bursts.append(len(req))
         append(EMPTY_CACHE, -1, -1, 0, n)
         if addrs is not None:
