@@ -216,6 +216,11 @@ def test_report_without_matplotlib_has_inline_svg_figures(traces_dir, tmp_path):
     assert "Fragmentation:" in html and "5.50 GiB (≤)" in html  # the tables are all there too
     seg = (tmp_path / "out" / names[-1]).read_text()
     assert seg.startswith("<svg") and seg.count("<rect") > 20
+    import xml.etree.ElementTree as ET
+
+    for name in names:  # every figure is well-formed SVG a browser will draw
+        root = ET.fromstring((tmp_path / "out" / name).read_bytes())
+        assert root.tag == "{http://www.w3.org/2000/svg}svg" and int(root.get("height")) > 50
 
 
 def test_svg_escapes_input_text(tmp_path):
