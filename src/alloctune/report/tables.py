@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from alloctune.diagnose.snapshot import SnapshotDiagnosis
+from alloctune.diagnose.snapshot_model import SnapshotDiagnosis
 from alloctune.report.model import SettingRow
 from alloctune.units import format_mib
 
