@@ -182,8 +182,6 @@ def test_demo_list(rendered):
     _check(rendered[0]["demo-list"], {"diffusion_h200_max_split_128", "expandable_segments:True", "rvc_h200_ec1"})
 
 
-@pytest.mark.xfail(strict=True, reason="cli/demo_cmd.py (owned by 'tune') still builds a plain rich Table; "
-                   "passes once it uses cli/render.FitTable")
 def test_demo_table(traces_dir):
     env = dict(os.environ, COLUMNS="80", PYTHONIOENCODING="utf-8")
     proc = subprocess.run([sys.executable, "-m", "alloctune", "demo", "--no-gpu"], capture_output=True, text=True,

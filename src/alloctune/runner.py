@@ -507,7 +507,9 @@ class TrialEvaluator:
             self.command,
             conf=conf,
             budget=budget,
-            record=self.workdir / "baseline.pickle" if record else None,
+            # a capped recorded trial (tune's calibration) must not overwrite the baseline's history
+            record=(self.workdir / ("baseline.pickle" if budget is None else f"capped-{self.count:04d}.pickle")
+                    if record else None),
             timeout=self._timeout(),
             capture=self.workdir / "logs" / f"trial-{number:04d}.log",
             ensure_cap=ensure_cap,
@@ -515,7 +517,7 @@ class TrialEvaluator:
             torch_version=self.torch_version,
             env=self.env,
         )
-        if record and result.outcome in ("ok", "oom"):
+        if record and budget is None and result.outcome in ("ok", "oom"):
             self._baseline_wall = result.wall_s
         if result.torch_version and self.torch_version is None:
             self.torch_version = result.torch_version.split("+")[0]

@@ -51,6 +51,8 @@ def min_budget(
     if not done:
         return MinBudget(None, base.total_memory, runs, base.peak_reserved)
     lo = max(0, base.peak_requested - 1)  # nothing fits below the live requested bytes
+    if trace.requests.fallbacks:
+        lo = 0  # ... unless requests can fall back to smaller sizes under a cap (trace.fallible)
     hi = base.peak_reserved
     while True:
         good, _ = ok(hi)

@@ -10,7 +10,6 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from alloctune.config.standard import STANDARD_CONFS  # noqa: F401  (the one list; demo and tune read it here)
 from alloctune.errors import InputError
 
 MiB = 1 << 20

@@ -69,7 +69,10 @@ class SpecRunner:
             spec.command,
             conf=req.conf,
             budget=req.budget,
-            record=spec.baseline_path if req.record else None,
+            # a capped recorded trial (tune's calibration) must not overwrite the baseline's history
+            record=(spec.baseline_path if req.budget is None
+                    else Path(spec.workdir) / task.log_name.replace("trial-", "capped-").replace(".log", ".pickle"))
+            if req.record else None,
             timeout=task.timeout,
             capture=logs / task.log_name,
             ensure_cap=req.ensure_cap,
