@@ -168,7 +168,11 @@ def test_batches_go_through_the_executor_interface():
             seen.append(reqs)
             return super().run(reqs)
 
-    Tuner(ev, settings(), simulator_factory=lambda b: FakeSimulator(ev), executor=Recording(ev)).run()
+    class Learner(FakeSimulator):
+        def calibrate(self, trial):
+            return None
+
+    Tuner(ev, settings(), simulator_factory=lambda b: Learner(ev), executor=Recording(ev)).run()
     first = seen[1]  # after the baseline: the best just above its estimate + the default at the budget
     assert {r.conf for r in first} == {"max_split_size_mb:32", ""}
     assert all(r.exclusive for r in first)  # both are throughput samples
