@@ -68,7 +68,7 @@ def test_should_split_rules():
     assert rules.should_split("small", 1024, 512) is True
     capped = SizeRules.from_settings({"max_split_size": 128 * MiB})
     assert capped.should_split("large", 200 * MiB, 50 * MiB) is False  # oversize blocks are never split
-    assert SizeRules(expandable=True).should_split("large", 30 * MiB, 512) is True
+    assert SizeRules.from_settings({"expandable_segments": True}).should_split("large", 30 * MiB, 512) is True
 
 
 # ---- replay of synthetic histories ---------------------------------------------------------

@@ -16,7 +16,7 @@ from alloctune.progress import Progress, no_progress
 
 
 def read_log(source: str | Path | None, stdin: BinaryIO | None = None) -> str:
-    """The text to diagnose: a file, or `stdin` for `-` / None. Bytes that are not UTF-8 are replaced."""
+    """The text to diagnose: a file, or `stdin` for `-` / None (UTF-8 or UTF-16; bad bytes replaced)."""
     if source is None or str(source) == "-":
         stream = stdin if stdin is not None else getattr(sys.stdin, "buffer", None)
         if stream is None or (hasattr(stream, "isatty") and stream.isatty()):
@@ -32,7 +32,9 @@ def read_log(source: str | Path | None, stdin: BinaryIO | None = None) -> str:
             data = path.read_bytes()
         except OSError as exc:
             raise InputError(f"cannot read {source}: {exc.strerror}") from None
-    return data.decode("utf-8", errors="replace") if isinstance(data, bytes) else str(data)
+    from alloctune.diagnose.text import decode_log
+
+    return decode_log(data) if isinstance(data, bytes) else str(data)  # PowerShell writes UTF-16
 
 
 def diagnose_log(source: str | Path | None, platform: str | None = None, stdin: BinaryIO | None = None) -> list:
@@ -56,7 +58,8 @@ def explain_snapshot(
     `budget`: the per-process cap the run had (bytes, or text with a unit); `what_if` replays
     the standard settings in the simulator to say which one would have avoided the OOM.
     """
-    from alloctune.diagnose.snapshot import STANDARD_CANDIDATES, diagnose_snapshot
+    from alloctune.config.standard import STANDARD_CONFS
+    from alloctune.diagnose.snapshot import diagnose_snapshot
     from alloctune.units import parse_user_size
 
     if device < 0:
@@ -64,7 +67,7 @@ def explain_snapshot(
     cap = parse_user_size(budget, "--budget") if budget is not None else None
     progress(f"reading {snapshot}" + (" and replaying the standard settings" if what_if else ""))
     return diagnose_snapshot(snapshot, device=device, oom=oom, budget=cap,
-                             candidates=STANDARD_CANDIDATES if what_if else None)
+                             candidates=STANDARD_CONFS if what_if else None)
 
 
 def diagnose_input(

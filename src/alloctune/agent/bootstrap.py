@@ -48,6 +48,10 @@ import threading
 import time
 from typing import Any
 
+# Snapshot key of the program's empty_cache() calls; equal to trace.stream.EMPTY_CACHE_MARKS_KEY
+# (not imported: the agent loads only the standard library in the user's interpreter).
+EMPTY_CACHE_MARKS_KEY = "alloctune_empty_cache_calls"
+
 REPORT_SCHEMA = 1
 LIVE_SCHEMA = 1
 ENV_VAR = "ALLOCTUNE_AGENT"
@@ -232,6 +236,7 @@ class Agent:
         self.ooms: list[dict[str, int]] = []
         self.oom_snapshot: str | None = None
         self.agent_errors: list[str] = []
+        self.empty_cache_calls: list[list[int]] | None = None  # [t0_us, t1_us] per call, when recording
         self._written = False
         self._stop = threading.Event()
         self._live_thread: threading.Thread | None = None
@@ -257,10 +262,32 @@ class Agent:
 
     def _on_torch_import(self, torch) -> None:
         self.torch = torch
+        if self.config.get("record"):
+            self._mark_empty_cache(torch)
         try:
             torch.cuda._lazy_call(self._on_cuda_init)
         except Exception as exc:  # a torch without _lazy_call: note it, never break the program
             self._note(f"cannot hook CUDA init: {exc}")
+
+    def _mark_empty_cache(self, torch) -> None:
+        """Wrap `torch.cuda.empty_cache` so a recording knows the program's calls exactly:
+        one that releases nothing leaves no allocator event (trace/stream.py reads the marks)."""
+        try:
+            real = torch.cuda.memory.empty_cache
+            calls: list[list[int]] = []
+
+            def empty_cache() -> None:
+                t0 = time.time_ns() // 1000  # the clock of the snapshot's time_us
+                try:
+                    real()
+                finally:
+                    calls.append([t0, time.time_ns() // 1000])
+
+            empty_cache.__doc__ = real.__doc__
+            torch.cuda.empty_cache = torch.cuda.memory.empty_cache = empty_cache
+            self.empty_cache_calls = calls
+        except Exception as exc:
+            self._note(f"cannot mark empty_cache() calls: {exc}")
 
     def _note(self, message: str) -> None:
         self.agent_errors.append(message)
@@ -533,6 +560,8 @@ class Agent:
         record = self.config.get("record")
         if record:
             path = self._record_path(record)
+            if self.empty_cache_calls is not None:
+                snap = {**snap, EMPTY_CACHE_MARKS_KEY: list(self.empty_cache_calls)}
             self._write_snapshot(snap, path)
             report["snapshot"] = path
             report["segment_sizes"] = segment_sizes(snap, self.device or 0)

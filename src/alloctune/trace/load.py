@@ -16,7 +16,7 @@ from alloctune.errors import TraceError
 from alloctune.trace.compact import COMPACT_MAGIC, trace_from_compact_bytes
 from alloctune.trace.model import Trace
 from alloctune.trace.safe_pickle import load_pickle_bytes, read_decompressed
-from alloctune.trace.stream import build_stream
+from alloctune.trace.stream import build_stream, stream_context
 
 _RECORD_HINT = (
     "call torch.cuda.memory._record_memory_history(max_entries=5_000_000) before the workload "
@@ -124,7 +124,7 @@ def trace_from_snapshot(
     if not isinstance(settings, dict):
         settings = {}
     try:
-        built = build_stream(events, settings, source=source)
+        built = build_stream(events, settings, source=source, **stream_context(snapshot, meta, source=source))
     except (KeyError, TypeError, AttributeError) as exc:
         raise TraceError(
             f"{source}: a device_traces entry is malformed ({type(exc).__name__}: {exc}); the snapshot is damaged"
