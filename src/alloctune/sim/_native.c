@@ -1092,6 +1092,7 @@ static PyObject *py_replay(PyObject *self, PyObject *args) {
     A a;
     memset(&a, 0, sizeof(a));
     a.rng = 2463534242u;
+    a.small_pool.small = 1;
     PyObject *o_cap, *o_mss, *o_table;
     long long nsr, mid;
     int expandable, id_key;
