@@ -10,7 +10,7 @@ import sys
 
 from setuptools import Extension, setup
 
-_ARGS = [] if sys.platform == "win32" else ["-O2"]
+_ARGS = [] if sys.platform == "win32" else ["-O3"]
 
 setup(
     ext_modules=[
