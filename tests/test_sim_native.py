@@ -73,10 +73,10 @@ def test_budgets_from_failing_to_roomy(monkeypatch, name, conf):
     monkeypatch.setenv("ALLOCTUNE_SIM", "native")
     free_run = replay(trace, conf, record_events=False)
     outcomes = []
-    for frac in (0.5, 0.8, 0.9, 0.97, 1.0, 1.2):
-        budget = int(free_run.peak_reserved * frac)
+    for frac in (0.9, 1.0, 1.05, 1.15, 1.3, 1.6):
+        budget = int(free_run.peak_allocated * frac)
         outcomes.append(both(monkeypatch, trace, conf, budget=budget).completed)
-    assert not all(outcomes)  # the OOM path is exercised, not only completing runs
+    assert True in outcomes and False in outcomes  # both sides of the minimum budget
 
 
 def test_options_other_rules_and_address_models(monkeypatch):

@@ -48,6 +48,18 @@ def test_second_load_comes_from_the_cache_and_is_the_same_trace(snapshot, tmp_pa
     assert replay(again, "", budget=first.meta["cap"]).to_dict() == replay(first, "", budget=first.meta["cap"]).to_dict()
 
 
+def test_raw_events_of_a_cached_trace_load_on_first_use(snapshot, tmp_path):
+    first = load_trace(snapshot)
+    again = load_trace(snapshot)
+    assert repr(again.events) == "LazyEvents(not loaded)"
+    assert len(again.events) == len(first.events) and again.events[5] == first.events[5]
+    stale = load_trace(snapshot)
+    with open(snapshot, "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(TraceError, match="changed"):
+        stale.events[0]
+
+
 def test_off_switch_and_changed_content(snapshot, tmp_path, monkeypatch):
     monkeypatch.setenv("ALLOCTUNE_CACHE", "0")
     load_trace(snapshot)

@@ -17,7 +17,9 @@ from alloctune.sim.allocator import CachingAllocator, OOMInfo
 from alloctune.sim.driver import DEFAULT_OVERHEAD, H200_TOTAL, AddressModel, Device, DriverVA, RecordedAddresses
 from alloctune.sim.settings import SimSettings
 from alloctune.sim.stats import Stats
-from alloctune.trace.model import ALLOC, EMPTY_CACHE, FAILED_ALLOC, FREE, RequestStream, SegmentEvent, Trace
+from alloctune.trace.model import (
+    ALLOC, EMPTY_CACHE, FAILED_ALLOC, FREE, RequestStream, SegmentEvent, Trace, reserved_by_mark,
+)
 
 SCHEMA = "alloctune.sim_result/1"
 Addresses = Literal["model", "recorded"]
@@ -216,7 +218,7 @@ def replay(
     timeline = {
         "index": run.t_index,
         "allocated": run.t_alloc,
-        "reserved": _reserved_timeline(events, run.t_index) if record_events else [],  # rebuilt from events
+        "reserved": reserved_by_mark(events, run.t_index) if record_events else [],  # rebuilt from events
     }
     oom = run.oom
     if oom is not None and oom.request_index in run.expected:
@@ -413,25 +415,3 @@ def state_at(
     req = trace.requests
     _run_python(alloc, req, min(request_index, len(req)), True, max(1, len(req)))
     return alloc
-
-
-def _reserved_timeline(events: tuple[SegmentEvent, ...], marks: list[int]) -> list[int]:
-    """Max reserved bytes within each timeline bucket, rebuilt from the segment events."""
-    out: list[int] = []
-    reserved = 0
-    bucket_max = 0
-    k = 0
-    ne = len(events)
-    for mark in marks:
-        while k < ne and events[k].request_index < mark:
-            e = events[k]
-            if e.action in ("segment_alloc", "segment_map"):
-                reserved += e.size
-                if reserved > bucket_max:
-                    bucket_max = reserved
-            elif e.action in ("segment_free", "segment_unmap"):
-                reserved -= e.size
-            k += 1
-        out.append(bucket_max)
-        bucket_max = reserved
-    return out

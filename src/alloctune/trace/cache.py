@@ -11,8 +11,10 @@ silently: it only ever saves time.
 
 A trace served from the cache is what the compact format holds: the request stream (alloc
 ids renumbered in order, which replay does not see), the recorded segment events, settings
-and meta; the raw `events` list of the snapshot is not kept (nothing downstream reads it).
-The sidecar `NAME.json` is read afresh on every load.
+and meta. The snapshot's raw `events` are not cached: `Trace.events` is then a lazy sequence
+that loads them from the file on first use (refusing a file whose content changed), so code
+that reads them still works and code that does not never pays for them. The sidecar
+`NAME.json` is read afresh on every load.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ import hashlib
 import json
 import lzma
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 from alloctune.errors import TraceError
 from alloctune.trace.model import Trace
@@ -56,17 +59,48 @@ def _fingerprint() -> str:
     return _FINGERPRINT
 
 
-def _entry(path: Path, device: int | None, partial: bool) -> Path | None:
+class LazyEvents(Sequence):
+    """A cached trace's raw snapshot events, loaded from the original file on first use."""
+
+    def __init__(self, load: Callable[[], list[dict[str, Any]]]) -> None:
+        self._load: Callable[[], list[dict[str, Any]]] | None = load
+        self._events: list[dict[str, Any]] = []
+
+    def _get(self) -> list[dict[str, Any]]:
+        if self._load is not None:
+            self._events = self._load()
+            self._load = None
+        return self._events
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._get()[i]
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self._get())
+
+    def __eq__(self, other: object) -> bool:
+        return self._get() == (other._get() if isinstance(other, LazyEvents) else other)
+
+    def __repr__(self) -> str:
+        return "LazyEvents(not loaded)" if self._load is not None else f"LazyEvents({len(self._events)} events)"
+
+
+def _content_hash(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None  # the loader says what is wrong with the file
+
+
+def _entry(digest: str, device: int | None, partial: bool) -> Path | None:
     root = cache_dir()
     if root is None:
         return None
-    try:
-        raw = path.read_bytes()
-    except OSError:
-        return None  # the loader says what is wrong with the file
-    h = hashlib.sha256(raw)
-    h.update(f"|{device}|{partial}|{_fingerprint()}".encode())
-    return root / f"{h.hexdigest()}.atrace"
+    key = hashlib.sha256(f"{digest}|{device}|{partial}|{_fingerprint()}".encode()).hexdigest()
+    return root / f"{key}.atrace"
 
 
 def load_cached(
@@ -77,7 +111,8 @@ def load_cached(
     from alloctune.trace.compact import to_compact_dict, trace_from_compact_bytes
     from alloctune.trace.load import read_sidecar
 
-    entry = _entry(Path(path), device, partial)
+    digest = _content_hash(Path(path)) if cache_dir() is not None else None
+    entry = _entry(digest, device, partial) if digest is not None else None
     if entry is not None and entry.is_file():
         try:
             trace = trace_from_compact_bytes(lzma.decompress(entry.read_bytes()), source=str(path))
@@ -87,6 +122,7 @@ def load_cached(
             trace.meta = read_sidecar(path) or {}
             total = trace.meta.get("total_memory")
             trace.total_memory = int(total) if isinstance(total, int) and total > 0 else None
+            trace.events = LazyEvents(lambda: _raw_events(path, device, partial, digest, load))  # type: ignore[assignment]
             return trace
     trace = load(path, device, partial)
     if entry is not None and trace.events:  # from a snapshot (a compact file is already fast)
@@ -99,6 +135,13 @@ def load_cached(
         except OSError:
             pass
     return trace
+
+
+def _raw_events(path: str | Path, device: int | None, partial: bool, digest: str | None,
+                load: Callable[[str | Path, int | None, bool], Trace]) -> list[dict[str, Any]]:
+    if _content_hash(Path(path)) != digest:
+        raise TraceError(f"{path}: the file changed since it was loaded; load it again")
+    return list(load(path, device, partial).events)
 
 
 def _remove(entry: Path) -> None:
