@@ -16,7 +16,7 @@ from array import array
 from types import ModuleType
 from typing import Any
 
-from alloctune.errors import AlloctuneError
+from alloctune.errors import ConfigError
 
 log = logging.getLogger("alloctune.sim")
 _warned = False
@@ -48,11 +48,11 @@ def core() -> ModuleType | None:
         return None
     if choice == "native":
         if _MODULE is None:
-            raise AlloctuneError("ALLOCTUNE_SIM=native but the native simulator core is not built "
+            raise ConfigError("ALLOCTUNE_SIM=native but the native simulator core is not built "
                                  "(reinstall with a C compiler, or unset ALLOCTUNE_SIM)")
         return _MODULE
     if choice not in ("auto", ""):
-        raise AlloctuneError(f"ALLOCTUNE_SIM must be 'auto', 'native' or 'python', not {choice!r}")
+        raise ConfigError(f"ALLOCTUNE_SIM must be 'auto', 'native' or 'python', not {choice!r}")
     if _MODULE is None and not _warned:
         _warned = True
         log.warning("alloctune: native simulator core not available; using the pure-Python model (slower)")
