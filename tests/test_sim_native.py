@@ -125,6 +125,9 @@ def test_fallbacks_and_a_switch_back_to_python(monkeypatch):
     monkeypatch.setenv("ALLOCTUNE_SIM", "native")
     assert native.columns(rs) is None
     assert replay(trace, None, addresses="model").requests == 5
+    rs.sizes[-1] = 1 << 20
+    rs.fallbacks[4] = (1 << 64,)
+    assert replay(trace, None, addresses="model").requests == 5
 
 
 # ---------------------------------------------------------------------------------- fuzz

@@ -264,8 +264,10 @@ def _run_native(
         return None
     cols = native.columns(req)
     table = settings.roundup_power2_divisions
-    if cols is None or len(table) != 16:
-        return None
+    if cols is None or len(table) != 16 or not all(
+        -(1 << 63) <= x < (1 << 63) for sizes in req.fallbacks.values() for x in sizes
+    ):
+        return None  # a value beyond int64 (or an odd table): the Python model replays it
     s = (
         cap,
         float(settings.garbage_collection_threshold),
