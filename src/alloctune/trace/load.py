@@ -158,7 +158,14 @@ def load_trace(path: str | Path, device: int | None = None, *, partial: bool = F
     history whose beginning is missing (frees of unknown blocks are dropped); replaying
     such a stream starts from an empty allocator, so only use it for inspection.
     A sidecar `NAME.json` next to the file becomes `Trace.meta` (and `total_memory`).
+    A loaded snapshot is cached in compact form, keyed by its content (`trace/cache.py`).
     """
+    from alloctune.trace.cache import load_cached
+
+    return load_cached(path, device, partial, _load_trace)
+
+
+def _load_trace(path: str | Path, device: int | None, partial: bool) -> Trace:
     data = read_decompressed(path)
     source = str(path)
     if data[:64].lstrip()[:1] == b"{" and COMPACT_MAGIC in data[:200]:
