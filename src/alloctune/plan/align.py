@@ -107,7 +107,7 @@ def pair(
         if j >= 0 and ta[i][0] == FREE:
             if (oa[i] < 0) != (ob[j] < 0) or (oa[i] >= 0 and cp[oa[i]] != ob[j]):
                 cp[i] = -1
-    return Pairing(tuple(cp), False, tuple(_gaps(cp, len(tb))))
+    return Pairing(tuple(cp), False, tuple(gaps_of(cp, len(tb))))
 
 
 REFINE_CONTEXT = 24  # requests of context re-paired on each side of a difference
@@ -138,7 +138,7 @@ def _refine(
         return 0 <= small < big <= small * grow + 4096
 
     regions = []
-    for g in _gaps(cp, len(tb)):
+    for g in gaps_of(cp, len(tb)):
         s0 = max(0, g.start - REFINE_CONTEXT)
         e0 = min(len(ta), g.stop + REFINE_CONTEXT)
         if regions and s0 <= regions[-1][1]:
@@ -255,7 +255,7 @@ def _myers(a: list[int], b: list[int], max_d: int) -> list[tuple[int, int]]:
     return pairs
 
 
-def _gaps(cp: list[int], n_other: int) -> list[Gap]:
+def gaps_of(cp: list[int], n_other: int) -> list[Gap]:
     """Unaligned runs: between two consecutive paired requests, what either side has in excess."""
     out: list[Gap] = []
     prev_i, prev_j = -1, -1

@@ -10,8 +10,11 @@ chance to refute it). A request that no such polynomial explains (a workspace ch
 shape, a padded dimension) becomes a *table* law: the recorded points, linear in between,
 flagged inexact so an answer built on it says so.
 
-Evaluated sizes keep the granularity the recordings showed (every recorded size a multiple
-of 2, 4, ... 512 bytes stays one), the last byte PyTorch's own rounding leaves visible.
+A polynomial law gives exact byte counts (a rational value is rounded up to a whole byte);
+the allocator's own rounding (512-byte blocks, power-of-two divisions, segment sizes) is
+left to the simulator, which applies it as PyTorch does. A table law only interpolates, so
+its values keep the granularity the recordings showed (every recorded size a multiple of
+2, 4, ... 512 bytes stays one).
 """
 
 from __future__ import annotations
@@ -76,13 +79,13 @@ def fit(xs: Sequence[Fraction], ys: Sequence[int]) -> Law:
     pts = sorted(zip(xs, ys))
     grain = _grain(ys)
     if len({y for _, y in pts}) == 1:
-        return Law("poly", (Fraction(pts[0][1]),), grain=grain, verified=len(pts) > 1)
+        return Law("poly", (Fraction(pts[0][1]),), verified=len(pts) > 1)
     for degree in range(1, min(MAX_DEGREE, len(pts) - 1) + 1):
         coef = _through(_spread(pts, degree + 1))
         if all(sum((c * x**d for d, c in enumerate(coef)), Fraction(0)) == y for x, y in pts):
             while len(coef) > 1 and coef[-1] == 0:
                 coef = coef[:-1]
-            return Law("poly", tuple(coef), grain=grain, verified=len(pts) > degree + 1)
+            return Law("poly", tuple(coef), verified=len(pts) > degree + 1)
     return Law("table", points=tuple((x, int(y)) for x, y in pts), grain=grain)
 
 

@@ -20,7 +20,7 @@ from fractions import Fraction
 from typing import Any, Sequence
 
 from alloctune.errors import InputError
-from alloctune.plan.align import Gap, pair, structure
+from alloctune.plan.align import Gap, gaps_of, pair, structure
 from alloctune.plan.fit import Law, fit
 from alloctune.trace.model import ALLOC, EMPTY_CACHE, FAILED_ALLOC, FREE, RequestStream, Trace
 
@@ -185,6 +185,27 @@ def build(recordings: Sequence[tuple[Any, Trace]], meta: dict[str, Any] | None =
             groups.append([i])
     # The variant with the most recordings is the main one (it carries the fallbacks).
     groups.sort(key=lambda g: (-len(g), xs[g[0]]))
+    # Pair each recording with the next larger one only: between neighbours the size laws have
+    # the least room to mistake one request for another; farther pairs are their composition.
+    steps = []
+    for k in range(len(recs) - 1):
+        a, b = recs[k][1].requests, recs[k + 1][1].requests
+        steps.append(pair(structs[k], structs[k + 1], (a.sizes, b.sizes), (xs[k], xs[k + 1])).counterpart)
+    back = []
+    for k, cp in enumerate(steps):
+        inv = [-1] * len(structs[k + 1][0])
+        for i, j in enumerate(cp):
+            if j >= 0:
+                inv[j] = i
+        back.append(inv)
+
+    def chain(r: int, j: int) -> list[int]:
+        cp = list(range(len(structs[r][0])))
+        hops = [steps[k] for k in range(r, j)] if j > r else [back[k] for k in range(r - 1, j - 1, -1)]
+        for hop in hops:
+            cp = [hop[c] if c >= 0 else -1 for c in cp]
+        return cp
+
     law_index: dict[tuple[Any, ...], int] = {}
     laws: list[Law] = []
     fit_cache: dict[tuple[Any, ...], int] = {}
@@ -192,15 +213,15 @@ def build(recordings: Sequence[tuple[Any, Trace]], meta: dict[str, Any] | None =
     for g in groups:
         rep = g[0]
         tokens, owner = structs[rep]
-        cps: list[tuple[Fraction, list[int], tuple[int, ...]]] = []
+        cps: list[tuple[Fraction, list[int], Sequence[int]]] = []
         gaps: dict[str, tuple[Gap, ...]] = {}
         for j, (x, t) in enumerate(recs):
             if j in g:
-                cps.append((x, t.requests.sizes, tuple(range(len(tokens)))))
+                cps.append((x, t.requests.sizes, range(len(tokens))))
                 continue
-            p = pair(structs[rep], structs[j], (recs[rep][1].requests.sizes, t.requests.sizes), (xs[rep], x))
-            gaps[size_text(x)] = p.gaps
-            cps.append((x, t.requests.sizes, p.counterpart))
+            cp = chain(rep, j)
+            gaps[size_text(x)] = tuple(gaps_of(cp, len(structs[j][0])))
+            cps.append((x, t.requests.sizes, cp))
         ops = recs[rep][1].requests.ops
         law_of = []
         npoints = []
