@@ -62,3 +62,18 @@ def program(x: int, *, law: str = "mixed", layers: int = 6, branch_at: int | Non
         r.free(w)
     return Trace(source=f"synthetic-{law}@{x}", device=0, requests=r.req, segment_events=[],
                  allocator_settings={}, total_memory=150_109_880_320)
+
+
+def snapshot(trace: Trace) -> dict:
+    """A `_dump_snapshot`-shaped dict of the trace's allocs and frees (no segment events, no empty_cache)."""
+    events = []
+    addr = {}
+    for op, size, rid, stream in trace.requests:
+        if op == ALLOC:
+            addr[rid] = 0x7F0000000000 + (rid << 32)
+            events.append({"action": "alloc", "addr": addr[rid], "size": size, "stream": stream, "time_us": 0})
+        elif op == FREE:
+            a = addr.pop(rid)
+            for action in ("free_requested", "free_completed"):
+                events.append({"action": action, "addr": a, "size": 0, "stream": stream, "time_us": 0})
+    return {"segments": [], "device_traces": [events], "allocator_settings": {}}
