@@ -57,7 +57,7 @@ def holdout(recordings: Sequence[tuple[Any, Trace]], held: Any, torch: str | Non
     target = [t for x, t in recs if x == h]
     if not target:
         raise InputError(f"no recording at size {held} to hold back (have {[size_text(x) for x, _ in recs]})")
-    rest = [(x, t) for x, t in recs if x != h]
+    rest = sorted(((x, t) for x, t in recs if x != h), key=lambda r: r[0])
     ts = build(rest)
     gen = ts.generate(h)
     rec = target[0]
