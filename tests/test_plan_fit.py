@@ -1,5 +1,6 @@
 """Exact size laws: the polynomial through every point, or an honest table."""
 
+import math
 from fractions import Fraction as F
 
 import pytest
@@ -37,6 +38,23 @@ def test_step_function_becomes_a_table_law():
     assert law.kind == "table" and not law.exact
     assert law(F(14)) == 1000 and law(F(28)) == 5000
     assert 1000 < law(F(21)) < 5000  # linear in between, flagged inexact
+
+
+def test_conv_length_rounding_is_a_floor_law():
+    # bytes of a conv output: 8192 per frame, frames = floor((seconds + 6) * 100 / 32) + 1
+    def size(x):
+        return 8192 * (math.floor((x + 6) * 100 / 32) + 1) + 4624
+
+    xs = [F(x) for x in (10, 20, 30, 40, 50, 60)]
+    law = fit(xs, [size(x) for x in xs])
+    assert law.kind == "floor" and law.exact and law.verified
+    assert all(law(F(x)) == size(x) for x in range(1, 300))
+    assert Law.from_json(law.to_json()) == law
+
+
+def test_floor_law_is_not_a_step_function():
+    assert fit(XS, [1000, 1000, 5000, 5000]).kind == "table"
+    assert fit(XS, [1000, 5000, 9000, 9000]).kind == "table"
 
 
 def test_poly_is_exact_table_keeps_granularity_and_nothing_goes_negative():

@@ -6,9 +6,16 @@ quadratic (attention scores). So each request's size is fitted as a polynomial o
 0, 1 or 2 with *rational* coefficients that passes exactly through every recorded point —
 never a least-squares guess. The lowest degree that fits wins; a fit is *verified* when
 more points were recorded than the polynomial has coefficients (the extra points had the
-chance to refute it). A request that no such polynomial explains (a workspace chosen by
-shape, a padded dimension) becomes a *table* law: the recorded points, linear in between,
-flagged inexact so an answer built on it says so.
+chance to refute it).
+
+PyTorch's own rounding shows up one level down: a convolution's output length is
+floor((L + 2p - k) / s) + 1, so a tensor's bytes are `unit * floor(p*x + q) + rest`
+(e.g. 8192 bytes per output frame, one more frame every 3.2 input seconds). That is the
+*floor* law: `unit` is the gcd of the recorded steps, and (p, q) the simplest rationals
+(smallest denominators, as the program's own constants are) for which floor(p*x + q)
+hits every recorded point — a 2-D feasibility problem solved exactly. A request that no
+law explains (a workspace chosen by shape) becomes a *table* law: the recorded points,
+linear in between, flagged inexact so an answer built on it says so.
 
 A polynomial law gives exact byte counts (a rational value is rounded up to a whole byte);
 the allocator's own rounding (512-byte blocks, power-of-two divisions, segment sizes) is
@@ -32,8 +39,8 @@ MAX_GRAIN = 512  # PyTorch rounds every block to 512 bytes; finer granularity is
 class Law:
     """size(x) for one request. kind "poly": sum(coef[d] * x**d); kind "table": piecewise linear."""
 
-    kind: str  # "poly" | "table"
-    coef: tuple[Fraction, ...] = ()  # poly: c0, c1, c2 (trailing zeros dropped)
+    kind: str  # "poly" | "floor" | "table"
+    coef: tuple[Fraction, ...] = ()  # poly: c0, c1, c2 (trailing zeros dropped); floor: unit, rest, p, q
     points: tuple[tuple[Fraction, int], ...] = ()  # table: (x, size), x ascending
     grain: int = 1  # sizes are multiples of this (power of two <= 512)
     verified: bool = False  # poly: more points than coefficients, all on it
@@ -44,11 +51,14 @@ class Law:
 
     @property
     def exact(self) -> bool:
-        return self.kind == "poly"
+        return self.kind in ("poly", "floor")
 
     def __call__(self, x: Fraction) -> int:
         if self.kind == "poly":
             value = sum((c * x**d for d, c in enumerate(self.coef)), Fraction(0))
+        elif self.kind == "floor":
+            unit, rest, p, q = self.coef
+            value = unit * math.floor(p * x + q) + rest
         else:
             value = _interpolate(self.points, x)
         return _to_bytes(value, self.grain)
@@ -61,6 +71,10 @@ class Law:
         if self.kind == "poly":
             den = math.lcm(*(c.denominator for c in self.coef)) if self.coef else 1
             return ["p", self.grain, int(self.verified), den, *[int(c * den) for c in self.coef]]
+        if self.kind == "floor":
+            unit, rest, p, q = self.coef
+            return ["f", 1, int(self.verified), int(unit), int(rest), p.numerator, p.denominator, q.numerator,
+                    q.denominator]
         return ["t", self.grain, 0, *[[_num(x), y] for x, y in self.points]]
 
     @classmethod
@@ -69,6 +83,10 @@ class Law:
         if kind == "p":
             den = int(row[3])
             return cls("poly", tuple(Fraction(int(c), den) for c in row[4:]), grain=grain, verified=verified)
+        if kind == "f":
+            unit, rest, pn, pd, qn, qd = (int(v) for v in row[3:9])
+            return cls("floor", (Fraction(unit), Fraction(rest), Fraction(pn, pd), Fraction(qn, qd)),
+                       verified=verified)
         if kind == "t":
             return cls("table", points=tuple((Fraction(str(x)), int(y)) for x, y in row[3:]), grain=grain)
         raise ValueError(f"unknown law kind {kind!r}")
@@ -86,7 +104,57 @@ def fit(xs: Sequence[Fraction], ys: Sequence[int]) -> Law:
             while len(coef) > 1 and coef[-1] == 0:
                 coef = coef[:-1]
             return Law("poly", tuple(coef), verified=len(pts) > degree + 1)
+    floor = _fit_floor(pts)
+    if floor is not None:
+        return floor
     return Law("table", points=tuple((x, int(y)) for x, y in pts), grain=grain)
+
+
+def _fit_floor(pts: list[tuple[Fraction, int]]) -> Law | None:
+    """unit * floor(p*x + q) + rest through every point, with the simplest p and q; None if none.
+
+    For k_i = (y_i - rest) / unit the conditions k_i <= p*x_i + q < k_i + 1 bound p, pair by
+    pair, to an open interval; any p inside leaves a non-empty interval for q.
+    """
+    if len(pts) < 3:
+        return None
+    unit = 0
+    for (_, y0), (_, y1) in zip(pts, pts[1:]):
+        unit = math.gcd(unit, y1 - y0)
+    if unit == 0:
+        return None
+    rest = pts[0][1] % unit
+    ks = [(x, (y - rest) // unit) for x, y in pts]
+    steps = [k1 - k0 for (_, k0), (_, k1) in zip(ks, ks[1:])]
+    if not (all(d >= 2 for d in steps) or all(d <= -2 for d in steps)):
+        return None  # a step function (a workspace that jumps), not a rounded line: no law would be honest
+    lo: Fraction | None = None
+    hi: Fraction | None = None
+    for i, (xi, ki) in enumerate(ks):
+        for xj, kj in ks[i + 1:]:
+            span = xj - xi
+            a, b = Fraction(kj - ki - 1) / span, Fraction(kj - ki + 1) / span
+            lo = a if lo is None or a > lo else lo
+            hi = b if hi is None or b < hi else hi
+    if lo is None or hi is None or not lo < hi:
+        return None
+    p = simplest_between(lo, hi)
+    q_lo = max(k - p * x for x, k in ks)
+    q_hi = min(k + 1 - p * x for x, k in ks)
+    q = q_lo if q_lo.denominator == 1 else simplest_between(q_lo, q_hi)
+    if q_lo.denominator <= q.denominator:
+        q = q_lo
+    return Law("floor", (Fraction(unit), Fraction(rest), p, q), verified=len(pts) > 3)
+
+
+def simplest_between(lo: Fraction, hi: Fraction) -> Fraction:
+    """The rational with the smallest denominator strictly between lo < hi (continued fractions)."""
+    fl = math.floor(lo)
+    if fl + 1 < hi:
+        return Fraction(fl + 1) if fl + 1 > lo else Fraction(fl + 2)
+    if lo == fl:  # (fl, hi) with hi <= fl + 1: fl + 1/n for the smallest n that fits
+        return fl + Fraction(1, math.floor(1 / (hi - fl)) + 1)
+    return fl + 1 / simplest_between(1 / (hi - fl), 1 / (lo - fl))
 
 
 def _spread(pts: list[tuple[Fraction, int]], k: int) -> list[tuple[Fraction, int]]:

@@ -145,7 +145,8 @@ class TraceSet:
                 if k < 0:
                     continue
                 law = self.laws[k]
-                name = f"degree {law.degree}" if law.exact else "table (inexact)"
+                name = ("floor-linear" if law.kind == "floor" else f"degree {law.degree}") if law.exact \
+                    else "table (inexact)"
                 if law.exact and not law.verified:
                     name += " (unverified)"
                 kinds[name] = kinds.get(name, 0) + 1
