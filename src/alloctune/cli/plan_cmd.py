@@ -133,7 +133,12 @@ def _render(report: Any) -> None:
                 if x.largest is None:
                     cells.append("none")
                 else:
-                    cells.append(("≥ " if x.first_failing is None else "") + x.largest + (" *" if x.extrapolated else ""))
+                    cell = ("≥ " if x.first_failing is None else "") + x.largest + (" *" if x.extrapolated else "")
+                    if x.optimistic is not None and x.optimistic != x.largest:
+                        cell += f" .. {x.optimistic}"
+                    if x.completes_again is not None:
+                        cell += " †"
+                    cells.append(cell)
             t.add_row(item.target.label, *cells)
         console.print(t)
     t = Table(title="min budget (peak reserved uncapped) by size")
@@ -174,7 +179,8 @@ def _render(report: Any) -> None:
         console.print(f"figure written to [bold]{report.figure}[/bold]")
     elif report.figure_skipped:
         warn(report.figure_skipped)
-    console.print("* outside the recorded sizes (extrapolated)")
+    console.print("* outside the recorded sizes (extrapolated); A .. B: conservative .. optimistic (workspaces "
+                  "fallible); † not monotone: a larger size completes again (see --json completes_again)")
     for n in res.notes:
         console.print(f"note: {n}")
     console.print(f"plan took {report.wall_s:.2f} s in all: {res.wall_s:.2f} s answering, "

@@ -8,8 +8,10 @@ For each allocator setting:
 - for one size (`size=`): peak reserved, whether each card and cap completes, the min
   budget, and the smallest card.
 
-Bisection assumes that a larger input never needs less memory; the result reports the
-bracket it saw (largest completing size, smallest failing size). Sizes outside the
+Bisection assumes that a larger input never needs less memory, which the allocator does not
+promise (under a cap, where a size's blocks land decides what fits); so the bisection's answer
+is checked by replaying sizes 2 % apart below it, and the answer is the largest size below
+which every probed size completes, with the larger one that completes again reported. Sizes outside the
 recorded range are extrapolated and flagged. Without a fallible-request model (a request
 the program would retry smaller, e.g. a cuDNN workspace) every failure is fatal, so the
 answer can only be too small: it is marked conservative.
@@ -18,7 +20,7 @@ answer can only be too small: it is marked conservative.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any, Callable, Sequence
 
@@ -55,6 +57,12 @@ class Largest:
     first_failing: str | None  # smallest failing size seen (None: the whole searched range fits)
     extrapolated: bool  # the answer lies outside the recorded sizes
     probes: int
+    completes_again: str | None = None  # not monotone: bisection's answer, above a size that fails
+    optimistic: str | None = None  # the same search with every inexact-law request fallible down to nothing
+
+    @property
+    def monotone(self) -> bool:
+        return self.completes_again is None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -65,6 +73,8 @@ class Largest:
             "first_failing": self.first_failing,
             "extrapolated": self.extrapolated,
             "probes": self.probes,
+            "completes_again": self.completes_again,
+            "optimistic": self.optimistic,
         }
 
 
@@ -146,8 +156,9 @@ class PlanResult:
 class _Prober:
     """Generates streams (cached per size) and counts replays."""
 
-    def __init__(self, ts: TraceSet, torch: str | None, context: int) -> None:
+    def __init__(self, ts: TraceSet, torch: str | None, context: int, optimistic: bool = False) -> None:
         self.ts = ts
+        self.optimistic = optimistic
         self.torch = torch
         self.context = context
         self.replays = 0
@@ -159,7 +170,7 @@ class _Prober:
         if g is None:
             if len(self._gen) > 64:  # generated streams are big; keep the recent ones
                 self._gen.pop(next(iter(self._gen)))
-            g = self._gen[x] = self.ts.generate(x)
+            g = self._gen[x] = self.ts.generate(x, fallible_inexact=self.optimistic)
         return g
 
     def run(self, x: Fraction, settings: SimSettings, target: Target | None) -> Any:
@@ -194,6 +205,7 @@ def plan(
     curve: Sequence[Any] | None = None,
     torch: str | None = None,
     context: int = DEFAULT_OVERHEAD,
+    bounds: bool = True,
     progress: Callable[[str], None] | None = None,
 ) -> PlanResult:
     """Answer the capacity questions for `ts` under each setting in `confs` (allocator strings).
@@ -201,6 +213,9 @@ def plan(
     `step`: the size grid (default 1 for whole-number recorded sizes, else a hundredth of the
     smallest); `max_size`: top of the search (default 4x the largest recorded size).
     `curve`: sizes for the min-budget curve (default: recorded sizes and points between/above).
+    `bounds`: when the recordings carry no fallbacks but have requests without an exact law
+    (workspaces chosen by shape), also search with those requests fallible down to nothing:
+    the real largest size lies between the two answers.
     """
     t0 = time.perf_counter()
     sizes = ts.sizes
@@ -227,6 +242,8 @@ def plan(
     ) else False:
         raise InputError(f"the CUDA context ({context} bytes) does not fit the smallest card")
     probe = _Prober(ts, torch, context)
+    inexact = sum(1 for k in ts.variants[0].law if k >= 0 and not ts.laws[k].exact)
+    upper = _Prober(ts, torch, context, optimistic=True) if bounds and inexact and not ts.fallbacks else None
     curve_sizes = sorted({as_size(x) for x in curve} if curve is not None else _default_curve(sizes, grid))
     at = as_size(size) if size is not None else None
     say = progress or (lambda _m: None)
@@ -235,7 +252,11 @@ def plan(
         largest = []
         for t in targets:
             say(f"{text or '(unset)'}: largest size on {t.label}")
-            largest.append(_largest(probe, st, t, grid, top, sizes))
+            item = _largest(probe, st, t, grid, top, sizes)
+            if upper is not None:
+                hi = _largest(upper, st, t, grid, top, sizes)
+                item = replace(item, optimistic=hi.largest)
+            largest.append(item)
         points = []
         for x in curve_sizes:
             say(f"{text or '(unset)'}: min budget at size {size_text(x)}")
@@ -248,6 +269,8 @@ def plan(
         notes.append(
             "conservative: no fallible-request model in these recordings (a request the program would retry "
             "smaller, such as a cuDNN workspace, is taken as fatal), so real largest sizes can only be larger"
+            + (f"; 'optimistic' repeats the search with the {inexact} request(s) without an exact law (workspaces "
+               "picked by shape) fallible down to nothing: the real answer lies between" if upper else "")
         )
     else:
         notes.append(f"{len(ts.fallbacks)} fallible request(s) honoured with the fallback sizes recorded at one size")
@@ -271,7 +294,7 @@ def plan(
         conservative=conservative,
         notes=tuple(notes),
         context_bytes=context,
-        replays=probe.replays,
+        replays=probe.replays + (upper.replays if upper else 0),
         wall_s=time.perf_counter() - t0,
         traceset=summary,
     )
@@ -295,23 +318,63 @@ def _default_curve(sizes: Sequence[Fraction], grid: Fraction) -> set[Fraction]:
 
 def _largest(probe: _Prober, st: SimSettings, t: Target, grid: Fraction, top: Fraction,
              recorded: Sequence[Fraction]) -> Largest:
-    """Bisection on the grid index for the largest completing size (monotone in size assumed)."""
+    """The largest size on the grid below which every size completes.
+
+    Bisection first (it assumes a larger input never needs less memory), then a check of that
+    assumption: sizes on a `SCAN_RATIO` geometric grid from the smallest recorded size up to the
+    answer are replayed too; the first one that fails starts a new bisection below it. (The
+    allocator is not monotone in the input: a size can fail under a cap that a larger size
+    fits, when its requests land in segments differently.)
+    """
     before = probe.replays
-    n_top = int(top / grid)
     if probe.completes(top, st, t):
-        return Largest(t, size_text(top), None, top > recorded[-1], probe.replays - before)
-    if not probe.completes(grid, st, t):
+        best, fail = top, None
+    elif not probe.completes(grid, st, t):
         return Largest(t, None, size_text(grid), grid < recorded[0], probe.replays - before)
-    lo, hi = 1, n_top  # lo completes, hi fails
+    else:
+        best, fail = _bisect(probe, st, t, grid, 1, int(top / grid))
+    again = None
+    prev: Fraction | None = None  # the last scanned size that completed
+    for x in _scan(recorded[0], best, grid):
+        if probe.completes(x, st, t):
+            prev = x
+            continue
+        again = best
+        if prev is not None:
+            best, fail = _bisect(probe, st, t, grid, int(prev / grid), int(x / grid))
+        elif x > grid and probe.completes(grid, st, t):
+            best, fail = _bisect(probe, st, t, grid, 1, int(x / grid))
+        else:
+            best, fail = None, x
+        break
+    return Largest(t, size_text(best) if best is not None else None, size_text(fail) if fail is not None else None,
+                   best is not None and not recorded[0] <= best <= recorded[-1], probe.replays - before,
+                   size_text(again) if again is not None else None)
+
+
+SCAN_RATIO = Fraction(102, 100)  # the monotonicity check probes sizes 2 % apart
+
+
+def _bisect(probe: _Prober, st: SimSettings, t: Target, grid: Fraction, lo: int, hi: int) -> tuple[Fraction, Fraction]:
+    """lo * grid completes, hi * grid fails: narrow to neighbours."""
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if probe.completes(mid * grid, st, t):
             lo = mid
         else:
             hi = mid
-    x = lo * grid
-    return Largest(t, size_text(x), size_text(hi * grid), not recorded[0] <= x <= recorded[-1],
-                   probe.replays - before)
+    return lo * grid, hi * grid
+
+
+def _scan(start: Fraction, stop: Fraction, grid: Fraction) -> list[Fraction]:
+    """Grid sizes from `start` to below `stop`, about 2 % apart."""
+    out: list[Fraction] = []
+    x = max(grid, (start // grid) * grid)
+    while x < stop:
+        out.append(x)
+        nxt = ((x * SCAN_RATIO) // grid) * grid
+        x = nxt if nxt > x else x + grid
+    return out
 
 
 def _curve_point(probe: _Prober, st: SimSettings, x: Fraction, torch: str | None,

@@ -97,8 +97,13 @@ class TraceSet:
         )
         return best[2]
 
-    def generate(self, x: Any) -> Generated:
-        """The request stream at input size x (a `Trace` with no recorded segment events)."""
+    def generate(self, x: Any, fallible_inexact: bool = False) -> Generated:
+        """The request stream at input size x (a `Trace` with no recorded segment events).
+
+        `fallible_inexact`: treat every request without an exact law (the workspaces a library
+        picks by shape) as fallible down to nothing — the optimistic end of what a program with
+        cuDNN-style workspace fallbacks can fit.
+        """
         x = as_size(x)
         v = self.variant_for(x)
         values: dict[int, int] = {}
@@ -125,6 +130,10 @@ class TraceSet:
         req.event_index = list(range(len(v.ops)))
         if v is self.variants[0]:
             req.fallbacks = dict(self.fallbacks)
+        if fallible_inexact:
+            for i, k in enumerate(v.law):
+                if k >= 0 and v.ops[i] == ALLOC and not self.laws[k].exact:
+                    req.fallbacks.setdefault(i, (0,))
         trace = Trace(
             source=f"{self.meta.get('workload') or 'traceset'}@{size_text(x)}",
             device=0,
