@@ -91,3 +91,27 @@ def test_bad_requests_are_input_errors(mixed):
         plan(ts, size="big")
     with pytest.raises(InputError):
         plan(ts, caps=[0])
+
+
+def test_optimistic_bound_when_workspaces_have_no_law():
+    def with_workspace(x):
+        t = program(x)
+        # a workspace whose size jumps with the shape: no exact law, the kind cuDNN picks
+        ws = 48 * MiB if x % 3 else 8 * MiB
+        req = t.requests
+        rid = max(req.rids) + 1
+        at = 12
+        req.ops[at:at] = [0, 1]
+        req.sizes[at:at] = [ws, -1]
+        req.rids[at:at] = [rid, rid]
+        req.streams[at:at] = [0, 0]
+        req.event_index[at:at] = [0, 0]
+        return t
+
+    ts = build([(x, with_workspace(x)) for x in (256, 512, 1024, 1536, 2048)])
+    assert "table (inexact)" in ts.summary()["laws"]
+    res = plan(ts, caps=[256 * MiB], curve=[512])
+    item = res.settings[0].largest[0]
+    assert item.optimistic is not None and int(item.optimistic) >= int(item.largest)
+    assert "optimistic" in res.notes[0]
+    assert plan(ts, caps=[256 * MiB], curve=[512], bounds=False).settings[0].largest[0].optimistic is None
