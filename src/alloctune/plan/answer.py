@@ -25,7 +25,7 @@ from fractions import Fraction
 from typing import Any, Callable, Sequence
 
 from alloctune.errors import InputError
-from alloctune.plan.traceset import Generated, TraceSet, as_size, size_text
+from alloctune.plan.traceset import Generated, TraceSet, as_size, size_text, workspaces
 from alloctune.sim.budget import min_budget
 from alloctune.sim.driver import DEFAULT_OVERHEAD, H200_TOTAL
 from alloctune.sim.replay import replay
@@ -242,7 +242,7 @@ def plan(
     ) else False:
         raise InputError(f"the CUDA context ({context} bytes) does not fit the smallest card")
     probe = _Prober(ts, torch, context)
-    inexact = sum(1 for k in ts.variants[0].law if k >= 0 and not ts.laws[k].exact)
+    inexact = len(workspaces(ts, ts.variants[0]))
     upper = _Prober(ts, torch, context, optimistic=True) if bounds and inexact and not ts.fallbacks else None
     curve_sizes = sorted({as_size(x) for x in curve} if curve is not None else _default_curve(sizes, grid))
     at = as_size(size) if size is not None else None
@@ -254,7 +254,7 @@ def plan(
             say(f"{text or '(unset)'}: largest size on {t.label}")
             item = _largest(probe, st, t, grid, top, sizes)
             if upper is not None:
-                hi = _largest(upper, st, t, grid, top, sizes)
+                hi = _largest(upper, st, t, grid, top, sizes, scan=False)
                 item = replace(item, optimistic=hi.largest)
             largest.append(item)
         points = []
@@ -269,8 +269,9 @@ def plan(
         notes.append(
             "conservative: no fallible-request model in these recordings (a request the program would retry "
             "smaller, such as a cuDNN workspace, is taken as fatal), so real largest sizes can only be larger"
-            + (f"; 'optimistic' repeats the search with the {inexact} request(s) without an exact law (workspaces "
-               "picked by shape) fallible down to nothing: the real answer lies between" if upper else "")
+            + (f"; 'optimistic' repeats the search with the {inexact} request(s) that look like workspaces (no exact "
+               "law, or freed by the next request) fallible down to nothing: the real answer lies between"
+               if upper else "")
         )
     else:
         notes.append(f"{len(ts.fallbacks)} fallible request(s) honoured with the fallback sizes recorded at one size")
@@ -317,12 +318,13 @@ def _default_curve(sizes: Sequence[Fraction], grid: Fraction) -> set[Fraction]:
 
 
 def _largest(probe: _Prober, st: SimSettings, t: Target, grid: Fraction, top: Fraction,
-             recorded: Sequence[Fraction]) -> Largest:
+             recorded: Sequence[Fraction], scan: bool = True) -> Largest:
     """The largest size on the grid below which every size completes.
 
     Bisection first (it assumes a larger input never needs less memory), then a check of that
     assumption: sizes on a `SCAN_RATIO` geometric grid from the smallest recorded size up to the
-    answer are replayed too; the first one that fails starts a new bisection below it. (The
+    answer are replayed too (`scan`; the optimistic bound skips it: it is a bound, and the
+    check is most of the cost); the first one that fails starts a new bisection below it. (The
     allocator is not monotone in the input: a size can fail under a cap that a larger size
     fits, when its requests land in segments differently.)
     """
@@ -335,7 +337,7 @@ def _largest(probe: _Prober, st: SimSettings, t: Target, grid: Fraction, top: Fr
         best, fail = _bisect(probe, st, t, grid, 1, int(top / grid))
     again = None
     prev: Fraction | None = None  # the last scanned size that completed
-    for x in _scan(recorded[0], best, grid):
+    for x in _scan(recorded[0], best, grid) if scan else ():
         if probe.completes(x, st, t):
             prev = x
             continue

@@ -100,9 +100,10 @@ class TraceSet:
     def generate(self, x: Any, fallible_inexact: bool = False) -> Generated:
         """The request stream at input size x (a `Trace` with no recorded segment events).
 
-        `fallible_inexact`: treat every request without an exact law (the workspaces a library
-        picks by shape) as fallible down to nothing — the optimistic end of what a program with
-        cuDNN-style workspace fallbacks can fit.
+        `fallible_inexact`: treat the requests that look like workspaces as fallible down to
+        nothing — the optimistic end of what a program with cuDNN-style workspace fallbacks can
+        fit. A workspace is a request without an exact law (a library picked it by shape) or one
+        freed by the very next request (allocated for one kernel, as cuDNN's are).
         """
         x = as_size(x)
         v = self.variant_for(x)
@@ -131,9 +132,8 @@ class TraceSet:
         if v is self.variants[0]:
             req.fallbacks = dict(self.fallbacks)
         if fallible_inexact:
-            for i, k in enumerate(v.law):
-                if k >= 0 and v.ops[i] == ALLOC and not self.laws[k].exact:
-                    req.fallbacks.setdefault(i, (0,))
+            for i in workspaces(self, v):
+                req.fallbacks.setdefault(i, (0,))
         trace = Trace(
             source=f"{self.meta.get('workload') or 'traceset'}@{size_text(x)}",
             device=0,
@@ -174,6 +174,18 @@ class TraceSet:
             "laws": dict(sorted(kinds.items())),
             "distinct_laws": len(self.laws),
         }
+
+
+def workspaces(ts: TraceSet, v: Variant) -> list[int]:
+    """Requests of `v` that look like workspaces (see `TraceSet.generate`)."""
+    n = len(v.ops)
+    out = []
+    for i, k in enumerate(v.law):
+        if k < 0 or v.ops[i] != ALLOC:
+            continue
+        if not ts.laws[k].exact or (i + 1 < n and v.ops[i + 1] == FREE and v.owner[i + 1] == i):
+            out.append(i)
+    return out
 
 
 def build(recordings: Sequence[tuple[Any, Trace]], meta: dict[str, Any] | None = None) -> TraceSet:
