@@ -52,6 +52,17 @@ def test_conv_length_rounding_is_a_floor_law():
     assert Law.from_json(law.to_json()) == law
 
 
+def test_table_law_follows_the_curve_between_points_and_never_overshoots_a_jump():
+    # a workspace of 192 * side^2 bytes plus an algorithm-dependent header: no single law
+    xs = [F(x) for x in (256, 512, 640, 768, 896)]
+    ys = [192 * 256**2 + 16] + [192 * int(x) ** 2 + 147 for x in xs[1:]]
+    law = fit(xs, ys)
+    assert law.kind == "table"
+    assert abs(law(F(384)) - 192 * 384**2) < 512  # a straight line would be 11 % high
+    jump = fit(XS, [1000, 1000, 5000, 5000])
+    assert all(1000 <= jump(F(x)) <= 5000 for x in range(7, 57))
+
+
 def test_floor_law_is_not_a_step_function():
     assert fit(XS, [1000, 1000, 5000, 5000]).kind == "table"
     assert fit(XS, [1000, 5000, 9000, 9000]).kind == "table"

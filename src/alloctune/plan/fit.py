@@ -14,8 +14,9 @@ floor((L + 2p - k) / s) + 1, so a tensor's bytes are `unit * floor(p*x + q) + re
 *floor* law: `unit` is the gcd of the recorded steps, and (p, q) the simplest rationals
 (smallest denominators, as the program's own constants are) for which floor(p*x + q)
 hits every recorded point — a 2-D feasibility problem solved exactly. A request that no
-law explains (a workspace chosen by shape) becomes a *table* law: the recorded points,
-linear in between, flagged inexact so an answer built on it says so.
+law explains (a workspace chosen by shape) becomes a *table* law: the recorded points, a
+parabola through the nearest three in between, flagged inexact so an answer built on it
+says so.
 
 A polynomial law gives exact byte counts (a rational value is rounded up to a whole byte);
 the allocator's own rounding (512-byte blocks, power-of-two divisions, segment sizes) is
@@ -186,13 +187,23 @@ def _through(pts: list[tuple[Fraction, int]]) -> list[Fraction]:
 
 
 def _interpolate(points: tuple[tuple[Fraction, int], ...], x: Fraction) -> Fraction:
-    """Piecewise linear through the points; outside them, the nearest segment's line."""
+    """Inside the recorded range, the parabola through the three recorded points nearest x, held
+    inside the two neighbours' values so a jump (a workspace that changes algorithm) cannot
+    overshoot; outside, the line through the two nearest ends (a parabola extrapolates wildly). Sizes grow like polynomials between
+    jumps, which a straight line between neighbours gets wrong (a quadratic activation at the
+    midpoint of 256 and 512 is 62 %, not 100 %, of the way up)."""
     if len(points) == 1:
         return Fraction(points[0][1])
+    if not points[0][0] <= x <= points[-1][0]:  # outside: the line through the two nearest ends
+        (x0, y0), (x1, y1) = points[:2] if x < points[0][0] else points[-2:]
+        return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    near = sorted(points, key=lambda p: (abs(p[0] - x), -p[0]))[:3]
+    near.sort()
+    value = sum((c * x**d for d, c in enumerate(_through(near))), Fraction(0))
     for (x0, y0), (x1, y1) in zip(points, points[1:]):
-        if x <= x1:
-            break
-    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+        if x0 <= x <= x1:
+            return min(max(value, Fraction(min(y0, y1))), Fraction(max(y0, y1)))
+    return value
 
 
 def _grain(ys: Sequence[int]) -> int:
