@@ -105,7 +105,7 @@ def _render(report: Any) -> None:
     ts = res.traceset
     laws = ", ".join(f"{n} {k}" for k, n in ts["laws"].items())
     console.print(
-        f"[bold]{res.workload or 'program'}[/bold]: recorded at sizes {', '.join(res.recorded_sizes)}; "
+        f"[bold]{_short(res.workload)}[/bold]: recorded at sizes {', '.join(res.recorded_sizes)}; "
         f"{ts['requests']} requests, "
         + ("same structure at every size" if ts["identical_structure"] else f"{len(ts['variants'])} structures")
         + f"; size laws: {laws}"
@@ -185,3 +185,10 @@ def _render(report: Any) -> None:
         console.print(f"note: {n}")
     console.print(f"plan took {report.wall_s:.2f} s in all: {res.wall_s:.2f} s answering, "
                   f"{res.replays} simulated replays")
+
+
+def _short(name: str | None, width: int = 48) -> str:
+    """The workload's name for the header (sidecars may hold a whole command line)."""
+    if not name:
+        return "program"
+    return name if len(name) <= width else name[: width - 1] + "…"

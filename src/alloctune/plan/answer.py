@@ -282,7 +282,7 @@ def plan(
         )
     summary = ts.summary()
     if "table (inexact)" in summary["laws"]:
-        notes.append(f"{summary['laws']['table (inexact)']} request size(s) have no exact law: linear between recordings")
+        notes.append(f"{summary['laws']['table (inexact)']} request size(s) have no exact law: interpolated between recordings")
     if any(k.endswith("(unverified)") for k in summary["laws"]):
         notes.append("some laws were fitted on no spare recording: record one more size to verify them")
     notes.append(f"cards: the CUDA context is taken as {context // MiB} MiB, not available to the allocator")

@@ -68,7 +68,7 @@ def rvc_rows(result: PlanResult, recorded_pad_s: float = 3.0, is_half: bool = Tr
             audio = float(item.largest)
             chunk = audio + 2 * recorded_pad_s + FRAME_S
             if item.first_failing is None:
-                verdict = f"fits (every size searched fits: >= {chunk:g} s)"
+                verdict = f"fits (all searched: >= {chunk:g} s)"
                 x_fit = None
             elif chunk >= need:
                 verdict = "preset fits"

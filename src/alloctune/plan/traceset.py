@@ -69,7 +69,7 @@ class Generated:
         if self.extrapolated:
             out.append(f"size {size_text(self.size)} is outside the recorded range: extrapolated")
         if self.inexact:
-            out.append(f"{self.inexact} request(s) have no exact law (piecewise linear between recordings)")
+            out.append(f"{self.inexact} request(s) have no exact law (interpolated between recordings)")
         if self.unverified:
             out.append(f"{self.unverified} request(s) fitted on no spare point (unverified)")
         return out
