@@ -38,7 +38,7 @@ MAX_GRAIN = 512  # PyTorch rounds every block to 512 bytes; finer granularity is
 
 @dataclass(frozen=True)
 class Law:
-    """size(x) for one request. kind "poly": sum(coef[d] * x**d); kind "table": piecewise linear."""
+    """size(x) for one request. kind "poly": sum(coef[d] * x**d); kind "floor": unit * floor(p*x + q) + rest; kind "table": interpolated."""
 
     kind: str  # "poly" | "floor" | "table"
     coef: tuple[Fraction, ...] = ()  # poly: c0, c1, c2 (trailing zeros dropped); floor: unit, rest, p, q
