@@ -109,3 +109,13 @@ def test_bad_builds_are_input_errors():
         build([(256, program(256)), (256.0, program(256))])
     with pytest.raises(InputError):
         build([(0, program(256)), (1, program(512))])
+
+
+def test_plan_core_does_not_import_torch_or_matplotlib():
+    import subprocess
+    import sys
+
+    code = ("import sys, alloctune.plan, alloctune.plan.service, alloctune.plan.figure, alloctune.record, "
+            "alloctune.cli.plan_cmd; print('torch' in sys.modules, 'matplotlib' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
