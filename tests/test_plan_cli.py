@@ -82,13 +82,20 @@ def test_plan_table_output(snaps, capfd, tmp_path):
         (["plan", "{a}:256", "{b}:512", "-c", "max_split_size_mb:oops"], "max_split_size_mb"),
         (["plan", "{a}:256", "{b}:512", "--hold-back", "512"], "three or more sizes"),
         (["plan", "{bad}"], "trace set"),
+        (["plan", "{a}:256", "{oom}:512"], "ran out of memory"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(snaps, capfd, tmp_path, argv, message):
     bad = tmp_path / "bad.atraceset"
     bad.write_text('{"format": "alloctune.traceset", "version": 7}')
-    sub = {"{a}": str(snaps[256]), "{b}": str(snaps[512]), "{bad}": str(bad)}
-    argv = [a.replace("{a}", sub["{a}"]).replace("{b}", sub["{b}"]).replace("{bad}", sub["{bad}"]) for a in argv]
+    oom = tmp_path / "oom.pickle"
+    snap = snapshot(program(512))
+    snap["device_traces"][0].append({"action": "oom", "addr": 0, "size": 1 << 40, "stream": 0, "time_us": 0,
+                                     "device_free": 0})
+    oom.write_bytes(pickle.dumps(snap))
+    sub = {"{a}": str(snaps[256]), "{b}": str(snaps[512]), "{bad}": str(bad), "{oom}": str(oom)}
+    for key, value in sub.items():
+        argv = [a.replace(key, value) for a in argv]
     assert _cli(argv) == 2
     err = capfd.readouterr().err.strip().splitlines()
     assert message in "\n".join(err)

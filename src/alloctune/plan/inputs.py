@@ -15,7 +15,7 @@ from alloctune.errors import InputError, TraceError
 from alloctune.plan import fileformat
 from alloctune.plan.traceset import TraceSet, as_size, build
 from alloctune.trace.load import load_trace, read_sidecar
-from alloctune.trace.model import Trace
+from alloctune.trace.model import FAILED_ALLOC, Trace
 
 _TRACE_SUFFIXES = (".pickle", ".pickle.xz", ".pickle.gz", ".pickle.bz2", ".atrace", ".atrace.gz")
 
@@ -54,7 +54,19 @@ def expand(specs: Sequence[str]) -> list[tuple[Path, Any]]:
 
 
 def load_recordings(specs: Sequence[str]) -> list[tuple[Any, Trace]]:
-    return [(size, load_trace(path)) for path, size in expand(specs)]
+    """Load each recording; one that ran out of memory is refused (its stream stops or changes at the
+    failure, so its sizes would teach the fit the wrong program) — skipped when it came from a directory."""
+    named = {parse_spec(s)[0] for s in specs}
+    out = []
+    for path, size in expand(specs):
+        trace = load_trace(path)
+        if FAILED_ALLOC in trace.requests.ops or trace.meta.get("outcome") == "oom":
+            if path in named:
+                raise InputError(f"{path}: this recording ran out of memory at size {size}; record that size "
+                                 "uncapped (or leave it out) — a plan needs complete runs")
+            continue
+        out.append((size, trace))
+    return out
 
 
 def traceset_from(specs: Sequence[str]) -> TraceSet:
