@@ -115,3 +115,31 @@ def test_optimistic_bound_when_workspaces_have_no_law():
     assert item.optimistic is not None and int(item.optimistic) >= int(item.largest)
     assert "optimistic" in res.notes[0]
     assert plan(ts, caps=[256 * MiB], curve=[512], bounds=False).settings[0].largest[0].optimistic is None
+
+
+class _Stub:
+    """A prober whose program fails at 100..119 but fits again at 120..250 (the allocator is not monotone)."""
+
+    replays = 0
+
+    def completes(self, x, st, t):
+        self.replays += 1
+        return x < 100 or 120 <= x <= 250
+
+
+def test_largest_checks_bisections_monotone_assumption():
+    from fractions import Fraction as Fr
+
+    from alloctune.plan.answer import Target, _largest
+
+    t = Target("cap", GiB)
+    got = _largest(_Stub(), None, t, Fr(1), Fr(400), [Fr(10), Fr(200)])
+    assert got.largest == "99" and got.first_failing == "100" and got.completes_again == "250"
+    plain = _largest(_Stub(), None, t, Fr(1), Fr(400), [Fr(10), Fr(200)], scan=False)
+    assert plain.largest == "250" and plain.completes_again is None  # what bisection alone would say
+
+
+def test_context_larger_than_a_card_is_an_input_error(mixed):
+    ts, _ = mixed
+    with pytest.raises(InputError, match="context"):
+        plan(ts, cards=[256 * MiB], context=512 * MiB)

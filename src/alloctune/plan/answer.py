@@ -237,10 +237,9 @@ def plan(
             raise InputError(
                 f"cap {t.label[4:]} is larger than the recording's device ({total} bytes); use --card for other cards"
             )
-    if targets and context >= min(t.bytes for t in targets if t.kind == "card") if any(
-        t.kind == "card" for t in targets
-    ) else False:
-        raise InputError(f"the CUDA context ({context} bytes) does not fit the smallest card")
+    card_sizes = [t.bytes for t in targets if t.kind == "card"]
+    if card_sizes and context >= min(card_sizes):
+        raise InputError(f"the CUDA context ({context} bytes) does not fit the smallest card ({min(card_sizes)} bytes)")
     probe = _Prober(ts, torch, context)
     inexact = len(workspaces(ts, ts.variants[0]))
     upper = _Prober(ts, torch, context, optimistic=True) if bounds and inexact and not ts.fallbacks else None
