@@ -74,6 +74,8 @@ def register(app: typer.Typer) -> None:
                 raise WorkloadFailed(f"the recorded command exited with status {rec.exit_code} (trace kept in {out})")
             return
         sizes = core.parse_sizes(size)
+        if not any(core.SIZE_PLACEHOLDER in arg for arg in command or ()):
+            warn(f"no {core.SIZE_PLACEHOLDER} in the command: each run gets its size only as {core.SIZE_ENV}")
 
         def show(rec: core.Recording) -> None:
             if not json_out:
