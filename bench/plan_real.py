@@ -64,6 +64,38 @@ def real_ooms(data: Path, key: str, size: float) -> int | None:
     return None
 
 
+def probe_agreement(data: Path, w: str, ts) -> list[str]:  # noqa: ANN001
+    """Every real fresh-process run of the size bisections, replayed from the generated stream at its
+    size, setting and cap: does the simulation call it the same (completes / OOM), and at an OOM, is
+    the peak reserved the same? Runs that survived OOMs (workspace fallbacks) are counted apart."""
+    from alloctune.sim.replay import replay
+
+    rows = []
+    for p in sorted(data.glob(f"b/plan_{w}_*_*.json")):
+        d = json.loads(p.read_text())
+        nums = re.findall(r"(?:--size|--max-seconds)\s+(\d+(?:\.\d+)?)", str(d.get("workload", "")))
+        if not nums or not d.get("cap"):
+            continue
+        size = nums[-1]
+        r = replay(ts.generate(size).trace, d.get("conf") or "", budget=int(d["cap"]), record_events=False,
+                   timeline_points=1)
+        real_ok = d.get("outcome") == "ok"
+        stats = d.get("stats") or {}
+        survived = real_ok and int(stats.get("num_ooms", 0)) > 0
+        same_peak = (not real_ok and not r.completed and r.peak_reserved == stats.get("reserved_bytes.all.peak"))
+        rows.append((real_ok == r.completed, survived, same_peak, real_ok))
+    if not rows:
+        return []
+    plain = [r for r in rows if not r[1]]
+    ooms = [r for r in rows if not r[3]]
+    return ["", f"Every real run of the size bisections ({len(rows)} fresh processes) replayed from the generated "
+            f"stream at its size, setting and cap: the simulation agrees on completes/OOM for "
+            f"{sum(r[0] for r in plain)}/{len(plain)} runs that did not survive an OOM, and "
+            f"{sum(r[0] for r in rows if r[1])}/{len(rows) - len(plain)} of those that did (workspace fallbacks, "
+            f"not modelled); of the {len(ooms)} real OOMs, {sum(r[2] for r in ooms)} end at exactly the real peak "
+            "reserved, byte for byte."]
+
+
 def pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:+.2%}"
 
@@ -140,6 +172,7 @@ def main() -> int:
                              f"{lo} | {hi if hi else '—'} | {survived if survived is not None else 'n/a'} | "
                              f"{step:g} | {'yes' if hit else 'NO' + why} | {'yes' if inside else 'NO'} |")
                 summary.append(("largest", w, f"{name}/{format_size(item.target.bytes)}", hit, inside))
+        lines += probe_agreement(data, w, ts)
         lines += ["", f"Wall time: building the trace set {build_s:.2f} s; the plan (2 settings x {len(caps)} caps, "
                   f"bisection on size, min budget at 2 sizes) {plan_s:.2f} s, {res.replays} simulated replays "
                   f"({plan_s / max(1, res.replays) * 1000:.1f} ms each). Notes: " + " ".join(res.notes), ""]
