@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from alloctune.errors import InputError, TraceError
+from alloctune.errors import InputError
 from alloctune.plan import fileformat
 from alloctune.plan.traceset import TraceSet, as_size, build
 from alloctune.trace.load import load_trace, read_sidecar
@@ -87,4 +87,4 @@ def traceset_from(specs: Sequence[str]) -> TraceSet:
     return build(recs)
 
 
-__all__ = ["parse_spec", "expand", "load_recordings", "traceset_from", "TraceError"]
+__all__ = ["parse_spec", "expand", "load_recordings", "traceset_from"]

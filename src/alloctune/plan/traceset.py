@@ -22,7 +22,7 @@ from typing import Any, Sequence
 from alloctune.errors import InputError
 from alloctune.plan.align import Gap, gaps_of, pair, structure
 from alloctune.plan.fit import Law, fit
-from alloctune.trace.model import ALLOC, EMPTY_CACHE, FAILED_ALLOC, FREE, RequestStream, Trace
+from alloctune.trace.model import ALLOC, FAILED_ALLOC, FREE, RequestStream, Trace
 
 
 def as_size(x: Any) -> Fraction:
