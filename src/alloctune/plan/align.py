@@ -8,11 +8,12 @@ aligned and report the rest with its positions, instead of refusing the whole re
 A request is compared by its *structure token*, never by its size (sizes are what differ):
 (op, stream), and empty_cache -> (EMPTY_CACHE,). A free is the same free in both streams
 only if the allocs it releases are paired too (checked after the diff). Identical token
-sequences (the common case) align one to one in linear time; otherwise the common prefix
-and suffix are paired and the middle goes through Myers' O((N+M)·D) shortest edit script
-(a minimal diff: cheap when the streams differ in a few places, which is the case a
-size-dependent branch makes). Past `MAX_EDITS` differences the middle is left unaligned and
-reported, rather than spending minutes on streams that are not the same program.
+sequences (the common case) align one to one in linear time; otherwise both streams are
+walked together and each difference is closed at the nearest point where they agree again,
+with Myers' minimal diff inside it (linear overall for streams that differ in many small
+places, which is what a size-dependent branch makes). A difference that never closes goes to
+Myers whole; past `MAX_EDITS` it is left unaligned and reported, rather than spending minutes
+on streams that are not the same program.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any, Sequence
 from alloctune.trace.model import ALLOC, EMPTY_CACHE, FREE, RequestStream
 
 Token = tuple[int, ...]
-MAX_EDITS = 4000  # Myers diff gives up beyond this many inserted + deleted requests
+MAX_EDITS = 2000  # Myers diff gives up beyond this many inserted + deleted requests
 
 
 def structure(req: RequestStream) -> tuple[list[Token], list[int]]:
@@ -110,7 +111,8 @@ def pair(
     return Pairing(tuple(cp), False, tuple(gaps_of(cp, len(tb))))
 
 
-REFINE_CONTEXT = 24  # requests of context re-paired on each side of a difference
+REFINE_CONTEXT = 12  # requests of context re-paired on each side of a difference
+REFINE_SPAN = 256  # nearby differences share one region up to this many requests
 REFINE_MAX = 2000  # larger difference regions keep the plain diff (the DP is quadratic)
 
 
@@ -125,7 +127,7 @@ def _refine(
     (ta, oa), (tb, ob) = a, b
     sa, sb = sizes
     lo, hi = (xs[0], xs[1]) if xs[0] <= xs[1] else (xs[1], xs[0])
-    grow = (hi / lo) ** 2 if lo > 0 else Fraction(1)
+    grow = float((hi / lo) ** 2) if lo > 0 else 1.0
 
     def bytes_of(t: list[Token], o: list[int], s: Sequence[int], i: int) -> int:
         return s[o[i]] if t[i][0] == FREE and o[i] >= 0 else s[i]
@@ -141,11 +143,25 @@ def _refine(
     for g in gaps_of(cp, len(tb)):
         s0 = max(0, g.start - REFINE_CONTEXT)
         e0 = min(len(ta), g.stop + REFINE_CONTEXT)
-        if regions and s0 <= regions[-1][1]:
+        if regions and s0 <= regions[-1][1] and e0 - regions[-1][0] <= REFINE_SPAN:
             regions[-1][1] = e0
         else:
             regions.append([s0, e0])
+    def settled(s0: int, e0: int) -> bool:
+        """Every pair in the region could follow one law and every paired free releases the paired alloc."""
+        for i in range(s0, e0):
+            j = cp[i]
+            if j < 0:
+                continue
+            if not plausible(i, j):
+                return False
+            if ta[i][0] == FREE and oa[i] >= 0 and (ob[j] < 0 or cp[oa[i]] != ob[j]):
+                return False
+        return True
+
     for s0, e0 in regions:
+        if settled(s0, e0):
+            continue
         # the B range: from the partner of the last paired request before s0 to the first after e0
         bs = next((cp[i] + 1 for i in range(s0 - 1, -1, -1) if cp[i] >= 0), 0)
         be = next((cp[i] for i in range(e0, len(ta)) if cp[i] >= 0), len(tb))
@@ -186,22 +202,57 @@ def _weighted_lcs(ta, tb, s0, e0, bs, be, plausible) -> list[tuple[int, int]]:  
     return out
 
 
+RESYNC_GRAMS = (16, 6)  # requests that must agree again after a difference (longest first)
+RESYNC_WINDOW = 512  # how far ahead (in each stream) a difference may end
+
+
 def _matches(ta: list[Token], tb: list[Token], max_edits: int) -> list[tuple[int, int]]:
-    """Index pairs of equal tokens: common prefix, common suffix, and a minimal diff in between."""
-    n, m = len(ta), len(tb)
-    p = 0
-    while p < n and p < m and ta[p] == tb[p]:
-        p += 1
-    s = 0
-    while s < n - p and s < m - p and ta[n - 1 - s] == tb[m - 1 - s]:
-        s += 1
-    out = [(i, i) for i in range(p)]
+    """Index pairs of equal tokens, walking both streams together.
+
+    Where they differ, the nearest point where 16 requests agree again (the smallest total skip
+    within RESYNC_WINDOW; 6 when the streams never agree that long) ends the difference, and Myers' minimal diff pairs what it
+    can inside it: linear in the stream length for streams that differ in many small places
+    (a branch in every layer). A difference that does not end within the window goes to Myers
+    whole (bounded by `max_edits`).
+    """
     codes: dict[Token, int] = {}
-    a = [codes.setdefault(t, len(codes)) for t in ta[p : n - s]]
-    b = [codes.setdefault(t, len(codes)) for t in tb[p : m - s]]
-    out += [(p + x, p + y) for x, y in _myers(a, b, max_edits)]
-    out += [(n - s + d, m - s + d) for d in range(s)]
+    a = [codes.setdefault(t, len(codes)) for t in ta]
+    b = [codes.setdefault(t, len(codes)) for t in tb]
+    n, m = len(a), len(b)
+    out: list[tuple[int, int]] = []
+    i = j = 0
+    while i < n and j < m:
+        if a[i] == b[j]:
+            out.append((i, j))
+            i += 1
+            j += 1
+            continue
+        skip = next((r for g in RESYNC_GRAMS if (r := _resync(a, b, i, j, g)) is not None), None)
+        if skip is None:
+            out += [(i + x, j + y) for x, y in _myers(a[i:], b[j:], max_edits)]
+            break
+        di, dj = skip
+        out += [(i + x, j + y) for x, y in _myers(a[i : i + di], b[j : j + dj], max_edits)]
+        i += di
+        j += dj
     return out
+
+
+def _resync(a: list[int], b: list[int], i: int, j: int, g: int) -> tuple[int, int] | None:
+    """Smallest di + dj with a[i+di:][:g] == b[j+dj:][:g], g requests each (None near the ends:
+    Myers takes the rest; a short common tail would match almost anywhere)."""
+    first: dict[tuple[int, ...], int] = {}
+    for dj in range(min(RESYNC_WINDOW, len(b) - j - g) + 1):
+        first.setdefault(tuple(b[j + dj : j + dj + g]), dj)
+    best: tuple[int, int] | None = None
+    for di in range(min(RESYNC_WINDOW, len(a) - i - g) + 1):
+        if best is not None and di >= best[0] + best[1]:
+            break
+        key = tuple(a[i + di : i + di + g])
+        dj = first.get(key)
+        if dj is not None and (di or dj) and (best is None or di + dj < best[0] + best[1]):
+            best = (di, dj)
+    return best
 
 
 def _myers(a: list[int], b: list[int], max_d: int) -> list[tuple[int, int]]:
