@@ -219,11 +219,11 @@ def plan(
     """
     t0 = time.perf_counter()
     sizes = ts.sizes
-    grid = as_size(step) if step is not None else _default_step(sizes)
-    top = as_size(max_size) if max_size is not None else sizes[-1] * 4
-    top = (top // grid) * grid
+    grid = _option_size(step, "--step") if step is not None else _default_step(sizes)
+    top = _option_size(max_size, "--max-size") if max_size is not None else sizes[-1] * 4
     if top < grid:
         raise InputError(f"--max-size {size_text(top)} is below the size step {size_text(grid)}")
+    top = (top // grid) * grid
     settings = []
     for text in confs:
         settings.append((text, SimSettings.from_config(text, torch)))
@@ -298,6 +298,13 @@ def plan(
         wall_s=time.perf_counter() - t0,
         traceset=summary,
     )
+
+
+def _option_size(value: Any, option: str) -> Fraction:
+    try:
+        return as_size(value)
+    except InputError:
+        raise InputError(f"{option} must be a positive number, got {value!r}") from None
 
 
 def _default_step(sizes: Sequence[Fraction]) -> Fraction:
