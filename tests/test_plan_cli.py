@@ -56,6 +56,8 @@ def test_plan_json_on_plain_snapshots(snaps, capfd, tmp_path):
     assert _cli(["plan", str(save), "--cap", "1GiB", "--curve", "512", "--json"]) == 0
     again = json.loads(capfd.readouterr().out)
     assert again["settings"][0]["largest"][0]["largest"] == cap["largest"]
+    assert _cli(["plan", str(save), "--hold-back", "512"]) == 2
+    assert "not a saved trace set" in capfd.readouterr().err
 
 
 def test_plan_table_output(snaps, capfd, tmp_path):

@@ -15,7 +15,7 @@ from alloctune.errors import InputError
 from alloctune.plan import fileformat
 from alloctune.plan.answer import PlanResult, plan
 from alloctune.plan.holdout import Holdout, holdout
-from alloctune.plan.inputs import load_recordings, traceset_from
+from alloctune.plan.inputs import load_recordings, parse_spec, traceset_from
 from alloctune.plan.rvc import RvcRow, rvc_rows
 from alloctune.plan.traceset import build
 
@@ -61,6 +61,8 @@ def run(
     t0 = time.perf_counter()
     held = None
     if hold_back is not None:
+        if any(Path(parse_spec(i)[0]).is_file() and fileformat.is_traceset(parse_spec(i)[0]) for i in inputs):
+            raise InputError("--hold-back needs the recordings themselves (FILE:SIZE ...), not a saved trace set")
         recs = load_recordings(inputs)
         if len(recs) < 3:
             raise InputError("--hold-back needs recordings at three or more sizes (two to fit, one to check)")
