@@ -56,6 +56,12 @@ def test_plan_json_on_plain_snapshots(snaps, capfd, tmp_path):
     assert _cli(["plan", str(save), "--cap", "1GiB", "--curve", "512", "--json"]) == 0
     again = json.loads(capfd.readouterr().out)
     assert again["settings"][0]["largest"][0]["largest"] == cap["largest"]
+    gen = tmp_path / "g1500.atrace"
+    assert _cli(["plan", str(save), "--export", f"1500:{gen}", "--curve", "512", "--json"]) == 0
+    assert json.loads(capfd.readouterr().out)["exported"] == str(gen)
+    assert _cli(["simulate", str(gen), "--json"]) == 0  # the rest of alloctune reads the generated stream
+    sim = json.loads(capfd.readouterr().out)["rows"][0]
+    assert sim["completed"] and sim["peak_reserved"] == replay(program(1500)).peak_reserved
     assert _cli(["plan", str(save), "--hold-back", "512"]) == 2
     assert "not a saved trace set" in capfd.readouterr().err
 

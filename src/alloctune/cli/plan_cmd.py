@@ -42,6 +42,8 @@ def register(app: typer.Typer) -> None:
                                             "(.atraceset)"),
         hold_back: Optional[str] = typer.Option(None, "--hold-back", help="check the fit on the recording at this "
                                                 "size: fit on the others, compare peak reserved"),
+        export: Optional[str] = typer.Option(None, "--export", help="write the stream generated at SIZE as an "
+                                             "alloctune trace: SIZE:FILE (then alloctune simulate FILE)"),
         png: Optional[Path] = typer.Option(None, "--png", help="min budget vs size figure (needs matplotlib)"),
         rvc: bool = typer.Option(False, "--rvc", help="set the answers against RVC's chunk presets (sizes = audio "
                                  "seconds of one unsplit file)"),
@@ -73,6 +75,7 @@ def register(app: typer.Typer) -> None:
             inputs,
             save=save,
             hold_back=hold_back,
+            export=export,
             png=png,
             rvc=rvc,
             rvc_pad=rvc_pad,
@@ -112,6 +115,8 @@ def _render(report: Any) -> None:
     )
     if report.saved:
         console.print(f"trace set saved to [bold]{report.saved}[/bold] ({report.saved_bytes / 1024:.1f} KiB)")
+    if report.exported:
+        console.print(f"generated stream written to [bold]{report.exported}[/bold] (alloctune simulate reads it)")
     if report.holdout:
         h = report.holdout
         real = f", {h.error_vs_real:+.2%} vs the GPU's peak" if h.error_vs_real is not None else ""

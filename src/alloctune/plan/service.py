@@ -32,6 +32,7 @@ class PlanReport:
     figure: str | None = None
     figure_skipped: str | None = None
     wall_s: float = 0.0  # everything: loading, aligning and fitting, the check, answering
+    exported: str | None = None  # the generated stream written by export=
 
     def to_dict(self) -> dict[str, Any]:
         d = self.result.to_dict()
@@ -43,6 +44,7 @@ class PlanReport:
         d["figure"] = self.figure
         d["figure_skipped"] = self.figure_skipped
         d["total_wall_s"] = self.wall_s
+        d["exported"] = self.exported
         return d
 
 
@@ -55,9 +57,12 @@ def run(
     rvc: bool = False,
     rvc_pad: float = 3.0,
     rvc_fp32: bool = False,
+    export: str | None = None,
     **plan_kwargs: Any,
 ) -> PlanReport:
-    """Build or load the trace set, optionally save it and check it on a held-back recording, and plan."""
+    """Build or load the trace set, optionally save it, check it on a held-back recording, write the
+    stream generated at one size (`export="SIZE:FILE"`, an alloctune compact trace that `simulate`
+    and `trace` read), and plan."""
     t0 = time.perf_counter()
     held = None
     if hold_back is not None:
@@ -74,6 +79,9 @@ def run(
     if save is not None:
         saved_bytes = fileformat.save(ts, save)
         saved = str(save)
+    exported = None
+    if export is not None:
+        exported = _export(ts, export)
     result = plan(ts, **plan_kwargs)
     rows = tuple(rvc_rows(result, rvc_pad, not rvc_fp32)) if rvc else ()
     figure = skipped = None
@@ -82,4 +90,18 @@ def run(
 
         skipped = budget_figure(result, png)
         figure = None if skipped else str(png)
-    return PlanReport(result, saved, saved_bytes, held, rows, figure, skipped, time.perf_counter() - t0)
+    return PlanReport(result, saved, saved_bytes, held, rows, figure, skipped, time.perf_counter() - t0, exported)
+
+
+def _export(ts: Any, spec: str) -> str:
+    from alloctune.trace.compact import save_compact
+
+    size, sep, path = spec.partition(":")
+    if not sep or not path:
+        raise InputError(f"--export {spec!r}: give SIZE:FILE, e.g. --export 45:rvc-45.atrace")
+    if not Path(path).parent.exists():
+        raise InputError(f"--export: directory {str(Path(path).parent)!r} does not exist")
+    gen = ts.generate(size)
+    gen.trace.meta["generated_notes"] = gen.notes()
+    save_compact(gen.trace, path)
+    return path

@@ -126,7 +126,17 @@ class TraceSet:
         req = RequestStream()
         req.ops = list(v.ops)
         req.sizes = sizes
-        req.rids = [i if op in (ALLOC,) else (v.owner[i] if op == FREE else -1) for i, op in enumerate(v.ops)]
+        ordinal: dict[int, int] = {}  # alloc request index -> allocation id (0, 1, 2, ... as in a recording)
+        rids = []
+        for i, op in enumerate(v.ops):
+            if op == ALLOC:
+                ordinal[i] = len(ordinal)
+                rids.append(ordinal[i])
+            elif op == FREE:
+                rids.append(ordinal.get(v.owner[i], -1 - i))  # a block from before the history: unknown id
+            else:
+                rids.append(-1)
+        req.rids = rids
         req.streams = list(v.streams)
         req.event_index = list(range(len(v.ops)))
         if v is self.variants[0]:
