@@ -213,9 +213,9 @@ def plan(
     `step`: the size grid (default 1 for whole-number recorded sizes, else a hundredth of the
     smallest); `max_size`: top of the search (default 4x the largest recorded size).
     `curve`: sizes for the min-budget curve (default: recorded sizes and points between/above).
-    `bounds`: when the recordings carry no fallbacks but have requests without an exact law
-    (workspaces chosen by shape), also search with those requests fallible down to nothing:
-    the real largest size lies between the two answers.
+    `bounds`: when the recordings carry no fallbacks but have requests that look like workspaces
+    (no exact law, or freed by the very next request), also search with those requests fallible
+    down to nothing: the real largest size lies between the two answers.
     """
     t0 = time.perf_counter()
     sizes = ts.sizes
@@ -284,7 +284,8 @@ def plan(
         notes.append(f"{summary['laws']['table (inexact)']} request size(s) have no exact law: interpolated between recordings")
     if any(k.endswith("(unverified)") for k in summary["laws"]):
         notes.append("some laws were fitted on no spare recording: record one more size to verify them")
-    notes.append(f"cards: the CUDA context is taken as {context // MiB} MiB, not available to the allocator")
+    if card_sizes or at is not None:
+        notes.append(f"cards: the CUDA context is taken as {context // MiB} MiB, not available to the allocator")
     return PlanResult(
         workload=ts.meta.get("workload"),
         recorded_sizes=tuple(size_text(s) for s in sizes),
