@@ -16,7 +16,7 @@ from typing import Any
 from alloctune.errors import TraceError
 from alloctune.plan.align import Gap
 from alloctune.plan.fit import Law
-from alloctune.plan.traceset import TraceSet, Variant, as_size, size_text
+from alloctune.plan.traceset import TraceSet, Variant, as_size
 from alloctune.trace.model import ALLOC, FAILED_ALLOC, FREE
 
 FORMAT = "alloctune.traceset"
@@ -28,7 +28,7 @@ def to_dict(ts: TraceSet) -> dict[str, Any]:
     return {
         "format": FORMAT,
         "version": VERSION,
-        "sizes": [size_text(s) for s in ts.sizes],
+        "sizes": [str(s) for s in ts.sizes],
         "total_memory": ts.total_memory,
         "allocator_settings": ts.allocator_settings,
         "meta": ts.meta,
@@ -40,7 +40,7 @@ def to_dict(ts: TraceSet) -> dict[str, Any]:
 
 def _variant_dict(v: Variant) -> dict[str, Any]:
     return {
-        "sizes": [size_text(s) for s in v.sizes],
+        "sizes": [str(s) for s in v.sizes],
         "ops": "".join(str(op) for op in v.ops),
         "streams": _rle(list(v.streams)),
         "law": [k for k in v.law if k >= 0],
