@@ -57,6 +57,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "record_cmd",
     "run_cmd",
     "tune_cmd",
+    "plan_cmd",
 )
 
 for _name in _COMMAND_MODULES:
