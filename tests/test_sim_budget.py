@@ -53,11 +53,11 @@ def test_same_budget_as_before_with_fewer_replays(name, conf):
     new = min_budget(trace, conf)
     assert (new.budget, new.infeasible_below, new.peak_reserved_uncapped) == (
         old.budget, old.infeasible_below, old.peak_reserved_uncapped)
-    # the probe at the uncapped peak is proven (not run) unless GC is on or the budget's cap
-    # rounds below that peak (budget -> fraction -> cap goes through a double)
+    # the probe at the uncapped peak is proven (not run) unless GC or expandable segments are on
+    # or the budget's cap rounds below that peak (budget -> fraction -> cap goes through a double)
     peak = old.peak_reserved_uncapped
     cap = cap_from_budget(peak, replay(trace, conf, record_events=False).total_memory)
-    proven = "garbage" not in conf and (cap is None or cap >= peak)
+    proven = "garbage" not in conf and "expandable" not in conf and (cap is None or cap >= peak)
     assert new.replays == old.replays - proven
     uncapped = replay(trace, conf)  # what `simulate` already has: reusing it saves one more
     reused = min_budget(trace, conf, uncapped=uncapped)
@@ -75,3 +75,20 @@ def test_an_uncapped_result_of_something_else_is_refused():
         min_budget(trace, "max_split_size_mb:128", uncapped=replay(trace, ""))
     with pytest.raises(ValueError):
         min_budget(trace, "", uncapped=replay(trace, "", budget=8 << 30))
+
+
+def test_expandable_segments_get_no_proof_a_cap_at_the_uncapped_peak_can_bind():
+    """Found by the plan tests: under a cap a growing expandable segment is checked against the
+    whole step it maps, so the cap at the uncapped peak reserved can fail; min_budget must probe it."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from plan_programs import program
+
+    trace = program(3000)
+    conf = "expandable_segments:True"
+    peak = replay(trace, conf, record_events=False).peak_reserved
+    assert not replay(trace, conf, record_events=False, budget=peak).completed
+    mb = min_budget(trace, conf)
+    assert mb.budget > peak and replay(trace, conf, record_events=False, budget=mb.budget).completed

@@ -119,9 +119,9 @@ def simulate_setting(
         replays = 1
     mb_budget = mb_below = None
     if find_min:
-        # TODO(native #17): pass `uncapped=free` once `min_budget` accepts it, so the
-        # bisection does not replay the uncapped run a second time. This is the one call site.
-        mb = min_budget(trace, config, torch=torch, total_memory=total_memory, rel_tol=rel_tol, abs_tol=abs_tol)
+        # the uncapped replay above is the bisection's first probe: handed over, not replayed again
+        mb = min_budget(trace, config, torch=torch, total_memory=total_memory, rel_tol=rel_tol, abs_tol=abs_tol,
+                        uncapped=free, **where)
         mb_budget, mb_below, replays = mb.budget, mb.infeasible_below, replays + mb.replays
     capped = None
     if budget is not None:
