@@ -6,7 +6,7 @@
 # 1. watch beside a running `alloctune run` job: the allocator numbers `watch` read from the
 #    agent's live file must equal the agent's final report (peaks, retries, OOMs, segments).
 # 2. a fragmentation OOM under `alloctune run --budget 1GiB --on-oom snapshot`: the snapshot
-#    written at the OOM must be explained by `alloctune diagnose-snapshot` (largest free block,
+#    written at the OOM must be explained by `alloctune diagnose --snapshot` (largest free block,
 #    pinned segments, the setting that would have served the request), and `alloctune report`
 #    must turn it into a self-contained HTML page.
 # 3. the setting the diagnosis recommends (from simulator replays) is run for real on the same
@@ -66,9 +66,9 @@ echo "oom run exit code: $? (1 expected: the program died of the OOM)"
 SNAP="$(ls "$WORK"/oom/oom-snapshot.*.pickle 2>/dev/null | head -1)"
 if [ -n "$SNAP" ]; then
     cp "$SNAP" "$OUT/oom-snapshot.pickle"
-    "${AT[@]}" diagnose-snapshot "$SNAP" --budget 1GiB --json > "$OUT/diagnosis.json" 2> "$WORK/diag.err"
-    echo "diagnose-snapshot exit code: $?"; head -c 400 "$WORK/diag.err"
-    "${AT[@]}" diagnose-snapshot "$SNAP" --budget 1GiB | tee "$WORK/diag.txt" | head -40
+    "${AT[@]}" diagnose --snapshot "$SNAP" --budget 1GiB --json > "$OUT/diagnosis.json" 2> "$WORK/diag.err"
+    echo "diagnose --snapshot exit code: $?"; head -c 400 "$WORK/diag.err"
+    "${AT[@]}" diagnose --snapshot "$SNAP" --budget 1GiB | tee "$WORK/diag.txt" | head -40
     "${AT[@]}" report "$SNAP" --out "$WORK/report" --title "alloctune GPU OOM snapshot" > /dev/null 2> "$WORK/report.err"
     echo "report exit code: $?"; head -c 400 "$WORK/report.err"
     [ -f "$WORK/report/report.html" ] && cp "$WORK/report/report.html" "$OUT/report.html"

@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 SOURCE = r'''
-import os, sys, types
+import os, sys, time, types
 
 __version__ = "2.11.0+fake"
 MiB = 1 << 20
@@ -92,8 +92,9 @@ def fake_alloc(nbytes):
     S["peak_allocated"] = max(S["peak_allocated"], S["allocated"])
     addr = S["segments"] << 40
     if S["history"] is not None:
-        S["history"].append({"action": "segment_alloc", "addr": addr, "size": size, "stream": 0})
-        S["history"].append({"action": "alloc", "addr": addr, "size": nbytes, "stream": 0})
+        now = time.time_ns() // 1000  # the snapshot's time_us: wall clock in µs
+        S["history"].append({"action": "segment_alloc", "addr": addr, "size": size, "stream": 0, "time_us": now})
+        S["history"].append({"action": "alloc", "addr": addr, "size": nbytes, "stream": 0, "time_us": now})
     return addr
 
 
@@ -173,7 +174,8 @@ class _Tensor:
         S["reserved"] -= size
         if S["history"] is not None:
             for action, nbytes in (("free_requested", self.n), ("free_completed", self.n), ("segment_free", size)):
-                S["history"].append({"action": action, "addr": self.addr, "size": nbytes, "stream": 0})
+                S["history"].append({"action": action, "addr": self.addr, "size": nbytes, "stream": 0,
+                                     "time_us": time.time_ns() // 1000})
 
 
 def empty(n, dtype=None, device=None):
@@ -196,6 +198,8 @@ cuda.memory_stats = memory_stats
 cuda.fake_alloc = fake_alloc
 cuda.fake_free_all = fake_free_all
 cuda.fake_state = S
+memory.empty_cache = lambda: None  # nothing is cached: a call releases nothing (and leaves no event)
+cuda.empty_cache = memory.empty_cache
 memory._record_memory_history = _record_memory_history
 memory._snapshot = _snapshot
 '''

@@ -248,3 +248,27 @@ def test_nested_run_does_not_load_the_agent_twice(tmp_path, fake_env):
     assert res.outcome == "ok" and res.processes == 1
     assert "budget applied 1 time(s)" in log.read_text()  # one agent, not two
     assert "Error" not in log.read_text()
+
+
+def test_record_marks_the_programs_empty_cache_calls(tmp_path, fake_env):
+    """A call that releases nothing leaves no allocator event; the agent's mark makes it exact (#18.6)."""
+    from alloctune.trace import EMPTY_CACHE, load_trace
+    from alloctune.trace.stream import EMPTY_CACHE_MARKS_KEY
+
+    assert bootstrap.EMPTY_CACHE_MARKS_KEY == EMPTY_CACHE_MARKS_KEY
+    cmd = script(tmp_path, """
+        import time, torch
+        x = torch.empty(3 << 20, device="cuda")
+        time.sleep(0.01)
+        torch.cuda.empty_cache()
+        time.sleep(0.01)
+        y = torch.empty(5 << 20, device="cuda")
+        torch.cuda.memory.empty_cache()
+    """)
+    rec = tmp_path / "trace.pickle"
+    res = run_trial(cmd, record=rec, env=fake_env, capture=tmp_path / "o.log")
+    assert res.outcome == "ok", res
+    trace = load_trace(rec, partial=True)
+    ops = [op for op in trace.requests.ops]
+    assert ops.count(EMPTY_CACHE) == 2
+    assert ops.index(EMPTY_CACHE) == 1  # between the two allocations, as called

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from alloctune.config import AllocatorConfig, parse_torch_version, roundup_table_of, setting_from_table, tokenize
-from alloctune.config.checks import check, check_environment, effective_setting
+from alloctune.config.checks import check, check_sweep_values
+from alloctune.config.effective import check_setting
 from alloctune.config.knobs import KNOB_BY_NAME, KNOBS, knobs_for
 from alloctune.config.parse import ConfigSyntaxError, parse_detailed
 from alloctune.errors import ConfigError, InputError
@@ -326,8 +327,9 @@ def test_to_env_sets_both_variables():
 def test_dict_round_trip_and_constructor_validation():
     c = C.parse(LIST + ",max_split_size_mb:128,pinned_num_register_threads:4")
     d = json.loads(json.dumps(c.to_dict()))
-    assert d["schema"] == 1 and d["string"] == c.format()
+    assert d["schema"] == "alloctune.allocator-config/1" and d["string"] == c.format()
     assert C.from_dict(d) == c
+    assert C.from_dict({**d, "schema": 1}) == c  # files written before the shared schema form
     with pytest.raises(ConfigError):
         C(max_split_size=100)  # not a whole MiB
     with pytest.raises(ConfigError):
@@ -450,14 +452,30 @@ def test_check_version_and_text():
     assert check("")[0:] == []
 
 
-def test_environment_precedence():
-    env = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128", "PYTORCH_ALLOC_CONF": "expandable_segments:True"}
-    assert effective_setting(env, "2.11") == ("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128")
-    assert effective_setting({"PYTORCH_ALLOC_CONF": "x"}, "2.11") == ("PYTORCH_ALLOC_CONF", "x")
-    assert effective_setting({"PYTORCH_ALLOC_CONF": "x"}, "2.9") == (None, "")
-    assert codes(check_environment(env, "2.11")) == ["alloc-conf-shadowed"]
-    assert codes(check_environment({"PYTORCH_ALLOC_CONF": "x"}, "2.9")) == ["alloc-conf-ignored"]
-    assert codes(check_environment(C.parse("expandable_segments:True").to_env(), "2.9")) == []
+def test_sweep_values_are_checked_before_anything_runs():
+    # what `tune --knobs` tries: every value must be one torch accepts (#18.17)
+    check_sweep_values({"garbage_collection_threshold": ("0.6", "0.8"), "max_split_size_mb": ()}, "2.11")
+    check_sweep_values({"expandable_segments": ("True",), "roundup_power2_divisions": ("4",)}, "2.11")
+    with pytest.raises(ConfigError, match=r"^--knobs garbage_collection_threshold=1.5: "):
+        check_sweep_values({"garbage_collection_threshold": ("0.6", "1.5")}, "2.11")
+    with pytest.raises(ConfigError, match="--knobs max_split_size_mb=5"):
+        check_sweep_values({"max_split_size_mb": ("5",)}, "2.11")
+    with pytest.raises(ConfigError, match="--knobs roundup_power2_divisions=3"):
+        check_sweep_values({"roundup_power2_divisions": ("3",)}, "2.11")
+    with pytest.raises(InputError, match="unknown knob"):
+        check_sweep_values({"foo": ("1",)})
+
+
+def test_check_setting_is_the_core_of_config_check():
+    r = check_setting("garbage_collection_threshold:0.6", "2.11.0+cu130", card="80GiB")
+    assert r.torch == "2.11" and r.effective["large_segment_size"] == 20 * MiB
+    assert [w.code for w in r.warnings] == ["gc-without-cap"]
+    assert r.env == {"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.6",
+                     "PYTORCH_ALLOC_CONF": "garbage_collection_threshold:0.6"}
+    assert "export PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.6" in r.shells["bash"]
+    assert r.to_dict()["schema"] == "alloctune.config-check/1"
+    assert "max_non_split_rounding" not in check_setting("", "2.5").effective  # 2.6+ knob
+    assert check_setting("", "2.11").env == {}
 
 
 # ---- properties -----------------------------------------------------------------------------
@@ -550,6 +568,7 @@ def test_cli_check_json(capsys):
     code, out, _ = run_cli(capsys, "config", "check", LIST, "--torch", "2.9.1", "--json")
     assert code == 0
     data = json.loads(out)
+    assert data["schema"] == "alloctune.config-check/1"
     assert data["torch"] == "2.9"
     assert data["roundup_table"] == [1] * 9 + [2, 8] + [8] * 5
     assert data["normalized"] == LIST
@@ -576,12 +595,18 @@ def test_cli_check_options(capsys):
     assert code == 2 and "not supported" in errtext
     code, _, errtext = run_cli(capsys, "config", "check", "", "--fraction", "2")
     assert code == 2
+    for opt, value, needle in (("--card", "0GiB", "more than 0"), ("--card", "80", "give a unit"),
+                               ("--fraction", "nan", "between 0 and 1"),
+                               ("--largest-segment", "-1GiB", "more than 0")):
+        code, out, errtext = run_cli(capsys, "config", "check", "", f"{opt}={value}")
+        assert (code, out) == (2, "") and errtext.count("\n") == 1 and needle in errtext, (opt, errtext)
 
 
 def test_cli_knobs(capsys):
     code, out, _ = run_cli(capsys, "config", "knobs", "--json")
     assert code == 0
     data = json.loads(out)
+    assert data["schema"] == "alloctune.config-knobs/1"
     assert len(data["knobs"]) == 18 and data["knobs"][0]["name"] == "backend"
     code, out, _ = run_cli(capsys, "config", "knobs", "--torch", "2.0", "--json")
     assert [k["name"] for k in json.loads(out)["knobs"]] == [

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from alloctune.demo import FOLKLORE_CANDIDATES, STANDARD_CANDIDATES, run_demo, shipped_traces
+from alloctune.demo import FOLKLORE_CANDIDATES, run_demo, shipped_traces
+from alloctune.config.standard import STANDARD_CONFS
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +25,7 @@ def test_ships_a_trace():
 
 def test_every_candidate_simulated(result):
     assert [r.conf for r in result.rows][0] == ""
-    assert len(result.rows) == len(STANDARD_CANDIDATES)
+    assert len(result.rows) == len(STANDARD_CONFS)
     assert len(result.folklore) == len(FOLKLORE_CANDIDATES)
     for row in result.rows + result.folklore:
         assert row.peak_reserved >= row.peak_allocated > 0

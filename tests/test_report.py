@@ -189,3 +189,44 @@ def test_cli_report(tmp_path):
     out = subprocess.run([sys.executable, "-m", "alloctune", "report", str(tmp_path / "nope.jsonl")],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and out.stderr.startswith("alloctune: error: ") and "no such file" in out.stderr
+
+
+# ---- #18.18: the HTML report without matplotlib ---------------------------------------------
+
+
+def test_report_without_matplotlib_has_inline_svg_figures(traces_dir, tmp_path):
+    """matplotlib blocked in a fresh interpreter: the page is complete, its figures inline SVG."""
+    store = _store(tmp_path)
+    trace = traces_dir / "rvc_ec1" / "default_cap85.pickle.xz"
+    code = (
+        "import sys, json; sys.modules['matplotlib'] = None\n"
+        "from alloctune.report import build_report, write_report\n"
+        f"w = write_report(build_report([{str(store)!r}, {str(trace)!r}]), {str(tmp_path / 'out')!r})\n"
+        "print(json.dumps(w.to_dict()))\n"
+        "assert 'matplotlib' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    written = json.loads(out.stdout)
+    names = [p.rsplit("/", 1)[1] for p in written["figures"]]
+    assert names == ["min_budget.svg", "peaks.svg", "timeline.svg", "segments_rvc_ec1_default_cap85.svg"]
+    html = (tmp_path / "out" / "report.html").read_text()
+    _assert_self_contained(html)
+    assert html.count("<svg ") == 4 and "data:image/png" not in html
+    assert "Fragmentation:" in html and "5.50 GiB (≤)" in html  # the tables are all there too
+    seg = (tmp_path / "out" / names[-1]).read_text()
+    assert seg.startswith("<svg") and seg.count("<rect") > 20
+    import xml.etree.ElementTree as ET
+
+    for name in names:  # every figure is well-formed SVG a browser will draw
+        root = ET.fromstring((tmp_path / "out" / name).read_bytes())
+        assert root.tag == "{http://www.w3.org/2000/svg}svg" and int(root.get("height")) > 50
+
+
+def test_svg_escapes_input_text(tmp_path):
+    from alloctune.report.model import SettingRow
+    from alloctune.report.svg import peaks_svg
+
+    svg = peaks_svg([SettingRow(label="<script>x</script>", config="", kind="trial", peak_reserved=GiB,
+                                peak_allocated=GiB // 2)]).decode()
+    assert "<script>" not in svg and "&lt;script&gt;" in svg

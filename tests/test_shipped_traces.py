@@ -37,21 +37,35 @@ def test_replay_reproduces_the_recording(name):
     assert simulated_allocs == recorded_allocs
 
 
-# The prediction a user makes with one recording: the default run's request stream, replayed under
-# another setting, must give that setting's real run. rvc is left out: its recordings differ in where
-# the per-chunk empty_cache() calls are inferred (those that free nothing leave no trace), so its
-# streams are not the same program input; `test_replay_reproduces_the_recording` covers its runs.
-@pytest.mark.parametrize("workload", ["diffusion", "llm", "train"])
+# The prediction a user makes with one recording: the default run's request stream *and its
+# addresses* (the only ones a user has), replayed under another setting, checked against that
+# setting's real run. Measured on the shipped traces (bench/fidelity.py --shipped): event for
+# event in 5 of 8 pairs; llm max_split_128 differs from segment event #94 (where a 20 MiB segment
+# lands decides a tie between equal free blocks; its peak reserved is 6 MiB higher), and rvc's
+# two pairs differ because their request streams are not default's (an inferred empty_cache()
+# that released nothing leaves no trace) -- yet their peaks reserved are equal.
+PREDICTION_MISSES = {("llm", "max_split_128"), ("rvc", "expandable"), ("rvc", "max_split_128")}
+PEAK_MISSES = {("llm", "max_split_128")}
+
+
+@pytest.mark.parametrize("workload", ["diffusion", "llm", "train", "rvc"])
 @pytest.mark.parametrize("variant", ["expandable", "max_split_128"])
-def test_default_stream_predicts_the_other_settings(workload, variant):
+def test_one_recording_predicts_the_other_settings(workload, variant):
+    from alloctune.sim.addresses import PREDICTION, TRACE, fidelity_kind, replay_addresses
+
     default = load_trace(shipped_trace_path(f"{workload}_h200.atrace"))
     real = load_trace(shipped_trace_path(f"{workload}_h200_{variant}.atrace"))
     settings = SimSettings.from_allocator_settings(real.allocator_settings)
     assert settings != SimSettings.from_allocator_settings(default.allocator_settings)
-    result = replay(default, settings, addresses="recorded", reference=real)
+    addresses, reference = replay_addresses(TRACE, default, real)
+    assert reference is default  # nothing of the run being predicted is used
+    assert fidelity_kind(TRACE, default, real) == PREDICTION
+    result = replay(default, settings, addresses=addresses, reference=reference)
     fidelity = compare(result, real, stream_trace=default)
-    assert fidelity.events_match, fidelity.first_difference
-    assert fidelity.headline_match and fidelity.exact, fidelity.stats
+    assert fidelity.exact == ((workload, variant) not in PREDICTION_MISSES), fidelity.verdict
+    recorded_peak = fidelity.stats["reserved_bytes.all.peak"][0]
+    assert (result.peak_reserved == recorded_peak) == ((workload, variant) not in PEAK_MISSES)
+    assert abs(result.peak_reserved - recorded_peak) <= 8 * 2**20
 
 
 def test_demo_list_names_each_trace_with_its_workload_and_setting():

@@ -64,7 +64,10 @@ def test_min_budget_brackets_the_feasible_cap(traces_dir):
 
 def test_simulate_budget_oom_and_compare(traces_dir, capsys):
     trace = str(traces_dir / "rvc_ec1" / "default.pickle.xz")
-    data = json.loads(_ok(capsys, "simulate", trace, "--budget", "1GiB", "--json"))
+    code, out, _ = _run(capsys, "simulate", trace, "--budget", "1GiB", "--json")
+    assert code == 1  # a predicted OOM is a failure of the simulated run (#18.17)
+    data = json.loads(out)
+    assert data["predicted_oom"] is True and data["differs"] is False
     row = data["rows"][0]
     assert not row["completed"] and row["oom"]["request_index"] > 0 and row["budget"] == 1 << 30
     capped = str(traces_dir / "rvc_ec1" / "default_cap85.pickle.xz")
@@ -76,7 +79,8 @@ def test_simulate_budget_oom_and_compare(traces_dir, capsys):
 def test_simulate_compare_reports_first_difference(traces_dir, capsys):
     trace = str(traces_dir / "rvc_ec0" / "default.pickle.xz")
     other = str(traces_dir / "rvc_ec0" / "max_split_128.pickle.xz")
-    out = _ok(capsys, "simulate", trace, "--compare", other)
+    code, out, _ = _run(capsys, "simulate", trace, "--compare", other)
+    assert code == 1  # a fidelity difference exits 1 (#18.17)
     assert "differs" in out and "first difference" in out and "segment event #" in out
 
 
@@ -89,3 +93,45 @@ def test_simulate_bad_conf_is_one_line(traces_dir, capsys):
 def test_simulate_missing_file(tmp_path, capsys):
     code, _, err = _run(capsys, "simulate", str(tmp_path / "nope.pickle"))
     assert code == 2 and "alloctune: error:" in err
+
+
+def test_simulate_exit_0_when_it_fits_and_matches(traces_dir, capsys):
+    trace = str(traces_dir / "rvc_ec0" / "default.pickle.xz")
+    code, out, _ = _run(capsys, "simulate", trace, "--compare", trace, "--json")
+    data = json.loads(out)
+    assert (code, data["predicted_oom"], data["differs"]) == (0, False, False)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--budget", "6"], "give a unit"),
+        (["--budget", "0GiB"], "more than 0"),
+        (["--budget", "nan"], "finite"),
+        (["--budget=-1GiB"], "more than 0"),
+        (["--budget", "4TiB"], "more than the device's memory"),
+        (["--total-memory", "0GiB"], "--total-memory must be more than 0"),
+        (["--total-memory", "80"], "give a unit"),
+        (["--device", "-1"], "--device must be 0 or more"),
+        (["--addresses", "guess"], "--addresses"),
+    ],
+)
+def test_simulate_bad_numbers_are_one_line_errors(traces_dir, capsys, args, needle):
+    trace = str(traces_dir / "rvc_ec0" / "default.pickle.xz")
+    code, out, err = _run(capsys, "simulate", trace, *args)
+    assert code == 2 and out == ""
+    assert err.startswith("alloctune: error:") and err.count("\n") == 1 and needle in err, err
+
+
+def test_simulate_is_the_core_function(traces_dir):
+    """The CLI renders what `alloctune.simulation.simulate` returns; the API gives the same data."""
+    from alloctune.simulation import simulate
+
+    trace = traces_dir / "rvc_ec1" / "default.pickle.xz"
+    steps = []
+    sim = simulate(trace, ["", "expandable_segments:True"], budget="1GiB",
+                   progress=lambda step, done=0, total=None: steps.append((step, done, total)))
+    assert [r.conf for r in sim.rows] == ["", "expandable_segments:True"]
+    assert sim.failed and sim.predicted_oom and sim.budget == 1 << 30
+    assert sim.to_dict()["schema"] == "alloctune.simulate/1"
+    assert steps[0][0].startswith("loading") and steps[-1] == ("done", 2, 2)

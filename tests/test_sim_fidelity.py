@@ -31,26 +31,24 @@ def _load(traces_dir, workload, name):
     return _cache[key]
 
 
-def _run(traces_dir, workload, name, addresses):
-    """addresses: "own" = the run's recorded addresses; "hinted" = those of the replayed
-    trace (replay()'s default: for uncapped runs default's, not the run's); "model"."""
+def _run(traces_dir, workload, name, source):
+    """`source` in sim.addresses' vocabulary: "compared" = the run's own addresses (a replay);
+    "trace" = those of the replayed trace (for uncapped runs default's: a prediction); "model"."""
+    from alloctune.sim.addresses import replay_addresses
+
     ref = _load(traces_dir, workload, name)
     cap = ref.meta.get("cap") or None
     stream = ref if cap else _load(traces_dir, workload, "default")
     settings = SimSettings.from_allocator_settings(ref.allocator_settings)
-    if addresses == "own":
-        result = replay(stream, settings, budget=cap, addresses="recorded", reference=ref)
-    elif addresses == "hinted":
-        result = replay(stream, settings, budget=cap)
-    else:
-        result = replay(stream, settings, budget=cap, addresses="model")
+    addresses, reference = replay_addresses(source, stream, ref)
+    result = replay(stream, settings, budget=cap, addresses=addresses, reference=reference)
     return result, compare(result, ref, stream_trace=None if stream is ref else stream), ref
 
 
 @pytest.mark.parametrize("workload", RVC)
 @pytest.mark.parametrize("name", UNCAPPED + CAPPED)
 def test_rvc_exact_with_recorded_addresses(traces_dir, workload, name):
-    result, fid, ref = _run(traces_dir, workload, name, "own")
+    result, fid, ref = _run(traces_dir, workload, name, "compared")
     assert fid.exact, fid.verdict + "\n" + fid.context
     assert fid.events_recorded > 0
     assert result.address_divergence is None  # every recorded address was used, in order
@@ -63,7 +61,7 @@ def test_rvc_exact_with_recorded_addresses(traces_dir, workload, name):
 @pytest.mark.parametrize("name", UNCAPPED[1:])
 def test_rvc_exact_from_default_recording_alone(traces_dir, workload, name):
     """What a user has: one recording (default). Its stream and addresses predict the others."""
-    result, fid, _ = _run(traces_dir, workload, name, "hinted")
+    result, fid, _ = _run(traces_dir, workload, name, "trace")
     assert fid.exact, fid.verdict + "\n" + fid.context
 
 
@@ -78,7 +76,7 @@ def test_rvc_predicted_addresses_reproduce_events_and_peaks(traces_dir, workload
 
 
 def test_capped_runs_fail_exactly_the_recorded_requests(traces_dir):
-    result, fid, ref = _run(traces_dir, "rvc_ec0", "gc07_split256_cap115a", "own")
+    result, fid, ref = _run(traces_dir, "rvc_ec0", "gc07_split256_cap115a", "compared")
     failed = [i for i, op in enumerate(ref.requests.ops) if op == 3]
     assert len(failed) == ref.meta["stats"]["num_ooms"] == 705
     assert list(result.expected_failures) == failed
@@ -106,7 +104,7 @@ def test_budget_below_need_ooms_at_a_request(traces_dir):
 
 @pytest.mark.slow
 def test_llm_roundup4_exact_from_default_recording(traces_dir):
-    result, fid, _ = _run(traces_dir, "llm", "roundup4", "hinted")
+    result, fid, _ = _run(traces_dir, "llm", "roundup4", "trace")
     assert fid.exact, fid.verdict + "\n" + fid.context
     assert len(result.segment_events) == fid.events_recorded
 
@@ -121,7 +119,7 @@ def test_llm_oom_message_matches_the_gpu(traces_dir, name):
     from alloctune.sim.oom import oom_message
     from alloctune.units import format_size
 
-    result, fid, ref = _run(traces_dir, "llm", name, "own")
+    result, fid, ref = _run(traces_dir, "llm", name, "compared")
     assert fid.exact
     recorded = ref.meta["oom_message"]
     simulated = oom_message(result.failures[-1], total_memory=ref.total_memory)

@@ -68,7 +68,7 @@ def test_should_split_rules():
     assert rules.should_split("small", 1024, 512) is True
     capped = SizeRules.from_settings({"max_split_size": 128 * MiB})
     assert capped.should_split("large", 200 * MiB, 50 * MiB) is False  # oversize blocks are never split
-    assert SizeRules(expandable=True).should_split("large", 30 * MiB, 512) is True
+    assert SizeRules.from_settings({"expandable_segments": True}).should_split("large", 30 * MiB, 512) is True
 
 
 # ---- replay of synthetic histories ---------------------------------------------------------
@@ -233,7 +233,7 @@ def test_memory_map_round_trip():
 
 def test_cli_diagnose_snapshot(traces_dir, tmp_path):
     exe = [sys.executable, "-m", "alloctune"]
-    out = subprocess.run(exe + ["diagnose-snapshot", str(traces_dir / "llm/default_cap85.pickle.xz"), "--json",
+    out = subprocess.run(exe + ["diagnose", "--snapshot", str(traces_dir / "llm/default_cap85.pickle.xz"), "--json",
                                 "--no-what-if"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
@@ -241,7 +241,7 @@ def test_cli_diagnose_snapshot(traces_dir, tmp_path):
     assert data["verdict"] == "fragmentation" and data["largest_free"] == 41820160
     bad = tmp_path / "x.pickle"
     bad.write_bytes(b"not a pickle")
-    out = subprocess.run(exe + ["diagnose-snapshot", str(bad)], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(exe + ["diagnose", "--snapshot", str(bad)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert out.stderr.startswith("alloctune: error: ") and out.stderr.count("\n") == 1
 

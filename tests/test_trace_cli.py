@@ -21,7 +21,7 @@ def test_info_json_on_rvc(traces_dir, capsys):
     code, out, _ = run(["trace", "info", str(traces_dir / "rvc_ec1" / "default.pickle.xz"), "--json"], capsys)
     assert code == 0
     d = json.loads(out)
-    assert d["schema"] == 1
+    assert d["schema"] == "alloctune.trace-info/1"
     assert d["requests_by_kind"] == {"alloc": 14145, "free": 13616, "empty_cache": 16, "failed_alloc": 0}
     assert d["inferred_empty_cache"] == 16
     assert d["streams"] == [0]
@@ -47,6 +47,7 @@ def test_convert_then_info_gives_the_same_numbers(traces_dir, tmp_path, capsys):
     code, out, _ = run(["trace", "convert", str(src), str(out_file), "--json"], capsys)
     assert code == 0
     result = json.loads(out)
+    assert result["schema"] == "alloctune.trace-convert/1"
     assert result["output_bytes"] == out_file.stat().st_size
     assert result["requests"] == 27777
     _, a, _ = run(["trace", "info", str(src), "--json"], capsys)

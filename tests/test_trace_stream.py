@@ -208,3 +208,86 @@ def test_oom_size_is_the_rounded_request(traces_dir):
     many = load_trace(traces_dir / "rvc_ec1" / "default_cap85.pickle.xz")
     sizes = [e.size for e in many.segment_events if e.action == "oom"]
     assert len(sizes) == 1881 and all(s % 512 == 0 for s in sizes)
+
+
+# ---- limit-aware inference and the agent's marks (#18.6) -------------------------------------
+from alloctune.trace.stream import Limit, stream_context  # noqa: E402
+
+GiB = 1024 * MiB
+H200 = 150109880320
+
+
+def test_uncapped_empty_cache_before_a_larger_segment_is_the_programs():
+    # 40 MiB held, a 60 MiB segment follows: beyond the run's peak, but far within an H200, whose
+    # cudaMalloc could not have failed -- so the allocator had no reason to release anything.
+    follow = [ev("segment_alloc", C, 60 * MiB), ev("alloc", C, 59 * MiB)]
+    b = build_stream(_cache_then(follow), limit=Limit(total_memory=H200, capped=False))
+    assert b.requests.ops[4] == EMPTY_CACHE and b.empty_cache_bursts == [4]
+    assert [e.request_index for e in b.segment_events][-3:] == [4, 4, 5]
+
+
+def test_under_a_cap_the_burst_is_the_allocators_only_beyond_the_cap():
+    follow = [ev("segment_alloc", C, 60 * MiB), ev("alloc", C, 59 * MiB)]
+    tight = build_stream(_cache_then(follow), limit=Limit(cap=80 * MiB, capped=True))  # 40 + 60 > 80
+    assert EMPTY_CACHE not in tight.requests.ops
+    roomy = build_stream(_cache_then(follow), limit=Limit(cap=100 * MiB, capped=True))  # 40 + 60 <= 100
+    assert EMPTY_CACHE in roomy.requests.ops
+
+
+def test_gc_releases_only_under_a_cap_and_above_its_threshold():
+    follow = [ev("segment_alloc", C, 20 * MiB), ev("alloc", C, 5 * MiB)]
+    gc = {"garbage_collection_threshold": 0.7}
+    uncapped = build_stream(_cache_then(follow), gc, limit=Limit(total_memory=H200, capped=False))
+    assert EMPTY_CACHE in uncapped.requests.ops  # GC never runs without a cap
+    below = build_stream(_cache_then(follow), gc, limit=Limit(cap=100 * MiB, capped=True))  # 40 <= 70
+    assert EMPTY_CACHE in below.requests.ops
+    above = build_stream(_cache_then(follow), gc, limit=Limit(cap=50 * MiB, capped=True))  # 40 > 35
+    assert EMPTY_CACHE not in above.requests.ops
+
+
+def test_limit_from_the_run_record():
+    assert Limit.from_meta({"cap": 0, "total_memory": H200}).bytes == H200 - 512 * MiB
+    assert Limit.from_meta({"cap": 3 * GiB, "total_memory": H200}).bytes == 3 * GiB
+    assert Limit.from_meta({}).bytes is None and Limit.from_meta({}).capped is None
+
+
+def _timed(events):
+    return [{**e, "time_us": 1000 * (k + 1)} for k, e in enumerate(events)]
+
+
+def test_marks_place_a_call_that_released_nothing():
+    events = _timed([ev("segment_alloc", A, 20 * MiB), ev("alloc", A, 10), ev("free_completed", A, 10),
+                     ev("alloc", A, 20)])
+    inferred = build_stream(events)
+    assert EMPTY_CACHE not in inferred.requests.ops  # invisible without marks
+    b = build_stream(events, marks=[[3100, 3150]])  # called between the free (3000) and the alloc (4000)
+    assert b.marked and b.unmatched_marks == 0
+    assert b.requests.ops == [ALLOC, FREE, EMPTY_CACHE, ALLOC] and b.marked_calls == [2]
+    assert build_stream(events, marks=[[5000, 5001]]).requests.ops[-1] == EMPTY_CACHE  # after the last event
+
+
+def test_marks_decide_every_burst_before_a_new_segment():
+    # Two bursts, each right before a new segment: the ambiguous case. The generous device limit
+    # makes the inference call both the program's; the marks say only the first one was.
+    first = _cache_then([ev("segment_alloc", C, 20 * MiB), ev("alloc", C, 10), ev("free_completed", C, 10)])
+    events = _timed(first + [ev("segment_free", C, 20 * MiB), ev("segment_alloc", A, 20 * MiB), ev("alloc", A, 10)])
+    limit = Limit(total_memory=H200, capped=False)
+    assert build_stream(events, limit=limit).requests.count(EMPTY_CACHE) == 2
+    b = build_stream(events, limit=limit, marks=[[7000, 8000]])  # the first burst: events 7-8 (time 7000, 8000)
+    assert b.requests.count(EMPTY_CACHE) == 1 and b.empty_cache_bursts == b.marked_calls == [4]
+    none = build_stream(events, limit=limit, marks=[])  # the agent saw no call: both are the allocator's
+    assert none.requests.count(EMPTY_CACHE) == 0
+
+
+def test_with_marks_a_burst_no_malloc_follows_stays_the_programs():
+    events = _timed(_cache_then([ev("alloc", C, 10)]))  # released, then a cached alloc: no malloc slow path
+    b = build_stream(events, marks=[])
+    assert b.requests.count(EMPTY_CACHE) == 1 and b.marked_calls == []
+
+
+def test_malformed_marks_are_one_trace_error():
+    from alloctune.errors import TraceError
+
+    with pytest.raises(TraceError, match="start_us, end_us"):
+        stream_context({"alloctune_empty_cache_calls": [[1, "x"]]}, {})
+    assert stream_context({}, {"cap": 0})["marks"] is None

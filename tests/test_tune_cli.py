@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -30,7 +31,11 @@ print("throughput: 50 items/s")
 def setup(tmp_path):
     install(tmp_path / "fake")
     (tmp_path / "w.py").write_text(WORK)
-    env = dict(os.environ, PYTHONPATH=str(tmp_path / "fake"), ALLOCTUNE_STATE_DIR=str(tmp_path / "live"),
+    import alloctune
+
+    src = str(Path(alloctune.__file__).resolve().parents[1])  # the alloctune under test, not an installed one
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "fake"), src]),
+               ALLOCTUNE_STATE_DIR=str(tmp_path / "live"),
                HOME=str(tmp_path / "home"), COLUMNS="200")
     return tmp_path, env
 
@@ -69,7 +74,7 @@ def test_resume_reuses_the_store_and_renders_the_table(setup):
     p = tune(tmp_path, env, "--resume")
     assert p.returncode == 0, p.stderr
     out = p.stdout
-    assert f"{n} trials (0 run, {n} from the store)" in out
+    assert f"{n} trials (0 run, 0 after the baseline, {n} from the store)" in out
     assert "use expandable_segments:True: completes under 800 MiB" in out
     assert "taken from the results store" in out
     assert "recommended" in out
@@ -110,3 +115,19 @@ def test_ctrl_c_stops_cleanly_with_the_partial_table(setup):
     kept = [json.loads(line) for line in store.read_text().splitlines()]
     assert kept[0]["kind"] == "header" and len(kept) >= 3
     assert not list((tmp_path / "live").glob("live-*.json"))  # the interrupted child cleaned up too
+
+
+def test_exhaustive_strategy_stays_behind_a_flag_and_both_agree(setup):
+    tmp_path, env = setup
+    confirm = json.loads(tune(tmp_path, env, "--json").stdout)
+    (tmp_path / "s.jsonl").unlink()
+    old = json.loads(tune(tmp_path, env, "--json", "--strategy", "exhaustive").stdout)
+    assert confirm["strategy"] == "confirm" and old["strategy"] == "exhaustive"
+    assert confirm["schema"] == "alloctune.tune/2" and "gpu_runs_after_baseline" in confirm
+    assert confirm["recommendation"]["conf"] == old["recommendation"]["conf"] == "expandable_segments:True"
+
+
+def test_unknown_platform_is_one_line(setup):
+    tmp_path, env = setup
+    p = tune(tmp_path, env, "--platform", "macos")
+    assert p.returncode == 2 and p.stderr.strip() == "alloctune: error: --platform 'macos' is not known: use linux or windows"

@@ -17,7 +17,7 @@ BUDGET = 2600 * MiB
 
 def run(store_path, ev, resume=False):
     store = TrialStore(store_path, COMMAND, resume=resume)
-    tuner = Tuner(ev, TuneSettings(command=COMMAND, budget=BUDGET, knobs=parse_knobs(["expandable", "roundup"])),
+    tuner = Tuner(ev, TuneSettings(command=COMMAND, budget=BUDGET, knobs=parse_knobs(["expandable", "roundup"]), strategy="exhaustive"),
                   store=store)
     return tuner.run(), store
 

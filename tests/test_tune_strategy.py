@@ -18,6 +18,8 @@ BUDGET = 2600 * MiB
 def settings(**kw):
     kw.setdefault("budget", BUDGET)
     kw.setdefault("knobs", parse_knobs(None))
+    kw.setdefault("strategy", "exhaustive")
+    kw.setdefault("platform", "linux")
     return TuneSettings(command=COMMAND, **kw)
 
 

@@ -39,8 +39,14 @@ THROUGHPUT = {"garbage_collection_threshold:0.6": 90.0}
 
 
 class FakeEvaluator:
-    def __init__(self, needs=None, *, total=8 * GiB, crash_on=None, timeout_on=None, snapshot="/dev/null"):
+    def __init__(self, needs=None, *, total=8 * GiB, crash_on=None, timeout_on=None, snapshot="/dev/null",
+                 ignored=(), throughputs=None):
+        """`ignored`: settings the child silently does not apply (read back as the default);
+        `throughputs`: conf -> samples handed out in turn (noise), else THROUGHPUT / 100."""
         self.needs = dict(NEEDS if needs is None else needs)
+        self.ignored = set(ignored)
+        self.throughputs = {k: list(v) for k, v in (throughputs or {}).items()}
+        self._served: dict[str, int] = {}
         self.total = total
         self.crash_on = crash_on
         self.timeout_on = timeout_on
@@ -60,9 +66,11 @@ class FakeEvaluator:
             return TrialResult(outcome="crash", exit_code=1, error="ValueError: bad input", **base)
         if conf == self.timeout_on:
             return TrialResult(outcome="timeout", exit_code=-15, error="killed at the timeout", **base)
-        need = self.need(conf)
+        applied = "" if conf in self.ignored else conf
+        need = self.need(applied)
         ok = budget is None or budget >= need
         peak_reserved = min(need, budget) if budget is not None else need
+        warnings = (f"the allocator parsed '', not {conf!r} (the program set its own?)",) if conf in self.ignored else ()
         return TrialResult(
             outcome="ok" if ok else "oom",
             exit_code=0 if ok else 1,
@@ -70,12 +78,22 @@ class FakeEvaluator:
             peak_allocated=1900 * MiB,
             num_alloc_retries=0 if ok else 1,
             num_ooms=0 if ok else 1,
-            throughput=THROUGHPUT.get(conf, 100.0),
+            throughput=self._throughput(conf) if ok else None,
+            allocator_settings={"PYTORCH_CUDA_ALLOC_CONF": applied},
+            warnings=warnings,
             throughput_unit="items/s",
             snapshot=self.snapshot if record else None,
             segment_sizes=tuple(SEGMENTS) if record else None,
             **base,
         )
+
+    def _throughput(self, conf):
+        seq = self.throughputs.get(conf)
+        if not seq:
+            return THROUGHPUT.get(conf, 100.0)
+        k = self._served.get(conf, 0)
+        self._served[conf] = k + 1
+        return seq[k % len(seq)]
 
     def fresh(self) -> int:
         return len(self.calls)
@@ -92,3 +110,6 @@ class FakeSimulator:
     def min_budget(self, conf: str) -> int | None:
         self.asked.append(conf)
         return self.evaluator.need(conf) + self.error
+
+    def estimates(self, confs):
+        return {c: self.min_budget(c) for c in confs}

@@ -13,11 +13,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from alloctune.tune.candidates import STANDARD_CONFS
+from alloctune.config.standard import STANDARD_CONFS
 from alloctune.units import GiB, MiB
 
-# The settings a user would consider first (shared with the snapshot diagnosis' what-if).
-STANDARD_CANDIDATES: tuple[str, ...] = STANDARD_CONFS
 # Values copied from forum threads for RVC and Stable Diffusion.
 FOLKLORE_CANDIDATES: tuple[str, ...] = (
     "max_split_size_mb:4120",
@@ -127,25 +125,19 @@ def _smallest_card(trace, config, fits_at_least: int | None) -> int | None:
     return None
 
 
-def simulate_row(trace, conf: str, budget: int | None = None) -> DemoRow:
+def demo_row(trace, row) -> DemoRow:
+    """A demo row from the sweep service's row, plus the smallest common card it fits on."""
     from alloctune.config import AllocatorConfig
-    from alloctune.sim import min_budget, replay
 
-    config = AllocatorConfig.parse(conf)
-    free = replay(trace, config, record_events=False, timeline_points=1)
-    fits = None
-    if budget is not None:
-        fits = replay(trace, config, budget=budget, record_events=False, timeline_points=1).completed
-    mb = min_budget(trace, config)
     return DemoRow(
-        conf=config.format(),
-        peak_reserved=free.peak_reserved,
-        peak_allocated=free.peak_allocated,
-        utilization=free.utilization,
-        retries=free.num_alloc_retries,
-        min_budget=mb.budget,
-        smallest_card_gib=_smallest_card(trace, config, mb.budget),
-        fits_budget=fits,
+        conf=row.conf,
+        peak_reserved=row.peak_reserved,
+        peak_allocated=row.peak_allocated,
+        utilization=row.utilization,
+        retries=row.retries,
+        min_budget=row.min_budget,
+        smallest_card_gib=_smallest_card(trace, AllocatorConfig.parse(row.conf), row.min_budget),
+        fits_budget=row.at_budget,
     )
 
 
@@ -168,9 +160,12 @@ def run_demo(trace_path: str | Path | None = None, budget: int | None = None) ->
     else:  # a shipped trace by name, with or without the suffix
         name = str(trace_path)
         path = shipped_trace_path(name if name.endswith(".atrace") else name + ".atrace")
+    from alloctune.sim.sweep import sweep
+
     trace = load_trace(path)
-    rows = tuple(simulate_row(trace, c, budget) for c in STANDARD_CANDIDATES)
-    folklore = tuple(simulate_row(trace, c, budget) for c in FOLKLORE_CANDIDATES)
+    result = sweep(trace, STANDARD_CONFS + FOLKLORE_CANDIDATES, budget=budget)
+    every = [demo_row(trace, r) for r in result.rows]
+    rows, folklore = tuple(every[: len(STANDARD_CONFS)]), tuple(every[len(STANDARD_CONFS):])
     found = [r.min_budget for r in rows if r.min_budget]
     tolerance = max(16 * MiB, int(0.01 * min(found))) if found else 16 * MiB
     best = min(rows, key=lambda r: _rank_key(r, tolerance))
@@ -188,6 +183,8 @@ def run_demo(trace_path: str | Path | None = None, budget: int | None = None) ->
     if default.min_budget and best.min_budget and best is not default:
         saved = 1 - best.min_budget / default.min_budget
         notes.append(f"{best.label} lowers the smallest working budget by {saved:.0%} against the default.")
+    if result.untagged_note:
+        notes.append(result.untagged_note)
     if best.conf.startswith("expandable_segments"):
         others = [r for r in rows if not r.conf.startswith("expandable_segments")]
         alt = min(others, key=lambda r: _rank_key(r, tolerance))

@@ -33,6 +33,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -40,11 +41,15 @@ from typing import Any, Mapping, Sequence
 from alloctune.agent import BOOTSTRAP, make_site_dir
 from alloctune.agent.bootstrap import ENV_VAR
 from alloctune.errors import EnvironmentProblem, InputError
+from alloctune.ranks import summarize_ranks
 from alloctune.trial import OUTCOMES, RESULT_SCHEMA, TrialResult, raise_for_environment  # noqa: F401 (re-exported)
 from alloctune.units import MiB, format_size
 
 CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 KILL_GRACE_S = 5.0
+# NVLink multicast (NVLS) off for multi-GPU children by default: trials packed side by side or
+# in containers often cannot map multicast objects, and NCCL then fails at init, not for memory.
+MULTICAST_OFF = (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"))
 
 # "throughput: 12.5 items/s", "throughput=3.2e3 tok/s", "alloctune:throughput=7" (last one wins)
 _THROUGHPUT_RE = re.compile(r"throughput\s*[=:]\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([^\s,;]*)", re.I)
@@ -103,6 +108,8 @@ def build_env(
     old = env.get("PYTHONPATH")
     env["PYTHONPATH"] = str(site_dir) + (os.pathsep + old if old else "")
     env[ENV_VAR] = json.dumps(dict(agent))
+    for name, value in MULTICAST_OFF:
+        env.setdefault(name, value)  # a value the user exported wins
     return env
 
 
@@ -442,6 +449,26 @@ def _restore_signals(previous: dict[int, Any]) -> None:
             pass
 
 
+# ---- children running now (parallel executors stop them all on Ctrl-C) -------------------------
+_RUNNING: set[subprocess.Popen] = set()
+_RUNNING_LOCK = threading.Lock()
+
+
+def terminate_running(grace: float = 3.0) -> None:
+    """Stop every trial this process has running (SIGINT, SIGTERM, SIGKILL to each group).
+
+    Only the main thread gets Ctrl-C; trials started by an executor's worker threads are in
+    their own sessions and would run on without this.
+    """
+    with _RUNNING_LOCK:
+        procs = list(_RUNNING)
+    workers = [threading.Thread(target=_kill_group, args=(p, grace, (signal.SIGINT,)), daemon=True) for p in procs]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+
+
 # ---- the trial -----------------------------------------------------------------------------------
 def run_trial(
     command: Sequence[str],
@@ -540,6 +567,8 @@ def run_trial(
             (trial_dir / OWNER_FILE).write_text(json.dumps(owner))
             if pid_file is not None:
                 Path(pid_file).write_text(json.dumps(owner))
+            with _RUNNING_LOCK:
+                _RUNNING.add(proc)
             try:
                 proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -548,6 +577,9 @@ def run_trial(
             except BaseException:  # Ctrl-C, SIGTERM, SIGHUP: the child is in its own session
                 _kill_group(proc, min(kill_grace, 3.0), first=(signal.SIGINT,))
                 raise
+            finally:
+                with _RUNNING_LOCK:
+                    _RUNNING.discard(proc)
         finally:
             if proc is not None:
                 _reap_group(proc.pid)  # every way out: nothing of the trial outlives it
@@ -625,6 +657,7 @@ def _result(
         warnings=tuple(warnings),
         repeat=repeat,
         log=str(log_path) if log_path else None,
+        ranks=tuple(r.to_dict() for r in summarize_ranks(reports)),
     )
 
 
@@ -644,11 +677,18 @@ class TrialEvaluator:
         self.timeout = timeout
         self.env = env
         self.count = 0
+        self._count_lock = threading.Lock()  # executors may call one evaluator from several threads
         self.torch_version: str | None = None
         self._baseline_wall: float | None = None
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
-        self.pid_file = self.workdir / "running.json"
-        check_previous_trial(self.pid_file)  # an earlier sweep's trial still on the GPU: say so
+        # An earlier sweep's trial still on the GPU: say so (one pid file per running trial, since
+        # an executor may run several at once).
+        for pid_file in sorted(self.workdir.glob("running*.json")):
+            check_previous_trial(pid_file)
+
+    def cancel(self) -> None:
+        """Stop the trials running now (a parallel executor calls this on Ctrl-C)."""
+        terminate_running()
 
     def _timeout(self) -> float | None:
         if self.timeout is not None:
@@ -659,21 +699,25 @@ class TrialEvaluator:
 
     def __call__(self, conf: str, budget: int | None, *, repeat: int = 0, record: bool = False,
                  ensure_cap: bool = False) -> TrialResult:
-        self.count += 1
+        with self._count_lock:
+            self.count += 1
+            number = self.count
         result = run_trial(
             self.command,
             conf=conf,
             budget=budget,
-            record=self.workdir / "baseline.pickle" if record else None,
+            # a capped recorded trial (tune's calibration) must not overwrite the baseline's history
+            record=(self.workdir / ("baseline.pickle" if budget is None else f"capped-{self.count:04d}.pickle")
+                    if record else None),
             timeout=self._timeout(),
-            capture=self.workdir / "logs" / f"trial-{self.count:04d}.log",
+            capture=self.workdir / "logs" / f"trial-{number:04d}.log",
             ensure_cap=ensure_cap,
             repeat=repeat,
             torch_version=self.torch_version,
             env=self.env,
-            pid_file=self.pid_file,
+            pid_file=self.workdir / f"running-{number:04d}.json",
         )
-        if record and result.outcome in ("ok", "oom"):
+        if record and budget is None and result.outcome in ("ok", "oom"):
             self._baseline_wall = result.wall_s
         if result.torch_version and self.torch_version is None:
             self.torch_version = result.torch_version.split("+")[0]

@@ -9,7 +9,7 @@ in PowerShell, `&` splitting a cmd line), so the rules live here once, as small 
 * `render(assignments, shell, command=...)` writes them for one shell;
 * `render_all(...)` writes them for all four.
 
-Which variable is read (allocator-spec §5.1): `PYTORCH_CUDA_ALLOC_CONF` by every release;
+Which variable is read (c10's allocator-config parser): `PYTORCH_CUDA_ALLOC_CONF` by every release;
 `PYTORCH_ALLOC_CONF` only from 2.10 (as a fallback, the CUDA name wins when both are set). Setting
 both to the same string is therefore always safe, and it is what we do when the version is unknown.
 ROCm builds (hipified) read `PYTORCH_HIP_ALLOC_CONF`, newer ones fall back to it; Ascend's torch_npu
@@ -31,7 +31,7 @@ GENERIC_VAR = "PYTORCH_ALLOC_CONF"
 HIP_VAR = "PYTORCH_HIP_ALLOC_CONF"
 NPU_VAR = "PYTORCH_NPU_ALLOC_CONF"
 
-# First release whose CUDA allocator reads PYTORCH_ALLOC_CONF (spec §5.1).
+# First release whose CUDA allocator reads PYTORCH_ALLOC_CONF (c10/core/AllocatorConfig.cpp).
 GENERIC_VAR_SINCE: tuple[int, int] = (2, 10)
 
 _SHELL_ALIASES = {

@@ -46,6 +46,7 @@ class TrialResult:
     warnings: tuple[str, ...] = ()
     repeat: int = 0
     log: str | None = None
+    ranks: tuple[dict[str, Any], ...] = ()  # multi-process jobs: one `ranks.RankSummary.to_dict()` per rank
 
     @property
     def passed(self) -> bool:
@@ -63,6 +64,7 @@ class TrialResult:
         data["command"] = list(self.command)
         data["segment_sizes"] = [list(p) for p in self.segment_sizes] if self.segment_sizes is not None else None
         data["warnings"] = list(self.warnings)
+        data["ranks"] = [dict(r) for r in self.ranks]
         data["utilization"] = self.utilization
         data["schema"] = RESULT_SCHEMA
         return data
@@ -76,6 +78,7 @@ class TrialResult:
             kw["segment_sizes"] = tuple((int(s), int(c)) for s, c in kw["segment_sizes"])
         kw["warnings"] = tuple(kw.get("warnings") or ())
         kw["stats"] = dict(kw.get("stats") or {})
+        kw["ranks"] = tuple(dict(r) for r in kw.get("ranks") or ())
         return cls(**kw)
 
 

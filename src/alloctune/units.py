@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 
-from alloctune.errors import SizeError
+from alloctune.errors import InputError, SizeError
 
 KiB = 1024
 MiB = 1024**2
@@ -87,3 +87,45 @@ def format_mib(size: int) -> str:
     if size >= MiB:
         return f"{size / MiB:.0f} MiB" if size % MiB == 0 else f"{size / MiB:.2f} MiB"
     return format_size(size)
+
+
+def parse_user_size(text: str | int, option: str = "size") -> int:
+    """A size a person typed for `option` (e.g. `--budget`): a unit is required and it must be > 0.
+
+    Why stricter than `parse_size`: `--budget 6` could mean 6 bytes or 6 GiB, and guessing either
+    silently gives a run nobody asked for; 0, negative and NaN sizes are never meant. Ints (from
+    the Python API) are bytes and only need to be positive. Write bytes as `6B` or `6bytes`.
+    """
+    if isinstance(text, bool):
+        raise SizeError(f"{option}: not a size: {text!r}")
+    if isinstance(text, int):
+        if text <= 0:
+            raise SizeError(f"{option} must be more than 0 bytes, got {text}")
+        return text
+    raw = str(text).strip()
+    m = _SIZE_RE.match(raw)
+    if m is None:
+        low = raw.lower().lstrip("+-")
+        if raw.startswith("-"):
+            raise SizeError(f"{option} must be more than 0 bytes, got {raw!r}")
+        if low.startswith(("nan", "inf")):
+            raise SizeError(f"{option} must be a finite size such as 6GiB, got {raw!r}")
+        raise SizeError(f"{option}: cannot read size {raw!r}: expected a number with a unit, e.g. 6GiB, 512MiB")
+    if not m.group(2):
+        raise SizeError(f"{option} {raw}: give a unit, e.g. {raw}GiB or {raw}MiB ({raw}B for bytes)")
+    value = parse_size(raw)
+    if value <= 0:
+        raise SizeError(f"{option} must be more than 0 bytes, got {raw!r}")
+    return value
+
+
+def parse_seconds(value: float | None, option: str = "--timeout") -> float | None:
+    """A duration a person gave for `option`: None stays None, else it must be finite and > 0.
+
+    Why: `float("nan")` passes `value <= 0` checks unnoticed and then never times out.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        raise InputError(f"{option} must be a positive number of seconds, got {value}")
+    return float(value)

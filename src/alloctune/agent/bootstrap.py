@@ -15,7 +15,7 @@ What it does, in order:
    applied (`set_per_process_memory_fraction(budget / total_memory)`), allocator history is
    recorded if asked (`--record`: full history; `--on-oom snapshot`: a bounded ring dumped
    when an OOM happens), the OOM observer is attached, and the live sampler starts.
-3. At exit (normal, exception, OOM, `sys.exit`, SIGTERM) it writes `report.<pid>.json`
+3. At exit (normal, exception, OOM, `sys.exit`, SIGTERM) it writes `report.<pid>.json` (`report.rank<R>.<pid>.json` in a rank of a multi-process job)
    into the report directory (schema `REPORT_SCHEMA`, see `build_report`).
 
 Live samples (the contract `alloctune watch` reads)
@@ -47,6 +47,10 @@ import tempfile
 import threading
 import time
 from typing import Any
+
+# Snapshot key of the program's empty_cache() calls; equal to trace.stream.EMPTY_CACHE_MARKS_KEY
+# (not imported: the agent loads only the standard library in the user's interpreter).
+EMPTY_CACHE_MARKS_KEY = "alloctune_empty_cache_calls"
 
 REPORT_SCHEMA = 1
 LIVE_SCHEMA = 1
@@ -232,6 +236,7 @@ class Agent:
         self.ooms: list[dict[str, int]] = []
         self.oom_snapshot: str | None = None
         self.agent_errors: list[str] = []
+        self.empty_cache_calls: list[list[int]] | None = None  # [t0_us, t1_us] per call, when recording
         self._written = False
         self._stop = threading.Event()
         self._live_thread: threading.Thread | None = None
@@ -334,10 +339,32 @@ class Agent:
 
     def _on_torch_import(self, torch) -> None:
         self.torch = torch
+        if self.config.get("record"):
+            self._mark_empty_cache(torch)
         try:
             torch.cuda._lazy_call(self._on_cuda_init)
         except Exception as exc:  # a torch without _lazy_call: note it, never break the program
             self._note(f"cannot hook CUDA init: {exc}")
+
+    def _mark_empty_cache(self, torch) -> None:
+        """Wrap `torch.cuda.empty_cache` so a recording knows the program's calls exactly:
+        one that releases nothing leaves no allocator event (trace/stream.py reads the marks)."""
+        try:
+            real = torch.cuda.memory.empty_cache
+            calls: list[list[int]] = []
+
+            def empty_cache() -> None:
+                t0 = time.time_ns() // 1000  # the clock of the snapshot's time_us
+                try:
+                    real()
+                finally:
+                    calls.append([t0, time.time_ns() // 1000])
+
+            empty_cache.__doc__ = real.__doc__
+            torch.cuda.empty_cache = torch.cuda.memory.empty_cache = empty_cache
+            self.empty_cache_calls = calls
+        except Exception as exc:
+            self._note(f"cannot mark empty_cache() calls: {exc}")
 
     def _note(self, message: str) -> None:
         self.agent_errors.append(message)
@@ -547,7 +574,8 @@ class Agent:
             report = self._base_report()
             report["agent_errors"] = self.agent_errors + [f"report failed: {type(exc).__name__}: {exc}"]
         try:
-            write_json_atomic(os.path.join(report_dir, f"report.{os.getpid()}.json"), report)
+            rank = "" if self.rank is None else f"rank{self.rank}."  # torchrun: one report per rank, named so
+            write_json_atomic(os.path.join(report_dir, f"report.{rank}{os.getpid()}.json"), report)
         except Exception as exc:
             sys.stderr.write(f"alloctune agent: cannot write report: {exc}\n")
 
@@ -609,6 +637,8 @@ class Agent:
         record = self.config.get("record")
         if record:
             path = self._record_path(record)
+            if self.empty_cache_calls is not None:
+                snap = {**snap, EMPTY_CACHE_MARKS_KEY: list(self.empty_cache_calls)}
             self._write_snapshot(snap, path)
             report["snapshot"] = path
             report["segment_sizes"] = segment_sizes(snap, self.device or 0)

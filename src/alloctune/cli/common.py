@@ -6,10 +6,9 @@ import json
 import sys
 from typing import Any
 
-from rich.console import Console
+from alloctune.cli.render import console, err_console
 
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+__all__ = ["console", "err_console", "print_json", "warn"]
 
 
 def _default(obj: Any) -> Any:

@@ -32,9 +32,9 @@ def _cuda_available() -> bool:
 
 
 def _render(result) -> None:
-    from rich import box
-    from rich.table import Table
+    from rich.text import Text
 
+    from alloctune.cli.render import Col, FitTable
     from alloctune.units import GiB, format_mib
 
     console.print(
@@ -43,16 +43,16 @@ def _render(result) -> None:
         + (f", recorded with torch {result.recorded_with}" if result.recorded_with else "")
         + ")\n"
     )
-    table = Table(
-        title="Each setting, replayed through the exact allocator model", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False
-    )
-    table.add_column("setting", overflow="fold", max_width=32)
-    table.add_column("peak\nreserved", justify="right", no_wrap=True, min_width=8, overflow="ignore")
-    table.add_column("util.", justify="right", no_wrap=True, min_width=5)
-    table.add_column("min budget\n(vs default)", justify="right", no_wrap=True, min_width=15, overflow="ignore")
-    table.add_column("fits\ncard", justify="right", no_wrap=True, min_width=6, overflow="ignore")
+    cols = [
+        Col("setting"),
+        Col("peak\nreserved", justify="right", nowrap=True),
+        Col("util.", justify="right", nowrap=True),
+        Col("min budget\n(vs default)", justify="right", nowrap=True),
+        Col("fits\ncard", justify="right", nowrap=True),
+    ]
     if result.budget is not None:
-        table.add_column(f"fits {format_mib(result.budget)}", justify="center")
+        cols.append(Col(f"fits {format_mib(result.budget)}", justify="center", nowrap=True))
+    table = FitTable(*cols, title="Each setting, replayed through the exact allocator model")
     default_mb = result.rows[0].min_budget
 
     def add(row, style: str = "") -> None:
@@ -60,19 +60,19 @@ def _render(result) -> None:
         if default_mb and row.min_budget:
             rel = f" ({row.min_budget / default_mb - 1:+.0%})" if row.min_budget != default_mb else "       "
         cells = [
-            row.label,
+            Text(row.label, style=style),
             f"{row.peak_reserved / GiB:.2f} GiB",
             f"{row.utilization:.0%}",
             f"{row.min_budget / GiB:.2f} GiB{rel}" if row.min_budget else "never",
             f"{row.smallest_card_gib} GiB" if row.smallest_card_gib else "> 24 GiB",
         ]
         if result.budget is not None:
-            cells.append("yes" if row.fits_budget else "[red]no[/red]")
-        table.add_row(*cells, style=style)
+            cells.append("yes" if row.fits_budget else Text("no", style="red"))
+        table.add_row(*cells)
 
     for row in result.rows:
         add(row, "bold green" if row is result.recommended else "")
-    table.add_section()
+    table.add_row(Text("─" * 8, style="dim"), *([""] * (len(cols) - 1)))  # the line above the folklore rows
     for row in result.folklore:
         add(row, "dim")
     console.print(table)
@@ -117,8 +117,7 @@ def register(app: typer.Typer) -> None:
         from alloctune.units import parse_size
 
         if list_traces:
-            from rich.table import Table
-
+            from alloctune.cli.render import FitTable
             from alloctune.demo import shipped_trace_info
 
             rows = shipped_trace_info()
@@ -126,10 +125,8 @@ def register(app: typer.Typer) -> None:
                 print_json(rows)
                 return
             torches = ", ".join(sorted({r["torch"].split("+")[0] for r in rows if r["torch"]}))
-            table = Table(title=f"shipped H200 traces (torch {torches}); use one with --trace NAME", box=None,
-                          pad_edge=False, header_style="bold underline")
-            for col in ("name", "workload", "recorded under"):
-                table.add_column(col, no_wrap=True)
+            table = FitTable("name", "workload", "recorded under",
+                             title=f"shipped H200 traces (torch {torches}); use one with --trace NAME")
             for r in rows:  # --json has the full provenance
                 table.add_row(r["name"], _short_workload(r["workload"]), r["setting"])
             console.print(table)
@@ -138,9 +135,9 @@ def register(app: typer.Typer) -> None:
         use_gpu = (_cuda_available() if trace is None else False) if gpu is None else gpu
         if use_gpu:
             cmd = [
-                # simulate-first: the simulator ranks every candidate from the baseline's trace and only
-                # the top three are bisected on the GPU (H200: 16 trials, 257 s, instead of 20-40 trials)
-                sys.executable, "-m", "alloctune", "tune", "--budget", GPU_DEMO_BUDGET, "--simulate-first",
+                # the default confirm flow: the simulator ranks every candidate from the baseline's trace
+                # and the GPU confirms the best one (three runs after the baseline when they agree)
+                sys.executable, "-m", "alloctune", "tune", "--budget", GPU_DEMO_BUDGET,
                 *(["--json"] if json_out else []),
                 "--", sys.executable, "-m", "alloctune.workloads.rvc", "--device", "cuda", "--count", str(GPU_DEMO_FILES),
             ]

@@ -1,15 +1,15 @@
-"""`alloctune diagnose [FILE|-]`: explain the OOM messages in a log and print fixes for four shells."""
+"""`alloctune diagnose [FILE|-]` / `--snapshot FILE`: explain an OOM and print fixes for four shells."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from rich.markup import escape
+
 from alloctune.cli.common import console, print_json
-from alloctune.errors import InputError
 
 _VERDICT_STYLE = {
     "fragmentation": "bold yellow",
@@ -20,79 +20,42 @@ _VERDICT_STYLE = {
 }
 
 
-def read_input(source: Optional[str]) -> str:
-    """The text to diagnose: a file, or stdin for `-` / no argument. Bytes that are not UTF-8 are replaced."""
-    if source is None or source == "-":
-        if sys.stdin is None or sys.stdin.isatty():
-            raise InputError("no input: give a file with the OOM message, or pipe the log into 'alloctune diagnose -'")
-        data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
-    else:
-        path = Path(source)
-        if not path.exists():
-            raise InputError(f"file not found: {source}")
-        if path.is_dir():
-            raise InputError(f"{source} is a directory: give the log file")
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise InputError(f"cannot read {source}: {exc.strerror}") from None
-    return data.decode("utf-8", errors="replace")
-
-
 def render_diagnosis(d, index: int, count: int) -> None:
-    """Rich view of one diagnosis: verdict, evidence, ranked fixes with their shell forms."""
+    """Rich view of one diagnosis: verdict, evidence, ranked fixes with their shell forms.
+
+    Prose wraps (indented); the lines to copy into a shell are printed unbroken."""
+    from rich.padding import Padding
     from rich.panel import Panel
-    from rich.table import Table
     from rich.text import Text
 
+    from alloctune.cli.render import kv_table
+
     r = d.report
-    title = f"OOM {index}/{count}" if count > 1 else "OOM"
-    where = ", ".join(
-        x
-        for x in (
-            f"{r.vendor.upper()} {r.backend}",
-            f"format {r.format}" + (f" (torch {r.torch_hint})" if r.torch_hint else ""),
-            f"platform {d.platform}" if d.platform else None,
-            f"seen {d.occurrences}x" if d.occurrences > 1 else None,
-            "truncated" if r.truncated else None,
-        )
-        if x
-    )
-    head = Text()
-    head.append(d.verdict.upper(), style=_VERDICT_STYLE.get(d.verdict, "bold"))
-    if d.contributing:
-        head.append(f" (+ {', '.join(d.contributing)})")
-    head.append(f": {d.reason}\n")
-    head.append(where, style="dim")
-    console.print(Panel(head, title=title, title_align="left"))
+    where = [f"{r.vendor.upper()} {r.backend}", f"format {r.format}" + (f" (torch {r.torch_hint})" if r.torch_hint else ""),
+             f"platform {d.platform}" if d.platform else "", f"seen {d.occurrences}x" if d.occurrences > 1 else "",
+             "truncated" if r.truncated else ""]
+    head = Text.assemble((d.verdict.upper(), _VERDICT_STYLE.get(d.verdict, "bold")),
+                         f" (+ {', '.join(d.contributing)})" if d.contributing else "", f": {d.reason}\n",
+                         (", ".join(x for x in where if x), "dim"))
+    console.print(Panel(head, title=f"OOM {index}/{count}" if count > 1 else "OOM", title_align="left"))
     if d.evidence:
-        t = Table(title="Evidence", show_header=False, title_justify="left", box=None, padding=(0, 1))
-        t.add_column(style="dim")
-        t.add_column()
-        for i, line in enumerate(d.evidence, 1):
-            t.add_row(str(i), line)
-        console.print(t)
-    working, blocked = d.working_fixes, d.blocked_fixes
-    if working:
+        console.print(kv_table(((str(i), line) for i, line in enumerate(d.evidence, 1)), title="Evidence"))
+    if d.working_fixes:
         console.print("[bold]Fixes[/bold] (best first)")
-    for rank, f in enumerate(working, 1):
-        console.print(f"[bold]{rank}. {f.title}[/bold]" + (f" [dim](requires {f.requires})[/dim]" if f.requires else ""))
-        console.print(f"   {f.why}", markup=False, highlight=False)
-        forms = f.shell_forms()
-        for shell, text in forms.items():
+    for rank, f in enumerate(d.working_fixes, 1):
+        console.print(f"[bold]{rank}. {escape(f.title)}[/bold]" + (f" [dim](requires {escape(f.requires)})[/dim]" if f.requires else ""))
+        console.print(Padding(Text(f.why), (0, 0, 0, 3)))
+        forms = [*f.shell_forms().items(), *([("python", f.code)] if f.code else [])]
+        for shell, text in forms:
             console.print(f"   [dim]{shell}:[/dim]")
             for line in text.splitlines():
-                console.print(f"     {line}", markup=False, highlight=False)
-        if f.code:
-            console.print("   [dim]python:[/dim]")
-            for line in f.code.splitlines():
-                console.print(f"     {line}", markup=False, highlight=False)
+                console.print(f"     {line}", markup=False, soft_wrap=True)
         if f.command:
-            console.print("   check: " + f.command, markup=False, highlight=False)
-    if blocked:
+            console.print("   check: " + f.command, markup=False, soft_wrap=True)
+    if d.blocked_fixes:
         console.print("[bold]Will not work here[/bold]")
-        for f in blocked:
-            console.print(f"  - {f.title}: {f.why}", markup=False, highlight=False)
+        for f in d.blocked_fixes:
+            console.print(Padding(Text(f"- {f.title}: {f.why}"), (0, 0, 0, 2)))
     console.print()
 
 
@@ -100,27 +63,49 @@ def register(app: typer.Typer) -> None:
     @app.command("diagnose")
     def diagnose(
         source: Optional[str] = typer.Argument(None, metavar="[FILE|-]", help="Log or message file; '-' or nothing reads stdin."),
-        json_out: bool = typer.Option(False, "--json", help="Print a JSON list of diagnoses."),
+        json_out: bool = typer.Option(False, "--json", help="Print the diagnoses as JSON."),
         platform: Optional[str] = typer.Option(
-            None, "--platform", help="linux | windows | wsl | macos (default: guessed from paths in the text)."
+            None, "--platform", metavar="OS", help="linux | windows | wsl | macos (default: guessed from paths in the text)."
         ),
         snapshot: Optional[Path] = typer.Option(
-            None, "--snapshot", help="Explain an OOM from a memory snapshot written at it (alloctune run --on-oom snapshot)."
+            None, "--snapshot", metavar="FILE",
+            help="Explain an OOM from a memory snapshot written at it (alloctune run --on-oom snapshot).",
         ),
-        budget: Optional[str] = typer.Option(None, "--budget", help="With --snapshot: the per-process cap the run had."),
+        budget: Optional[str] = typer.Option(
+            None, "--budget", metavar="SIZE", help="With --snapshot: the per-process cap the run had, e.g. 6GiB."),
+        device: Optional[int] = typer.Option(
+            None, "--device", metavar="N", help="With --snapshot: the device whose history to read (default 0)."),
+        oom: Optional[int] = typer.Option(
+            None, "--oom", metavar="N", help="With --snapshot: which recorded OOM (0 = first, -1 = last, the default)."),
+        no_what_if: bool = typer.Option(
+            False, "--no-what-if", help="With --snapshot: skip replaying other settings in the simulator."),
     ) -> None:
-        """Explain CUDA/HIP/XPU/MPS/NPU out-of-memory messages found in a log, with fixes for bash, PowerShell, cmd and Python."""
-        if snapshot is not None:
-            from alloctune.cli.report_cmd import explain_snapshot
+        """Explain an out-of-memory error from a log (or --snapshot FILE) and print the fixes.
 
-            explain_snapshot(snapshot, budget=budget, json_out=json_out)
-            return
-        from alloctune.diagnose import diagnose_all
+        Finds CUDA/HIP/XPU/MPS/NPU out-of-memory messages in a log, with fixes for bash,
+        PowerShell, cmd and Python; with --snapshot, explains the OOM recorded in a memory snapshot."""
+        from alloctune.cli.progress import progress_on_stderr
+        from alloctune.diagnosis import diagnose_input
 
-        text = read_input(source)
-        results = diagnose_all(text, platform.lower() if platform else None)
+        with progress_on_stderr(quiet=json_out or snapshot is None) as progress:  # logs are read at once
+            kind, result = diagnose_input(source, snapshot=snapshot, platform=platform, budget=budget, device=device,
+                                          oom=oom, what_if=not no_what_if, progress=progress)
         if json_out:
-            print_json(results)
-            return
-        for i, d in enumerate(results, 1):
-            render_diagnosis(d, i, len(results))
+            from alloctune.schema import with_schema
+
+            print_json(result.to_dict(with_map=False) if kind == "snapshot" else with_schema("diagnose", {"diagnoses": result}))
+        elif kind == "snapshot":
+            from alloctune.cli.views import snapshot_view
+
+            console.print(*snapshot_view(result))
+        else:
+            for i, d in enumerate(result, 1):
+                render_diagnosis(d, i, len(result))
+
+    @app.command("diagnose-snapshot", hidden=True, add_help_option=False,
+                 context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+    def diagnose_snapshot_retired(ctx: typer.Context) -> None:
+        """Retired: use `alloctune diagnose --snapshot FILE`."""
+        from alloctune.errors import InputError
+
+        raise InputError("'diagnose-snapshot' is retired: use 'alloctune diagnose --snapshot FILE' (same options)")

@@ -1,8 +1,4 @@
-"""`alloctune report` (figures + one HTML page) and `alloctune diagnose-snapshot` (flight recorder).
-
-`diagnose-snapshot` lives here until `alloctune diagnose --snapshot FILE` calls
-`alloctune.diagnose.snapshot.diagnose_snapshot` directly; both print the same thing.
-"""
+"""`alloctune report`: figures and one self-contained HTML page from results, stores and snapshots."""
 
 from __future__ import annotations
 
@@ -26,60 +22,44 @@ def register(app: typer.Typer) -> None:
         ),
         json_out: bool = typer.Option(False, "--json", help="Print the written paths and the data as JSON."),
     ) -> None:
-        """Write PNG figures (reserved vs allocated over time, peaks and min_budget per setting, the
-        segment map at the peak or the OOM) and one self-contained HTML page."""
+        """Write figures and one self-contained HTML page from results, stores and snapshots.
+
+        PNG figures: reserved vs allocated over time, peaks and min_budget per setting, the
+        segment map at the peak or the OOM."""
         from alloctune.cli.common import console, print_json
         from alloctune.report import build_report, write_report
         from alloctune.report.model import min_budgets
-        from alloctune.report.tables import rich_diagnosis_table, rich_settings_table
+        from alloctune.cli.views import snapshot_view
+        from alloctune.report.tables import SETTINGS_HEADER, settings_cells
 
+        if device is not None and device < 0:
+            from alloctune.errors import InputError
+
+            raise InputError(f"--device must be 0 or more, got {device}")
         data = build_report(inputs, title=title, device=device, what_if=what_if)
         written = write_report(data, out)
         if json_out:
-            print_json({"written": written.to_dict(), "report": data.to_dict()})
+            from alloctune.schema import with_schema
+
+            print_json(with_schema("report-output", {"written": written.to_dict(), "report": data.to_dict()}))
             return
         if data.rows:
-            console.print(rich_settings_table(data.rows, min_budgets(data.rows)))
+            console.print(settings_table(SETTINGS_HEADER, settings_cells(data.rows, min_budgets(data.rows))))
         for d in data.diagnoses:
-            console.print(rich_diagnosis_table(d))
+            console.print(*snapshot_view(d))
         for note in data.notes:
             console.print(f"note: {note}")
         console.print(f"wrote {written.html} ({len(written.figures)} figures, data in {written.json})")
 
-    @app.command("diagnose-snapshot")
-    def diagnose_snapshot_cmd(
-        file: Path = typer.Argument(..., help="A snapshot written at or after an OOM (e.g. `alloctune run --on-oom snapshot`)."),
-        budget: Optional[str] = typer.Option(None, "--budget", help="The per-process cap the run had (e.g. 6GiB)."),
-        device: int = typer.Option(0, "--device", help="Device whose history to read."),
-        oom: int = typer.Option(-1, "--oom", help="Which recorded OOM (0 = first, -1 = last)."),
-        no_what_if: bool = typer.Option(False, "--no-what-if", help="Skip replaying other settings in the simulator."),
-        json_out: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON."),
-    ) -> None:
-        """Explain an OOM from a snapshot: largest free block vs the request, pinned segments,
-        reserved-but-free memory, and which setting would have avoided it."""
-        explain_snapshot(file, budget=budget, device=device, oom=oom, what_if=not no_what_if, json_out=json_out)
 
+def settings_table(header, cells):
+    """The report's settings with the shared table helper (the `config` column only where it says more)."""
+    from alloctune.cli.render import Col, FitTable
 
-def explain_snapshot(
-    file: Path, *, budget: Optional[str], device: int = 0, oom: int = -1, what_if: bool = True, json_out: bool = False
-) -> None:
-    """Shared by `alloctune diagnose --snapshot` and `alloctune diagnose-snapshot`."""
-    from alloctune.cli.common import console, print_json
-    from alloctune.diagnose.snapshot import STANDARD_CANDIDATES, diagnose_snapshot
-    from alloctune.units import parse_size
-
-    cap = parse_size(budget) if budget is not None else None
-    d = diagnose_snapshot(file, device=device, oom=oom, budget=cap, candidates=STANDARD_CANDIDATES if what_if else None)
-    if json_out:
-        print_json(d.to_dict(with_map=False))
-        return
-    render_snapshot_diagnosis(d, console)
-
-
-def render_snapshot_diagnosis(d, console) -> None:
-    """Terminal rendering shared with `alloctune diagnose --snapshot` (the diagnose CLI may call it)."""
-    from alloctune.report.tables import rich_diagnosis_table, rich_pinned_table
-
-    console.print(rich_diagnosis_table(d))
-    if d.pinned:
-        console.print(rich_pinned_table(d))
+    keep = [i for i, h in enumerate(header) if h != "config" or any(r[1] != "(default)" and r[1] not in r[0] for r in cells)]
+    numeric = {"budget", "peak reserved", "peak allocated", "utilization", "retries", "OOMs", "min_budget"}
+    table = FitTable(*(Col(header[i], "right" if header[i] in numeric else "left", header[i] in numeric)
+                       for i in keep), title="Settings")
+    for r in cells:
+        table.add_row(*(r[i] for i in keep))
+    return table

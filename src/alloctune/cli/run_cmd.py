@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
             None, "--conf", help="Allocator setting for the command, e.g. expandable_segments:True ('' = default)."
         ),
         budget: Optional[str] = typer.Option(
-            None, "--budget", help="Per-process GPU memory cap, e.g. 6GiB (applied at CUDA init)."
+            None, "--budget", metavar="SIZE", help="Per-process GPU memory cap, e.g. 6GiB (applied at CUDA init)."
         ),
         record: Optional[Path] = typer.Option(
             None, "--record", help="Record the allocator history into this snapshot file (.pickle, .gz, .xz)."
@@ -30,7 +30,8 @@ def register(app: typer.Typer) -> None:
         on_oom: Optional[str] = typer.Option(
             None, "--on-oom", help="'snapshot': keep a bounded history and dump it when the allocator runs out."
         ),
-        timeout: Optional[float] = typer.Option(None, "--timeout", help="Kill the command (its whole group) after S s."),
+        timeout: Optional[float] = typer.Option(
+            None, "--timeout", metavar="SECONDS", help="Kill the command (its whole group) after S s."),
         json_out: bool = typer.Option(False, "--json", help="Print the trial as JSON (the command's stdout goes to stderr)."),
     ) -> None:
         """Run a command with the agent inside: budget, optional history, a report of what the allocator did.
@@ -40,15 +41,12 @@ def register(app: typer.Typer) -> None:
         """
         from alloctune.errors import InputError
         from alloctune.runner import raise_for_environment, run_trial
-        from alloctune.units import parse_size
+        from alloctune.units import parse_seconds, parse_user_size
 
-        cap = parse_size(budget) if budget is not None else None
-        if cap is not None and cap <= 0:
-            raise InputError("--budget must be more than 0 bytes")
+        cap = parse_user_size(budget, "--budget") if budget is not None else None
         if on_oom not in (None, "snapshot"):
             raise InputError(f"--on-oom {on_oom!r} is not known: use --on-oom snapshot")
-        if timeout is not None and timeout <= 0:
-            raise InputError("--timeout must be a positive number of seconds")
+        timeout = parse_seconds(timeout, "--timeout")
         result = run_trial(
             command,
             conf=conf,
@@ -61,8 +59,9 @@ def register(app: typer.Typer) -> None:
         raise_for_environment(result)
         if json_out:
             from alloctune.cli.common import print_json
+            from alloctune.schema import with_schema
 
-            print_json(result)
+            print_json(with_schema("trial", result.to_dict()))
         else:
             render_trial(result)
         for w in result.warnings:
@@ -85,15 +84,13 @@ def _fmt(n: Optional[int]) -> str:
 
 def render_trial(result: Any) -> None:
     """The run summary on stderr (stdout belongs to the command)."""
-    from rich.table import Table
+    from rich.text import Text
 
-    from alloctune.cli.common import err_console
+    from alloctune.cli.render import err_console, kv_table
 
     colour = {"ok": "green", "oom": "red", "crash": "red", "timeout": "yellow"}.get(result.outcome, "white")
-    t = Table(show_header=False, box=None, pad_edge=False)
-    t.add_column(style="bold")
-    t.add_column()
-    t.add_row("outcome", f"[{colour}]{result.outcome}[/{colour}] (exit code {result.exit_code})")
+    t = kv_table([])
+    t.add_row("outcome", Text.assemble((result.outcome, colour), f" (exit code {result.exit_code})"))
     t.add_row("setting", result.conf if result.conf else ("(default)" if result.conf == "" else "(inherited)"))
     if result.allocator_settings:
         seen = result.allocator_settings.get("PYTORCH_CUDA_ALLOC_CONF")

@@ -23,14 +23,16 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
     ) -> None:
         """Requests by kind, streams, peaks, segment and OOM events, settings, inferred empty_cache() calls."""
-        from alloctune.trace.load import load_trace
-        from alloctune.trace.summary import summarize
+        from alloctune.cli.progress import progress_on_stderr
+        from alloctune.trace_files import trace_info
 
-        summary = summarize(load_trace(file, device, partial=partial))
+        with progress_on_stderr(quiet=json_out) as progress:
+            summary = trace_info(file, device, partial=partial, progress=progress)
         if json_out:
             from alloctune.cli.common import print_json
+            from alloctune.schema import with_schema
 
-            print_json(summary)
+            print_json(with_schema("trace-info", summary.to_dict()))
             return
         _render_info(summary)
 
@@ -42,49 +44,25 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
     ) -> None:
         """Save a snapshot in alloctune's compact format (xz JSON: requests, segment events, settings, meta)."""
-        from alloctune.errors import InputError
-        from alloctune.trace.compact import save_compact
-        from alloctune.trace.load import load_trace
-
-        if out.exists() and out.is_dir():
-            raise InputError(f"{out}: is a directory; give the output file name")
-        trace = load_trace(file, device)
-        try:
-            written = save_compact(trace, out)
-        except OSError as exc:
-            raise InputError(f"{out}: cannot write: {exc.strerror or exc}") from exc
-        in_size = file.stat().st_size
-        result = {
-            "source": str(file),
-            "output": str(out),
-            "requests": len(trace.requests),
-            "segment_events": len(trace.segment_events),
-            "input_bytes": in_size,
-            "output_bytes": written,
-        }
-        if json_out:
-            from alloctune.cli.common import print_json
-
-            print_json(result)
-            return
-        from alloctune.cli.common import console
+        from alloctune.cli.common import console, print_json
+        from alloctune.cli.progress import progress_on_stderr
+        from alloctune.trace_files import convert_trace
         from alloctune.units import format_size
 
-        console.print(
-            f"wrote {out}: {result['requests']} requests, {result['segment_events']} segment events, "
-            f"{format_size(written)} (input {format_size(in_size)})"
-        )
+        with progress_on_stderr(quiet=json_out) as progress:
+            done = convert_trace(file, out, device, progress=progress)
+        if json_out:
+            print_json(done)
+            return
+        console.print(f"wrote {done.output}: {done.requests} requests, {done.segment_events} segment events, "
+                      f"{format_size(done.output_bytes)} (input {format_size(done.input_bytes)})", markup=False)
 
 
 def _render_info(s) -> None:  # s: TraceSummary
-    from rich.table import Table
-
-    from alloctune.cli.common import console
+    from alloctune.cli.render import console, kv_table
     from alloctune.units import format_size
 
-    t = Table(title=f"{s.source} (device {s.device})", show_header=False, title_justify="left")
-    t.add_column("what", style="bold")
-    t.add_column("value")
+    t = kv_table([], title=f"{s.source} (device {s.device})")
     if s.meta:
         t.add_row("run", ", ".join(f"{k}={v!r}" if k == "conf" else f"{k}={v}" for k, v in s.meta.items()))
     kinds = ", ".join(f"{k} {v}" for k, v in s.requests_by_kind.items())

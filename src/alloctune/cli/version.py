@@ -1,4 +1,4 @@
-"""`alloctune version`."""
+"""`alloctune version` (and `alloctune --version` in `cli/__init__.py`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,14 @@ import typer
 
 def register(app: typer.Typer) -> None:
     @app.command("version")
-    def version() -> None:
-        """Print the alloctune version."""
-        from alloctune import __version__
+    def version(json_out: bool = typer.Option(False, "--json", help="Print machine-readable JSON.")) -> None:
+        """Print the alloctune version (with --json: also Python's and the installed torch's, if any)."""
+        from alloctune.versions import installed_versions
 
-        typer.echo(__version__)
+        info = installed_versions()
+        if json_out:
+            from alloctune.cli.common import print_json
+
+            print_json(info)
+            return
+        typer.echo(info["alloctune"])

@@ -20,15 +20,17 @@ def register(app: typer.Typer) -> None:
         ),
         json_out: bool = typer.Option(False, "--json", help="Print each sample as one JSON line instead of the view."),
     ) -> None:
-        """Live view of GPU memory, like `nvidia-smi -l 1`, plus reserved / allocated / inactive-split
-        bytes, utilization and retries of processes started by `alloctune run`."""
+        """Live view of GPU memory per device and process, like `nvidia-smi -l 1`.
+
+        Adds reserved / allocated / inactive-split bytes, utilization and retries of processes
+        started by `alloctune run`."""
         import sys
 
         from alloctune.errors import InputError
         from alloctune.monitor import PynvmlFacade, SampleLog, sample_table, samples
+        from alloctune.units import parse_seconds
 
-        if interval <= 0:
-            raise InputError(f"--interval must be positive, got {interval}")
+        interval = parse_seconds(interval, "--interval")
         if count is not None and count < 1:
             raise InputError(f"--count must be at least 1, got {count}")
         nvml = PynvmlFacade()

@@ -9,7 +9,7 @@ front. They return plain data; rendering is the CLI's job.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from alloctune.config.knobs import KNOB_BY_NAME
@@ -167,34 +167,19 @@ def check(
     return out
 
 
-def effective_setting(environ: Mapping[str, str], torch: str | TorchVersion = DEFAULT_TORCH) -> tuple[str | None, str]:
-    """Which variable torch `torch` reads in `environ`, and its text ("" when none is set).
+def check_sweep_values(knobs: Mapping[str, Sequence[str]], torch: str | TorchVersion = DEFAULT_TORCH) -> None:
+    """Refuse any knob value a sweep would try that `torch` rejects, before anything runs.
 
-    ≤2.9 reads only `PYTORCH_CUDA_ALLOC_CONF`; 2.10+ takes the first one set of
-    `PYTORCH_CUDA_ALLOC_CONF`, `PYTORCH_ALLOC_CONF` (whole string, no merging).
+    `knobs`: canonical knob name -> values as typed (`{"garbage_collection_threshold": ("0.6", "1.5")}`,
+    what `tune.candidates.parse_knobs` returns). Why up front: otherwise a bad value is found only
+    after the baseline run, minutes into a sweep. Raises `ConfigError` naming the value.
     """
     version = parse_torch_version(torch)
-    order = ENV_VARS if version >= (2, 10) else ENV_VARS[:1]
-    for var in order:
-        if var in environ:
-            return var, environ[var]
-    return None, ""
-
-
-def check_environment(environ: Mapping[str, str], torch: str | TorchVersion = DEFAULT_TORCH) -> list[ConfigWarning]:
-    """Findings about the variables themselves (ignored or shadowed settings)."""
-    version = parse_torch_version(torch)
-    v = format_version(version)
-    out: list[ConfigWarning] = []
-    cuda, unified = environ.get(ENV_VARS[0]), environ.get(ENV_VARS[1])
-    if unified is not None and version < (2, 10) and unified != (cuda or ""):
-        out.append(ConfigWarning(
-            "alloc-conf-ignored", WARNING,
-            f"torch {v} ignores PYTORCH_ALLOC_CONF={unified!r} (read from 2.10 on); "
-            "put the setting in PYTORCH_CUDA_ALLOC_CONF"))
-    if cuda is not None and unified is not None and version >= (2, 10) and cuda != unified:
-        out.append(ConfigWarning(
-            "alloc-conf-shadowed", WARNING,
-            f"both variables are set and differ; torch {v} uses PYTORCH_CUDA_ALLOC_CONF={cuda!r} "
-            f"and ignores PYTORCH_ALLOC_CONF={unified!r}"))
-    return out
+    for knob, values in knobs.items():
+        if knob not in KNOB_BY_NAME:
+            raise InputError(f"--knobs: unknown knob {knob!r}")
+        for value in values:
+            try:
+                parse_config(f"{knob}:{value}", version)
+            except ConfigError as exc:
+                raise ConfigError(f"--knobs {knob}={value}: {exc}") from None

@@ -3,7 +3,7 @@
 The validator (which keys a release knows), the formatter (canonical key order), the
 inert-knob checks (which backend honours what) and `alloctune config knobs` all read this
 table, so a knob's facts live in exactly one place. Versions come from the key strings in
-each official wheel's `libc10_cuda.so` / `libc10.so` (see the allocator spec §5.3).
+each official wheel's `libc10_cuda.so` / `libc10.so` (the strings its parser compares keys with).
 """
 
 from __future__ import annotations

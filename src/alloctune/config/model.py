@@ -23,9 +23,11 @@ from alloctune.config.knobs import (
 )
 from alloctune.config.versions import DEFAULT_TORCH, TorchVersion, parse_torch_version
 from alloctune.errors import ConfigError
+from alloctune.schema import schema_id
 from alloctune.units import MiB
 
-SCHEMA = 1
+SCHEMA = schema_id("allocator-config")
+_OLD_SCHEMAS = (1,)  # written before the shared `alloctune.<kind>/<n>` form; same fields
 
 BACKENDS = ("native", "cudaMallocAsync")
 # PyTorch caps MB values at SIZE_MAX / 1 MiB (64-bit size_t); larger inputs are clamped.
@@ -353,7 +355,7 @@ class AllocatorConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "AllocatorConfig":
         schema = data.get("schema", SCHEMA)
-        if schema != SCHEMA:
+        if schema != SCHEMA and schema not in _OLD_SCHEMAS:
             raise ConfigError(f"allocator config schema {schema!r} is not supported (expected {SCHEMA})")
         names = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in names}

@@ -1,7 +1,7 @@
 """PyTorch's allocator-setting grammar, release by release, with PyTorch's own error texts.
 
-Written from the behaviour described in the allocator spec §5 (and checked against
-`c10/cuda/CUDAAllocatorConfig.cpp` / `c10/core/AllocatorConfig.cpp`): a tokenizer that makes
+Written from PyTorch's parsers, `c10/cuda/CUDAAllocatorConfig.cpp` (≤2.9) and
+`c10/core/AllocatorConfig.cpp` (2.10+): a tokenizer that makes
 `, : [ ]` tokens of their own and drops spaces, then `key:value` pairs separated by commas
 (a trailing comma is fine, a repeated key overrides the earlier one). Numbers are read the
 way C++ `stoi`/`stoull`/`stod` read them: leading digits count, trailing text is ignored

@@ -20,6 +20,7 @@ import types
 from alloctune.diagnose.find import find_reports, iter_reports
 from alloctune.diagnose.fixes import Fix
 from alloctune.diagnose.report import OOMReport
+from alloctune.diagnose.text import decode_log
 from alloctune.diagnose.verdict import VERDICTS, Diagnosis, diagnose_report
 from alloctune.errors import InputError, NoOOMFound
 
@@ -33,7 +34,7 @@ def as_text(text_or_exception: object) -> str:
             str(e) for e in _chain(text_or_exception)
         )
     if isinstance(text_or_exception, (bytes, bytearray)):
-        return bytes(text_or_exception).decode("utf-8", errors="replace")
+        return decode_log(bytes(text_or_exception))
     if isinstance(text_or_exception, str):
         return text_or_exception
     raise InputError(f"cannot diagnose a {type(text_or_exception).__name__}: pass text or an exception")
@@ -108,6 +109,7 @@ __all__ = [
     "Fix",
     "OOMReport",
     "as_text",
+    "decode_log",
     "diagnose",
     "diagnose_all",
     "diagnose_report",

@@ -227,15 +227,17 @@ def raise_fraction(r: OOMReport, need: int) -> Fix:
                extra=(("fraction", frac),))
 
 
-def mps_watermark(r: OOMReport, need: int) -> Fix:
+def mps_watermark(r: OOMReport, need: int, slack: int = 0) -> Fix:
+    """The smallest ratio (2 decimals) that covers `need` + `slack` (the rounding of the printed
+    figures) -- and always above the assumed default: advising the default itself changes nothing."""
     # PyTorch's default high watermark ratio is 1.7 of the device's recommended working set.
     default_ratio = 1.7
     cap = r.cap or 1
-    ratio = math.ceil(100 * default_ratio * need / cap) / 100
+    ratio = max(math.ceil(100 * default_ratio * (need + slack) / cap) / 100, round(default_ratio + 0.01, 2))
     why = (f"'max allowed' ({_fs(cap)}) is the MPS high watermark; the process needed {_fs(need)} "
-           f"(allocated + other allocations + request). Assuming the default ratio 1.7 was in effect, a ratio "
-           f"of {ratio:.2f} raises the limit to cover it; 0.0 removes the limit but can make macOS swap or "
-           f"freeze.")
+           f"(allocated + other allocations + request; the printed figures are rounded, so up to {_fs(need + slack)}). "
+           f"Assuming the default ratio {default_ratio} was in effect, a ratio of {ratio:.2f} raises the limit to "
+           f"cover it; 0.0 removes the limit but can make macOS swap or freeze.")
     env = (("PYTORCH_MPS_HIGH_WATERMARK_RATIO", f"{ratio:.2f}"),)
     return Fix("mps_high_watermark", f"Raise PYTORCH_MPS_HIGH_WATERMARK_RATIO to {ratio:.2f}", why, env=env,
                extra=(("ratio", ratio),))
@@ -248,6 +250,16 @@ def native_backend(r: OOMReport) -> Fix:
            "(ComfyUI selects cudaMallocAsync itself: start it with --disable-cuda-malloc).")
     conf = "backend:native"
     return Fix("native_backend", "Use the native caching allocator", why, conf=conf, env=_env(r, conf))
+
+
+def capture_full_message(r: OOMReport, missing: str) -> Fix:
+    """What to run when the pasted text lacks figures: the agent keeps the exception's whole text."""
+    code = ("alloctune run --json -- python main.py ...   > trial.json   # your usual command after --\n"
+            "alloctune diagnose trial.json                             # reads the full message it kept")
+    why = (f"The pasted text has no {missing}. Paste the whole message (the lines after the first one; ComfyUI's "
+           "console and comfyui.log keep them), or run the workload once through alloctune, which keeps the "
+           "exception's full text, and diagnose that.")
+    return Fix("capture_full_message", "Get the full out-of-memory message", why, code=code)
 
 
 def record_snapshot(r: OOMReport) -> Fix:

@@ -38,11 +38,14 @@ _HEADS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
 )
 
 # Anchors for the search in raw text: heads plus a bare "Tried to allocate" (messages quoted
-# without their first words). Spaces may be any whitespace: the raw text can be re-wrapped.
+# without their first words) and the bare figures of a <= 2.0 message ("(GPU 0; 3.79 GiB total
+# capacity; ...)", pasted without its first line). Spaces may be any whitespace: the raw text
+# can be re-wrapped.
 ANCHOR = re.compile(
     r"cuda\s+runtime\s+error\s+\(\d+\)\s*:\s*out\s+of\s+memory|CUDA\s+error:\s+out\s+of\s+memory"
     r"|MPS\s+backend\s+out\s+of\s+memory|Allocation\s+on\s+device|Aloca(?:ção|cao)\s+no\s+dispositivo"
     r"|(?:CUDA|HIP|XPU|NPU)\s+out\s+of\s+memory|Tried\s+to\s+allocate"
+    r"|\(\s*(?:GPU|NPU|XPU)\s*\d+\s*;\s*\d+(?:\.\d+)?\s*[KMGTP]i?B\s+total\s+capacity"
 )
 
 _LEGACY_LABELS = {
@@ -173,8 +176,18 @@ def parse_at(s: str, pos: int = 0) -> Parsed | None:
             break
         else:
             break
-    if head == "bare" and (not parsed.clauses or parsed.clauses[0] != "tried"):
+    if parsed.head == "bare" and not _bare_message(parsed):
         return None
     if head == "native" and parsed.values.get("vendor") is None:
         return None
     return parsed
+
+
+def _bare_message(parsed: Parsed) -> bool:
+    """A message without its head: "Tried to allocate ..." first, or the parenthesised figures of a
+    <= 2.0 message with at least two of them (a lone "(GPU 0; 4 GiB total capacity" is not a message)."""
+    if not parsed.clauses:
+        return False
+    if parsed.clauses[0] == "tried":
+        return True
+    return parsed.clauses[0] == "paren" and parsed.clauses.count("item") >= 2

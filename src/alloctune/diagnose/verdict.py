@@ -137,9 +137,13 @@ def diagnose_report(r: OOMReport, platform: str | None = None) -> Diagnosis:
                       "cuBLAS/cuDNN workspace, NCCL or context creation) and carries no figures")
     if X is None:
         if r.backend == "cudaMallocAsync":
+            b.fixes.append(fx.capture_full_message(r, "figures after 'Allocation on device'"))
             b.fixes.append(fx.native_backend(r))
             return b.done("unknown", "the cudaMallocAsync message was cut after 'Allocation on device' (ComfyUI "
                           "shows only its first line); the full message lists allocated, requested and free memory")
+        if r.vendor in ("cuda", "hip") and r.reserved_unallocated is not None:
+            return _without_request(b)
+        b.fixes.append(fx.capture_full_message(r, "requested size"))
         return b.done("unknown", "the message was cut before the requested size")
     b.ev(f"requested: {_fs(X)}" + (" (the segment size PyTorch asked the device for)" if r.vendor in ("cuda", "hip") and r.backend == "native" else ""))
     if X >= UNLIMITED:
@@ -160,6 +164,29 @@ def diagnose_report(r: OOMReport, platform: str | None = None) -> Diagnosis:
     return _native(b)
 
 
+def _without_request(b: _Builder) -> Diagnosis:
+    """The figures of a message whose first line ("Tried to allocate X") was not pasted: the verdict
+    depends on X, so say for which X each one holds. After releasing its cache the allocator asked
+    the device for X and was refused, so X exceeded the device's free memory."""
+    r = b.r
+    U, F, A, T = r.reserved_unallocated or 0, r.free, r.allocated, r.total
+    if T is not None:
+        b.ev(f"device total: {_fs(T)}")
+    if A is not None:
+        b.ev(f"allocated by PyTorch: {_fs(A)}")
+    b.ev(f"reserved but unallocated: {_fs(U)}" + (" (derived: reserved - allocated)" if "reserved_unallocated" in r.derived else ""))
+    if F is not None:
+        b.ev(f"device free: {_fs(F)}: the request was larger than this (the device refused it after the cache was released)")
+        b.ev(f"a request up to {_fs(U + F)} (cached {_fs(U)} + free {_fs(F)}) failed from fragmentation; "
+             "a larger one because the work needs more than the device has")
+    b.fixes.append(fx.capture_full_message(r, "first line ('Tried to allocate ...') with the requested size"))
+    if U:
+        b.fixes.append(fx.expandable_segments(r, b.platform, U + (F or 0)))
+    return b.done("unknown", "the first line with the requested size was not pasted; "
+                  + (f"fragmentation if the request was at most {_fs(U + F)}, shortage or contention if larger" if F is not None
+                     else "the figures alone do not decide between fragmentation and shortage"))
+
+
 def _mps(b: _Builder) -> Diagnosis:
     r = b.r
     X, A, O, cap = r.requested or 0, r.allocated, r.other_allocations, r.cap
@@ -173,7 +200,7 @@ def _mps(b: _Builder) -> Diagnosis:
                            "(PYTORCH_CUDA_ALLOC_CONF is not read on MPS)", works=False))
     if need + tol(need) + tol(cap) >= cap:
         short = max(0, need - cap)
-        b.fixes.insert(0, fx.mps_watermark(r, need))
+        b.fixes.insert(0, fx.mps_watermark(r, need, tol(A) + tol(O) + tol(X) + tol(cap)))
         b.fixes.insert(1, fx.reduce_work(r, max(short, X), A + X))
         return b.done("cap", f"the MPS high-watermark limit ({_fs(cap)}) was reached; the process needed "
                       f"{_fs(need)}", short)
@@ -281,12 +308,14 @@ def _native(b: _Builder) -> Diagnosis:
                       "released by another process in between, a driver limit, or a limit set without PyTorch)")
 
     U = U or 0
-    Fv = F or 0
+    Fv = Fv_reported = F or 0
     if F is not None and F >= X:
         # Free but within a few percent of the device: drivers keep a reserve and hand out whole pages,
         # so this is not dependable room (e.g. 41.56 MiB free refusing 32 MiB on a 4 GiB card).
-        b.ev(f"device free {_fs(F)} is small (under {_fs(margin)}: 5% of the device, at most 1 GiB): it is measured "
-             "after the failure and drivers keep a reserve, so it is not counted as room")
+        b.ev(f"device free {_fs(F)} exceeds the {_fs(X)} request by only {_fs(F - X)}, less than {_fs(margin)} "
+             "(5% of the device, at most 1 GiB): it is measured after the failure and drivers keep a reserve and "
+             "hand out whole pages, so the device was effectively full and this free memory is not counted as room")
+        b.contributing.append("device effectively full")
         Fv = 0
     def frag_fixes(reach: int) -> list[Fix]:
         return [fx.expandable_segments(r, plat, reach, enough=True), fx.max_split_size(r, plat)]
@@ -316,7 +345,9 @@ def _native(b: _Builder) -> Diagnosis:
 
     # ---- not enough in reach of this process: who holds the rest? -----------------------------
     short = X - U - Fv  # missing even if every cached byte and free byte were joined
-    b.ev(f"missing even with cached + free memory joined: {_fs(short)}")
+    full = f"the device was effectively full ({_fs(F or 0)} free for a {_fs(X)} request); " if Fv != Fv_reported else ""
+    b.ev(f"missing even with cached + free memory joined: {_fs(short)}" if Fv == Fv_reported else
+         f"missing with the cached memory, not counting the device's last {_fs(F or 0)}: {_fs(short)}")
     others = r.other_processes_total
     self_pid = _probable_self(r)
     if self_pid is not None:
@@ -330,7 +361,7 @@ def _native(b: _Builder) -> Diagnosis:
         b.fixes.append(fx.reduce_work(r, short, A + X))
         if U:
             b.fixes.append(fx.expandable_segments(r, plat, U + Fv))
-        return b.done("contention", f"other processes hold {_fs(others)}; {_fs(short)} of it would be enough", short)
+        return b.done("contention", f"{full}other processes hold {_fs(others)}; {_fs(short)} of it would be enough", short)
     if T is not None and F is not None and r.process_in_use is not None and R is not None and r.process_in_use >= R:
         unlisted = T - F - r.process_in_use - others
         if unlisted > 0:
@@ -338,7 +369,7 @@ def _native(b: _Builder) -> Diagnosis:
         if unlisted + others >= short and unlisted > tol(T):
             b.fixes.append(fx.check_unlisted_users(r, unlisted + others, short))
             b.fixes.append(fx.reduce_work(r, short, A + X))
-            return b.done("contention", f"{_fs(unlisted + others)} of the device is held by processes other than "
+            return b.done("contention", f"{full}{_fs(unlisted + others)} of the device is held by processes other than "
                           "this one", short)
     elif T is not None and F is not None and R is not None and not r.other_processes:
         outside = T - F - R
@@ -348,7 +379,7 @@ def _native(b: _Builder) -> Diagnosis:
             # Far more than any context: someone else holds it (the message predates per-process lines).
             b.fixes.append(fx.check_unlisted_users(r, outside, short))
             b.fixes.append(fx.reduce_work(r, short, A + X))
-            return b.done("contention", f"{_fs(outside)} of the device is used outside this process's PyTorch "
+            return b.done("contention", f"{full}{_fs(outside)} of the device is used outside this process's PyTorch "
                           f"memory ({_fs(R)}), more than the process itself holds", short)
         if outside >= short:
             b.contributing.append("possible contention")
@@ -359,5 +390,5 @@ def _native(b: _Builder) -> Diagnosis:
     if others > 0:
         b.fixes.append(fx.free_processes(r, short, exclude=self_pid))
     b.fixes.append(fx.empty_cache_note(r))
-    return b.done("shortage", f"the process needs {_fs(short)} more than it could reach "
+    return b.done("shortage", f"{full}the process needs {_fs(short)} more than it could reach "
                   f"(live {_fs(A)} + request {_fs(X)} on a {_fs(T) if T else '?'} device)", short)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 from typing import Any, Mapping, Sequence
 
-from alloctune.diagnose.snapshot import MemoryMap
+from alloctune.diagnose.snapshot_model import MemoryMap
 from alloctune.report.model import SegmentMapView, Series, SettingRow
 from alloctune.units import GiB, MiB, format_mib
 

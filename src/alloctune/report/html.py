@@ -1,4 +1,5 @@
-"""One self-contained HTML page: figures inlined as base64 data URIs, CSS inline, no script.
+"""One self-contained HTML page: PNG figures inlined as base64 data URIs, SVG figures inline, CSS
+inline, no script.
 
 The page must open from an e-mail attachment or an air-gapped machine, so nothing is fetched:
 no external stylesheet, font, script or image. Every text that came from an input file is
@@ -28,7 +29,7 @@ th { background: #edf2f7; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 table.kv td:first-child { font-weight: 600; background: #f7fafc; }
 figure { margin: 1rem 0; }
-figure img { max-width: 100%; border: 1px solid #e2e8f0; }
+figure img, figure svg { max-width: 100%; height: auto; border: 1px solid #e2e8f0; }
 figcaption { font-size: .85rem; color: #4a5568; }
 .verdict { font-weight: bold; }
 .muted { color: #718096; font-size: .85rem; }
@@ -57,11 +58,12 @@ def _table(header: Sequence[str] | None, rows: Sequence[Sequence[str]], numeric_
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _figure(png: bytes, alt: str, caption: str) -> str:
-    return (
-        f'<figure><img src="{data_uri(png)}" alt="{_e(alt)}">'
-        f"<figcaption>{_e(caption)}</figcaption></figure>"
-    )
+def _figure(image: bytes, alt: str, caption: str) -> str:
+    if image[:8] == b"\x89PNG\r\n\x1a\n":
+        shown = f'<img src="{data_uri(image)}" alt="{_e(alt)}">'
+    else:  # SVG drawn by report/svg.py, which escapes every input text itself
+        shown = image.decode("utf-8")
+    return f"<figure>{shown}<figcaption>{_e(caption)}</figcaption></figure>"
 
 
 def render_html(
@@ -70,7 +72,7 @@ def render_html(
     budgets: Mapping[str, tuple[int, str]] | None = None,
     generated: datetime | None = None,
 ) -> str:
-    """The page. `figures` maps a figure name to (PNG bytes, caption); insertion order is kept."""
+    """The page. `figures` maps a figure name to (PNG or SVG bytes, caption); insertion order is kept."""
     when = (generated or datetime.now(timezone.utc)).strftime("%Y-%m-%d %H:%M UTC")
     parts = [
         "<!DOCTYPE html>",
@@ -104,8 +106,8 @@ def render_html(
             )
     if figures:
         parts.append("<h2>Figures</h2>")
-        for name, (png, caption) in figures.items():
-            parts.append(_figure(png, name, caption))
+        for name, (image, caption) in figures.items():
+            parts.append(_figure(image, name, caption))
     if data.notes:
         parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in data.notes) + "</ul>")
     parts.append("<h2>Inputs</h2><ul>" + "".join(f"<li><code>{_e(p)}</code></li>" for p in data.inputs) + "</ul>")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from alloctune.diagnose.snapshot import MemoryMap, SnapshotDiagnosis
+from alloctune.diagnose.snapshot_model import MemoryMap, SnapshotDiagnosis
 from alloctune.errors import InputError, TraceError
 
 SCHEMA = "alloctune.report/1"
@@ -296,13 +296,9 @@ class TraceInput:
 
 def read_trace(path: str | Path, device: int | None = None, what_if: bool = False) -> TraceInput:
     """Replay a snapshot's history: timeline, peak, segment map at the OOM (or at the peak)."""
-    from alloctune.diagnose.snapshot import (
-        STANDARD_CANDIDATES,
-        HistoryGap,
-        diagnose_snapshot,
-        map_from_snapshot_segments,
-        replay_history,
-    )
+    from alloctune.config.standard import STANDARD_CONFS
+    from alloctune.diagnose.memory_map import HistoryGap, map_from_snapshot_segments, replay_history
+    from alloctune.diagnose.snapshot import diagnose_snapshot
     from alloctune.trace.load import load_snapshot, pick_device, read_sidecar
 
     snap = load_snapshot(path)
@@ -349,7 +345,7 @@ def read_trace(path: str | Path, device: int | None = None, what_if: bool = Fals
     diagnosis = None
     if oom_indices:
         diagnosis = diagnose_snapshot(
-            snap, source=str(path), device=dev, candidates=STANDARD_CANDIDATES if what_if else None
+            snap, source=str(path), device=dev, candidates=STANDARD_CONFS if what_if else None
         )
     return TraceInput(row, Series(label, xs, rs, al), SegmentMapView(label, caption, mm, request), diagnosis, notes)
 

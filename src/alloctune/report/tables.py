@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from alloctune.diagnose.snapshot import SnapshotDiagnosis
+from alloctune.diagnose.snapshot_model import SnapshotDiagnosis
 from alloctune.report.model import SettingRow
 from alloctune.units import format_mib
 
@@ -82,62 +82,3 @@ def diagnosis_cells(d: SnapshotDiagnosis) -> list[tuple[str, str]]:
     if d.recommendation is not None:
         cells.append(("recommendation", d.recommendation))
     return cells
-
-
-def _short(v: int | None) -> str:
-    if v is None:
-        return ""
-    return f"{v / (1 << 30):.2f}G" if v >= 1 << 30 else f"{v / (1 << 20):.0f}M"
-
-
-def rich_settings_table(rows: Sequence[SettingRow], budgets: Mapping[str, tuple[int, str]] | None = None):
-    """The settings table for the terminal: compact sizes so it fits 80 columns (HTML has the long form)."""
-    from rich import box
-    from rich.table import Table
-
-    budgets = budgets or {}
-    table = Table(title="Settings", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    table.add_column("setting", overflow="fold", min_width=16)
-    for name in ("outcome", "budget", "resv", "alloc", "util", "retry", "OOM", "min_budget"):
-        table.add_column(name, justify="right", no_wrap=True)
-    for r in rows:
-        label = r.label if r.config in ("", r.label) or r.config in r.label else f"{r.label} [dim]{r.config}[/dim]"
-        mb = budgets.get(r.label)
-        min_b = _short(r.min_budget) if r.min_budget is not None else (
-            "" if mb is None else _short(mb[0]) + ("" if mb[1] == "bisection" else "≤"))
-        table.add_row(
-            label if r.kind == "trial" else f"{label} [dim]({r.kind})[/dim]",
-            r.outcome,
-            _short(r.budget),
-            _short(r.peak_reserved),
-            _short(r.peak_allocated),
-            "" if r.utilization is None else f"{r.utilization:.0%}",
-            "" if r.num_alloc_retries is None else str(r.num_alloc_retries),
-            "" if r.num_ooms is None else str(r.num_ooms),
-            min_b,
-        )
-    return table
-
-
-def rich_diagnosis_table(d: SnapshotDiagnosis):
-    """A snapshot diagnosis for the terminal: key/value lines, then the pinned segments."""
-    from rich.table import Table
-
-    table = Table(title=f"OOM in {d.source}", show_header=False)
-    table.add_column("", style="bold")
-    table.add_column("", overflow="fold")
-    for k, v in diagnosis_cells(d):
-        table.add_row(k, v)
-    return table
-
-
-def rich_pinned_table(d: SnapshotDiagnosis):
-    from rich.table import Table
-
-    table = Table(title="Segments pinned by live blocks (most free first)")
-    for name in ("segment", "size", "live", "free", "largest free", "live blocks"):
-        table.add_column(name, justify="right")
-    for p in d.pinned:
-        table.add_row(f"{p.addr:#x}", format_mib(p.size), format_mib(p.allocated), format_mib(p.free),
-                      format_mib(p.largest_free), str(p.live_blocks))
-    return table

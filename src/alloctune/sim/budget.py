@@ -1,11 +1,17 @@
 """`min_budget`: the smallest per-process cap under which a trace still completes.
 
 Bisection between a budget that must fail (below the program's own peak of live requested
-bytes, nothing can fit) and one that completes (the uncapped peak reserved, grown if a
-setting such as GC needs more). It stops when the bracket is within 1 % or 16 MiB, and
-reports the completing end. Feasibility is assumed monotone in the budget, which holds
-for the allocator's rules in practice but is not guaranteed (a cap changes which segments
-get released, and so later placement); the result is the bracket the bisection saw.
+bytes, nothing can fit: cap >= reserved >= allocated >= requested) and one that completes
+(the uncapped peak reserved, grown if a setting such as GC needs more). It stops when the
+bracket is within 1 % or 16 MiB, and reports the completing end. Feasibility is assumed
+monotone in the budget, which holds for the allocator's rules in practice but is not
+guaranteed (a cap changes which segments get released, and so later placement); the result
+is the bracket the bisection saw.
+
+Replays the trace already answers are skipped, never guessed: the uncapped run can be passed
+in (`uncapped=`), and without garbage collection a cap at or above the uncapped peak reserved
+is never hit, so that run *is* the uncapped one and completes (GC is the exception: a cap
+switches it on and changes the run, so it is replayed).
 """
 
 from __future__ import annotations
@@ -13,10 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from alloctune.sim.replay import replay
+from alloctune.sim.driver import H200_TOTAL
+from alloctune.sim.replay import SimResult, cap_from_budget, replay
+from alloctune.sim.settings import SimSettings
 from alloctune.trace.model import Trace
-
-MiB = 1 << 20
+from alloctune.units import MiB
 
 
 @dataclass(frozen=True)
@@ -38,24 +45,43 @@ def min_budget(
     total_memory: int | None = None,
     rel_tol: float = 0.01,
     abs_tol: int = 16 * MiB,
+    uncapped: SimResult | None = None,
+    addresses: Any = "recorded",
+    reference: Trace | None = None,
 ) -> MinBudget:
-    """Bisection for the smallest completing budget of `trace` under `config`."""
+    """Bisection for the smallest completing budget of `trace` under `config`.
 
-    def ok(budget: int | None) -> tuple[bool, Any]:
-        r = replay(trace, config, budget=budget, total_memory=total_memory, torch=torch, record_events=False,
-                   timeline_points=1)
-        return r.completed, r
+    `uncapped`: a replay of this trace and setting without a budget (same `total_memory`,
+    `addresses`, `reference`) that the caller already has; it saves that replay.
+    """
+    settings = SimSettings.from_config(config, torch)
 
-    done, base = ok(None)
-    runs = 1
-    if not done:
+    def ok(budget: int | None) -> SimResult:
+        return replay(trace, settings, budget=budget, total_memory=total_memory, addresses=addresses,
+                      reference=reference, record_events=False, timeline_points=1)
+
+    runs = 0
+    if uncapped is None:
+        base = ok(None)
+        runs += 1
+    else:
+        _check_uncapped(uncapped, trace, settings, total_memory)
+        base = uncapped
+    if not base.completed:
         return MinBudget(None, base.total_memory, runs, base.peak_reserved)
     lo = max(0, base.peak_requested - 1)  # nothing fits below the live requested bytes
+    if trace.requests.fallbacks:
+        lo = 0  # ... unless requests can fall back to smaller sizes under a cap (trace.fallible)
     hi = base.peak_reserved
-    while True:
-        good, _ = ok(hi)
+    # the trace's own proof: with no GC, a cap >= the uncapped peak reserved never binds. Not with
+    # expandable segments: under a cap a growing segment is checked against the whole step it maps,
+    # which can exceed the peak reserved of the uncapped run (tests/test_plan_answer.py found one).
+    cap = cap_from_budget(hi, base.total_memory, settings.torch)
+    proven = (settings.garbage_collection_threshold <= 0 and not settings.expandable_segments
+              and (cap is None or cap >= base.peak_reserved))
+    while not proven:
         runs += 1
-        if good:
+        if ok(hi).completed:
             break
         lo = hi
         if hi >= base.total_memory:
@@ -63,10 +89,18 @@ def min_budget(
         hi = min(base.total_memory, hi * 2)
     while hi - lo > max(abs_tol, int(rel_tol * hi)):
         mid = (lo + hi) // 2
-        good, _ = ok(mid)
         runs += 1
-        if good:
+        if ok(mid).completed:
             hi = mid
         else:
             lo = mid
     return MinBudget(hi, lo, runs, base.peak_reserved)
+
+
+def _check_uncapped(r: SimResult, trace: Trace, settings: SimSettings, total_memory: int | None) -> None:
+    """An `uncapped=` result from another trace, setting or device would give a wrong answer silently."""
+    total = int(total_memory or trace.total_memory or H200_TOTAL)
+    if r.budget is not None or r.requests != len(trace.requests) or r.settings != settings.to_dict() \
+            or r.total_memory != total or r.source != trace.source:
+        raise ValueError("min_budget(uncapped=...) must be an uncapped replay of the same trace, setting "
+                         "and total memory")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from alloctune.sim.replay import SimResult
-from alloctune.trace.model import FAILED_ALLOC, OP_NAMES, SegmentEvent, Trace
+from alloctune.trace.model import FAILED_ALLOC, OP_NAMES, SegmentEvent, Trace, peak_reserved
 from alloctune.units import format_size
 
 STAT_KEYS = (
@@ -126,7 +126,7 @@ def compare(
     recorded_stats = (recorded.meta or {}).get("stats") or {}
     stats = {k: (recorded_stats[k], result.stats.get(k)) for k in STAT_KEYS if k in recorded_stats}
     if not recorded_stats:  # no sidecar: peaks rebuilt from the recorded events
-        stats["reserved_bytes.all.peak"] = (_peak(rec), result.peak_reserved)
+        stats["reserved_bytes.all.peak"] = (peak_reserved(rec), result.peak_reserved)
         stats["num_ooms"] = (sum(1 for e in recorded.segment_events if e.action == "oom"), result.stats["num_ooms"])
     # the requests the replayed stream says failed on the GPU (its FAILED_ALLOCs) must be
     # exactly the ones that fail in the simulation, and no others
@@ -189,17 +189,6 @@ def _state_note(
         f"allocated {format_size(alloc.stats.allocated)}, {len(alloc.segments)} segments; "
         f"free blocks >= {format_size(size)}: {shown}{' ...' if len(fits) > 6 else ''}"
     )
-
-
-def _peak(events: list[SegmentEvent]) -> int:
-    cur = peak = 0
-    for e in events:
-        if e.action in ("segment_alloc", "segment_map"):
-            cur += e.size
-            peak = max(peak, cur)
-        else:
-            cur -= e.size
-    return peak
 
 
 def _fmt(e: SegmentEvent | None) -> str:

@@ -28,7 +28,8 @@ from typing import Iterable, Protocol
 
 from sortedcontainers import SortedList
 
-MiB = 1 << 20
+from alloctune.units import MiB
+
 H200_TOTAL = 150_109_880_320  # cudaMemGetInfo total of the H200 the shared traces come from
 DEFAULT_OVERHEAD = 518 * MiB  # CUDA context of torch 2.11 / CUDA 13 on that H200 (spec §11.1)
 _TOP = 0x7F0000000000  # where simulated address spaces start (CUDA's VA lives near 2**47)

@@ -3,14 +3,19 @@
 
 This module owns the page bookkeeping of one range (`ExpandableSegment`: which pages are
 mapped, what map/unmap of an address range really touches); the block-level logic
-(find_expandable_block, map_block, unmap_block) lives in `allocator.py` next to the free
-sets it edits. Page size: 2 MiB in the small pool, 20 MiB (`large_segment_size`, 2.11+)
+(find_expandable_block, map_block, unmap_block) is `ExpandableBlocks`, which
+`CachingAllocator` inherits, next to the free sets it edits. Page size: 2 MiB in the small pool, 20 MiB (`large_segment_size`, 2.11+)
 in the large pool.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+from sortedcontainers import SortedDict
+
+from alloctune.sim.blocks import Block, Pool, Segment
+from alloctune.sim.sizes import SMALL_BUFFER
 
 if TYPE_CHECKING:
     from alloctune.sim.driver import Device
@@ -60,3 +65,146 @@ class ExpandableSegment:
     def destroy(self) -> None:
         """Give the virtual range back (all pages are unmapped by now)."""
         self.device.va.free(self.base, self.size)
+
+
+class ExpandableBlocks:
+    """Block-level expandable segments: find a spot, map and unmap pages, merge (methods of
+    `CachingAllocator`)."""
+
+    def _unmapped_add(self, pool: Pool, b: Block) -> None:
+        um = pool.unmapped.get(b.seg.stream)
+        if um is None:
+            um = pool.unmapped[b.seg.stream] = SortedDict()
+        b.key = b.addr
+        um[b.addr] = b
+
+    def _unmapped_remove(self, pool: Pool, b: Block) -> None:
+        del pool.unmapped[b.seg.stream][b.key]
+
+    def _find_expandable_block(self, pool: Pool, size: int, stream: int) -> Block:
+        """Lowest-address spot (free + unmapped run) with room for `size`, else a new segment."""
+        um = pool.unmapped.get(stream)
+        if um:
+            for c in um.values():
+                p = c.prev
+                if p is not None and not p.allocated:
+                    c = p
+                got = 0
+                x = c
+                while got < size and x is not None and not x.allocated:
+                    got += x.size
+                    x = x.next
+                if got >= size:
+                    return c
+        page = SMALL_BUFFER if pool.small else self.mid_segment
+        es = ExpandableSegment(self.device, page)
+        seg = Segment(es.base, es.size, stream, pool.small, self.next_seg_id, es)
+        self.next_seg_id += 1
+        self.segments[seg.id] = seg
+        b = Block(es.base, es.size, seg, mapped=False)
+        seg.head = b
+        self._unmapped_add(pool, b)
+        return b
+
+    def _map_block(self, pool: Pool, b: Block, size: int) -> bool:
+        es: ExpandableSegment = b.seg.es
+        start = b.addr
+        mapped = es.map(start, size)
+        if mapped == 0:
+            return False
+        self._unmapped_remove(pool, b)
+        b.mapped = True
+        if mapped < b.size:
+            rest = Block(b.addr + mapped, b.size - mapped, b.seg, mapped=False)
+            rest.prev = b
+            rest.next = b.next
+            if b.next is not None:
+                b.next.prev = rest
+            b.next = rest
+            self._unmapped_add(pool, rest)
+            b.size = mapped
+        self._merge_into(pool, b, b.prev)
+        self._merge_into(pool, b, b.next)
+        self._insert(pool, b)
+        st = self.stats
+        st.reserved_inc(mapped)
+        st.num_device_alloc += 1
+        self._event("segment_map", start, mapped, b.seg.stream)
+        return True
+
+    def _merge_into(self, pool: Pool, dst: Block, src: Block | None) -> int:
+        """try_merge_blocks for map/unmap (free neighbours with the same mapped state)."""
+        if src is None or src.allocated or src.mapped != dst.mapped:
+            return 0
+        if dst.prev is src:
+            dst.addr = src.addr
+            dst.prev = src.prev
+            if src.prev is not None:
+                src.prev.next = dst
+            else:
+                dst.seg.head = dst
+        else:
+            dst.next = src.next
+            if src.next is not None:
+                src.next.prev = dst
+        dst.size += src.size
+        if src.mapped:
+            self._remove(pool, src)
+        else:
+            self._unmapped_remove(pool, src)
+        return src.size
+
+    def _try_allocate_expandable(self, pool: Pool, size: int, stream: int) -> Block | None:
+        c = self._find_expandable_block(pool, size, stream)
+        if not c.mapped and not self._map_block(pool, c, min(c.size, size)):
+            return None
+        while c.size < size:
+            nxt = c.next
+            if not self._map_block(pool, nxt, min(size - c.size, nxt.size)):
+                return None
+            c = nxt
+        self._remove(pool, c)
+        return c
+
+    def _unmap_block(self, pool: Pool, b: Block) -> None:
+        es: ExpandableSegment = b.seg.es
+        start, length = es.unmap(b.addr, b.size)
+        if length == 0:
+            return
+        self._remove(pool, b)
+        before = start - b.addr
+        if before > 0:
+            bf = Block(b.addr, before, b.seg)
+            bf.prev = b.prev
+            bf.next = b
+            if b.prev is not None:
+                b.prev.next = bf
+            else:
+                b.seg.head = bf
+            b.prev = bf
+            self._insert(pool, bf)
+        after = b.size - before - length
+        if after > 0:
+            af = Block(start + length, after, b.seg)
+            af.prev = b
+            af.next = b.next
+            if b.next is not None:
+                b.next.prev = af
+            b.next = af
+            self._insert(pool, af)
+        b.addr = start
+        b.size = length
+        b.mapped = False
+        self._merge_into(pool, b, b.prev)
+        self._merge_into(pool, b, b.next)
+        self._unmapped_add(pool, b)
+        st = self.stats
+        st.reserved_dec(length)
+        st.num_device_free += 1
+        self._event("segment_unmap", start, length, b.seg.stream)
+
+    def _release_expandable_segment(self, pool: Pool, b: Block) -> None:
+        seg = b.seg
+        self._unmapped_remove(pool, b)
+        seg.es.destroy()
+        del self.segments[seg.id]

@@ -9,13 +9,17 @@ program did. A failure the recording did not have ends the replay: that is the O
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from alloctune.sim import native
 from alloctune.sim.allocator import CachingAllocator, OOMInfo
 from alloctune.sim.driver import DEFAULT_OVERHEAD, H200_TOTAL, AddressModel, Device, DriverVA, RecordedAddresses
 from alloctune.sim.settings import SimSettings
-from alloctune.trace.model import ALLOC, EMPTY_CACHE, FAILED_ALLOC, FREE, SegmentEvent, Trace
+from alloctune.sim.stats import Stats
+from alloctune.trace.model import (
+    ALLOC, EMPTY_CACHE, FAILED_ALLOC, FREE, RequestStream, SegmentEvent, Trace, reserved_by_mark,
+)
 
 SCHEMA = "alloctune.sim_result/1"
 Addresses = Literal["model", "recorded"]
@@ -130,6 +134,16 @@ def cap_from_budget(budget: int | None, total_memory: int, torch: tuple[int, int
     return int(fraction * total_memory)
 
 
+def allocator_cap(settings: SimSettings, budget: int | None, total_memory: int) -> int | None:
+    """The cap the allocator enforces: the budget's, else the `per_process_memory_fraction` key's."""
+    cap = cap_from_budget(budget, total_memory, settings.torch)
+    frac = settings.per_process_memory_fraction
+    if budget is None and frac is not None and frac < 1.0:
+        # the config key caps the allocator at construction; an API budget would replace it
+        cap = int(frac * total_memory)
+    return cap
+
+
 def make_allocator(
     settings: SimSettings,
     *,
@@ -140,12 +154,24 @@ def make_allocator(
     record_events: bool = True,
 ) -> CachingAllocator:
     device = Device(total_memory, overhead, addresses or DriverVA())
-    cap = cap_from_budget(budget, total_memory, settings.torch)
-    frac = settings.per_process_memory_fraction
-    if budget is None and frac is not None and frac < 1.0:
-        # the config key caps the allocator at construction; an API budget would replace it
-        cap = int(frac * total_memory)
-    return CachingAllocator(settings, cap, device, record_events)
+    return CachingAllocator(settings, allocator_cap(settings, budget, total_memory), device, record_events)
+
+
+@dataclass
+class _Run:
+    """What a replay loop produced, whichever core ran it (internal: `replay` turns it into a SimResult)."""
+
+    done: int
+    stats: Stats
+    events: list[tuple[str, int, int, int, int]] | None  # (action, addr, size, stream, request_index)
+    oom: OOMInfo | None  # the last failed ALLOC (after its fallbacks)
+    expected: list[int]
+    failures: list[OOMInfo]
+    surprises: list[int]
+    adapted: list[int]
+    t_index: list[int]
+    t_alloc: list[int]
+    cap: int | None
 
 
 def replay(
@@ -171,27 +197,121 @@ def replay(
     simulated setting, the best available guess otherwise (the `DriverVA` model takes over
     for a segment whose recorded range is taken); `"model"` uses only the model.
     `torch=None` keeps a `SimSettings`' own version (else 2.11).
+
+    The loop runs in the native core when it is built (`sim/native.py`), else in the Python
+    model; both give identical results.
     """
     settings = SimSettings.from_config(config, torch)
     total = int(total_memory or trace.total_memory or H200_TOTAL)
     model = _address_model(trace, addresses, reference)
     rec = model if isinstance(model, RecordedAddresses) else None
-    alloc = make_allocator(
-        settings,
+    device = Device(total, DEFAULT_OVERHEAD if overhead is None else overhead, model)
+    cap = allocator_cap(settings, budget, total)
+    n = len(trace.requests)
+    step = max(1, n // max(1, timeline_points))
+    run = _run_native(trace.requests, settings, cap, device, record_events, stop_at_oom, step)
+    if run is None:
+        alloc = CachingAllocator(settings, cap, device, record_events)
+        run = _run_python(alloc, trace.requests, n, stop_at_oom, step)
+    done = run.done
+    events = tuple(SegmentEvent(a, addr, size, stream, -1, ri) for a, addr, size, stream, ri in (run.events or ()))
+    timeline = {
+        "index": run.t_index,
+        "allocated": run.t_alloc,
+        "reserved": reserved_by_mark(events, run.t_index) if record_events else [],  # rebuilt from events
+    }
+    oom = run.oom
+    if oom is not None and oom.request_index in run.expected:
+        oom = None
+    if oom is not None:
+        oom = replace(oom, expected=False)
+    st = run.stats
+    return SimResult(
+        source=trace.source,
+        settings=settings.to_dict(),
         budget=budget,
+        cap=run.cap,
         total_memory=total,
-        overhead=DEFAULT_OVERHEAD if overhead is None else overhead,
-        addresses=model,
-        record_events=record_events,
+        completed=oom is None or not stop_at_oom,
+        requests=n,
+        requests_done=done,
+        peak_reserved=st.reserved_peak,
+        peak_allocated=st.allocated_peak,
+        peak_requested=st.requested_peak,
+        stats=st.as_dict(),
+        segment_events=events,
+        oom=oom,
+        expected_failures=tuple(run.expected),
+        unexpected_successes=tuple(run.surprises),
+        failures=tuple(run.failures),
+        timeline=timeline,
+        adapted=tuple(run.adapted),
+        address_divergence=rec.diverged_at if rec is not None else None,
+        addresses=(
+            f"recorded:{(reference or trace).source}" if addresses == "recorded"
+            else "model" if addresses == "model" else "custom"
+        ),
     )
-    req = trace.requests
+
+
+def _run_native(
+    req: RequestStream, settings: SimSettings, cap: int | None, device: Device,
+    record_events: bool, stop_at_oom: bool, step: int,
+) -> _Run | None:
+    """The loop in the native core; None when it is not available (or a value does not fit it)."""
+    mod = native.core()
+    if mod is None:
+        return None
+    cols = native.columns(req)
+    table = settings.roundup_power2_divisions
+    if cols is None or len(table) != 16 or not all(
+        -(1 << 63) <= x < (1 << 63) for sizes in req.fallbacks.values() for x in sizes
+    ):
+        return None  # a value beyond int64 (or an odd table): the Python model replays it
+    s = (
+        cap,
+        float(settings.garbage_collection_threshold),
+        settings.max_split_size,
+        settings.nsr,
+        settings.segment_size_mid,
+        settings.expandable_segments,
+        tuple(int(d) for d in table) if any(d > 1 for d in table) else None,
+        settings.seg_id_tiebreak,
+    )
+    va = device.va
+    out = mod.replay(
+        *cols, req.fallbacks, s, (device.total_memory, device.overhead),
+        (device.addresses.alloc, device.addresses.free, va.alloc, va.free),
+        (record_events, stop_at_oom, step),
+    )
+    done, stats, events, oom, expected, failures, surprises, adapted, t_index, t_alloc = out
+    st = Stats()
+    for name, value in zip(Stats.__slots__, stats):
+        setattr(st, name, value)
+    acts = native.ACTIONS
+    return _Run(
+        done=done,
+        stats=st,
+        events=None if events is None else [(acts[e[0]], e[1], e[2], e[3], e[4]) for e in events],
+        oom=OOMInfo(*oom) if oom is not None else None,
+        expected=expected,
+        failures=[OOMInfo(*f, expected=True) for f in failures],
+        surprises=surprises,
+        adapted=adapted,
+        t_index=t_index,
+        t_alloc=t_alloc,
+        cap=cap,
+    )
+
+
+def _run_python(alloc: CachingAllocator, req: RequestStream, stop: int, stop_at_oom: bool, step: int) -> _Run:
+    """The replay loop of the Python model: requests [0, stop) through `alloc` (the specification
+    the native core follows). Also `state_at`'s loop."""
     ops, sizes, rids, streams = req.ops, req.sizes, req.rids, req.streams
     fallbacks = req.fallbacks
-    n = len(ops)
     live: dict[int, Any] = {}
     malloc, free, st = alloc.malloc, alloc.free, alloc.stats
     adapted: list[int] = []
-    step = max(1, n // max(1, timeline_points))
     t_index: list[int] = []
     t_alloc: list[int] = []
     bucket_max = 0
@@ -200,13 +320,13 @@ def replay(
     surprises: list[int] = []
     failure_info: list[OOMInfo] = []
     oom: OOMInfo | None = None
-    done = n
+    done = stop
     # The loop makes ~10^6 small objects linked in cycles (prev/next); the cyclic GC would
     # rescan them again and again for nothing, so it is paused for the loop.
     gc_was_on = gc.isenabled()
     gc.disable()
     try:
-        for i in range(n):
+        for i in range(stop):
             if i == next_mark:
                 t_index.append(i)
                 t_alloc.append(bucket_max)
@@ -241,7 +361,7 @@ def replay(
                 b = malloc(sizes[i], streams[i])
                 if b is None:
                     expected.append(i)
-                    failure_info.append(OOMInfo(**{**alloc.oom.to_dict(), "expected": True}))
+                    failure_info.append(replace(alloc.oom, expected=True))
                 else:  # it fits here although it did not on the GPU: the program never got it
                     surprises.append(i)
                     free(b)
@@ -250,44 +370,10 @@ def replay(
             gc.enable()
     t_index.append(done)
     t_alloc.append(bucket_max)
-    events = tuple(
-        SegmentEvent(e.action, e.addr, e.size, e.stream, -1, e.request_index) for e in (alloc.events or [])
-    )
-    timeline = {
-        "index": t_index,
-        "allocated": t_alloc,
-        "reserved": _reserved_timeline(events, t_index) if record_events else [],  # rebuilt from events
-    }
-    if oom is not None and oom.request_index in expected:
-        oom = None
-    if oom is not None:
-        oom = OOMInfo(**{**oom.to_dict(), "expected": False})
-    return SimResult(
-        source=trace.source,
-        settings=settings.to_dict(),
-        budget=budget,
-        cap=alloc.cap,
-        total_memory=total,
-        completed=oom is None or not stop_at_oom,
-        requests=n,
-        requests_done=done,
-        peak_reserved=st.reserved_peak,
-        peak_allocated=st.allocated_peak,
-        peak_requested=st.requested_peak,
-        stats=st.as_dict(),
-        segment_events=events,
-        oom=oom,
-        expected_failures=tuple(expected),
-        unexpected_successes=tuple(surprises),
-        failures=tuple(failure_info),
-        timeline=timeline,
-        adapted=tuple(adapted),
-        address_divergence=rec.diverged_at if rec is not None else None,
-        addresses=(
-            f"recorded:{(reference or trace).source}" if addresses == "recorded"
-            else "model" if addresses == "model" else "custom"
-        ),
-    )
+    events = None
+    if alloc.events is not None:
+        events = [(e.action, e.addr, e.size, e.stream, e.request_index) for e in alloc.events]
+    return _Run(done, st, events, oom, expected, failure_info, surprises, adapted, t_index, t_alloc, alloc.cap)
 
 
 def _fall_back(malloc: Any, sizes: tuple[int, ...], stream: int) -> Any:
@@ -323,53 +409,11 @@ def state_at(
     reference: Trace | None = None,
 ) -> CachingAllocator:
     """The simulated allocator just before request `request_index` (for inspecting a mismatch:
-    `.segment_table()`, `.stats`, `.events`)."""
+    `.segment_table()`, `.stats`, `.events`). Always the Python model: its state is the object."""
     settings = SimSettings.from_config(config, torch)
     total = int(total_memory or trace.total_memory or H200_TOTAL)
     alloc = make_allocator(settings, budget=budget, total_memory=total,
                            addresses=_address_model(trace, addresses, reference))
     req = trace.requests
-    live: dict[int, Any] = {}
-    for i in range(min(request_index, len(req))):
-        op = req.ops[i]
-        alloc.request_index = i
-        if op == ALLOC:
-            b = alloc.malloc(req.sizes[i], req.streams[i])
-            if b is None and i in req.fallbacks:
-                b = _fall_back(alloc.malloc, req.fallbacks[i], req.streams[i])
-            if b is None:
-                break
-            live[req.rids[i]] = b
-        elif op == FREE:
-            b = live.pop(req.rids[i], None)
-            if b is not None:
-                alloc.free(b)
-        elif op == EMPTY_CACHE:
-            alloc.empty_cache()
-        elif op == FAILED_ALLOC:
-            b = alloc.malloc(req.sizes[i], req.streams[i])
-            if b is not None:
-                alloc.free(b)
+    _run_python(alloc, req, min(request_index, len(req)), True, max(1, len(req)))
     return alloc
-
-
-def _reserved_timeline(events: tuple[SegmentEvent, ...], marks: list[int]) -> list[int]:
-    """Max reserved bytes within each timeline bucket, rebuilt from the segment events."""
-    out: list[int] = []
-    reserved = 0
-    bucket_max = 0
-    k = 0
-    ne = len(events)
-    for mark in marks:
-        while k < ne and events[k].request_index < mark:
-            e = events[k]
-            if e.action in ("segment_alloc", "segment_map"):
-                reserved += e.size
-                if reserved > bucket_max:
-                    bucket_max = reserved
-            elif e.action in ("segment_free", "segment_unmap"):
-                reserved -= e.size
-            k += 1
-        out.append(bucket_max)
-        bucket_max = reserved
-    return out

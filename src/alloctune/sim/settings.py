@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from alloctune.errors import ConfigError
+from alloctune.units import MiB
 
-MiB = 1 << 20
 LARGE_BUFFER = 20 * MiB  # kLargeBuffer: default large-segment size and NSR
 NUM_BUCKETS = 16  # roundup_power2_divisions buckets (< 2 MiB ... >= 32 GiB)
 DEFAULT_TORCH = "2.11"

@@ -16,7 +16,7 @@ from alloctune.errors import TraceError
 from alloctune.trace.compact import is_compact, trace_from_compact_bytes
 from alloctune.trace.model import Trace
 from alloctune.trace.safe_pickle import load_pickle_bytes, read_decompressed
-from alloctune.trace.stream import build_stream
+from alloctune.trace.stream import build_stream, stream_context
 from alloctune.trace.validate import check_events, check_settings, check_snapshot, device_bound
 
 _RECORD_HINT = (
@@ -134,7 +134,7 @@ def trace_from_snapshot(
         check_events(events, f"{source}: device_traces[{dev}]", device_bound((meta or {}).get("total_memory")))
         check_settings(settings, source)
     try:
-        built = build_stream(events, settings, source=source)
+        built = build_stream(events, settings, source=source, **stream_context(snapshot, meta, source=source))
     except (KeyError, TypeError, AttributeError) as exc:
         raise TraceError(
             f"{source}: a device_traces entry is malformed ({type(exc).__name__}: {exc}); the snapshot is damaged"
@@ -168,7 +168,14 @@ def load_trace(path: str | Path, device: int | None = None, *, partial: bool = F
     history whose beginning is missing (frees of unknown blocks are dropped); replaying
     such a stream starts from an empty allocator, so only use it for inspection.
     A sidecar `NAME.json` next to the file becomes `Trace.meta` (and `total_memory`).
+    A loaded snapshot is cached in compact form, keyed by its content (`trace/cache.py`).
     """
+    from alloctune.trace.cache import load_cached
+
+    return load_cached(path, device, partial, _load_trace)
+
+
+def _load_trace(path: str | Path, device: int | None, partial: bool) -> Trace:
     data = read_decompressed(path)
     source = str(path)
     side = read_sidecar(path)

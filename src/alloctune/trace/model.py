@@ -8,7 +8,7 @@ reproduce). Columnar lists keep replay of ~650k requests fast and the memory sma
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 # Request kinds (the program's side of the trace).
 ALLOC = 0        # size = requested bytes (before rounding), rid = new allocation id
@@ -100,3 +100,45 @@ class Trace:
     @property
     def streams(self) -> list[int]:
         return sorted(set(self.requests.streams))
+
+
+# Reserved bytes from segment events: the one implementation (recorded or simulated events alike).
+RESERVE_ACTIONS = frozenset(("segment_alloc", "segment_map"))
+RELEASE_ACTIONS = frozenset(("segment_free", "segment_unmap"))
+
+
+def reserved_delta(e: SegmentEvent) -> int:
+    """How an event changes reserved bytes: +size for alloc/map, -size for free/unmap, 0 for `oom`."""
+    if e.action in RESERVE_ACTIONS:
+        return e.size
+    if e.action in RELEASE_ACTIONS:
+        return -e.size
+    return 0
+
+
+def peak_reserved(events: Iterable[SegmentEvent]) -> int:
+    """The highest reserved level the events reach (starting from nothing reserved)."""
+    cur = peak = 0
+    for e in events:
+        cur += reserved_delta(e)
+        if cur > peak:
+            peak = cur
+    return peak
+
+
+def reserved_by_mark(events: Sequence[SegmentEvent], marks: Sequence[int]) -> list[int]:
+    """The highest reserved level within each bucket of requests ending at each mark (events
+    ordered by `request_index`; a bucket starts at the level the previous one ended with)."""
+    out: list[int] = []
+    reserved = bucket_max = 0
+    k = 0
+    ne = len(events)
+    for mark in marks:
+        while k < ne and events[k].request_index < mark:
+            reserved += reserved_delta(events[k])
+            if reserved > bucket_max:
+                bucket_max = reserved
+            k += 1
+        out.append(bucket_max)
+        bucket_max = reserved
+    return out

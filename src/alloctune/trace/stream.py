@@ -31,17 +31,28 @@ bench/gpu_trace.sh checks them against programs whose calls are known):
 
   The one ambiguous case is an `empty_cache()` directly followed by an allocation that
   needs a new segment. Release-all-and-retry and release of oversize blocks run only
-  after a cudaMalloc failed, i.e. when reserved + the new segment exceeds the device
-  (or cap) limit; the limit is fixed during a run, so that is impossible if the run had
-  already held at least as much: if `reserved before the burst + next segment size <=
-  the highest reserved level reached so far`, the burst is the program's
-  `empty_cache()`. Garbage collection needs no failure, so when
-  `garbage_collection_threshold > 0` such bursts stay with the allocator. Otherwise (a
-  new segment above every level held before) the burst stays with the allocator: an
-  `empty_cache()` there is indistinguishable from release-and-retry. (Assumes no other
-  process takes device memory during the run; with expandable segments under a cap the
-  cap test uses the rounded segment size, not the mapped size, so the level test is
-  slightly optimistic there.)
+  after a cudaMalloc failed, i.e. when reserved + the new segment exceeds the limit: the
+  cap (`set_per_process_memory_fraction`) when one was set, else the device (its memory
+  less the CUDA context, assuming no other process takes memory during the run). So when
+  `reserved before the burst + next segment size <= max(limit, highest reserved level
+  reached so far)` the burst is the program's `empty_cache()`. The limit comes from the
+  run's record (`cap`, `total_memory` of the sidecar); without it only the level already
+  reached proves anything (a run cannot fail below a level it has held). Garbage
+  collection needs no failure but runs only under a cap, and releases nothing unless
+  reserved exceeds `garbage_collection_threshold` x cap: with GC on and the cap unknown,
+  such bursts stay with the allocator. Otherwise (a new segment beyond the limit) the
+  burst stays with the allocator: an `empty_cache()` there is indistinguishable from
+  release-and-retry. (With expandable segments under a cap the cap test uses the rounded
+  segment size, not the mapped size, so the test is slightly optimistic there.)
+
+  An `empty_cache()` that releases nothing leaves no event at all and cannot be inferred.
+  Recordings made by alloctune's agent carry the program's calls themselves: the agent
+  wraps `torch.cuda.empty_cache` and writes each call's wall-clock interval (µs, the clock
+  of the events' `time_us`) under the snapshot key `alloctune_empty_cache_calls`. With
+  those marks the calls are exact: the release burst inside a call's interval is that call,
+  a call with no burst becomes an EMPTY_CACHE at its place in time, and every other burst
+  directly before a malloc's segment or OOM is the allocator's (a burst that no malloc
+  follows is still the program's: the allocator releases only inside malloc).
 
   A burst followed by an `oom` is always counted as the allocator's: if the program had
   called `empty_cache()` just before, the allocator's retry would have released the same
@@ -66,12 +77,54 @@ from typing import Any, Sequence
 
 from alloctune.errors import TraceError
 from alloctune.trace.model import ALLOC, EMPTY_CACHE, FAILED_ALLOC, FREE, RequestStream, SegmentEvent
+from alloctune.units import MiB
 
 RELEASE_ACTIONS = frozenset({"segment_free", "segment_unmap"})
 GROW_ACTIONS = frozenset({"segment_alloc", "segment_map"})
 SEGMENT_ACTIONS = RELEASE_ACTIONS | GROW_ACTIONS
 # Events that end a malloc slow path: the burst before them belongs to that malloc.
 _MALLOC_CONTINUATION = GROW_ACTIONS | {"oom"}
+# Snapshot key under which the agent writes the program's empty_cache() calls ([t0_us, t1_us] each).
+EMPTY_CACHE_MARKS_KEY = "alloctune_empty_cache_calls"
+# How far (µs) a release may lie outside a marked call's interval and still be that call's:
+# the events' time_us is converted from a cycle counter, the marks from the wall clock.
+MARK_TOLERANCE_US = 200
+# Device memory never available to the allocator of an uncapped run: a lower bound on the CUDA
+# context (the simulator's measured 518 MiB for torch 2.11 / CUDA 13 lives in sim/driver.py; the
+# trace layer sits below sim and must not import it).
+CUDA_CONTEXT_MIN = 512 * MiB
+
+
+@dataclass(frozen=True)
+class Limit:
+    """What the recorded run could hold before cudaMalloc (or the cap test) failed.
+
+    `capped`: True/False when the run's record says whether a cap was set, None if unknown.
+    """
+
+    cap: int | None = None
+    total_memory: int | None = None
+    capped: bool | None = None
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any] | None, total_memory: int | None = None) -> "Limit":
+        """From a run record (`cap` in bytes, 0 = none; `total_memory`), as the sidecar NAME.json holds."""
+        meta = meta or {}
+        cap = meta.get("cap")
+        total = meta.get("total_memory") or total_memory
+        number = isinstance(cap, (int, float)) and not isinstance(cap, bool)
+        capped = None if not number else cap > 0
+        total_ok = isinstance(total, (int, float)) and not isinstance(total, bool) and total > 0
+        return cls(int(cap) if capped else None, int(total) if total_ok else None, capped)
+
+    @property
+    def bytes(self) -> int | None:
+        """The limit in bytes, or None when unknown."""
+        if self.capped:
+            return self.cap
+        if self.capped is False and self.total_memory:
+            return self.total_memory - CUDA_CONTEXT_MIN
+        return None
 
 
 @dataclass
@@ -84,6 +137,23 @@ class StreamBuild:
     unmatched_segment_frees: int = 0  # releases of segments never allocated in the trace
     first_unmatched_index: int = -1  # event index of the first unmatched free
     empty_cache_bursts: list[int] = field(default_factory=list)  # request index of each EMPTY_CACHE
+    marked: bool = False  # the program's calls came from the agent's marks (exact), not inference
+    marked_calls: list[int] = field(default_factory=list)  # request index of each EMPTY_CACHE a mark placed
+    unmatched_marks: int = 0  # marks that found no place in the events (clock trouble): should be 0
+    addresses: list[int] | None = None  # with keep_addresses: each request's block address (0: none)
+
+
+def stream_context(snapshot: dict[str, Any], meta: dict[str, Any] | None, *, source: str = "<trace>") -> dict[str, Any]:
+    """`build_stream`'s `limit` and `marks` from a snapshot and its run record (untrusted input:
+    malformed marks are a `TraceError`, not a crash)."""
+    marks = snapshot.get(EMPTY_CACHE_MARKS_KEY)
+    if marks is not None:
+        ok = isinstance(marks, list) and all(
+            isinstance(m, (list, tuple)) and len(m) == 2 and all(isinstance(x, int) for x in m) for m in marks)
+        if not ok:
+            raise TraceError(f"{source}: '{EMPTY_CACHE_MARKS_KEY}' is not a list of [start_us, end_us] pairs; "
+                             "the snapshot was edited or damaged")
+    return {"limit": Limit.from_meta(meta), "marks": marks}
 
 
 def build_stream(
@@ -91,18 +161,32 @@ def build_stream(
     allocator_settings: dict[str, Any] | None = None,
     *,
     source: str = "<trace>",
+    limit: Limit | None = None,
+    marks: Sequence[Sequence[int]] | None = None,
+    keep_addresses: bool = False,
 ) -> StreamBuild:
     """Build the request stream and segment events of one device's `device_traces` list.
 
+    `limit`: what the run could hold (module doc); `marks`: the agent's recorded
+    `empty_cache()` intervals, which replace the inference when given (even empty).
+    `keep_addresses`: also list each request's block address (the snapshot memory map of
+    `diagnose` is rebuilt from this interpretation, not from a second reading of the events).
     Frees without a matching alloc are counted (not raised) so the caller can word the
     error (`load_trace`) or accept a partial history.
     """
     settings = allocator_settings or {}
-    gc_on = float(settings.get("garbage_collection_threshold") or 0.0) > 0.0
+    gc_threshold = float(settings.get("garbage_collection_threshold") or 0.0)
+    limit = limit or Limit()
+    limit_bytes = limit.bytes
+    marked = _place_marks(events, marks) if marks is not None else None
 
     req = RequestStream()
     seg_events: list[SegmentEvent] = []
-    out = StreamBuild(req, seg_events)
+    out = StreamBuild(req, seg_events, marked=marked is not None)
+    if marked is not None:
+        out.unmatched_marks = marked.pop(-1, 0)
+    addrs: list[int] | None = [] if keep_addresses else None
+    out.addresses = addrs
 
     live: dict[tuple[int, int], int] = {}  # (addr, stream) -> rid
     segments: set[int] = set()  # addresses of cudaMalloc'd segments (not expandable ranges)
@@ -118,6 +202,12 @@ def build_stream(
     while i < n:
         ev = events[i]
         action = ev.get("action")
+        if marked is not None and marked.get(i) == _SILENT:  # a marked call that released nothing
+            out.marked_calls.append(len(req))
+            out.empty_cache_bursts.append(len(req))
+            append(EMPTY_CACHE, -1, -1, ev.get("stream", 0), i)
+            if addrs is not None:
+                addrs.append(0)
         if action == "alloc":
             key = (ev["addr"], ev["stream"])
             if key in live:
@@ -127,6 +217,8 @@ def build_stream(
                 )
             live[key] = next_rid
             append(ALLOC, ev["size"], next_rid, ev["stream"], i)
+            if addrs is not None:
+                addrs.append(ev["addr"])
             next_rid += 1
         elif action == "free_completed":
             rid = live.pop((ev["addr"], ev["stream"]), None)
@@ -136,6 +228,8 @@ def build_stream(
                     out.first_unmatched_index = i
             else:
                 append(FREE, ev["size"], rid, ev["stream"], i)
+                if addrs is not None:
+                    addrs.append(ev["addr"])
         elif action in RELEASE_ACTIONS:
             # A maximal burst of releases: decide whose it is from what follows.
             j = i
@@ -144,9 +238,19 @@ def build_stream(
                 burst_bytes += events[j]["size"]
                 j += 1
             nxt = events[j] if j < n else None
-            if _is_program_empty_cache(nxt, reserved, peak_reserved, gc_on):
+            if marked is not None:
+                # the marks decide the ambiguous case; a burst no malloc follows cannot be the
+                # allocator's even if the program reached empty_cache some unwrapped way
+                program = marked.get(i) == _BURST or (nxt is None or nxt.get("action") not in _MALLOC_CONTINUATION)
+            else:
+                program = _is_program_empty_cache(nxt, reserved, peak_reserved, gc_threshold, limit, limit_bytes)
+            if program:
+                if marked is not None and marked.get(i) == _BURST:
+                    out.marked_calls.append(len(req))
                 out.empty_cache_bursts.append(len(req))
                 append(EMPTY_CACHE, -1, -1, ev["stream"], i)
+                if addrs is not None:
+                    addrs.append(0)
                 owner = len(req) - 1
             else:
                 owner = len(req)  # the request whose malloc comes next
@@ -180,23 +284,70 @@ def build_stream(
             free = ev.get("device_free")
             seg_append(SegmentEvent("oom", 0, ev["size"], ev["stream"], i, len(req), None if free is None else int(free)))
             append(FAILED_ALLOC, ev["size"], -1, ev["stream"], i)
+            if addrs is not None:
+                addrs.append(0)
         # free_requested, snapshot, annotations: not requests (see module doc).
         i += 1
+    if marked is not None and marked.get(n) == _SILENT:  # a call after the last event
+        out.marked_calls.append(len(req))
+        out.empty_cache_bursts.append(len(req))
+        append(EMPTY_CACHE, -1, -1, 0, n)
+        if addrs is not None:
+            addrs.append(0)
     return out
 
 
-def _is_program_empty_cache(nxt: dict[str, Any] | None, reserved: int, peak_reserved: int, gc_on: bool) -> bool:
+_BURST, _SILENT = 1, 2
+
+
+def _place_marks(events: Sequence[dict[str, Any]], marks: Sequence[Sequence[int]]) -> dict[int, int]:
+    """Event index -> _BURST (the release burst starting there is a marked call) or _SILENT
+    (a marked call that released nothing happened just before this event; index len(events)
+    = after the last one). Key -1 counts marks that could not be placed."""
+    times = [e.get("time_us") for e in events]
+    if any(t is None for t in times):
+        return {-1: len(marks)}
+    starts = [k for k, e in enumerate(events)
+              if e.get("action") in RELEASE_ACTIONS and (k == 0 or events[k - 1].get("action") not in RELEASE_ACTIONS)]
+    placed: dict[int, int] = {}
+    unmatched = 0
+    import bisect
+
+    for t0, t1 in sorted((int(m[0]), int(m[1])) for m in marks):
+        burst = [k for k in starts if t0 - MARK_TOLERANCE_US <= times[k] <= t1 + MARK_TOLERANCE_US
+                 and placed.get(k) != _BURST]
+        if burst:
+            placed[burst[0]] = _BURST
+            continue
+        at = bisect.bisect_right(times, t0)  # first event after the call began (times are non-decreasing)
+        if at < len(times) and times[at] < t0 - MARK_TOLERANCE_US:
+            unmatched += 1
+            continue
+        placed.setdefault(at, _SILENT)
+    if unmatched:
+        placed[-1] = unmatched
+    return placed
+
+
+def _is_program_empty_cache(
+    nxt: dict[str, Any] | None, reserved: int, peak_reserved: int, gc_threshold: float, limit: Limit,
+    limit_bytes: int | None,
+) -> bool:
     """Whether a release burst is the program's `empty_cache()` (module doc, rule by rule)."""
     if nxt is None:
         return True
     action = nxt.get("action")
     if action not in _MALLOC_CONTINUATION:
         return True
-    if action == "oom" or gc_on:
+    if action == "oom":
         return False
-    # A new segment follows: the allocator released only if cudaMalloc had failed, which
-    # cannot happen below a level the run already reached.
-    return reserved + nxt["size"] <= peak_reserved
+    if gc_threshold > 0.0 and limit.capped is not False:
+        # GC runs only under a cap, and only above threshold x cap
+        if limit.cap is None or reserved > gc_threshold * limit.cap:
+            return False
+    # A new segment follows: the allocator released only if cudaMalloc (or the cap test) had
+    # failed, which cannot happen within the limit nor below a level the run already held.
+    return reserved + nxt["size"] <= max(peak_reserved, limit_bytes or 0)
 
 
 def requested_live_peak(requests: RequestStream) -> int:

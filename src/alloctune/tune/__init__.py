@@ -1,5 +1,20 @@
 """Tuning the allocator setting for one workload: candidates, the sweep, the store, the answer.
 
 Pure Python over plain data (no torch): the GPU trials come from an `Evaluator`, which in
-the CLI is `alloctune.runner.run_trial` and in tests a fake.
+the CLI is `alloctune.runner.TrialEvaluator` and in tests a fake. `tune(command, ...)` is
+the whole thing in one call (`alloctune.api.tune`); see `alloctune.tune.session`.
 """
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+
+def tune(command: Sequence[str], **options: Any) -> Any:
+    """Tune `command` (see `alloctune.tune.session.prepare` for the options) → `TuneOutcome`.
+
+    Imported lazily so `import alloctune.tune` stays cheap.
+    """
+    from alloctune.tune.session import tune as _tune
+
+    return _tune(command, **options)

@@ -42,19 +42,6 @@ DEFAULT_VALUES: dict[str, tuple[str, ...]] = {
     MAX_SPLIT: (),
 }
 
-# The usual fixes for fragmentation, as whole setting strings: what the demo compares and what
-# a snapshot diagnosis replays ("what if") when the caller names none. GC appears with a
-# max_split_size because it only acts on a capped process and mostly on split-protected blocks.
-STANDARD_CONFS: tuple[str, ...] = (
-    "",
-    "expandable_segments:True",
-    "max_split_size_mb:128",
-    "max_split_size_mb:256",
-    "max_split_size_mb:512",
-    "garbage_collection_threshold:0.6,max_split_size_mb:256",
-    "roundup_power2_divisions:4",
-)
-
 # Smallest max_split_size_mb every release accepts (≤2.9 needs > 20, 2.10 ≥ 20, 2.11 ≥ 20 by default).
 MIN_SPLIT_MB = 21
 

@@ -33,9 +33,14 @@ class CandidateSummary:
     wall_s: float | None = None
     peak_reserved: int | None = None  # at the user's budget
     peak_allocated: int | None = None
-    sim_min_budget: int | None = None  # the simulator's estimate (--simulate-first)
+    sim_min_budget: int | None = None  # the simulator's estimate
     trials: int = 0
     note: str | None = None
+    verified: bool | None = None  # min_budget proven on the GPU: a tested pass and a tested failure within 1 %
+    sim_agrees: bool | None = None  # the simulated min_budget lies inside the measured bracket
+    throughput_noise: float | None = None  # sample standard deviation of exclusive runs (None: one sample)
+    throughput_samples: int = 0
+    measurably_slower: bool | None = None  # slower than the default beyond tolerance and noise (noise rule)
 
     def to_dict(self) -> dict[str, Any]:
         out = dict(self.__dict__)
@@ -71,30 +76,42 @@ def rank(
     budget: int,
     *,
     throughput_tolerance: float = THROUGHPUT_TOLERANCE,
+    noise_rule: bool = False,
 ) -> Ranking:
-    """Order candidates by the objective and explain every loss (pure; unit-tested)."""
-    eligible = [s for s in summaries if s.feasible and s.min_budget is not None]
+    """Order candidates by the objective and explain every loss (pure; unit-tested).
+
+    `noise_rule`: a candidate is too slow only when it was measured slower beyond the noise
+    (`measurably_slower`, see `tune.throughput`); single samples never decide.
+    """
+    # Under the noise rule the default also competes when it completes at the budget without a
+    # measured min_budget: it is what remains when every lower-memory setting is measurably slower.
+    eligible = [s for s in summaries if s.feasible and (
+        s.min_budget is not None or (noise_rule and s.candidate.knob == DEFAULT))]
     rates = [s.throughput for s in eligible if s.throughput is not None]
     best_rate = max(rates) if rates else None
 
     def too_slow(s: CandidateSummary) -> bool:
+        if noise_rule:
+            return bool(s.measurably_slower)
         return best_rate is not None and s.throughput is not None and s.throughput < (1 - throughput_tolerance) * best_rate
 
     fast = [s for s in eligible if not too_slow(s)]
-    fast.sort(key=lambda s: (s.min_budget, -(s.throughput or 0.0), s.candidate.knob != DEFAULT, s.candidate.conf))
+    fast.sort(key=lambda s: (s.min_budget if s.min_budget is not None else budget, s.min_budget is None,
+                             -(s.throughput or 0.0), s.candidate.knob != DEFAULT, s.candidate.conf))
     best = fast[0] if fast else None
     reasons: dict[str, str] = {}
     for s in summaries:
         if s is best:
             continue
-        reasons[s.candidate.conf] = _why_lost(s, best, best_rate, budget, throughput_tolerance)
-    slow = sorted((s for s in eligible if too_slow(s)), key=lambda s: s.min_budget)
+        reasons[s.candidate.conf] = _why_lost(s, best, best_rate, budget, throughput_tolerance, noise_rule)
+    slow = sorted((s for s in eligible if too_slow(s)), key=lambda s: s.min_budget or budget)
     rest = [s for s in summaries if s not in eligible]
     return Ranking(best, tuple(fast + slow + rest), reasons)
 
 
 def _why_lost(
-    s: CandidateSummary, best: CandidateSummary | None, best_rate: float | None, budget: int, tol: float
+    s: CandidateSummary, best: CandidateSummary | None, best_rate: float | None, budget: int, tol: float,
+    noise_rule: bool = False,
 ) -> str:
     if s.feasible is None:
         return s.note or "not tested"
@@ -103,11 +120,15 @@ def _why_lost(
         return f"does not complete at the budget {format_mib(budget)} ({what})"
     if s.min_budget is None:
         return s.note or "min_budget not measured"
-    if best_rate is not None and s.throughput is not None and s.throughput < (1 - tol) * best_rate:
+    if noise_rule and s.measurably_slower:
+        return s.note or "measurably slower than the default"
+    if not noise_rule and best_rate is not None and s.throughput is not None and s.throughput < (1 - tol) * best_rate:
         slower = 100.0 * (1 - s.throughput / best_rate)
         return f"throughput {s.throughput:g} is {slower:.1f} % below the best ({best_rate:g}); more than {tol:.0%}"
     if best is None:
         return "no winner"
+    if best.min_budget is None:
+        return f"{best.candidate.label} was chosen: this one is measurably slower"
     if s.min_budget > best.min_budget:
         return (
             f"needs min_budget {format_mib(s.min_budget)}, "

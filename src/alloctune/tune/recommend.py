@@ -35,6 +35,15 @@ def recommend(result: TuneResult) -> Recommendation:
             f"(peak allocated without a budget: {format_mib(result.baseline.peak_allocated or 0)})",
             reasons=reasons,
         )
+    if best.candidate.knob == DEFAULT and best.min_budget is None:
+        slower = any(s.measurably_slower for s in result.summaries)
+        why = ("the settings that need less memory were measurably slower (see the candidates table)" if slower
+               else "no other setting was shown to need less memory")
+        return Recommendation(
+            "",
+            f"keep the default: it completes under {budget}, and {why}; leave PYTORCH_CUDA_ALLOC_CONF unset",
+            reasons=reasons,
+        )
     if best.candidate.knob == DEFAULT:
         return Recommendation(
             "",

@@ -1,7 +1,9 @@
 """The sweep: which trials to run, in what order, and when to stop.
 
-Pure logic over an `Evaluator` (allocator string + budget → `TrialResult`): the GPU
-evaluator is the runner, tests use a fake one. Steps:
+Pure logic over an `Executor` of trials (allocator string + budget → `TrialResult`): on the
+GPU the runner, in tests a fake. The default strategy, `confirm`, lets the simulator decide
+and the GPU confirm (`tune.confirm`). The exhaustive strategy (`--strategy exhaustive`, or
+`grid` to test every `max_split_size_mb` value) measures everything on the GPU:
 
 1. **Baseline**: the default setting, no budget, allocator history recorded. It gives the
    card's size, the workload's peak allocated bytes (no budget below it can work: the lower
@@ -40,7 +42,10 @@ from alloctune.tune.candidates import (
     make,
     split_grid,
 )
+from alloctune.tune.executors.base import Executor, SerialExecutor, TrialRequest
 from alloctune.tune.objective import CandidateSummary, Ranking, rank
+from alloctune.tune.platform import filter_candidates, is_async_backend, this_platform
+from alloctune.schema import schema_id
 from alloctune.tune.store import TrialStore, trial_key
 from alloctune.units import MiB, format_mib
 
@@ -56,9 +61,14 @@ class Evaluator(Protocol):
 
 
 class Simulator(Protocol):
-    """Predictions from a recorded trace (the real one wraps `alloctune.sim`)."""
+    """Predictions from a recorded trace (the real one wraps `alloctune.sim.sweep`).
 
-    def min_budget(self, conf: str) -> int | None: ...
+    Optional: `calibrate(trial) -> str | None` learns from a capped recorded trial how the
+    program adapts (fallible requests) and says what it learned; `note` says when
+    predictions rest on requests the model could not tag.
+    """
+
+    def estimates(self, confs: Sequence[str]) -> dict[str, int | None]: ...
 
 
 class TrialCrashed(WorkloadFailed):
@@ -70,18 +80,28 @@ class TuneSettings:
     command: tuple[str, ...]
     budget: int | None = None  # None = the whole card
     knobs: Mapping[str, Sequence[str]] = field(default_factory=dict)
-    strategy: str = "auto"  # auto | grid
-    simulate_first: bool = False
+    strategy: str = "confirm"  # confirm | exhaustive (alias auto) | grid
+    simulate_first: bool = False  # exhaustive only: rank by simulation, verify the top three
     repeat: int = 1
     rel_tol: float = 0.01
     abs_tol: int = 16 * MiB
     max_split_points: int = 8
     verify_top: int = 3
     sim_margin: float = 0.02  # bracket around a simulated min_budget: ± this fraction
+    platform: str = field(default_factory=this_platform)  # linux | windows: where the setting will be used
+    max_gpu_runs: int = 10  # confirm: GPU runs after the baseline, at most
+    confirm_abs_tol: int = 4 * MiB  # confirm: a proven bracket is within rel_tol or this
+    widen_start: float = 0.03  # confirm: first widening step when the GPU contradicts, fraction of the estimate
+    throughput_tolerance: float = 0.03
+    ab_pairs: int = 2  # confirm: A/B repeat pairs at most when throughput might decide
 
     def __post_init__(self) -> None:
-        if self.strategy not in ("auto", "grid"):
-            raise InputError(f"--strategy {self.strategy!r} is not known: use auto or grid")
+        if self.strategy == "auto":
+            object.__setattr__(self, "strategy", "exhaustive")
+        if self.strategy not in ("confirm", "exhaustive", "grid"):
+            raise InputError(f"--strategy {self.strategy!r} is not known: use confirm, exhaustive or grid")
+        if self.platform not in ("linux", "windows"):
+            raise InputError(f"--platform {self.platform!r} is not known: use linux or windows")
         if self.repeat < 1:
             raise InputError("--repeat must be at least 1")
 
@@ -116,9 +136,11 @@ class TuneResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "schema": 1,
+            "schema": schema_id("tune", 2),
             "command": list(self.settings.command),
             "strategy": self.settings.strategy,
+            "platform": self.settings.platform,
+            "gpu_runs_after_baseline": sum(1 for t in self.trials[1:] if not t.reused),
             "simulate_first": self.settings.simulate_first,
             "budget": self.budget,
             "total_memory": self.total_memory,
@@ -152,8 +174,10 @@ class Tuner:
         simulator_factory: Callable[[TrialResult], Simulator] | None = None,
         on_trial_start: Callable[[str, int | None, str], None] | None = None,
         on_trial_end: Callable[[TrialRecord], None] | None = None,
+        executor: Executor | None = None,
     ):
         self.evaluator = evaluator
+        self.executor = executor if executor is not None else SerialExecutor(evaluator)
         self.settings = settings
         self.store = store
         self.simulator_factory = simulator_factory
@@ -164,26 +188,52 @@ class Tuner:
 
     # ---- trials ------------------------------------------------------------------------------
     def _trial(self, conf: str, budget: int | None, purpose: str, *, repeat: int = 0, record: bool = False) -> TrialResult:
-        key = trial_key(self.settings.command, conf, budget, repeat, record)
-        found = self.store.get(key) if self.store is not None else None
-        if found is not None and record and not found.snapshot:
-            found = None
-        if found is not None and record and not Path(found.snapshot).exists():
-            found = None  # the recorded trace is gone: record it again
-        if self.on_trial_start:
-            self.on_trial_start(conf, budget, purpose)
-        if found is not None:
-            rec = TrialRecord(found, purpose, reused=True)
-        else:
-            result = self.evaluator(conf, budget, repeat=repeat, record=record, ensure_cap=f"{GC}:" in conf)
-            if self.store is not None:
-                self.store.append(key, result)
-            rec = TrialRecord(result, purpose)
+        req = TrialRequest(conf, budget, repeat=repeat, record=record, ensure_cap=f"{GC}:" in conf, purpose=purpose)
+        return self.batch([req])[0]
+
+    def batch(self, requests: Sequence[TrialRequest]) -> list[TrialResult]:
+        """Run independent trials (through the executor, so possibly side by side); results in
+        request order. Trials already in the store are reused; every fresh one is stored as
+        soon as it finishes, so an interruption loses nothing."""
+        found: dict[int, TrialResult] = {}
+        todo: list[tuple[int, TrialRequest]] = []
+        keys = [trial_key(self.settings.command, r.conf, r.budget, r.repeat, r.record) for r in requests]
+        for k, (req, key) in enumerate(zip(requests, keys)):
+            hit = self.store.get(key) if self.store is not None else None
+            if hit is not None and req.record and (not hit.snapshot or not Path(hit.snapshot).exists()):
+                hit = None  # the recorded trace is gone: record it again
+            if hit is not None:
+                found[k] = hit
+            else:
+                todo.append((k, req))
+        for k, req in enumerate(requests):
+            if k in found:
+                self._done(req, found[k], reused=True)
+        if todo:
+            index = {id(req): k for k, req in todo}
+            for req in (r for _, r in todo):
+                if self.on_trial_start:
+                    self.on_trial_start(req.conf, req.budget, req.purpose)
+            for req, result in self.executor.run([r for _, r in todo]):
+                k = index[id(req)]
+                if self.store is not None:
+                    self.store.append(keys[k], result)
+                found[k] = result
+                self._done(req, result, reused=False)
+        out = [found[k] for k in range(len(requests))]
+        for r in out:
+            self._check(r)
+        return out
+
+    def _done(self, req: TrialRequest, result: TrialResult, *, reused: bool) -> None:
+        rec = TrialRecord(result, req.purpose, reused=reused)
         self.trials.append(rec)
         if self.on_trial_end:
             self.on_trial_end(rec)
-        self._check(rec.result)
-        return rec.result
+
+    def fresh_runs_after_baseline(self) -> int:
+        """GPU runs made after the baseline (store hits do not count)."""
+        return sum(1 for t in self.trials[1:] if not t.reused)
 
     def _check(self, result: TrialResult) -> None:
         raise_for_environment(result)
@@ -230,7 +280,24 @@ class Tuner:
                 if grid.largest_segment else "max_split_size_mb skipped: the baseline recorded no segment sizes"
             )
         fixed = fixed_candidates(s.knobs)
-        if s.simulate_first:
+        async_backend = is_async_backend(baseline.allocator_settings)
+        fixed, platform_notes = filter_candidates(fixed, s.platform, async_backend=async_backend)
+        self.notes.extend(platform_notes)
+        if async_backend:
+            auto_split = False
+        if s.strategy == "confirm":
+            from alloctune.tune.confirm import ConfirmFlow, SimulationUnavailable
+
+            cands = list(fixed)
+            if auto_split:
+                cands += [make(MAX_SPLIT, str(v)) for v in grid.values_mb]
+            try:
+                summaries = ConfirmFlow(self, baseline, cands, budget).run()
+            except SimulationUnavailable as exc:
+                self.notes.append(f"the simulator could not use the baseline's recording ({exc}): every candidate "
+                                  "was measured on the GPU instead (the exhaustive strategy)")
+                summaries = self._measure(fixed, grid if auto_split else None, budget, lo_bound)
+        elif s.simulate_first:
             summaries = self._simulate_then_verify(baseline, fixed, grid if auto_split else None, budget, lo_bound)
         else:
             summaries = self._measure(fixed, grid if auto_split else None, budget, lo_bound)
@@ -250,13 +317,13 @@ class Tuner:
         for t in self.trials[1:]:
             counts[t.result.conf or ""] = counts.get(t.result.conf or "", 0) + 1
         summaries = [_replace(sm, trials=counts.get(sm.candidate.conf, 0)) for sm in summaries]
-        ranking = rank(summaries, budget)
+        ranking = rank(summaries, budget, throughput_tolerance=s.throughput_tolerance, noise_rule=s.strategy == "confirm")
         return TuneResult(
             s, budget, total, baseline, grid, tuple(summaries), ranking, tuple(self.trials), tuple(self.notes)
         )
 
     def _feasible(self, c: Candidate, budget: int) -> CandidateSummary:
-        ok, res = self._point(c.conf, budget, f"feasibility of {c.label} at the budget")
+        ok, res = self._point(c.conf, budget, "feasibility at the budget")
         return _summary(c, ok, res)
 
     def _measure(
@@ -322,7 +389,7 @@ class Tuner:
         fails: the reported bracket is always a tested pass and a tested failure (or 0).
         """
         n = 0
-        purpose = f"min_budget of {c.label}"
+        purpose = "min_budget bisection"
         lo_seen = False
         if lo >= hi:  # the workload allocated more without a budget than this candidate is given
             lo = align_down(hi // 2)
@@ -370,7 +437,7 @@ class Tuner:
         cands = list(fixed)
         if grid is not None:
             cands += [make(MAX_SPLIT, str(v)) for v in grid.values_mb]
-        estimates = {c.conf: sim.min_budget(c.conf) for c in cands}
+        estimates = dict(sim.estimates([c.conf for c in cands]))
         order = sorted(cands, key=lambda c: (estimates[c.conf] is None or estimates[c.conf] > budget,
                                              estimates[c.conf] or 0, c.conf))
         out = []
@@ -395,10 +462,10 @@ class Tuner:
             # smaller cap), so the separate feasibility trial is needed only when it fails.
             hi0 = budget if est is None else min(budget, align_up(int(est * (1 + self.settings.sim_margin))))
             lo = lo_bound
-            ok, res = self._point(c.conf, hi0, f"verify {c.label} near the simulated min_budget")
+            ok, res = self._point(c.conf, hi0, "verify near the simulated min_budget")
             if not ok and hi0 < budget:
                 lo = hi0
-                ok, res = self._point(c.conf, budget, f"feasibility of {c.label} at the budget")
+                ok, res = self._point(c.conf, budget, "feasibility at the budget")
                 hi0 = budget
             sm = _summary(c, ok, res, sim_min_budget=est)
             verified += 1
@@ -422,21 +489,68 @@ def _fmt_budget(budget: int | None) -> str:
 
 
 class SimulatorFromTrace:
-    """`Simulator` over `alloctune.sim` for the baseline's recorded trace (pure Python)."""
+    """`Simulator` over `alloctune.sim.sweep` for the baseline's recorded trace (pure Python).
 
-    def __init__(self, baseline: TrialResult):
+    Fallible requests: a recording with stack frames tags cuDNN workspaces at once;
+    `calibrate` learns what replaces them from a capped recorded trial.
+    """
+
+    def __init__(self, baseline: TrialResult, progress: Any = None):
+        from alloctune.progress import no_progress
         from alloctune.trace import load_trace
+        from alloctune.trace.fallible import model_from_frames, with_fallbacks
 
-        self.trace = load_trace(baseline.snapshot)
+        self.progress = progress or no_progress
+        self.progress("loading the baseline's recording")
+
+        self.raw = load_trace(baseline.snapshot)
+        self.model = model_from_frames(self.raw)
+        self.trace = with_fallbacks(self.raw, self.model)
         self.total_memory = baseline.total_memory
         self.torch = _minor(baseline.torch_version)
+        self.last = None
+
+    @property
+    def note(self) -> str | None:
+        from alloctune.trace.fallible import untagged_note
+
+        return untagged_note(self.trace)
+
+    @property
+    def can_learn(self) -> bool:
+        """Whether a capped recording could teach anything: scratch requests no evidence covers yet
+        (a transformer decoder has none, so its capped runs are not recorded)."""
+        return self.note is not None
+
+    def estimates(self, confs: Sequence[str]) -> dict[str, int | None]:
+        from alloctune.sim.sweep import sweep
+
+        self.last = sweep(self.trace, confs, torch=self.torch, total_memory=self.total_memory, progress=self.progress)
+        return {c: row.min_budget for c, row in zip(confs, self.last.rows)}
 
     def min_budget(self, conf: str) -> int | None:
-        from alloctune.config import AllocatorConfig
-        from alloctune.sim import min_budget
+        return self.estimates([conf])[conf]
 
-        config = AllocatorConfig.parse(conf, self.torch)
-        return min_budget(self.trace, config, torch=self.torch, total_memory=self.total_memory).budget
+    def calibrate(self, trial: TrialResult) -> str | None:
+        """Learn fallbacks from a capped recorded trial; a sentence when it taught something."""
+        if not trial.snapshot or trial.budget is None or not trial.num_ooms:
+            return None
+        from alloctune.trace import load_trace
+        from alloctune.trace.fallible import combine, learn_from_calibration, with_fallbacks
+
+        try:
+            capped = load_trace(trial.snapshot)
+            learned = learn_from_calibration(self.raw, capped, cap=trial.budget)
+        except Exception:  # noqa: BLE001 - a calibration that cannot be read or aligned teaches nothing
+            return None
+        if not learned.ladders:
+            return None
+        self.model = combine(learned, self.model)
+        self.trace = with_fallbacks(self.raw, self.model)
+        return (
+            f"calibration: the run of {trial.conf or '(default)'} capped at {format_mib(trial.budget)} showed "
+            f"{len(learned.ladders)} request size(s) falling back to smaller ones; every candidate re-simulated with them"
+        )
 
 
 def _summary(c: Candidate, ok: bool, res: Any, **extra: Any) -> CandidateSummary:

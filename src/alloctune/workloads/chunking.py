@@ -4,9 +4,9 @@ RVC bounds the GPU memory of one conversion by cutting files longer than ``x_max
 every ``x_center`` seconds, at the quietest 10 ms inside ±``x_query``; each piece is
 converted with ``x_pad`` seconds of context on both sides, which are trimmed off the
 output before the pieces are joined. The chunk lengths this produces are what the
-allocator sees, so they follow RVC's ``Pipeline.pipeline`` arithmetic exactly
-(``/work/shared/rvc-workload.md`` §1.2–1.4): the 160-sample flooring, the reflect padding,
-the ``+160`` at a chunk's end and the per-chunk trim.
+allocator sees, so they follow RVC's ``Pipeline.pipeline`` arithmetic exactly: the
+160-sample flooring, the reflect padding, the ``+160`` at a chunk's end and the per-chunk
+trim.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """RVC voice-conversion inference, as the CUDA caching allocator sees it.
 
-Follows RVC's offline pipeline (``/work/shared/rvc-workload.md``): models resident in
+Follows RVC's offline pipeline (its ``Pipeline.pipeline``): models resident in
 fp16 (synthesizer at model select, HuBERT at the first conversion, RMVPE at the first
 pitch extraction); per file the RMVPE pitch model runs on the *whole* padded file first
 (unbounded by chunking), the whole pitch curve is uploaded, then per chunk HuBERT → ×2
@@ -231,7 +231,7 @@ def convert_file(ctx: common.RunContext, state: State, args: argparse.Namespace,
         outputs.append(chunking.trim(out, state.cfg.sr, preset))
     result = np.concatenate(outputs)
     expected = chunking.output_length(plan, state.cfg.hop, state.cfg.sr)
-    if len(result) != expected:  # the frame arithmetic of rvc-workload.md §1.4 must hold
+    if len(result) != expected:  # RVC's frame arithmetic (chunking.py) must hold
         raise RuntimeError(f"output has {len(result)} samples, the chunk plan predicts {expected}")
     del pitch, pitchf, sid
     if ctx.is_cuda and not args.no_empty_cache:

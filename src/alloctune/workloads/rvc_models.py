@@ -1,7 +1,7 @@
 """Shape-faithful, weight-free replicas of the networks RVC runs at inference.
 
-Written from the architecture description in ``/work/shared/rvc-workload.md`` §2 (layer
-sizes, orders, which convs are weight-normed); no RVC code is reused. What matters for the
+Written from RVC's published architecture (layer sizes, orders, which convs are
+weight-normed); no RVC code is reused. What matters for the
 allocator is that every intermediate tensor has RVC's shape and dtype and is created and
 freed in the same order, so the forward passes keep RVC's operator sequence (for example
 the relative-attention pad/reshape dance, the old-style ``weight_norm`` hooks that

@@ -1,0 +1,111 @@
+"""Build the one results file, `bench/results/RESULTS.md`, from the bench outputs in `bench/results/`.
+
+README and docs link this file instead of restating figures, so a figure is written once, by
+the script that measured it. Each bench writes `bench/results/NAME.md` (its table) and
+`NAME.json` (its rows, with a `schema`); this script reads every such pair it knows, puts the
+headline figures first with the command that produced them, and links each full table.
+
+    python bench/results.py [--dir bench/results]
+
+Draft: it knows the fidelity and empty_cache() benches; others add a reader to `READERS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _capped(f: dict[str, Any]) -> str:
+    if not f["capped"]:
+        return ""
+    return f"; capped runs fail at the recorded first request in **{f['capped_first_failure']}/{f['capped']}**"
+
+
+def _fidelity(d: dict[str, Any]) -> list[str]:
+    s = d["summary"]
+    rp, pr, md = s["replay"], s["prediction from one recording"], s["prediction with modelled addresses"]
+    out = [
+        f"- replay (own stream, own addresses): **{rp['exact']}/{rp['rows']} exact**",
+        f"- prediction from one recording: **{pr['uncapped_exact']}/{pr['uncapped']} exact** without a recorded failure"
+        + _capped(pr),
+        f"- prediction with modelled addresses: **{md['uncapped_exact']}/{md['uncapped']} exact**" + _capped(md),
+    ]
+    if s.get("min_budget", {}).get("rows"):
+        out.append(f"- min budget, own stream vs default's: **{s['min_budget']['agree']}/{s['min_budget']['rows']} agree**")
+    g = s.get("measured_min_budget") or {}
+    if g.get("rows"):
+        out.append(f"- min budget simulated vs bisected on the GPU: brackets overlap in **{g['overlap']}/{g['rows']}**, "
+                   f"simulated ÷ measured {g['ratio_min']:.3f}–{g['ratio_max']:.3f}")
+    return out
+
+
+def _empty_cache(d: dict[str, Any]) -> list[str]:
+    rows = d["rows"]
+    counted = [r for r in rows if r.get("known_calls") is not None]
+    right = sum(r["limit_aware"] == r["known_calls"] for r in counted)
+    marked = [r for r in rows if "marked_calls" in r]
+    out = [f"- inferred call count right in **{right}/{len(counted)}** recordings with known counts"]
+    if marked:
+        tot = sum(r["marked_calls"] for r in marked)
+        out.append(f"- agent-marked calls placed right by inference: **{sum(r['positions_right_aware'] for r in marked)}"
+                   f"/{tot}**, calls inferred that the program never made: {sum(r['extra_aware'] for r in marked)}")
+    return out
+
+
+READERS: dict[str, tuple[str, Callable[[dict[str, Any]], list[str]]]] = {
+    "alloctune.bench.fidelity/2": ("Simulator fidelity", _fidelity),
+    "alloctune.bench.empty_cache/1": ("empty_cache() inference", _empty_cache),
+}
+
+
+def build(folder: Path) -> str:
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = ["# alloctune — measured results", "",
+             f"Generated {stamp} by `python bench/results.py` from the bench outputs in this folder; every figure "
+             "links to the table and command that produced it. Do not edit by hand: re-run the bench, then this.", ""]
+    for path in sorted(folder.glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        reader = READERS.get(data.get("schema", "")) if isinstance(data, dict) else None
+        if reader is None:
+            continue
+        title, fn = reader
+        table = path.with_suffix(".md")
+        source = data.get("traces") or ""
+        lines.append(f"## {title}: {path.stem}" + (f" — {source}" if source else ""))
+        lines.append("")
+        if data.get("command"):
+            lines.append(f"`{data['command']}`" + (f" ({data['generated']})" if data.get("generated") else ""))
+            lines.append("")
+        lines += fn(data)
+        if table.is_file():
+            lines += ["", f"Full table: [{table.name}]({table.name})"]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dir", default=str(ROOT / "bench" / "results"))
+    args = ap.parse_args(argv)
+    folder = Path(args.dir)
+    if not folder.is_dir():
+        print(f"results: error: no folder {folder}", file=sys.stderr)
+        return 2
+    out = folder / "RESULTS.md"
+    out.write_text(build(folder))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

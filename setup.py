@@ -1,0 +1,24 @@
+"""Build hook for the optional native replay core (`alloctune.sim._native`).
+
+Everything else is declared in pyproject.toml. The extension is `optional`: where no C
+compiler is available the install still succeeds and the simulator uses its pure-Python
+model (and says so once). Wheels for Linux/macOS/Windows are built by cibuildwheel
+(see `[tool.cibuildwheel]` and .github/workflows/wheels.yml), so users need no compiler.
+"""
+
+import sys
+
+from setuptools import Extension, setup
+
+_ARGS = [] if sys.platform == "win32" else ["-O3"]
+
+setup(
+    ext_modules=[
+        Extension(
+            "alloctune.sim._native",
+            sources=["src/alloctune/sim/_native.c"],
+            extra_compile_args=_ARGS,
+            optional=True,
+        )
+    ]
+)

@@ -1,0 +1,92 @@
+"""The Python API: the same core functions the `alloctune` commands call, in one place.
+
+    from alloctune import api
+
+    sim = api.simulate("run.pickle.xz", ["", "expandable_segments:True"], budget="6GiB")
+    sim.failed, [r.peak_reserved for r in sim.rows], sim.to_dict()
+    d = api.diagnose(log_text_or_exception)          # the last OOM's Diagnosis
+    check = api.check_setting("expandable_segments:True", "2.11", platform="windows")
+
+Why a module and not functions on `alloctune` itself: `alloctune.tune`, `alloctune.diagnose`,
+`alloctune.plan` (and `alloctune.record`) are modules, and importing any of their submodules
+rebinds that name on the package, so `alloctune.tune(...)` could mean a function or a module
+depending on what happened to be imported first. Here every name is a function.
+`tune`, `record` and `plan` are provided by their own packages and imported by name on the
+first call; if one is missing from this build, calling it raises `ApiUnavailable` saying which.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Any
+
+from alloctune.config.effective import check_setting
+from alloctune.errors import AlloctuneError
+from alloctune.simulation import simulate
+from alloctune.trace_files import convert_trace, trace_info
+
+__all__ = [
+    "ApiUnavailable", "check_setting", "convert_trace", "diagnose", "diagnose_all", "diagnose_snapshot", "plan",
+    "record", "simulate", "trace_info", "tune",
+]
+
+# name -> (module, function) of the entry points other packages provide
+PROVIDERS: dict[str, tuple[str, str]] = {
+    "tune": ("alloctune.tune", "tune"),
+    "record": ("alloctune.record", "record"),
+    "plan": ("alloctune.plan", "plan"),
+}
+
+
+class ApiUnavailable(AlloctuneError):
+    """An API entry point whose implementation is not part of this build."""
+
+    exit_code = 2
+
+
+def _provided(name: str) -> Any:
+    module, attr = PROVIDERS[name]
+    if importlib.util.find_spec(module) is None:
+        raise ApiUnavailable(f"alloctune.api.{name} is not available: module {module} is not in this build")
+    func = getattr(importlib.import_module(module), attr, None)  # real import errors propagate as they are
+    if not callable(func):
+        raise ApiUnavailable(f"alloctune.api.{name} is not available: {module} has no function {attr}()")
+    return func
+
+
+def diagnose(text_or_exception: object, platform: str | None = None) -> Any:
+    """The `Diagnosis` of the last OOM message in a text, a log, or a caught exception."""
+    from alloctune.diagnose import diagnose as _diagnose
+
+    return _diagnose(text_or_exception, platform)
+
+
+def diagnose_all(text_or_exception: object, platform: str | None = None) -> list:
+    """One `Diagnosis` per distinct OOM message, in order."""
+    from alloctune.diagnose import diagnose_all as _diagnose_all
+
+    return _diagnose_all(text_or_exception, platform)
+
+
+def diagnose_snapshot(snapshot: Any, *, budget: int | str | None = None, device: int = 0, oom: int = -1,
+                      what_if: bool = True) -> Any:
+    """The `SnapshotDiagnosis` of the OOM recorded in a snapshot file (`alloctune diagnose --snapshot`)."""
+    from alloctune.diagnosis import explain_snapshot
+
+    return explain_snapshot(snapshot, budget=budget, device=device, oom=oom, what_if=what_if)
+
+
+def tune(*args: Any, **kwargs: Any) -> Any:
+    """Sweep allocator settings for a workload (`alloctune tune`); see `alloctune.tune.tune`."""
+    return _provided("tune")(*args, **kwargs)
+
+
+def record(*args: Any, **kwargs: Any) -> Any:
+    """Record a workload's allocator history (`alloctune record`); see `alloctune.record.record`."""
+    return _provided("record")(*args, **kwargs)
+
+
+def plan(*args: Any, **kwargs: Any) -> Any:
+    """Answer sizing questions from recordings at several input sizes; see `alloctune.plan.plan`."""
+    return _provided("plan")(*args, **kwargs)

@@ -1,0 +1,195 @@
+"""Plain data of a snapshot diagnosis: memory maps, pinned segments, what-ifs, the verdict.
+
+Only dataclasses with `to_dict`/`from_dict` and no logic beyond derived properties, so that
+`report/` (tables, figures, HTML) can take them without importing the diagnosis itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+SCHEMA = "alloctune.snapshot-diagnosis/1"
+
+
+@dataclass(frozen=True)
+class BlockView:
+    addr: int
+    size: int
+    allocated: bool
+    requested: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"addr": self.addr, "size": self.size, "allocated": self.allocated, "requested": self.requested}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "BlockView":
+        return cls(int(d["addr"]), int(d["size"]), bool(d["allocated"]), int(d.get("requested", 0)))
+
+
+@dataclass(frozen=True)
+class SegmentView:
+    """One segment (or one mapped run of an expandable segment) and its blocks in address order."""
+
+    addr: int
+    size: int
+    stream: int
+    pool: str  # "small" or "large"
+    expandable: bool
+    blocks: tuple[BlockView, ...]
+
+    @property
+    def allocated(self) -> int:
+        return sum(b.size for b in self.blocks if b.allocated)
+
+    @property
+    def free(self) -> int:
+        return self.size - self.allocated
+
+    @property
+    def largest_free(self) -> int:
+        return max((b.size for b in self.blocks if not b.allocated), default=0)
+
+    @property
+    def live_blocks(self) -> int:
+        return sum(1 for b in self.blocks if b.allocated)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "addr": self.addr,
+            "size": self.size,
+            "stream": self.stream,
+            "pool": self.pool,
+            "expandable": self.expandable,
+            "blocks": [b.to_dict() for b in self.blocks],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "SegmentView":
+        return cls(
+            int(d["addr"]),
+            int(d["size"]),
+            int(d.get("stream", 0)),
+            str(d.get("pool", "large")),
+            bool(d.get("expandable", False)),
+            tuple(BlockView.from_dict(b) for b in d.get("blocks", ())),
+        )
+
+
+@dataclass(frozen=True)
+class MemoryMap:
+    """The allocator's segments at one point of the history (`event_index`, -1 = snapshot time)."""
+
+    event_index: int
+    segments: tuple[SegmentView, ...]
+
+    @property
+    def reserved(self) -> int:
+        return sum(s.size for s in self.segments)
+
+    @property
+    def allocated(self) -> int:
+        return sum(s.allocated for s in self.segments)
+
+    def free_blocks(self, pool: str | None = None, stream: int | None = None) -> list[int]:
+        """Sizes of the free blocks (optionally of one pool and stream), largest first."""
+        sizes = [
+            b.size
+            for s in self.segments
+            if (pool is None or s.pool == pool) and (stream is None or s.stream == stream)
+            for b in s.blocks
+            if not b.allocated
+        ]
+        return sorted(sizes, reverse=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"event_index": self.event_index, "segments": [s.to_dict() for s in self.segments]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "MemoryMap":
+        return cls(int(d.get("event_index", -1)), tuple(SegmentView.from_dict(s) for s in d.get("segments", ())))
+
+
+@dataclass(frozen=True)
+class PinnedSegment:
+    """A segment that cannot go back to the driver because a few live blocks hold it."""
+
+    addr: int
+    size: int
+    allocated: int
+    free: int
+    largest_free: int
+    live_blocks: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "PinnedSegment":
+        return cls(**{k: int(d[k]) for k in ("addr", "size", "allocated", "free", "largest_free", "live_blocks")})
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """One candidate setting replayed on the recorded requests under the same budget."""
+
+    config: str
+    # True: the request that failed fits and nothing failed before it. The recorded run ended
+    # (or changed course) at the OOM, so whether a *later* request would fail is not known.
+    avoids_oom: bool | None  # None: could not be simulated
+    peak_reserved: int | None = None
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "WhatIf":
+        return cls(str(d["config"]), d.get("avoids_oom"), d.get("peak_reserved"), str(d.get("note", "")))
+
+
+@dataclass(frozen=True)
+class SnapshotDiagnosis:
+    source: str
+    verdict: str  # "fragmentation", "capacity" or "no-oom"
+    summary: str
+    state_source: str  # "snapshot-at-oom", "replayed-history" or "snapshot-final"
+    oom_event_index: int
+    oom_count: int
+    request: int  # rounded bytes of the failed request
+    alloc_size: int  # what the OOM message printed ("Tried to allocate")
+    pool: str
+    reserved: int
+    allocated: int
+    reserved_free: int
+    largest_free: int  # largest free block the request could have used (same pool, same stream)
+    free_blocks: int
+    device_free: int | None
+    budget: int | None
+    budget_source: str
+    pinned: tuple[PinnedSegment, ...]
+    pinned_count: int
+    pinned_free: int
+    what_if: tuple[WhatIf, ...]
+    recommendation: str | None
+    evidence: tuple[str, ...]
+    memory_map: MemoryMap = field(repr=False, default=MemoryMap(-1, ()))
+
+    def to_dict(self, with_map: bool = True) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("pinned", "what_if", "memory_map")}
+        d["schema"] = SCHEMA
+        d["evidence"] = list(self.evidence)
+        d["pinned"] = [p.to_dict() for p in self.pinned]
+        d["what_if"] = [w.to_dict() for w in self.what_if]
+        if with_map:
+            d["memory_map"] = self.memory_map.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "SnapshotDiagnosis":
+        kw = {k: d[k] for k in cls.__dataclass_fields__ if k in d and k not in ("pinned", "what_if", "memory_map")}
+        kw["evidence"] = tuple(d.get("evidence", ()))
+        kw["pinned"] = tuple(PinnedSegment.from_dict(p) for p in d.get("pinned", ()))
+        kw["what_if"] = tuple(WhatIf.from_dict(w) for w in d.get("what_if", ()))
+        kw["memory_map"] = MemoryMap.from_dict(d.get("memory_map", {}))
+        return cls(**kw)

@@ -1,0 +1,426 @@
+"""Answers from a size-parametric trace: what fits where, by exact simulation.
+
+For each allocator setting:
+- the largest input size that completes on each card (a device of that total memory) and
+  under each cap (a per-process budget on the recording's device), by bisection on the
+  size grid — every probe generates the stream at that size and replays it;
+- the min budget and the uncapped peak reserved as a function of size (the curve);
+- for one size (`size=`): peak reserved, whether each card and cap completes, the min
+  budget, and the smallest card.
+
+Bisection assumes that a larger input never needs less memory, which the allocator does not
+promise (under a cap, where a size's blocks land decides what fits); so the bisection's answer
+is checked by replaying sizes 2 % apart below it, and the answer is the largest size below
+which every probed size completes, with the larger one that completes again reported. Sizes outside the
+recorded range are extrapolated and flagged. Without a fallible-request model (a request
+the program would retry smaller, e.g. a cuDNN workspace) every failure is fatal, so the
+answer can only be too small: it is marked conservative.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
+from typing import Any, Callable, Sequence
+
+from alloctune.errors import InputError
+from alloctune.plan.traceset import Generated, TraceSet, as_size, size_text, workspaces
+from alloctune.sim.budget import min_budget
+from alloctune.sim.driver import DEFAULT_OVERHEAD, H200_TOTAL
+from alloctune.sim.replay import replay
+from alloctune.sim.settings import SimSettings
+
+SCHEMA = "alloctune.plan/1"
+MiB = 1 << 20
+CARD_TOL = 16 * MiB  # smallest-card bisection stops within this
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the program runs: a whole card of `bytes`, or a per-process cap on the recording's device."""
+
+    kind: str  # "card" | "cap"
+    bytes: int
+
+    @property
+    def label(self) -> str:
+        from alloctune.units import format_size
+
+        return f"{self.kind} {format_size(self.bytes)}"
+
+
+@dataclass(frozen=True)
+class Largest:
+    target: Target
+    largest: str | None  # largest completing size on the grid; None: not even the smallest
+    first_failing: str | None  # smallest failing size seen (None: the whole searched range fits)
+    extrapolated: bool  # the answer lies outside the recorded sizes
+    probes: int
+    completes_again: str | None = None  # not monotone: bisection's answer, above a size that fails
+    optimistic: str | None = None  # the same search with every inexact-law request fallible down to nothing
+
+    @property
+    def monotone(self) -> bool:
+        return self.completes_again is None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "target": self.target.kind,
+            "bytes": self.target.bytes,
+            "label": self.target.label,
+            "largest": self.largest,
+            "first_failing": self.first_failing,
+            "extrapolated": self.extrapolated,
+            "probes": self.probes,
+            "completes_again": self.completes_again,
+            "optimistic": self.optimistic,
+        }
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    size: str
+    peak_reserved: int
+    peak_allocated: int
+    min_budget: int | None
+    extrapolated: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class AtSize:
+    size: str
+    peak_reserved: int
+    peak_allocated: int
+    min_budget: int | None
+    smallest_card: int | None
+    completes: dict[str, bool]  # target label -> completes
+    notes: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["notes"] = list(self.notes)
+        return d
+
+
+@dataclass(frozen=True)
+class SettingPlan:
+    conf: str
+    largest: tuple[Largest, ...]
+    curve: tuple[CurvePoint, ...]
+    at_size: AtSize | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "conf": self.conf,
+            "largest": [x.to_dict() for x in self.largest],
+            "curve": [p.to_dict() for p in self.curve],
+            "at_size": self.at_size.to_dict() if self.at_size else None,
+        }
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    workload: str | None
+    recorded_sizes: tuple[str, ...]
+    step: str
+    search: tuple[str, str]
+    settings: tuple[SettingPlan, ...]
+    conservative: bool
+    notes: tuple[str, ...]
+    context_bytes: int  # CUDA context assumed on a card (not available to the allocator)
+    replays: int
+    wall_s: float
+    traceset: dict[str, Any] = field(default_factory=dict)  # TraceSet.summary()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "workload": self.workload,
+            "recorded_sizes": list(self.recorded_sizes),
+            "step": self.step,
+            "search": list(self.search),
+            "settings": [s.to_dict() for s in self.settings],
+            "conservative": self.conservative,
+            "notes": list(self.notes),
+            "context_bytes": self.context_bytes,
+            "replays": self.replays,
+            "wall_s": self.wall_s,
+            "traceset": self.traceset,
+        }
+
+
+class _Prober:
+    """Generates streams (cached per size) and counts replays."""
+
+    def __init__(self, ts: TraceSet, torch: str | None, context: int, optimistic: bool = False) -> None:
+        self.ts = ts
+        self.optimistic = optimistic
+        self.torch = torch
+        self.context = context
+        self.replays = 0
+        self._gen: dict[Fraction, Generated] = {}
+        self._done: dict[tuple[Any, ...], Any] = {}
+
+    def gen(self, x: Fraction) -> Generated:
+        g = self._gen.get(x)
+        if g is None:
+            if len(self._gen) > 64:  # generated streams are big; keep the recent ones
+                self._gen.pop(next(iter(self._gen)))
+            g = self._gen[x] = self.ts.generate(x, fallible_inexact=self.optimistic)
+        return g
+
+    def run(self, x: Fraction, settings: SimSettings, target: Target | None) -> Any:
+        key = (x, settings, target)
+        r = self._done.get(key)
+        if r is None:
+            trace = self.gen(x).trace
+            kw: dict[str, Any] = {"record_events": False, "timeline_points": 1, "overhead": self.context}
+            if target is None:
+                r = replay(trace, settings, **kw)
+            elif target.kind == "card":
+                r = replay(trace, settings, total_memory=target.bytes, **kw)
+            else:
+                r = replay(trace, settings, budget=target.bytes, **kw)
+            self.replays += 1
+            self._done[key] = r
+        return r
+
+    def completes(self, x: Fraction, settings: SimSettings, target: Target) -> bool:
+        return bool(self.run(x, settings, target).completed)
+
+
+def plan(
+    ts: TraceSet,
+    *,
+    confs: Sequence[str] = ("",),
+    cards: Sequence[int] = (),
+    caps: Sequence[int] = (),
+    size: Any = None,
+    step: Any = None,
+    max_size: Any = None,
+    curve: Sequence[Any] | None = None,
+    torch: str | None = None,
+    context: int = DEFAULT_OVERHEAD,
+    bounds: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> PlanResult:
+    """Answer the capacity questions for `ts` under each setting in `confs` (allocator strings).
+
+    `step`: the size grid (default 1 for whole-number recorded sizes, else a hundredth of the
+    smallest); `max_size`: top of the search (default 4x the largest recorded size).
+    `curve`: sizes for the min-budget curve (default: recorded sizes and points between/above).
+    `bounds`: when the recordings carry no fallbacks but have requests that look like workspaces
+    (no exact law, or freed by the very next request), also search with those requests fallible
+    down to nothing: the real largest size lies between the two answers.
+    """
+    t0 = time.perf_counter()
+    sizes = ts.sizes
+    grid = _option_size(step, "--step") if step is not None else _default_step(sizes)
+    top = _option_size(max_size, "--max-size") if max_size is not None else sizes[-1] * 4
+    if top < grid:
+        raise InputError(f"--max-size {size_text(top)} is below the size step {size_text(grid)}")
+    top = (top // grid) * grid
+    settings = []
+    for text in confs:
+        settings.append((text, SimSettings.from_config(text, torch)))
+    targets = [Target("card", int(c)) for c in cards] + [Target("cap", int(c)) for c in caps]
+    for t in targets:
+        if t.bytes <= 0:
+            raise InputError(f"{t.kind} size must be positive, got {t.bytes}")
+    total = ts.total_memory or H200_TOTAL
+    for t in targets:
+        if t.kind == "cap" and t.bytes > total:
+            raise InputError(
+                f"cap {t.label[4:]} is larger than the recording's device ({total} bytes); use --card for other cards"
+            )
+    card_sizes = [t.bytes for t in targets if t.kind == "card"]
+    if card_sizes and context >= min(card_sizes):
+        raise InputError(f"the CUDA context ({context} bytes) does not fit the smallest card ({min(card_sizes)} bytes)")
+    probe = _Prober(ts, torch, context)
+    inexact = len(workspaces(ts, ts.variants[0]))
+    upper = _Prober(ts, torch, context, optimistic=True) if bounds and inexact and not ts.fallbacks else None
+    curve_sizes = sorted({as_size(x) for x in curve} if curve is not None else _default_curve(sizes, grid))
+    at = as_size(size) if size is not None else None
+    say = progress or (lambda _m: None)
+    out = []
+    for text, st in settings:
+        largest = []
+        for t in targets:
+            say(f"{text or '(unset)'}: largest size on {t.label}")
+            item = _largest(probe, st, t, grid, top, sizes)
+            if upper is not None:
+                hi = _largest(upper, st, t, grid, top, sizes, scan=False)
+                item = replace(item, optimistic=hi.largest)
+            largest.append(item)
+        points = []
+        for x in curve_sizes:
+            say(f"{text or '(unset)'}: min budget at size {size_text(x)}")
+            points.append(_curve_point(probe, st, x, torch, sizes))
+        at_size = _at_size(probe, st, at, targets, torch, sizes) if at is not None else None
+        out.append(SettingPlan(text, tuple(largest), tuple(points), at_size))
+    notes = []
+    conservative = not ts.fallbacks
+    if conservative:
+        notes.append(
+            "conservative: no fallible-request model in these recordings (a request the program would retry "
+            "smaller, such as a cuDNN workspace, is taken as fatal), so real largest sizes can only be larger"
+            + (f"; 'optimistic' repeats the search with the {inexact} request(s) that look like workspaces (no exact "
+               "law, or freed by the next request) fallible down to nothing: the real answer lies between"
+               if upper else "")
+        )
+    else:
+        notes.append(f"{len(ts.fallbacks)} fallible request(s) honoured with the fallback sizes recorded at one size")
+    if not ts.identical:
+        notes.append(
+            "the recordings differ in structure (a branch taken at some sizes only): between two recorded sizes of "
+            "different structure, the structure of the nearer one is assumed"
+        )
+    summary = ts.summary()
+    if "table (inexact)" in summary["laws"]:
+        notes.append(f"{summary['laws']['table (inexact)']} request size(s) have no exact law: interpolated between recordings")
+    if any(k.endswith("(unverified)") for k in summary["laws"]):
+        notes.append("some laws were fitted on no spare recording: record one more size to verify them")
+    if card_sizes or at is not None:
+        notes.append(f"cards: the CUDA context is taken as {context // MiB} MiB, not available to the allocator")
+    return PlanResult(
+        workload=ts.meta.get("workload"),
+        recorded_sizes=tuple(size_text(s) for s in sizes),
+        step=size_text(grid),
+        search=(size_text(grid), size_text(top)),
+        settings=tuple(out),
+        conservative=conservative,
+        notes=tuple(notes),
+        context_bytes=context,
+        replays=probe.replays + (upper.replays if upper else 0),
+        wall_s=time.perf_counter() - t0,
+        traceset=summary,
+    )
+
+
+def _option_size(value: Any, option: str) -> Fraction:
+    try:
+        return as_size(value)
+    except InputError:
+        raise InputError(f"{option} must be a positive number, got {value!r}") from None
+
+
+def _default_step(sizes: Sequence[Fraction]) -> Fraction:
+    if all(s.denominator == 1 for s in sizes):
+        return Fraction(1)
+    return sizes[0] / 100
+
+
+def _default_curve(sizes: Sequence[Fraction], grid: Fraction) -> set[Fraction]:
+    lo, hi = sizes[0], sizes[-1]
+    pts = set(sizes)
+    for k in (1, 2, 3):
+        pts.add(max(grid, ((lo + (hi - lo) * k / 4) // grid) * grid))
+    for f in (Fraction(3, 2), Fraction(2)):
+        pts.add(max(grid, ((hi * f) // grid) * grid))
+    return pts
+
+
+def _largest(probe: _Prober, st: SimSettings, t: Target, grid: Fraction, top: Fraction,
+             recorded: Sequence[Fraction], scan: bool = True) -> Largest:
+    """The largest size on the grid below which every size completes.
+
+    Bisection first (it assumes a larger input never needs less memory), then a check of that
+    assumption: sizes on a `SCAN_RATIO` geometric grid from the smallest recorded size up to the
+    answer are replayed too (`scan`; the optimistic bound skips it: it is a bound, and the
+    check is most of the cost); the first one that fails starts a new bisection below it. (The
+    allocator is not monotone in the input: a size can fail under a cap that a larger size
+    fits, when its requests land in segments differently.)
+    """
+    before = probe.replays
+    if probe.completes(top, st, t):
+        best, fail = top, None
+    elif not probe.completes(grid, st, t):
+        return Largest(t, None, size_text(grid), grid < recorded[0], probe.replays - before)
+    else:
+        best, fail = _bisect(probe, st, t, grid, 1, int(top / grid))
+    again = None
+    prev: Fraction | None = None  # the last scanned size that completed
+    for x in _scan(recorded[0], best, grid) if scan else ():
+        if probe.completes(x, st, t):
+            prev = x
+            continue
+        again = best
+        if prev is not None:
+            best, fail = _bisect(probe, st, t, grid, int(prev / grid), int(x / grid))
+        elif x > grid and probe.completes(grid, st, t):
+            best, fail = _bisect(probe, st, t, grid, 1, int(x / grid))
+        else:
+            best, fail = None, x
+        break
+    return Largest(t, size_text(best) if best is not None else None, size_text(fail) if fail is not None else None,
+                   best is not None and not recorded[0] <= best <= recorded[-1], probe.replays - before,
+                   size_text(again) if again is not None else None)
+
+
+SCAN_RATIO = Fraction(102, 100)  # the monotonicity check probes sizes 2 % apart
+
+
+def _bisect(probe: _Prober, st: SimSettings, t: Target, grid: Fraction, lo: int, hi: int) -> tuple[Fraction, Fraction]:
+    """lo * grid completes, hi * grid fails: narrow to neighbours."""
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if probe.completes(mid * grid, st, t):
+            lo = mid
+        else:
+            hi = mid
+    return lo * grid, hi * grid
+
+
+def _scan(start: Fraction, stop: Fraction, grid: Fraction) -> list[Fraction]:
+    """Grid sizes from `start` to below `stop`, about 2 % apart."""
+    out: list[Fraction] = []
+    x = max(grid, (start // grid) * grid)
+    while x < stop:
+        out.append(x)
+        nxt = ((x * SCAN_RATIO) // grid) * grid
+        x = nxt if nxt > x else x + grid
+    return out
+
+
+def _curve_point(probe: _Prober, st: SimSettings, x: Fraction, torch: str | None,
+                 recorded: Sequence[Fraction]) -> CurvePoint:
+    g = probe.gen(x)
+    base = probe.run(x, st, None)
+    mb = min_budget(g.trace, st, torch=torch)
+    probe.replays += mb.replays
+    return CurvePoint(size_text(x), base.peak_reserved, base.peak_allocated, mb.budget,
+                      not recorded[0] <= x <= recorded[-1])
+
+
+def _at_size(probe: _Prober, st: SimSettings, x: Fraction, targets: Sequence[Target], torch: str | None,
+             recorded: Sequence[Fraction]) -> AtSize:
+    g = probe.gen(x)
+    point = _curve_point(probe, st, x, torch, recorded)
+    completes = {t.label: probe.completes(x, st, t) for t in targets}
+    return AtSize(size_text(x), point.peak_reserved, point.peak_allocated, point.min_budget,
+                  _smallest_card(probe, st, x), completes, tuple(g.notes()))
+
+
+def _smallest_card(probe: _Prober, st: SimSettings, x: Fraction) -> int | None:
+    """Bisection on a card's total memory (context included) for the smallest that completes."""
+    base = probe.run(x, st, None)
+    if not base.completed:
+        return None
+    lo = probe.context + max(0, base.peak_requested - 1)  # below live bytes + context nothing fits
+    hi = probe.context + base.peak_reserved
+    while not probe.completes(x, st, Target("card", hi)):
+        lo = hi
+        hi *= 2
+        if hi > 1 << 50:
+            return None
+    while hi - lo > CARD_TOL:
+        mid = (lo + hi) // 2
+        if probe.completes(x, st, Target("card", mid)):
+            hi = mid
+        else:
+            lo = mid
+    return hi

@@ -1,0 +1,90 @@
+"""What `plan` accepts: a saved trace set, or recordings each with its input size.
+
+`FILE:SIZE` names a snapshot (torch's `_dump_snapshot` pickle, any compression, or an
+alloctune compact trace) and the input size it was recorded at; a bare `FILE` works when
+its sidecar `NAME.json` (written by `alloctune record --size`) holds `size`. A directory
+stands for every recording in it that has such a sidecar.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from alloctune.errors import InputError
+from alloctune.plan import fileformat
+from alloctune.plan.traceset import TraceSet, as_size, build
+from alloctune.trace.load import load_trace, read_sidecar
+from alloctune.trace.model import FAILED_ALLOC, Trace
+
+_TRACE_SUFFIXES = (".pickle", ".pickle.xz", ".pickle.gz", ".pickle.bz2", ".atrace", ".atrace.gz")
+
+
+def parse_spec(text: str) -> tuple[Path, Any]:
+    """'a.pickle:1024' -> (Path('a.pickle'), '1024'); a bare path -> (path, None)."""
+    path, sep, size = text.rpartition(":")
+    if sep and path and size and not size.startswith(("/", "\\")):
+        as_size(size)  # refuse a non-number early, with the spec in the message
+        return Path(path), size
+    return Path(text), None
+
+
+def expand(specs: Sequence[str]) -> list[tuple[Path, Any]]:
+    """Specs to (file, size) pairs; directories to their recordings with a sized sidecar."""
+    out: list[tuple[Path, Any]] = []
+    for spec in specs:
+        path, size = parse_spec(spec)
+        if size is None and path.is_dir():
+            found = [p for p in sorted(path.iterdir()) if p.name.endswith(_TRACE_SUFFIXES)]
+            sized = [(p, read_sidecar(p).get("size")) for p in found]
+            sized = [(p, s) for p, s in sized if s is not None]
+            if not sized:
+                raise InputError(f"{path}: no recording with a sidecar 'size' in this directory "
+                                 "(record with alloctune record --size, or give FILE:SIZE)")
+            out.extend(sized)
+            continue
+        if not path.exists():
+            raise InputError(f"{spec}: no such file")
+        if size is None:
+            size = read_sidecar(path).get("size")
+            if size is None:
+                raise InputError(f"{spec}: give the input size it was recorded at as FILE:SIZE (e.g. {path}:1024)")
+        out.append((path, size))
+    return out
+
+
+def load_recordings(specs: Sequence[str]) -> list[tuple[Any, Trace]]:
+    """Load each recording; one that ran out of memory is refused (its stream stops or changes at the
+    failure, so its sizes would teach the fit the wrong program) — skipped when it came from a directory."""
+    named = {parse_spec(s)[0] for s in specs}
+    out = []
+    for path, size in expand(specs):
+        trace = load_trace(path)
+        if FAILED_ALLOC in trace.requests.ops or trace.meta.get("outcome") == "oom":
+            if path in named:
+                raise InputError(f"{path}: this recording ran out of memory at size {size}; record that size "
+                                 "uncapped (or leave it out) — a plan needs complete runs")
+            continue
+        out.append((size, trace))
+    return out
+
+
+def traceset_from(specs: Sequence[str]) -> TraceSet:
+    """One saved trace set, or recordings at two or more sizes (aligned and fitted here)."""
+    if not specs:
+        raise InputError("give a trace set (.atraceset) or recordings as FILE:SIZE (two or more sizes)")
+    if len(specs) == 1:
+        path, size = parse_spec(specs[0])
+        if size is None and path.is_file() and fileformat.is_traceset(path):
+            return fileformat.load(path)
+    for spec in specs:
+        path, _ = parse_spec(spec)
+        if path.is_file() and fileformat.is_traceset(path):
+            raise InputError(f"{spec}: a trace set cannot be mixed with recordings; give it alone")
+    recs = load_recordings(specs)
+    if len(recs) < 2:
+        raise InputError("recordings at two or more input sizes are needed (FILE:SIZE FILE:SIZE ...)")
+    return build(recs)
+
+
+__all__ = ["parse_spec", "expand", "load_recordings", "traceset_from"]

@@ -1,0 +1,107 @@
+"""The one call behind `alloctune plan`: inputs -> trace set -> (save, held-back check) -> answers.
+
+Kept apart from `answer.plan` so the CLI stays parse -> call -> render and the Python API
+can do the same in one line (`run(["a.pickle:1024", ...], caps=[...])`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from alloctune.errors import InputError
+from alloctune.plan import fileformat
+from alloctune.plan.answer import PlanResult, plan
+from alloctune.plan.holdout import Holdout, holdout
+from alloctune.plan.inputs import load_recordings, parse_spec, traceset_from
+from alloctune.plan.rvc import RvcRow, rvc_rows
+from alloctune.plan.traceset import build
+
+SCHEMA = "alloctune.plan_report/1"
+
+
+@dataclass(frozen=True)
+class PlanReport:
+    result: PlanResult
+    saved: str | None = None
+    saved_bytes: int | None = None
+    holdout: Holdout | None = None
+    rvc: tuple[RvcRow, ...] = ()
+    figure: str | None = None
+    figure_skipped: str | None = None
+    wall_s: float = 0.0  # everything: loading, aligning and fitting, the check, answering
+    exported: str | None = None  # the generated stream written by export=
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self.result.to_dict()
+        d["report_schema"] = SCHEMA
+        d["saved"] = self.saved
+        d["saved_bytes"] = self.saved_bytes
+        d["holdout"] = self.holdout.to_dict() if self.holdout else None
+        d["rvc"] = [r.to_dict() for r in self.rvc]
+        d["figure"] = self.figure
+        d["figure_skipped"] = self.figure_skipped
+        d["total_wall_s"] = self.wall_s
+        d["exported"] = self.exported
+        return d
+
+
+def run(
+    inputs: Sequence[str],
+    *,
+    save: str | Path | None = None,
+    hold_back: str | None = None,
+    png: str | Path | None = None,
+    rvc: bool = False,
+    rvc_pad: float = 3.0,
+    rvc_fp32: bool = False,
+    export: str | None = None,
+    **plan_kwargs: Any,
+) -> PlanReport:
+    """Build or load the trace set, optionally save it, check it on a held-back recording, write the
+    stream generated at one size (`export="SIZE:FILE"`, an alloctune compact trace that `simulate`
+    and `trace` read), and plan."""
+    t0 = time.perf_counter()
+    held = None
+    if hold_back is not None:
+        if any(Path(parse_spec(i)[0]).is_file() and fileformat.is_traceset(parse_spec(i)[0]) for i in inputs):
+            raise InputError("--hold-back needs the recordings themselves (FILE:SIZE ...), not a saved trace set")
+        recs = load_recordings(inputs)
+        if len(recs) < 3:
+            raise InputError("--hold-back needs recordings at three or more sizes (two to fit, one to check)")
+        held = holdout(recs, hold_back, plan_kwargs.get("torch"))
+        ts = build(recs)
+    else:
+        ts = traceset_from(inputs)
+    saved = saved_bytes = None
+    if save is not None:
+        saved_bytes = fileformat.save(ts, save)
+        saved = str(save)
+    exported = None
+    if export is not None:
+        exported = _export(ts, export)
+    result = plan(ts, **plan_kwargs)
+    rows = tuple(rvc_rows(result, rvc_pad, not rvc_fp32)) if rvc else ()
+    figure = skipped = None
+    if png is not None:
+        from alloctune.plan.figure import budget_figure
+
+        skipped = budget_figure(result, png)
+        figure = None if skipped else str(png)
+    return PlanReport(result, saved, saved_bytes, held, rows, figure, skipped, time.perf_counter() - t0, exported)
+
+
+def _export(ts: Any, spec: str) -> str:
+    from alloctune.trace.compact import save_compact
+
+    size, sep, path = spec.partition(":")
+    if not sep or not path:
+        raise InputError(f"--export {spec!r}: give SIZE:FILE, e.g. --export 45:rvc-45.atrace")
+    if not Path(path).parent.exists():
+        raise InputError(f"--export: directory {str(Path(path).parent)!r} does not exist")
+    gen = ts.generate(size)
+    gen.trace.meta["generated_notes"] = gen.notes()
+    save_compact(gen.trace, path)
+    return path

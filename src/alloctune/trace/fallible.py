@@ -1,0 +1,375 @@
+"""Fallible requests: which allocations a program gives up on under memory pressure, and
+what it asks for instead.
+
+Why: cuDNN asks for a convolution workspace and, when that allocation fails, tries its
+other algorithms (each with its own workspace, many equally large, the last usually with
+none) and goes on; the allocator records each failure as an `oom` and the run completes.
+Replaying the uncapped recording treats that workspace as a fixed need, so the simulated
+smallest budget of a convolution workload comes out too high (HuBERT: +12 % / +32 %).
+
+Two sources of evidence, used together:
+
+* **Frames** (a recording made with C++ stacks): an allocation whose stack passes through
+  cuDNN / MIOpen is a workspace, hence fallible. This says *which* requests may fail, not
+  what replaces them; without a calibration the replacement is the algorithm without a
+  workspace (modelled as `NO_WORKSPACE`, see below), which cuDNN always has.
+* **Calibration** (the same program recorded under a cap): aligning the capped stream with
+  the uncapped one turns each failed request into the requests that replaced it, giving a
+  ladder per requested size: the smaller sizes it tried, in order, then what it settled on.
+
+Requests covered by neither are assumed fixed, and every output that rests on such a trace
+says so (`untagged_note`). Pure Python: no torch.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping, Sequence
+
+from alloctune.schema import schema_id
+from alloctune.units import format_mib
+from alloctune.trace.model import ALLOC, EMPTY_CACHE, FAILED_ALLOC, FREE, RequestStream, Trace
+
+SCHEMA = schema_id("fallible")
+MiB = 1 << 20
+# "Ran without a workspace": the replay stores one block per request, so the no-memory choice
+# is modelled as a 1-byte request (one 512-byte block in the small pool, which nearly always
+# has a free block in an existing 2 MiB segment): an error of at most one small segment.
+NO_WORKSPACE = 1
+# C++ frames of the workspace allocations that fall back when they fail: cuDNN's plan loop
+# (frontend / v8: run_conv_plan inside try_configs / try_plans), the v7 `Workspace` struct,
+# MIOpen's. Not `cudnn_convolution` alone: the convolution's output is allocated there too,
+# and it is not fallible; nor cuBLAS(Lt) workspaces, allocated once and never retried.
+FALLIBLE_FRAME = re.compile(r"run_conv_plan|try_configs|try_plans|native::Workspace::Workspace|miopen.*workspace", re.I)
+# Matching allocations after a failure that show the program went on (see learn_from_calibration).
+CONFIRM = 4
+# A scratch request this large that no evidence covers is named in the untagged note.
+SCRATCH_MIN = 1 * MiB
+
+
+@dataclass(frozen=True)
+class FallbackModel:
+    """What the program asks for when a request of a given size fails.
+
+    `ladders[size]`: the sizes tried after a failed request of `size` bytes, in order (the
+    last one is what the program settled on). `tagged_sizes`: sizes whose stack says
+    "workspace" although no calibration showed what replaces them.
+    """
+
+    ladders: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    tagged_sizes: frozenset[int] = frozenset()
+    tagged_requests: frozenset[int] = frozenset()  # request indices (valid for the trace the frames came from)
+    method: str = "none"  # none | frames | calibration | frames+calibration
+    calibration_cap: int | None = None
+    aligned_requests: int = 0  # capped requests explained by the alignment
+    unaligned_requests: int = 0  # capped requests after the alignment lost track (not learned from)
+    conflicts: int = 0  # sizes seen with two different replacements (the first is kept)
+    # Requests of a size that had failed before, asked for smaller at once (the library cached
+    # its fallback). The replay retries the full size first: it may hold more memory than the
+    # program did there, and releases the cache on a failure the program did not have.
+    cached_replacements: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "method": self.method,
+            "ladders": {str(k): list(v) for k, v in sorted(self.ladders.items())},
+            "tagged_sizes": sorted(self.tagged_sizes),
+            "tagged_requests": len(self.tagged_requests),
+            "calibration_cap": self.calibration_cap,
+            "aligned_requests": self.aligned_requests,
+            "unaligned_requests": self.unaligned_requests,
+            "conflicts": self.conflicts,
+            "cached_replacements": self.cached_replacements,
+        }
+
+
+# ---- evidence 1: frames ------------------------------------------------------------------------
+def has_cpp_frames(trace: Trace) -> bool:
+    """Whether the recording kept C++ frames on its allocations (`stacks="all"`).
+
+    Python frames alone cannot tell a workspace from the convolution's output (both are
+    allocated under the same `forward`), so they are no evidence either way.
+    """
+    for i, op in enumerate(trace.requests.ops):
+        if op == ALLOC:
+            ev = _event(trace, i)
+            if ev is None:
+                return False
+            return any("::" in str(f.get("name", "")) for f in ev.get("frames") or () if isinstance(f, Mapping))
+    return False
+
+
+def tag_by_frames(trace: Trace) -> set[int]:
+    """Request indices of ALLOCs whose stack passes through cuDNN / MIOpen (workspaces)."""
+    out = set()
+    req = trace.requests
+    for i, op in enumerate(req.ops):
+        if op != ALLOC:
+            continue
+        ev = _event(trace, i)
+        for fr in (ev or {}).get("frames") or ():
+            name = fr.get("name", "") if isinstance(fr, Mapping) else str(fr)
+            if FALLIBLE_FRAME.search(name or ""):
+                out.add(i)
+                break
+    return out
+
+
+def _event(trace: Trace, i: int) -> Mapping[str, Any] | None:
+    k = trace.requests.event_index[i] if i < len(trace.requests.event_index) else -1
+    return trace.events[k] if 0 <= k < len(trace.events) else None
+
+
+# ---- evidence 2: a calibration run under a cap ---------------------------------------------------
+def _rounds_to(size: int, failed: int) -> bool:
+    """Whether a recorded `oom` of `failed` bytes (rounded) is the request of `size` bytes."""
+    return size <= failed <= size + max(512, size // 4)
+
+
+def learn_from_calibration(
+    uncapped: Trace, capped: Trace, *, cap: int | None = None, window: int = 64
+) -> FallbackModel:
+    """Align a capped recording with the uncapped one: every failed request → what replaced it.
+
+    Both recordings are of the same program, so their streams are identical until the first
+    failure; after a failed request the capped run asks for smaller sizes (or nothing) and
+    then goes on as before. The walk matches ALLOCs by size and FREEs through the mapping of
+    allocation ids; it skips empty_cache() differences (a capped run releases at other
+    moments) and re-synchronises within `window` requests; past a point it cannot explain,
+    it stops learning and counts what is left (`unaligned_requests`).
+    """
+    u, c = uncapped.requests, capped.requests
+    nu, nc = len(u), len(c)
+    iu = ic = 0
+    rid_map: dict[int, int] = {}  # capped rid -> uncapped rid
+    dropped: set[int] = set()  # uncapped rids the capped run never allocated (replaced by nothing)
+    ladders: dict[int, tuple[int, ...]] = {}
+    conflicts = sticky = 0
+    # A failure counts as survivable only once the program is seen going on in step with the
+    # uncapped run (CONFIRM matching allocations later); a fatal OOM is followed by clean-up.
+    pending: tuple[int, tuple[int, ...], int] | None = None
+    while iu < nu and ic < nc:
+        uo, co = u.ops[iu], c.ops[ic]
+        if uo == EMPTY_CACHE:
+            iu += 1
+            continue
+        if co == EMPTY_CACHE:
+            ic += 1
+            continue
+        if uo == FREE and u.rids[iu] in dropped:
+            iu += 1
+            continue
+        if co == FAILED_ALLOC:
+            tries = []
+            while ic < nc and c.ops[ic] == FAILED_ALLOC:
+                tries.append(c.sizes[ic])
+                ic += 1
+            if uo == FAILED_ALLOC:  # the uncapped run failed too (a program probing memory)
+                while iu < nu and u.ops[iu] == FAILED_ALLOC:
+                    iu += 1
+                continue
+            if uo != ALLOC or not _rounds_to(u.sizes[iu], tries[0]):
+                ic -= len(tries)
+                break  # a failure we cannot attribute: stop learning here
+            size = u.sizes[iu]
+            nxt_u = _next_alloc(u, iu + 1)
+            if ic < nc and c.ops[ic] == ALLOC and c.sizes[ic] < size and (nxt_u is None or u.sizes[nxt_u] != c.sizes[ic]):
+                settled = c.sizes[ic]
+                rid_map[c.rids[ic]] = u.rids[iu]
+                ic += 1
+            else:
+                settled = NO_WORKSPACE
+                dropped.add(u.rids[iu])
+            if pending is not None:  # the program went on to its next (attributable) request
+                conflicts += _commit(ladders, pending)
+            pending = (size, _ladder(size, tries[1:], settled), 0)
+            iu += 1
+            continue
+        if uo == co == ALLOC and u.sizes[iu] == c.sizes[ic]:
+            rid_map[c.rids[ic]] = u.rids[iu]
+            iu += 1
+            ic += 1
+            if pending is not None:
+                size, ladder, seen = pending
+                pending = (size, ladder, seen + 1)
+                if seen + 1 >= CONFIRM:  # the program went on as before: the failure was survivable
+                    conflicts += _commit(ladders, pending)
+                    pending = None
+            continue
+        if uo == co == ALLOC and c.sizes[ic] < u.sizes[iu] and (
+                u.sizes[iu] in ladders or (pending is not None and pending[0] == u.sizes[iu])):
+            # A size that failed before is now asked for smaller at once: the library cached
+            # the algorithm it fell back to (cuDNN's plan cache), so no failure is recorded.
+            # The program went on, so a pending failure was survivable.
+            if pending is not None:
+                conflicts += _commit(ladders, pending)
+                pending = None
+            rid_map[c.rids[ic]] = u.rids[iu]
+            sticky += 1
+            iu += 1
+            ic += 1
+            continue
+        if uo == co == FREE and rid_map.get(c.rids[ic]) == u.rids[iu]:
+            iu += 1
+            ic += 1
+            continue
+        if uo == co == FAILED_ALLOC:
+            iu += 1
+            ic += 1
+            continue
+        # Out of step: find the capped request again a little further on in the uncapped stream.
+        j = _resync(u, c, iu, ic, rid_map, window)
+        if j is None:
+            break
+        iu = j
+    method = "calibration"
+    if cap is None:
+        cap = capped.meta.get("cap") if capped.meta else None
+    return FallbackModel(
+        ladders=ladders,
+        method=method,
+        calibration_cap=int(cap) if cap else None,
+        aligned_requests=ic,
+        unaligned_requests=nc - ic,
+        conflicts=conflicts,
+        cached_replacements=sticky,
+    )
+
+
+def _commit(ladders: dict[int, tuple[int, ...]], pending: tuple[int, tuple[int, ...], int]) -> int:
+    """Keep a confirmed ladder (the first one seen for its size); 1 if it conflicts with that one."""
+    size, ladder, _ = pending
+    if size in ladders:
+        return int(ladders[size] != ladder)
+    ladders[size] = ladder
+    return 0
+
+
+def _next_alloc(rs: RequestStream, start: int) -> int | None:
+    for k in range(start, min(len(rs), start + 8)):
+        if rs.ops[k] == ALLOC:
+            return k
+    return None
+
+
+def _ladder(size: int, tries: Sequence[int], settled: int) -> tuple[int, ...]:
+    """Every size tried after the first failure, in order, then the settled one.
+
+    Kept whole, repeats and larger sizes included: in the same allocator state they fail as
+    well and change no memory, but each is an OOM and a retry the allocator counts, so the
+    replay reproduces `num_ooms` / `num_alloc_retries` too (rvc_ec1 capped: 1881 OOMs).
+    """
+    return (*tries, settled)
+
+
+def _resync(u: RequestStream, c: RequestStream, iu: int, ic: int, rid_map: dict[int, int], window: int) -> int | None:
+    """The uncapped index, within `window`, where the capped request `ic` is found again."""
+    op, size = c.ops[ic], c.sizes[ic]
+    for j in range(iu + 1, min(len(u), iu + window)):
+        if u.ops[j] != op:
+            continue
+        if op == ALLOC and u.sizes[j] == size:
+            return j
+        if op == FREE and rid_map.get(c.rids[ic]) == u.rids[j]:
+            return j
+    return None
+
+
+# ---- putting the evidence on a trace ------------------------------------------------------------
+def model_from_frames(trace: Trace) -> FallbackModel:
+    """The fallible requests a recording with C++ frames shows (replacement: no workspace)."""
+    if not has_cpp_frames(trace):
+        return FallbackModel()
+    tagged = tag_by_frames(trace)
+    sizes = frozenset(trace.requests.sizes[i] for i in tagged)
+    return FallbackModel(tagged_sizes=sizes, tagged_requests=frozenset(tagged), method="frames")
+
+
+def combine(a: FallbackModel, b: FallbackModel) -> FallbackModel:
+    """Both kinds of evidence: calibrated ladders win, frames add the sizes not calibrated."""
+    methods = sorted({m for m in (a.method, b.method) if m != "none"})
+    return FallbackModel(
+        ladders={**b.ladders, **a.ladders},
+        tagged_sizes=a.tagged_sizes | b.tagged_sizes,
+        tagged_requests=a.tagged_requests | b.tagged_requests,
+        method="+".join(methods) if methods else "none",
+        calibration_cap=a.calibration_cap or b.calibration_cap,
+        aligned_requests=a.aligned_requests + b.aligned_requests,
+        unaligned_requests=a.unaligned_requests + b.unaligned_requests,
+        conflicts=a.conflicts + b.conflicts,
+        cached_replacements=a.cached_replacements + b.cached_replacements,
+    )
+
+
+def with_fallbacks(trace: Trace, model: FallbackModel) -> Trace:
+    """A copy of `trace` whose fallible requests carry their fallback sizes (`RequestStream.fallbacks`).
+
+    The model is recorded in `trace.meta["fallible"]` so every later output can say what
+    the prediction rests on.
+    """
+    req = trace.requests
+    fallbacks: dict[int, tuple[int, ...]] = {}
+    for i, op in enumerate(req.ops):
+        if op != ALLOC:
+            continue
+        size = req.sizes[i]
+        ladder = model.ladders.get(size)
+        if ladder is None and i in model.tagged_requests and size > NO_WORKSPACE:
+            ladder = (NO_WORKSPACE,)
+        if ladder:
+            fallbacks[i] = ladder
+    stream = replace(req, fallbacks=fallbacks)
+    meta = {**(trace.meta or {}), "fallible": {**model.to_dict(), "requests": len(fallbacks)}}
+    return replace(trace, requests=stream, meta=meta)
+
+
+def scratch_requests(trace: Trace, min_size: int = SCRATCH_MIN) -> list[int]:
+    """ALLOCs of at least `min_size` freed by the very next request: the shape of a workspace.
+
+    A cuDNN workspace is allocated, used by one kernel and freed before anything else is
+    allocated. On the HuBERT recording with C++ stacks the requests of 1 MiB or more that the
+    frames tag as workspaces are exactly these; transformer decoding has none. So these are
+    the requests a program might give up under a cap; every other request is its data.
+    """
+    r = trace.requests
+    ops, sizes, rids = r.ops, r.sizes, r.rids
+    return [i for i in range(len(ops) - 1)
+            if ops[i] == ALLOC and sizes[i] >= min_size and ops[i + 1] == FREE and rids[i + 1] == rids[i]]
+
+
+def untagged_note(trace: Trace) -> str | None:
+    """One sentence when predictions rest on possible workspaces no evidence covers, else None."""
+    info = (trace.meta or {}).get("fallible") or {}
+    method = info.get("method", "none")
+    if "frames" in str(method):
+        return None  # every allocation's C++ stack was seen: the untagged ones are not workspaces
+    covered = {int(k) for k in (info.get("ladders") or {})}
+    sizes = trace.requests.sizes
+    open_ = sum(1 for i in scratch_requests(trace) if sizes[i] not in covered)
+    if not open_:
+        return None
+    how = (
+        f"fallbacks learned for {len(covered)} size(s) from a run capped at "
+        f"{format_mib(int(info['calibration_cap'])) if info.get('calibration_cap') else 'an unknown cap'}"
+        if method == "calibration"
+        else "no C++ stack frames, no calibration run"
+    )
+    return (
+        f"{open_} request(s) of {SCRATCH_MIN // MiB} MiB or more are freed right after allocation, like a cuDNN "
+        f"workspace the program may give up under a cap, and nothing says whether it can ({how}): simulated as "
+        "fixed, so min budgets may be high"
+    )
+
+
+def fallible_summary(trace: Trace) -> dict[str, Any]:
+    """Counts for tables and JSON: fallible requests, learned sizes, the note."""
+    info = (trace.meta or {}).get("fallible") or {}
+    return {
+        "method": info.get("method", "none"),
+        "fallible_requests": len(trace.requests.fallbacks),
+        "learned_sizes": len(info.get("ladders") or {}),
+        "note": untagged_note(trace),
+    }
+

@@ -1,0 +1,440 @@
+"""The default tune flow: the simulator decides, the GPU confirms.
+
+Why: the simulator, given the one recording the baseline makes, predicts every setting's
+smallest working budget (exactly on transformer workloads, within a few percent on
+convolution workloads once fallible requests are modelled), while each GPU run costs a
+full run of the user's program. So GPU runs only confirm what decides the answer:
+
+1. simulate every candidate (one sweep) and take the one with the lowest simulated
+   `min_budget` that fits the budget;
+2. one batch of independent runs: the best just above and just below its simulated
+   `min_budget` (a tested pass and a tested failure = its measured `min_budget`), and the
+   default at the user's budget (does the user need a change at all? its throughput);
+3. only where a run contradicts the simulation, probe further out with a bracket that
+   widens geometrically (first at the re-simulated estimate when the capped run taught
+   the simulator how the program adapts), then bisect;
+4. when the simulation was contradicted, the runner-up gets one run at the budget where
+   the best failed (it might beat the best), and the flow stops once that is settled;
+5. throughput decides only if the best looks slower than the default: A/B repeats,
+   alternating, until the gap clears the noise, else memory decides.
+
+With an accurate simulator that is three GPU runs after the baseline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from alloctune.trial import TrialResult
+from alloctune.tune.candidates import DEFAULT, Candidate
+from alloctune.tune.executors.base import TrialRequest
+from alloctune.tune.objective import CandidateSummary
+from alloctune.tune.throughput import compare, rate
+from alloctune.units import MiB, format_mib
+
+if TYPE_CHECKING:
+    from alloctune.tune.strategy import Tuner
+
+ALIGN = 2 * MiB
+
+
+class SimulationUnavailable(Exception):
+    """The baseline's recording cannot be simulated: the tuner measures every candidate instead."""
+
+
+def _up(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def _down(n: int) -> int:
+    return (n // ALIGN) * ALIGN
+
+
+@dataclass
+class Bracket:
+    """What the GPU showed about one candidate: the smallest pass and the largest failure."""
+
+    est: int | None
+    passed: int | None = None
+    failed: int | None = None
+    widen: int = 0
+    runs: int = 0
+    lo_tried: bool = False
+
+    def record(self, budget: int, ok: bool) -> None:
+        self.runs += 1
+        if ok:
+            self.passed = budget if self.passed is None else min(self.passed, budget)
+        else:
+            self.failed = budget if self.failed is None else max(self.failed, budget)
+
+    def agrees(self) -> bool | None:
+        """Whether the simulated estimate lies inside the measured bracket (None: not settled)."""
+        if self.est is None or self.passed is None or self.failed is None:
+            return None
+        return self.failed < self.est <= self.passed
+
+
+def tolerance(tuner: "Tuner", around: int) -> int:
+    """How wide a proven bracket may be at `around` bytes: `rel_tol` of it, at least
+    `confirm_abs_tol` (4 MiB: GPU runs cost the same whatever the width, and small
+    workloads need a tight bracket to be within 2 % of an independent bisection)."""
+    s = tuner.settings
+    return max(s.confirm_abs_tol, int(s.rel_tol * around), 2 * ALIGN)
+
+
+def half_width(tuner: "Tuner", around: int) -> int:
+    """How far above / below the estimate the first two runs go (their gap is within `tolerance`)."""
+    return max(ALIGN, tolerance(tuner, around) // 2 - ALIGN)
+
+
+def next_budget(tuner: "Tuner", b: Bracket, budget: int, hint: int | None = None) -> int | None:
+    """The next budget to try for `b`, or None when the bracket is proven (or cannot move).
+
+    First just above the estimate, then just below it. When the GPU contradicts: widen
+    away from the estimate in steps that double (`widen_start` of it, then twice that, ...),
+    up to the user's budget or down towards zero; once a pass and a failure are known,
+    bisect. `hint` (a re-simulated estimate after a calibration) is tried first when it
+    lies in the range still open.
+    """
+    s = tuner.settings
+    if b.passed is not None and b.failed is not None:
+        if b.passed - b.failed <= tolerance(tuner, b.passed):
+            return None
+        lo, hi = b.failed, b.passed
+        if hint is not None and lo < hint < hi:  # close in around the re-simulated estimate
+            h = half_width(tuner, hint)
+            for cand in (_down(hint - h), _up(hint + h)):
+                if lo < cand < hi:
+                    return cand
+        mid = _down((lo + hi) // 2)
+        return mid if lo < mid < hi else None
+    center = b.est if b.est is not None else budget
+    h = half_width(tuner, center)
+    if b.passed is None:  # nothing passed yet: go up
+        if b.failed is not None and b.failed >= budget:
+            return None  # fails at the user's budget: infeasible
+        if hint is not None and hint < budget and (b.failed is None or hint > b.failed):
+            return min(budget, _up(hint + half_width(tuner, hint)))
+        if b.failed is None:
+            return min(budget, _up(center + h))
+        while True:
+            b.widen += 1
+            nxt = min(budget, _up(center + _step(tuner, center, h, b.widen)))
+            if nxt > b.failed:
+                return nxt
+    # everything so far passed: go down
+    if b.est is None:  # no estimate to widen around: halve (a failure is needed to bisect)
+        nxt = _down(b.passed // 2)
+        return nxt if nxt > 0 else None
+    if hint is not None and hint < b.passed:
+        cand = _down(hint - half_width(tuner, hint))
+        if 0 < cand < b.passed:
+            return cand
+    first = _down(center - h)
+    if not b.lo_tried and 0 < first < b.passed:
+        b.lo_tried = True
+        return first
+    while True:
+        b.widen += 1
+        nxt = _down(center - _step(tuner, center, h, b.widen))
+        if nxt <= 0:
+            nxt = _down(b.passed // 2)
+            return nxt if nxt > 0 else None
+        if nxt < b.passed:
+            return nxt
+
+
+def _step(tuner: "Tuner", center: int, h: int, k: int) -> int:
+    return max(2 * h, int(center * tuner.settings.widen_start)) << (k - 1)
+
+
+class ConfirmFlow:
+    """One run of the flow (module doc) inside a `Tuner`, which owns trials, store and notes."""
+
+    def __init__(self, tuner: "Tuner", baseline: TrialResult, cands: list[Candidate], budget: int):
+        self.t = tuner
+        self.s = tuner.settings
+        self.baseline = baseline
+        self.cands = cands
+        self.budget = budget
+        self.sim: Any = None
+        self.est: dict[str, int | None] = {}
+        self.brackets: dict[str, Bracket] = {}
+        self.at_budget: dict[str, TrialResult] = {}
+        self.refused: dict[str, str] = {}
+        self.samples: dict[str, list[float]] = {}
+        self.hints: dict[str, int | None] = {}
+        self.verdict: str | None = None
+        self.calibrated = False
+
+    # ---- GPU runs ----------------------------------------------------------------------------
+    def _run(self, reqs: list[TrialRequest]) -> list[TrialResult]:
+        reqs = [r for r in reqs if r.conf not in self.refused]
+        out = self.t.batch(reqs)
+        for req, res in zip(reqs, out):
+            self._learn(req, res)
+        return out
+
+    def _learn(self, req: TrialRequest, res: TrialResult) -> None:
+        if res.warnings and req.conf not in self.refused:
+            self.refused[req.conf] = "; ".join(res.warnings)
+            return
+        if req.conf in self.refused:
+            return
+        ok = res.passed
+        if req.budget == self.budget:
+            self.at_budget.setdefault(req.conf, res)
+        if req.conf in self.brackets and req.budget is not None:
+            self.brackets[req.conf].record(req.budget, ok)
+        if ok and req.exclusive and res.throughput is not None:
+            self.samples.setdefault(req.conf, []).append(res.throughput)
+        if req.record and res.snapshot and self.sim is not None and hasattr(self.sim, "calibrate"):
+            learned = self.sim.calibrate(res)
+            if learned:  # the capped run showed how the program adapts: re-simulate every candidate
+                self.calibrated = True
+                try:
+                    self.hints = dict(self.sim.estimates([c.conf for c in self.cands]))
+                    self.t.notes.append(learned)
+                except Exception as exc:  # noqa: BLE001 - keep probing without hints
+                    self.t.notes.append(f"{learned}, but re-simulating failed ({type(exc).__name__}: {exc})")
+
+    def _latest(self, c: Candidate) -> int | None:
+        """The candidate's latest simulated min_budget (re-simulated after a calibration)."""
+        return self.hints.get(c.conf, self.est.get(c.conf))
+
+    def _bracket(self, c: Candidate) -> Bracket:
+        return self.brackets.setdefault(c.conf, Bracket(self.est.get(c.conf)))
+
+    def _first_probe(self, c: Candidate, *, calibrate: bool) -> TrialRequest:
+        """Just above the estimate: a pass there proves the candidate fits (and is a throughput
+        sample, so it runs alone); a failure there shows the simulation was optimistic."""
+        b = self._bracket(c)
+        nxt = next_budget(self.t, b, self.budget)
+        what = "just above the simulated min_budget" if b.est is not None else "at the budget (not simulated)"
+        return TrialRequest(c.conf, nxt if nxt is not None else self.budget, record=calibrate, exclusive=True,
+                            ensure_cap=self._gc(c), purpose=f"best: {what}")
+
+    def _hinted(self, c: Candidate, budget: int) -> bool:
+        """Whether `budget` is one of the two runs around the re-simulated estimate."""
+        hint = self.hints.get(c.conf)
+        if hint is None:
+            return False
+        h = half_width(self.t, hint)
+        return budget in (_down(hint - h), _up(hint + h), min(self.budget, _up(hint + h)))
+
+    def _want_calibration(self) -> bool:
+        """Record capped runs until one has shown how the program adapts (then the simulator knows),
+        and only while the recording has requests a calibration could explain (`can_learn`)."""
+        return not self.calibrated and hasattr(self.sim, "calibrate") and bool(getattr(self.sim, "can_learn", True))
+
+    @staticmethod
+    def _gc(c: Candidate) -> bool:
+        return "garbage_collection_threshold:" in c.conf
+
+    def _settle(self, c: Candidate) -> None:
+        """Probe `c` until its bracket is proven, infeasible, or out of runs."""
+        b = self._bracket(c)
+        while self.t.fresh_runs_after_baseline() < self.s.max_gpu_runs:
+            if c.conf in self.refused:
+                return
+            nxt = next_budget(self.t, b, self.budget, self.hints.get(c.conf))
+            if nxt is None:
+                return
+            if (b.passed is not None and nxt >= b.passed) or (b.failed is not None and nxt <= b.failed):
+                return  # nothing new to learn there
+            if b.est is None:
+                purpose = "halve (no simulated min_budget to start from)" if b.failed is None else "bisect"
+            elif b.passed is not None and b.failed is None and b.widen == 0 and not self._hinted(c, nxt):
+                purpose = "just below the simulated min_budget"
+            elif self._hinted(c, nxt):
+                purpose = "at the re-simulated min_budget (after calibration)"
+            elif b.passed is not None and b.failed is not None:
+                purpose = "bisect"
+            else:
+                purpose = "widen: the GPU contradicted the simulation"
+            self._run([TrialRequest(c.conf, nxt, ensure_cap=self._gc(c), purpose=purpose,
+                                    record=self._want_calibration())])
+        if next_budget(self.t, b, self.budget, None) is not None:
+            self.t.notes.append(f"{c.label}: stopped at --max-gpu-runs {self.s.max_gpu_runs} before its bracket was proven")
+
+    # ---- the flow ----------------------------------------------------------------------------
+    def run(self) -> list[CandidateSummary]:
+        if self.t.simulator_factory is None or not self.baseline.snapshot:
+            raise SimulationUnavailable("the baseline wrote no recording")
+        try:
+            self.sim = self.t.simulator_factory(self.baseline)
+            self.est = dict(self.sim.estimates([c.conf for c in self.cands]))
+        except Exception as exc:  # noqa: BLE001 - the caller measures instead, and says why
+            raise SimulationUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        note = getattr(self.sim, "note", None)
+        if note:
+            self.t.notes.append(note)
+        order = sorted(self.cands, key=lambda c: (self._est_key(c), c.knob != DEFAULT, c.conf))
+        default = next((c for c in self.cands if c.knob == DEFAULT), Candidate(""))
+        fits = [c for c in order if self.est.get(c.conf) is not None and self.est[c.conf] <= self.budget]
+        best = fits[0] if fits else None
+
+        # batch 1: the best around its estimate, the default at the user's budget (independent runs)
+        # (when the best is the default itself, its own runs answer "does the default fit?")
+        reqs = [self._first_probe(best, calibrate=self._want_calibration())] if best is not None else []
+        if best is None or best.knob != DEFAULT:
+            reqs.append(TrialRequest("", self.budget, exclusive=True, purpose="the default at the budget"))
+        self._run(reqs)
+
+        if best is None and self.t.fresh_runs_after_baseline() < self.s.max_gpu_runs:
+            best = self._despite_simulation(order)
+
+        # settle the best; if it is refused or infeasible, move down the simulator's order
+        focus = best
+        tried: list[Candidate] = []
+        while focus is not None:
+            tried.append(focus)
+            self._settle(focus)
+            b = self._bracket(focus)
+            if focus.conf not in self.refused and b.passed is not None:
+                break
+            focus = next((c for c in fits if c not in tried), None)
+            if focus is None or self.t.fresh_runs_after_baseline() >= self.s.max_gpu_runs:
+                focus = None
+            else:  # the next best starts like the best did: just above its estimate, alone, recorded
+                self._run([self._first_probe(focus, calibrate=self._want_calibration())])
+
+        # the simulation was wrong for the focus: can the runner-up beat its measured bracket?
+        if focus is not None:
+            fb = self._bracket(focus)
+            ef = self._latest(focus)
+            wrong = ef is not None and fb.failed is not None and fb.passed is not None and not fb.failed < ef <= fb.passed
+            runner = next((c for c in fits if c not in tried), None)
+            er = self._latest(runner) if runner is not None else None
+            # Could the runner-up run where the focus failed? Yes if its (latest) estimate says so,
+            # either as simulated or with the focus's simulation error applied to it.
+            if wrong and er is not None and min(er, er * fb.passed / ef) < fb.failed \
+                    and self.t.fresh_runs_after_baseline() < self.s.max_gpu_runs:
+                rb = self._bracket(runner)
+                self._run([TrialRequest(runner.conf, fb.failed, ensure_cap=self._gc(runner),
+                                        purpose=f"runner-up, where {focus.label} failed")])
+                tried.append(runner)
+                if rb.passed is not None:  # it beats the focus: prove its own bracket
+                    self._settle(runner)
+                    focus = runner
+
+        if focus is not None and focus.knob != DEFAULT:
+            self._throughput(default, focus)
+        return self._summaries(default, focus, order)
+
+    def _despite_simulation(self, order: list[Candidate]) -> Candidate | None:
+        """Nothing is simulated to fit: run the candidates at the budget anyway, best estimate first.
+
+        The simulator replays what the program asked for uncapped; a program that asks for less
+        under another setting or under pressure can still fit, and an empty answer must be
+        measured, not simulated.
+        """
+        for c in order:
+            if c.knob == DEFAULT or c.conf in self.refused:
+                continue  # the default already ran at the budget
+            if self.t.fresh_runs_after_baseline() >= self.s.max_gpu_runs:
+                break
+            b = self.brackets.setdefault(c.conf, Bracket(None))
+            self._run([TrialRequest(c.conf, self.budget, exclusive=True, ensure_cap=self._gc(c), record=self._want_calibration(),
+                                    purpose="at the budget although simulated not to fit")])
+            if b.passed is not None:
+                self.t.notes.append(
+                    f"the simulation said no setting fits {format_mib(self.budget)}, but {c.label} completed there: "
+                    "the program asks for less memory than its uncapped recording under this setting or cap"
+                )
+                return c
+        return None
+
+    def _est_key(self, c: Candidate) -> tuple[bool, int]:
+        e = self.est.get(c.conf)
+        return (e is None or e > self.budget, e or 0)
+
+    def _throughput(self, default: Candidate, best: Candidate) -> None:
+        """A/B repeats, alternating, only while the best may be measurably slower than the default.
+
+        Samples are the exclusive passing runs: for the default its run at the budget, for the
+        best its first probe (a tighter cap, so if anything a pessimistic sample) and then the
+        A/B runs at the budget.
+        """
+        ok_default = self.at_budget.get("")
+        if ok_default is None or not ok_default.passed:
+            return  # the default does not complete: no alternative to compare with
+        unit = ok_default.throughput_unit
+        pairs = 0
+        while True:
+            cmp_ = compare(self.samples.get("", []), self.samples.get(best.conf, []),
+                           tolerance=self.s.throughput_tolerance, unit=unit)
+            self.verdict = cmp_.text
+            self.comparison = cmp_
+            if cmp_.slower is not None or cmp_.gap is None or cmp_.gap <= self.s.throughput_tolerance:
+                return
+            if pairs >= self.s.ab_pairs or self.t.fresh_runs_after_baseline() + 2 > self.s.max_gpu_runs:
+                self.verdict = f"{cmp_.text}; no measurable difference after {pairs} A/B pair(s): decided on memory"
+                return
+            pairs += 1
+            rep = pairs
+            self._run([
+                TrialRequest("", self.budget, repeat=rep, exclusive=True, purpose="throughput A/B"),
+                TrialRequest(best.conf, self.budget, repeat=rep, exclusive=True, ensure_cap=self._gc(best),
+                             purpose="throughput A/B"),
+            ])
+
+    def _summaries(self, default: Candidate, focus: Candidate | None, order: list[Candidate]) -> list[CandidateSummary]:
+        out = []
+        focus_b = self.brackets.get(focus.conf) if focus is not None else None
+        cmp_ = getattr(self, "comparison", None)
+        for rank_no, c in enumerate(order, 1):
+            est = self.hints.get(c.conf, self.est.get(c.conf))  # the latest simulation (after calibration)
+            b = self.brackets.get(c.conf)
+            at = self.at_budget.get(c.conf)
+            r = rate(self.samples.get(c.conf, []))
+            base = dict(sim_min_budget=est, throughput=r.mean if r else None,
+                        throughput_noise=r.noise if r else None, throughput_samples=r.samples if r else 0)
+            if c.conf in self.refused:
+                out.append(CandidateSummary(c, feasible=None, note=f"refused: the setting did not take effect ({self.refused[c.conf]})", **base))
+                continue
+            if b is not None and b.runs:
+                feasible = True if b.passed is not None else (False if b.failed is not None and b.failed >= self.budget else None)
+                if at is not None:
+                    feasible = at.passed
+                verified = b.passed is not None and b.failed is not None and b.passed - b.failed <= tolerance(self.t, b.passed)
+                note = None
+                if b.passed is None:
+                    note = f"did not complete at {_fmt(b.failed)} (simulated min_budget {_fmt(est)})"
+                elif not verified:
+                    note = "min_budget bracket not proven (run limit)"
+                sm = CandidateSummary(
+                    c, feasible=feasible, outcome=(at.outcome if at else ("ok" if b.passed else "oom")),
+                    min_budget=b.passed, infeasible_below=b.failed, verified=verified,
+                    sim_agrees=b.agrees(), wall_s=at.wall_s if at else None,
+                    peak_reserved=at.peak_reserved if at else None, peak_allocated=at.peak_allocated if at else None,
+                    note=note, **base)
+                if c is focus and cmp_ is not None and cmp_.slower:
+                    sm = replace(sm, measurably_slower=True, note=f"throughput: {cmp_.text}")
+                elif c is focus and self.verdict:
+                    sm = replace(sm, note=f"throughput vs the default: {self.verdict}")
+                out.append(sm)
+                continue
+            if at is not None:  # run at the budget only (the default, usually)
+                note = f"completes at the budget; min_budget not measured (simulated {_fmt(est)})" if at.passed else None
+                out.append(CandidateSummary(
+                    c, feasible=at.passed, outcome=at.outcome, wall_s=at.wall_s, peak_reserved=at.peak_reserved,
+                    peak_allocated=at.peak_allocated, note=note, **base))
+                continue
+            if est is None or est > self.budget:
+                why = f"simulated: does not complete under the budget {format_mib(self.budget)}" if est is None or est > self.budget else ""
+                if est is not None:
+                    why += f" (simulated min_budget {format_mib(est)})"
+            elif focus_b is not None and focus_b.passed is not None:
+                why = (f"simulated min_budget {format_mib(est)} (rank {rank_no}), not below what "
+                       f"{focus.label} was measured to need ({format_mib(focus_b.passed)}): not run on the GPU")
+            else:
+                why = f"simulated min_budget {format_mib(est)} (rank {rank_no}): not run on the GPU"
+            out.append(CandidateSummary(c, feasible=None, note=why, **base))
+        return out
+
+
+def _fmt(n: int | None) -> str:
+    return "-" if n is None else format_mib(n)

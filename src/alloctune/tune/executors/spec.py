@@ -1,0 +1,88 @@
+"""The real trial runner: a picklable description of the workload, run through `runner.run_trial`.
+
+`TrialSpec` holds only plain data (command, working folder, extra environment), so the same
+object drives a thread on this host and a Ray task on another node; the GPU a trial gets
+comes from the environment of the worker (`CUDA_VISIBLE_DEVICES` set by the `gpus` executor
+or by Ray), never from the spec. `runner` is imported inside the call: the tune core stays
+free of the process-starting module until a trial really runs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from alloctune.trial import TrialResult
+from alloctune.tune.executors.tasks import TrialTask
+
+_LOG_RE = re.compile(r"trial-(\d+)\.log$")
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """The workload of a sweep: what every trial runs, where its files go, what it adds to the env."""
+
+    command: tuple[str, ...]
+    workdir: str  # logs/trial-NNNN.log and baseline.pickle; shared storage when trials run on other nodes
+    env: tuple[tuple[str, str], ...] = ()  # added to the worker's environment (e.g. NCCL settings)
+    torch_version: str | None = None  # the grammar to validate settings with (None = the default release)
+
+    @classmethod
+    def make(cls, command: Sequence[str], workdir: str | os.PathLike, *, env: Mapping[str, str] | None = None,
+             torch_version: str | None = None) -> "TrialSpec":
+        return cls(tuple(command), str(Path(workdir).resolve()), tuple(sorted((env or {}).items())), torch_version)
+
+    @property
+    def baseline_path(self) -> Path:
+        return Path(self.workdir) / "baseline.pickle"
+
+    def first_free_number(self) -> int:
+        """Trial numbers already used by logs in the folder (a resumed sweep must not overwrite them)."""
+        logs = Path(self.workdir) / "logs"
+        used = [int(m.group(1)) for p in logs.glob("trial-*.log") if (m := _LOG_RE.search(p.name))] if logs.is_dir() else []
+        return max(used, default=0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": 1, "command": list(self.command), "workdir": self.workdir, "env": dict(self.env),
+                "torch_version": self.torch_version}
+
+
+class SpecRunner:
+    """Runs `TrialTask`s of one `TrialSpec` with `runner.run_trial` (thread-safe, picklable)."""
+
+    def __init__(self, spec: TrialSpec):
+        self.spec = spec
+
+    def run_task(self, task: TrialTask, env: Mapping[str, str]) -> TrialResult:
+        from alloctune.runner import run_trial
+
+        spec, req = self.spec, task.request
+        child_env = dict(os.environ)
+        child_env.update(spec.env)
+        child_env.update(env)
+        logs = Path(spec.workdir) / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        return run_trial(
+            spec.command,
+            conf=req.conf,
+            budget=req.budget,
+            # a capped recorded trial (tune's calibration) must not overwrite the baseline's history
+            record=(spec.baseline_path if req.budget is None
+                    else Path(spec.workdir) / task.log_name.replace("trial-", "capped-").replace(".log", ".pickle"))
+            if req.record else None,
+            timeout=task.timeout,
+            capture=logs / task.log_name,
+            ensure_cap=req.ensure_cap,
+            repeat=req.repeat,
+            torch_version=spec.torch_version,
+            env=child_env,
+        )
+
+    def cancel(self) -> None:
+        """Stop every trial this process is running (Ctrl-C of a parallel sweep)."""
+        from alloctune.runner import terminate_running
+
+        terminate_running()

@@ -1,0 +1,285 @@
+"""The default tune flow (simulate, then confirm on the GPU) against a scripted fake workload."""
+
+from __future__ import annotations
+
+import pytest
+
+from alloctune.tune.candidates import parse_knobs
+from alloctune.tune.executors.base import SerialExecutor
+from alloctune.tune.recommend import recommend
+from alloctune.tune.strategy import Tuner, TuneSettings
+from tune_fakes import COMMAND, MiB, FakeEvaluator, FakeSimulator, split_need
+
+BUDGET = 2600 * MiB
+NEED_SPLIT32 = split_need(32)  # 1864 MiB: the lowest need of all candidates
+
+
+def settings(**kw):
+    kw.setdefault("budget", BUDGET)
+    kw.setdefault("knobs", parse_knobs(None))
+    kw.setdefault("platform", "linux")
+    return TuneSettings(command=COMMAND, **kw)
+
+
+class Scaled(FakeSimulator):
+    """A simulator off by a factor (1.03 = 3 % pessimistic)."""
+
+    def __init__(self, ev, factor):
+        super().__init__(ev)
+        self.factor = factor
+
+    def min_budget(self, conf):
+        return int(self.evaluator.need(conf) * self.factor)
+
+
+def run(ev, sim=None, **kw):
+    tuner = Tuner(ev, settings(**kw), simulator_factory=lambda b: sim or FakeSimulator(ev))
+    return tuner.run()
+
+
+def gpu_runs(ev):
+    return len(ev.calls) - 1  # after the baseline
+
+
+def test_when_simulation_and_gpu_agree_three_runs_prove_the_answer():
+    ev = FakeEvaluator()
+    res = run(ev)
+    assert ev.calls[0] == ("", None, 0, True, False)  # one recorded uncapped baseline
+    assert gpu_runs(ev) == 3 and res.to_dict()["gpu_runs_after_baseline"] == 3
+    best = res.ranking.best
+    assert best.candidate.conf == "max_split_size_mb:32"
+    assert best.verified and best.sim_agrees
+    assert best.infeasible_below < NEED_SPLIT32 <= best.min_budget
+    assert best.min_budget - best.infeasible_below <= max(16 * MiB, int(0.01 * best.min_budget))
+    # the default ran at the user's budget (and does not fit there)
+    default = next(s for s in res.summaries if s.candidate.conf == "")
+    assert default.feasible is False and ("", BUDGET, 0, False, False) in ev.calls
+    # the other candidates were only simulated, and say why they were not run
+    others = [s for s in res.summaries if s.feasible is None and s.sim_min_budget is not None]
+    assert others and all("not run on the GPU" in s.note or "does not complete" in s.note for s in others)
+    assert "does not complete there" in recommend(res).summary
+
+
+@pytest.mark.parametrize("factor", [0.97, 1.03])
+def test_a_simulation_off_by_3_percent_costs_at_most_six_runs(factor):
+    ev = FakeEvaluator()
+    res = run(ev, Scaled(ev, factor))
+    best = res.ranking.best
+    assert best.candidate.conf == "max_split_size_mb:32"
+    assert best.verified and best.sim_agrees is False
+    assert best.infeasible_below < NEED_SPLIT32 <= best.min_budget
+    assert best.min_budget - best.infeasible_below <= max(16 * MiB, int(0.01 * best.min_budget))
+    assert gpu_runs(ev) <= 6
+
+
+def test_a_badly_wrong_simulation_still_ends_in_a_tested_bracket_with_widening_steps():
+    ev = FakeEvaluator()
+    res = run(ev, Scaled(ev, 0.8), max_gpu_runs=16)
+    best = res.ranking.best
+    assert best.verified and best.infeasible_below < NEED_SPLIT32 <= best.min_budget
+    probes = [c[1] for c in ev.calls[1:] if c[0] == "max_split_size_mb:32"]
+    est = int(NEED_SPLIT32 * 0.8)
+    ups = [b - est for b in probes if b > est]
+    # the upward steps grow geometrically until one passes (then bisection)
+    widening = ups[: next(i for i, b in enumerate(probes) if b >= NEED_SPLIT32) + 1]
+    assert all(b2 >= 2 * b1 * 0.9 for b1, b2 in zip(widening[1:], widening[2:]))
+    assert gpu_runs(ev) <= 13  # 2 first runs, 5 widening, 5 bisecting, the runner-up once
+
+
+def test_the_run_limit_stops_the_flow_with_an_honest_unproven_bracket():
+    ev = FakeEvaluator()
+    res = run(ev, Scaled(ev, 0.8), max_gpu_runs=8)
+    assert gpu_runs(ev) == 8
+    best = res.ranking.best
+    assert best is not None and not best.verified and "not proven" in best.note
+    assert best.min_budget >= NEED_SPLIT32  # still a tested pass
+    assert any("--max-gpu-runs 8" in n for n in res.notes)
+
+
+def test_runner_up_is_tried_where_the_best_failed_only_if_it_could_still_win():
+    # the simulator believes expandable needs 1700 MiB; in truth it needs 2100 — and split:32
+    # is the real winner, simulated as the runner-up (1864 → 1900)
+    ev = FakeEvaluator()
+
+    class Biased(FakeSimulator):
+        def min_budget(self, conf):
+            return {"expandable_segments:True": 1700 * MiB}.get(conf, self.evaluator.need(conf) + 36 * MiB)
+
+    res = run(ev, Biased(ev), max_gpu_runs=16)
+    assert res.ranking.best.candidate.conf == "max_split_size_mb:32"
+    exp = next(s for s in res.summaries if s.candidate.conf == "expandable_segments:True")
+    assert exp.min_budget is not None and exp.min_budget > res.ranking.best.min_budget
+
+
+def test_windows_never_gets_expandable_segments():
+    ev = FakeEvaluator()
+    sim = FakeSimulator(ev)
+    res = run(ev, sim, platform="windows", knobs=parse_knobs(["expandable", "roundup"]))
+    assert not any("expandable" in c[0] for c in ev.calls)
+    assert not any("expandable" in conf for conf in sim.asked)
+    assert not any("expandable" in s.candidate.conf for s in res.summaries)
+    assert any("does not exist on Windows" in n for n in res.notes)
+    # the exhaustive strategy obeys the platform too
+    ev2 = FakeEvaluator()
+    run(ev2, strategy="exhaustive", platform="windows", knobs=parse_knobs(["expandable"]))
+    assert not any("expandable" in c[0] for c in ev2.calls)
+
+
+def test_a_trial_whose_setting_did_not_take_effect_is_refused():
+    ev = FakeEvaluator(ignored={"max_split_size_mb:32"})
+    res = run(ev)
+    s32 = next(s for s in res.summaries if s.candidate.conf == "max_split_size_mb:32")
+    assert s32.feasible is None and s32.note.startswith("refused: the setting did not take effect")
+    assert res.ranking.best is not None and res.ranking.best.candidate.conf != "max_split_size_mb:32"
+    assert sum(1 for c in ev.calls if c[0] == "max_split_size_mb:32") == 1  # not retried
+    assert res.ranking.best.verified
+
+
+def test_noise_rule_single_samples_never_decide_and_ab_repeats_settle_it():
+    # everything fits the budget; split:32 is the memory winner. (The baseline takes the first
+    # default sample but is not one: it records history.) Its single sample is 20 %
+    # below the default, but repeats show that is noise: it stays the recommendation.
+    needs = {"": 2000 * MiB, "expandable_segments:True": 2100 * MiB,
+             "garbage_collection_threshold:0.6": 2050 * MiB, "roundup_power2_divisions:4": 2300 * MiB}
+    noisy = FakeEvaluator(needs, throughputs={"": [100.0, 100.0, 90.0, 110.0], "max_split_size_mb:32": [80.0, 100.0, 84.0]})
+    res = run(noisy, budget=2600 * MiB)
+    best = res.ranking.best
+    assert best.candidate.conf == "max_split_size_mb:32"
+    assert "no measurable difference" in best.note
+    assert best.throughput_samples == 3 and best.throughput_noise is not None
+    ab = [c for c in noisy.calls if c[1] == 2600 * MiB and c[2] > 0]
+    assert [c[0] for c in ab] == ["", "max_split_size_mb:32"] * 2  # alternating A/B pairs
+    # a real slowdown clears the noise: the default (fits too) is recommended instead
+    slow = FakeEvaluator(needs, throughputs={"": [100.0, 100.0, 101.0, 99.0], "max_split_size_mb:32": [80.0, 81.0, 79.0]})
+    res2 = run(slow, budget=2600 * MiB)
+    s32 = next(s for s in res2.summaries if s.candidate.conf == "max_split_size_mb:32")
+    assert s32.measurably_slower and "slower, clear of the noise" in res2.ranking.reasons["max_split_size_mb:32"]
+    assert res2.ranking.best.candidate.conf == ""
+    assert "measurably slower" in recommend(res2).summary
+
+
+def test_batches_go_through_the_executor_interface():
+    ev = FakeEvaluator()
+    seen = []
+
+    class Recording(SerialExecutor):
+        def run(self, requests):
+            reqs = list(requests)
+            seen.append(reqs)
+            return super().run(reqs)
+
+    class Learner(FakeSimulator):
+        def calibrate(self, trial):
+            return None
+
+    Tuner(ev, settings(), simulator_factory=lambda b: Learner(ev), executor=Recording(ev)).run()
+    first = seen[1]  # after the baseline: the best just above its estimate + the default at the budget
+    assert {r.conf for r in first} == {"max_split_size_mb:32", ""}
+    assert all(r.exclusive for r in first)  # both are throughput samples
+    assert any(r.record for r in first)  # the capped run is recorded: a calibration for fallible requests
+
+
+def test_a_capped_run_that_adapted_recalibrates_the_simulator():
+    # the simulator is 7 % pessimistic until it sees a capped recording in which the program
+    # fell back (num_ooms > 0 and completed); then it is exact. Capped runs are recorded until then.
+    class Adapting(FakeEvaluator):
+        def __call__(self, conf, budget, **kw):
+            r = super().__call__(conf, budget, **kw)
+            if r.passed and budget is not None and budget < self.need(conf) * 1.1:
+                from dataclasses import replace
+
+                r = replace(r, num_ooms=40)
+            return r
+
+    class Calibrating(FakeSimulator):
+        def __init__(self, ev):
+            super().__init__(ev)
+            self.factor, self.seen = 1.07, []
+
+        def min_budget(self, conf):
+            return int(self.evaluator.need(conf) * self.factor)
+
+        def calibrate(self, trial):
+            self.seen.append(trial.budget)
+            if trial.num_ooms:
+                self.factor = 1.0
+                return "calibration: learned"
+            return None
+
+    ev = Adapting()
+    sim = Calibrating(ev)
+    res = run(ev, sim)
+    best = res.ranking.best
+    assert sim.seen and "calibration: learned" in res.notes
+    assert best.verified and best.infeasible_below < NEED_SPLIT32 <= best.min_budget
+    assert best.sim_min_budget == NEED_SPLIT32  # the re-simulated estimate is what the table shows
+    recorded = [c for c in ev.calls[1:] if c[3]]
+    assert len(recorded) == len(sim.seen)  # every recorded capped run was offered to the simulator
+    assert gpu_runs(ev) <= 5
+
+
+def test_when_the_default_is_best_its_own_two_runs_prove_it():
+    needs = {"": 1500 * MiB, "expandable_segments:True": 2100 * MiB,
+             "garbage_collection_threshold:0.6": 2050 * MiB, "roundup_power2_divisions:4": 2300 * MiB}
+    ev = FakeEvaluator(needs)
+    res = run(ev, knobs=parse_knobs(["expandable", "gc", "roundup"]))
+    assert gpu_runs(ev) == 2 and {c[0] for c in ev.calls[1:]} == {""}
+    assert res.ranking.best.candidate.conf == "" and res.ranking.best.verified
+    rec = recommend(res)
+    assert rec.conf == "" and "keep the default" in rec.summary
+
+
+def test_python_api_runs_the_same_flow_with_the_real_simulator(tmp_path):
+    # the shipped H200 trace stands in for the baseline's recording; the fake GPU needs what it needs
+    from alloctune.demo import shipped_trace_path
+    from alloctune.tune.session import tune
+
+    ev = FakeEvaluator(snapshot=str(shipped_trace_path()))
+    out = tune(COMMAND, budget=BUDGET, knobs=["expandable", "roundup"], evaluator=ev, store=tmp_path / "s.jsonl",
+               platform="linux", max_gpu_runs=16)  # the fake needs 45 % more than the trace: a long bracket
+    data = out.to_dict()
+    assert data["schema"] == "alloctune.tune/2" and data["strategy"] == "confirm"
+    assert data["recommendation"]["conf"] == "expandable_segments:True"
+    best = out.result.ranking.best
+    assert best.verified and best.infeasible_below < 2100 * MiB <= best.min_budget
+    assert best.sim_min_budget is not None  # simulated from the real trace
+    assert len((tmp_path / "s.jsonl").read_text().splitlines()) == 1 + len(ev.calls)  # header + every trial
+
+
+def test_api_tune_is_the_session(tmp_path):
+    from alloctune import api
+    from alloctune.demo import shipped_trace_path
+
+    ev = FakeEvaluator(snapshot=str(shipped_trace_path()))
+    out = api.tune(COMMAND, budget=BUDGET, knobs=["expandable"], evaluator=ev, store=tmp_path / "s.jsonl",
+                   platform="windows")
+    assert out.to_dict()["platform"] == "windows"
+    assert not any("expandable" in c[0] for c in ev.calls)
+
+
+def test_an_unreadable_recording_falls_back_to_measuring_with_a_note():
+    ev = FakeEvaluator()
+
+    def broken(baseline):
+        raise ValueError("not a snapshot")
+
+    res = Tuner(ev, settings(knobs=parse_knobs(["expandable"])), simulator_factory=broken).run()
+    assert res.ranking.best.candidate.conf == "expandable_segments:True"
+    assert any("could not use the baseline's recording (ValueError: not a snapshot)" in n for n in res.notes)
+
+
+def test_capped_runs_are_recorded_only_while_a_calibration_could_teach_something():
+    class Learner(FakeSimulator):
+        can_learn = True
+
+        def calibrate(self, trial):
+            return None  # never learns anything
+
+    class NothingToLearn(Learner):
+        can_learn = False  # e.g. a transformer decoder: no request shaped like a workspace
+
+    ev1, ev2 = FakeEvaluator(), FakeEvaluator()
+    run(ev1, Learner(ev1))
+    run(ev2, NothingToLearn(ev2))
+    assert all(c[3] for c in ev1.calls if c[0] == "max_split_size_mb:32")  # every capped probe recorded
+    assert not any(c[3] for c in ev2.calls[1:])  # none: only the baseline is recorded
