@@ -40,7 +40,7 @@ def test_memory_map_reads_events_through_the_trace_loader():
     src = (PKG / "diagnose" / "memory_map.py").read_text()
     assert "alloctune.trace.stream.build_stream" in _imports(PKG / "diagnose" / "memory_map.py")
     assert '"free_completed"' not in src and '"alloc"' not in src  # no second reading of raw actions
-    assert "alloctune.sim.rules" in _imports(PKG / "diagnose" / "memory_map.py")
+    assert "alloctune.sim.sizes" in _imports(PKG / "diagnose" / "memory_map.py")
 
 
 @pytest.mark.parametrize("path", sorted((PKG / "report").glob("*.py")), ids=lambda p: p.name)

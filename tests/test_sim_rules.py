@@ -1,11 +1,11 @@
-"""sim/rules.py states the allocator's size rules once; the allocator's inline hot path agrees."""
+"""sim/sizes.py states the allocator's size rules once; the allocator's inline hot path agrees."""
 
 from __future__ import annotations
 
 import pytest
 
 from alloctune.sim.allocator import CachingAllocator
-from alloctune.sim.rules import allocation_size, round_size, should_split
+from alloctune.sim import sizes
 from alloctune.sim.settings import SimSettings
 
 MiB = 1 << 20
@@ -24,9 +24,9 @@ SIZES = [1, 511, 512, 513, 4096, MiB - 1, MiB, MiB + 1, 3 * MiB + 7, 10 * MiB - 
 def test_rounding_and_segment_size_match_the_allocator(settings):
     alloc = CachingAllocator(settings)
     for s in SIZES:
-        assert round_size(s, settings) == alloc.round_size(s), s
-        r = round_size(s, settings)
-        assert allocation_size(r, settings) == alloc.allocation_size(r), s
+        assert sizes.round_size(s, sizes.division_table(settings)) == alloc.round_size(s), s
+        r = sizes.round_size(s, sizes.division_table(settings))
+        assert sizes.allocation_size(r, settings.segment_size_mid) == alloc.allocation_size(r), s
 
 
 @pytest.mark.parametrize("settings", SETTINGS)
@@ -36,10 +36,10 @@ def test_split_rule_matches_the_allocator(settings):
     for s in SIZES:
         alloc = CachingAllocator(settings)
         b = alloc.malloc(s)
-        rounded = round_size(s, settings)
+        rounded = sizes.round_size(s, sizes.division_table(settings))
         remaining = b.seg.size - rounded if settings.expandable_segments is False else None
         if remaining is None:
             continue  # expandable: the mapped size is the page-rounded request, tested in the sim suite
         small = rounded <= 1 * MiB
-        expected = rounded if should_split(small, rounded, remaining, settings) else b.seg.size
+        expected = rounded if sizes.should_split(small, rounded, remaining, settings.expandable_segments, settings.max_split_size) else b.seg.size
         assert b.size == expected, (s, b.size, b.seg.size)

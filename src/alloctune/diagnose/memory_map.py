@@ -4,7 +4,7 @@ Two sources: the snapshot's own `segments` (exact, but only at the time it was w
 a forward pass over the history (`replay_history`). The pass reads the history through the
 trace loader's interpretation (`trace.stream.build_stream`: which event is a request, which
 a segment event, whose release burst is whose) and applies the allocator's size rules from
-`sim.rules`, so neither the events nor the rules are read a second way here. A block's
+`sim.sizes`, so neither the events nor the rules are read a second way here. A block's
 extent is its rounded size unless the allocator would not have split the rest off, in which
 case it takes the whole free gap; free blocks are the gaps between live blocks (the allocator
 always merges adjacent free blocks). Exact when the history starts at an empty allocator;
@@ -20,7 +20,7 @@ from sortedcontainers import SortedDict
 
 from alloctune.diagnose.snapshot_model import BlockView, MemoryMap, SegmentView
 from alloctune.errors import TraceError
-from alloctune.sim import rules
+from alloctune.sim import sizes
 from alloctune.sim.settings import SimSettings
 from alloctune.trace.model import ALLOC, FREE
 from alloctune.trace.stream import build_stream
@@ -29,7 +29,7 @@ from alloctune.trace.stream import build_stream
 @dataclass(frozen=True)
 class SizeRules:
     """The settings that decide block sizes, read from the snapshot's `allocator_settings`;
-    every rule is `sim.rules`' (one statement of the allocator's arithmetic)."""
+    every rule is `sim.sizes`' (one statement of the allocator's arithmetic)."""
 
     settings: SimSettings = field(default_factory=SimSettings)
 
@@ -43,14 +43,15 @@ class SizeRules:
 
     def round_size(self, size: int) -> int:
         """PyTorch's `round_size`: 512-byte multiples, or power-of-two divisions when configured."""
-        return rules.round_size(size, self.settings)
+        return sizes.round_size(size, sizes.division_table(self.settings))
 
     def allocation_size(self, rounded: int) -> int:
         """The cudaMalloc size a new segment for `rounded` bytes would have (what OOM text prints)."""
-        return rules.allocation_size(rounded, self.settings)
+        return sizes.allocation_size(rounded, self.settings.segment_size_mid)
 
     def should_split(self, pool: str, rounded: int, remaining: int) -> bool:
-        return rules.should_split(pool == "small", rounded, remaining, self.settings)
+        return sizes.should_split(pool == "small", rounded, remaining, self.settings.expandable_segments,
+                                  self.settings.max_split_size)
 
 
 def allocation_size(rounded: int, size_rules: SizeRules | None = None) -> int:
@@ -151,7 +152,7 @@ class _Replayer:
         raise HistoryGap(f"address {addr:#x} lies in no known segment")
 
     def seg_alloc(self, addr: int, size: int, stream: int) -> None:
-        pool = "small" if size == rules.SMALL_BUFFER else "large"
+        pool = "small" if size == sizes.SMALL_BUFFER else "large"
         self.segs[addr] = [addr + size, stream, False, pool]
         self.reserved += size
 
@@ -193,7 +194,7 @@ class _Replayer:
         rounded = self.rules.round_size(requested)
         nxt = next(iter(self.live.irange(addr + 1, info[0] - 1)), info[0])
         gap_end = min(nxt, info[0])
-        if info[2] and rounded <= rules.SMALL_SIZE:
+        if info[2] and rounded <= sizes.SMALL_SIZE:
             info[3] = "small"
         size = rounded
         if not self.rules.should_split(info[3], rounded, gap_end - addr - rounded):

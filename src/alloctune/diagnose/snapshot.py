@@ -46,7 +46,7 @@ from alloctune.diagnose.snapshot_model import (  # noqa: F401
 )
 from alloctune.diagnose.what_if import what_if_replays
 from alloctune.errors import TraceError
-from alloctune.sim.rules import SMALL_SIZE
+from alloctune.sim.sizes import SMALL_SIZE
 from alloctune.units import format_size
 
 

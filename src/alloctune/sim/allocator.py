@@ -23,7 +23,7 @@ from alloctune.sim.driver import Device
 from alloctune.sim.expandable import ExpandableBlocks
 from alloctune.sim.inspection import Inspection
 from alloctune.sim.settings import SimSettings
-from alloctune.sim.sizes import MIN_BLOCK, SMALL_SIZE, allocation_size, round_size
+from alloctune.sim.sizes import MIN_BLOCK, SMALL_SIZE, allocation_size, division_table, round_size
 from alloctune.sim.slow_path import SlowPath
 from alloctune.sim.stats import Stats
 
@@ -53,7 +53,7 @@ class CachingAllocator(SlowPath, ExpandableBlocks, Inspection):
         self.nsr = s.nsr
         self.mid_segment = s.segment_size_mid
         self.expandable = s.expandable_segments
-        self.table = s.roundup_power2_divisions if any(d > 1 for d in s.roundup_power2_divisions) else None
+        self.table = division_table(s)
         self.id_key = s.seg_id_tiebreak
         self.shift = ADDR_BITS + ID_BITS if self.id_key else ADDR_BITS
         self.small_pool = Pool(True)

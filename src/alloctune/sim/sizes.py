@@ -7,6 +7,8 @@ to round a size).
 
 from __future__ import annotations
 
+from typing import Any
+
 MIN_BLOCK = 512  # kMinBlockSize
 SMALL_SIZE = 1 << 20  # kSmallSize: rounded size <= this -> small pool
 SMALL_BUFFER = 2 << 20  # kSmallBuffer: small segment / small expandable page
@@ -47,3 +49,18 @@ def next_division(size: int, divisions: int) -> int:
         return floor << 1
     f = size & ~(step - 1)
     return size if f == size else f + step
+
+
+def division_table(settings: Any) -> tuple[int, ...] | None:
+    """The `roundup_power2_divisions` table of `settings` as `round_size` takes it (None = off)."""
+    table = settings.roundup_power2_divisions
+    return table if any(d > 1 for d in table) else None
+
+
+def should_split(small_pool: bool, rounded: int, remaining: int, expandable: bool, max_split_size: int | None) -> bool:
+    """Whether a free block serving `rounded` bytes is split, leaving `remaining` bytes free:
+    small pool and expandable segments split any remainder of at least 512 bytes; otherwise only
+    a remainder above 1 MiB, and never for a request at or above `max_split_size`."""
+    if small_pool or expandable:
+        return remaining >= MIN_BLOCK
+    return remaining > SMALL_SIZE and (max_split_size is None or rounded < max_split_size)
