@@ -40,3 +40,13 @@ def test_rows_match_replay_and_min_budget_one_by_one():
 def test_find_min_off_and_no_budget_cost_one_replay_per_setting():
     result = sweep(_trace(), ("", "expandable_segments:True"), find_min=False)
     assert all(r.replays == 1 and r.min_budget is None and r.at_budget is None for r in result.rows)
+
+
+def test_a_what_if_pays_one_capped_replay_per_setting():
+    t = _trace()
+    budget = 2 << 30
+    rows = sweep(t, ("", "expandable_segments:True"), budget=budget, find_min=False, uncapped=False).rows
+    assert all(r.replays == 1 and r.peak_reserved is None for r in rows)
+    full = sweep(t, ("", "expandable_segments:True"), budget=budget, find_min=False).rows
+    assert [r.at_budget for r in rows] == [r.at_budget for r in full]
+    assert [r.peak_reserved_at_budget for r in rows] == [r.peak_reserved_at_budget for r in full]

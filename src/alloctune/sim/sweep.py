@@ -33,11 +33,11 @@ class SweepRow:
     """One setting's simulated outcome: uncapped peaks, `min_budget`, and (if asked) the budget."""
 
     conf: str  # canonical allocator string ("" = default)
-    completed: bool  # completes without a cap (on the trace's device)
-    peak_reserved: int  # uncapped
-    peak_allocated: int
-    utilization: float
-    retries: int  # uncapped num_alloc_retries
+    completed: bool | None  # completes without a cap (on the trace's device); None: not replayed uncapped
+    peak_reserved: int | None  # uncapped
+    peak_allocated: int | None
+    utilization: float | None
+    retries: int | None  # uncapped num_alloc_retries
     min_budget: int | None  # smallest completing cap (bytes); None: not even the device suffices / not asked
     infeasible_below: int | None  # largest cap seen to fail in the bisection
     replays: int  # replays spent on this row (cost)
@@ -100,15 +100,23 @@ def simulate_setting(
     abs_tol: int = 16 * MiB,
     addresses: Any = "recorded",
     reference: Trace | None = None,
+    uncapped: bool = True,
 ) -> SweepRow:
-    """One row of a sweep (the unit `sweep` repeats; also what a caller with one setting uses)."""
+    """One row of a sweep (the unit `sweep` repeats; also what a caller with one setting uses).
+
+    `uncapped=False` (with `find_min=False` and a budget) skips the uncapped replay: a what-if
+    that only asks "does it fit this budget?" pays one replay per setting.
+    """
     from alloctune.config import AllocatorConfig
 
     config = AllocatorConfig.parse(conf, torch) if torch else AllocatorConfig.parse(conf)
     where = {"addresses": addresses, "reference": reference}
-    free = replay(trace, config, total_memory=total_memory, torch=torch, record_events=False, timeline_points=1,
-                  **where)
-    replays = 1
+    free = None
+    replays = 0
+    if uncapped or find_min or budget is None:
+        free = replay(trace, config, total_memory=total_memory, torch=torch, record_events=False, timeline_points=1,
+                      **where)
+        replays = 1
     mb_budget = mb_below = None
     if find_min:
         # TODO(native #17): pass `uncapped=free` once `min_budget` accepts it, so the
@@ -123,11 +131,11 @@ def simulate_setting(
         replays += 1
     return SweepRow(
         conf=config.format(),
-        completed=free.completed,
-        peak_reserved=free.peak_reserved,
-        peak_allocated=free.peak_allocated,
-        utilization=free.utilization,
-        retries=free.num_alloc_retries,
+        completed=free.completed if free else None,
+        peak_reserved=free.peak_reserved if free else None,
+        peak_allocated=free.peak_allocated if free else None,
+        utilization=free.utilization if free else None,
+        retries=free.num_alloc_retries if free else None,
         min_budget=mb_budget,
         infeasible_below=mb_below,
         replays=replays,
@@ -152,6 +160,7 @@ def sweep(
     abs_tol: int = 16 * MiB,
     addresses: Any = "recorded",
     reference: Trace | None = None,
+    uncapped: bool = True,
     progress: Progress = no_progress,
 ) -> Sweep:
     """Simulate every setting in `confs` on `trace` (see `simulate_setting`).
@@ -164,7 +173,7 @@ def sweep(
         progress(f"simulating {c or '(default)'}", i, len(confs))
         rows.append(simulate_setting(trace, c, budget=budget, torch=torch, total_memory=total_memory,
                                      find_min=find_min, rel_tol=rel_tol, abs_tol=abs_tol, addresses=addresses,
-                                     reference=reference))
+                                     reference=reference, uncapped=uncapped))
     progress("simulated", len(confs), len(confs))
     from alloctune.trace.fallible import untagged_note
 
