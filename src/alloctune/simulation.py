@@ -35,8 +35,8 @@ class SimulatedSetting:
     completed: bool
     oom: dict[str, Any] | None
     expected_failures: int
-    addresses: str
-    addresses_from: str = ""
+    addresses: str  # the address source asked for: trace | compared | model (`sim.addresses`)
+    addresses_from: str = ""  # what the replay used: "recorded:<file>" or "model"
     min_budget: int | None = None
     min_budget_replays: int | None = None
     fidelity: dict[str, Any] | None = None

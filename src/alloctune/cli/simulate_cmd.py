@@ -107,9 +107,10 @@ def _render(sim) -> None:
         if fid is None:
             continue
         head = "[green]exact[/green]" if fid["exact"] else f"[red]differs[/red]: {escape(fid['verdict'])}"
-        console.print(f"fidelity ({fid['kind']}) of {r.conf or '(unset)'} vs recording: {head}")
+        where = escape(r.addresses_from.replace("recorded:", "as recorded in ", 1))
+        console.print(f"fidelity ({fid['kind']}) of {escape(r.conf or '(unset)')} vs recording: {head}", soft_wrap=True)
         console.print(f"  segment events: {fid['events_simulated']} simulated / {fid['events_recorded']} recorded"
-                      f" ({r.addresses} addresses)")
+                      f" (addresses: {where})", soft_wrap=True)
         for k, v in fid["stats"].items():
             console.print(f"  {k}: {v['simulated']} {'=' if v['recorded'] == v['simulated'] else '!='} "
                           f"{v['recorded']} recorded")
