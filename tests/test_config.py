@@ -588,9 +588,9 @@ def test_cli_check_bad_input_one_line_exit_2(capsys, bad):
 def test_cli_check_options(capsys):
     code, out, _ = run_cli(capsys, "config", "check", "max_split_size_mb:200000", "--card", "80GiB", "--json")
     assert code == 0 and [w["code"] for w in json.loads(out)["warnings"]] == ["max-split-above-card"]
-    code, out, _ = run_cli(capsys, "config", "check", "expandable_segments:True", "--platform", "windows",
+    code, out, _ = run_cli(capsys, "config", "check", "max_split_size_mb:128", "--platform", "windows",
                            "--shell", "powershell")
-    assert code == 0 and "expandable-windows" in out and "$env:PYTORCH_CUDA_ALLOC_CONF" in out
+    assert code == 0 and "$env:PYTORCH_CUDA_ALLOC_CONF" in out
     code, _, errtext = run_cli(capsys, "config", "check", "", "--torch", "1.13")
     assert code == 2 and "not supported" in errtext
     code, _, errtext = run_cli(capsys, "config", "check", "", "--fraction", "2")
@@ -687,3 +687,23 @@ def test_matches_installed_torch_parser():
             assert mine and mine in theirs, (text, theirs, str(ours))
     set_settings("")
     assert compared == 400 and 50 < rejected < 350
+
+
+def test_windows_check_does_not_set_what_it_says_is_ignored(capsys):
+    """#18.11a: after "expandable_segments is not supported on Windows", no line sets it."""
+    code, out, _ = run_cli(capsys, "config", "check", "expandable_segments:True", "--platform", "windows",
+                           "--shell", "powershell")
+    assert code == 0 and "expandable-windows" in out
+    assert "not setting expandable_segments: ignored on windows" in out
+    assert "$env:" not in out and "set it" not in out and "nothing to set" not in out
+    data = json.loads(run_cli(capsys, "config", "check", "expandable_segments:True", "--platform", "windows",
+                              "--json")[1])
+    assert data["env"] == {} and data["shell"] == {} and data["not_set"] == ["expandable_segments"]
+    assert data["effective"]["expandable_segments"] is False  # PyTorch keeps it off there
+    # the rest of a setting is still set, without the ignored knob
+    data = json.loads(run_cli(capsys, "config", "check", "expandable_segments:True,max_split_size_mb:128",
+                              "--platform", "windows", "--json")[1])
+    assert set(data["env"].values()) == {"max_split_size_mb:128"}
+    # on linux nothing changes
+    data = json.loads(run_cli(capsys, "config", "check", "expandable_segments:True", "--json")[1])
+    assert set(data["env"].values()) == {"expandable_segments:True"} and data["not_set"] == []

@@ -135,3 +135,54 @@ def test_simulate_is_the_core_function(traces_dir):
     assert sim.failed and sim.predicted_oom and sim.budget == 1 << 30
     assert sim.to_dict()["schema"] == "alloctune.simulate/1"
     assert steps[0][0].startswith("loading") and steps[-1] == ("done", 2, 2)
+
+
+@pytest.fixture
+def rvc0(traces_dir):
+    return traces_dir / "rvc_ec0"
+
+
+def _compare_row(capsys, rvc0, *extra):
+    code, out, err = _run(capsys, "simulate", str(rvc0 / "default.pickle.xz"), "--conf", "max_split_size_mb:128",
+                          "--compare", str(rvc0 / "max_split_128.pickle.xz"), "--json", *extra)
+    assert code in (0, 1), err
+    return json.loads(out)["rows"][0], err
+
+
+def test_default_addresses_are_the_traces_own_a_prediction(rvc0, capsys):
+    """#18.2: by default a comparison predicts from one recording (its stream *and* its addresses)."""
+    row, err = _compare_row(capsys, rvc0)
+    assert row["addresses"] == "trace" and err == ""
+    assert row["addresses_from"] == f"recorded:{rvc0 / 'default.pickle.xz'}"
+    assert row["fidelity"]["kind"] == "prediction from one recording"
+
+
+def test_compared_addresses_are_labelled_a_replay(rvc0, capsys):
+    row, _ = _compare_row(capsys, rvc0, "--addresses", "compared")
+    assert row["addresses"] == "compared"
+    assert row["addresses_from"] == f"recorded:{rvc0 / 'max_split_128.pickle.xz'}"
+    assert row["fidelity"]["kind"] == "replay"
+    row, _ = _compare_row(capsys, rvc0, "--addresses", "model")
+    assert (row["addresses_from"], row["fidelity"]["kind"]) == ("model", "prediction with modelled addresses")
+
+
+@pytest.mark.parametrize(("old", "new"), [("auto", "trace"), ("recorded", "compared")])
+def test_deprecated_address_spellings_still_work_with_a_note(rvc0, capsys, old, new):
+    row, err = _compare_row(capsys, rvc0, "--addresses", old)
+    assert row["addresses"] == new
+    assert err.startswith("alloctune: note:") and f"use --addresses {new}" in err and err.count("\n") == 1
+
+
+def test_text_output_names_the_fidelity_kind(rvc0, capsys):
+    trace = str(rvc0 / "default.pickle.xz")
+    out = _ok(capsys, "simulate", trace, "--compare", trace, "--conf", "",
+              "--conf", "roundup_power2_divisions:[256:1,>:4]")
+    assert "fidelity (replay) of (unset) vs recording: exact" in out
+    assert f"(addresses: as recorded in {trace})" in out
+    # a setting with brackets is printed as typed, not read as rich markup
+    assert "of roundup_power2_divisions:[256:1,>:4] vs recording" in out
+
+
+def test_compared_addresses_need_a_comparison(rvc0, capsys):
+    code, out, err = _run(capsys, "simulate", str(rvc0 / "default.pickle.xz"), "--addresses", "compared")
+    assert code == 2 and out == "" and err.count("\n") == 1 and "needs --compare" in err

@@ -17,7 +17,8 @@ from alloctune.errors import InputError
 from alloctune.progress import Progress, no_progress
 from alloctune.schema import schema_id
 
-ADDRESS_POLICIES = ("auto", "model", "recorded")
+# Spellings before the `trace|compared|model` vocabulary (#18.2): accepted for one release.
+DEPRECATED_ADDRESSES = {"auto": "trace", "recorded": "compared (with --compare), else trace"}
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,8 @@ class SimulatedSetting:
     completed: bool
     oom: dict[str, Any] | None
     expected_failures: int
-    addresses: str
+    addresses: str  # the address source asked for: trace | compared | model (`sim.addresses`)
+    addresses_from: str = ""  # what the replay used: "recorded:<file>" or "model"
     min_budget: int | None = None
     min_budget_replays: int | None = None
     fidelity: dict[str, Any] | None = None
@@ -51,6 +53,7 @@ class SimulatedSetting:
             "peak_allocated": self.peak_allocated, "utilization": self.utilization,
             "num_alloc_retries": self.num_alloc_retries, "num_ooms": self.num_ooms, "completed": self.completed,
             "oom": self.oom, "expected_failures": self.expected_failures, "addresses": self.addresses,
+            "addresses_from": self.addresses_from,
         }
         if self.find_min:
             d["min_budget"] = self.min_budget
@@ -70,6 +73,7 @@ class Simulation:
     total_memory: int
     compared_with: str | None
     rows: tuple[SimulatedSetting, ...] = field(default_factory=tuple)
+    notes: tuple[str, ...] = ()
 
     @property
     def predicted_oom(self) -> bool:
@@ -89,7 +93,7 @@ class Simulation:
             "schema": schema_id("simulate"), "trace": self.trace, "torch": self.torch, "budget": self.budget,
             "total_memory": self.total_memory, "compared_with": self.compared_with,
             "predicted_oom": self.predicted_oom, "differs": self.differs,
-            "rows": [r.to_dict() for r in self.rows],
+            "rows": [r.to_dict() for r in self.rows], "notes": list(self.notes),
         }
 
 
@@ -103,7 +107,7 @@ def simulate(
     torch: str = "2.11",
     find_min: bool = False,
     compare: str | Path | None = None,
-    addresses: str = "auto",
+    addresses: str = "trace",
     progress: Progress = no_progress,
 ) -> Simulation:
     """Replay `trace` (a snapshot or compact trace file) under each of `confs`.
@@ -111,9 +115,11 @@ def simulate(
     `budget`/`total_memory`: bytes (int) or text with a unit ("6GiB"); the budget must be above 0
     and at most the device memory (the trace's device, else an H200's). `compare`: a recording
     to check each replay against event for event; a capped recording is replayed under its own
-    cap unless `budget` is given. `addresses`: where new segments are placed — `recorded`
-    (where `compare`'s recording, else the trace's, put them), `model` (the driver model only),
-    `auto` (= recorded). `find_min`: also bisect each setting's smallest completing budget.
+    cap unless `budget` is given. `addresses`: where new segments are placed
+    (`alloctune.sim.addresses`) — `trace` (where the trace's own recording put them: a
+    prediction), `compared` (where `compare`'s recording put them: a replay, it borrows from the
+    answer), `model` (the driver model only); the old `auto`/`recorded` still work for one release
+    with a note. `find_min`: also bisect each setting's smallest completing budget.
     """
     from alloctune.config import AllocatorConfig
     from alloctune.sim.driver import H200_TOTAL
@@ -121,8 +127,7 @@ def simulate(
     from alloctune.trace.load import load_trace
     from alloctune.units import format_size, parse_user_size
 
-    if addresses not in ADDRESS_POLICIES:
-        raise InputError(f"--addresses must be auto, model or recorded, not {addresses!r}")
+    source, notes = _address_source(addresses, compare is not None)
     if device is not None and device < 0:
         raise InputError(f"--device must be 0 or more, got {device}")
     cap = parse_user_size(budget, "--budget") if budget is not None else None
@@ -147,7 +152,7 @@ def simulate(
     for i, (text, sim_settings) in enumerate(zip(confs, settings)):
         progress(f"replaying {text or '(unset)'}", i * per_setting, steps)
         row = _replay_one(loaded, recorded, text, sim_settings, cap=cap, total=total, torch=torch,
-                          addresses=addresses)
+                          source=source)
         if find_min:
             from alloctune.sim.budget import min_budget
 
@@ -157,19 +162,36 @@ def simulate(
         rows.append(row)
     progress("done", steps, steps)
     return Simulation(trace=str(trace), torch=torch, budget=cap, total_memory=device_total,
-                      compared_with=None if compare is None else str(compare), rows=tuple(rows))
+                      compared_with=None if compare is None else str(compare), rows=tuple(rows),
+                      notes=notes)
 
 
-def _replay_one(trace, recorded, text, settings, *, cap, total, torch, addresses) -> SimulatedSetting:
+def _address_source(addresses: str, comparing: bool) -> tuple[str, tuple[str, ...]]:
+    """The address source a caller asked for, mapping the deprecated spellings (with a note)."""
+    from alloctune.sim.addresses import COMPARED, TRACE, check_source
+
+    if addresses in DEPRECATED_ADDRESSES:
+        source = TRACE if addresses == "auto" or not comparing else COMPARED
+        note = f"--addresses {addresses} is deprecated and will be removed: use --addresses {source}"
+        return source, (note,)
+    try:
+        source = check_source(addresses)
+    except ValueError as exc:
+        raise InputError(f"--addresses: {exc}") from None
+    if source == COMPARED and not comparing:
+        raise InputError("--addresses compared needs --compare RECORDING (the recording whose addresses to use)")
+    return source, ()
+
+
+def _replay_one(trace, recorded, text, settings, *, cap, total, torch, source) -> SimulatedSetting:
+    from alloctune.sim.addresses import fidelity_kind, replay_addresses
     from alloctune.sim.compare import compare as compare_replay
     from alloctune.sim.oom import oom_message
     from alloctune.sim.replay import replay
 
-    # auto: where the recording (the compared one, else the trace itself) placed its k-th segment
-    mode = "recorded" if addresses == "auto" else addresses
-    ref = recorded if recorded is not None else trace
-    result = replay(trace, settings, budget=cap, total_memory=total, torch=torch, addresses=mode, reference=ref,
-                    record_events=recorded is not None, timeline_points=200)
+    mode, reference = replay_addresses(source, trace, recorded)
+    result = replay(trace, settings, budget=cap, total_memory=total, torch=torch, addresses=mode,
+                    reference=reference, record_events=recorded is not None, timeline_points=200)
     oom = None
     if result.oom is not None:
         message = oom_message(result.oom, total_memory=result.total_memory, torch=torch)
@@ -177,10 +199,12 @@ def _replay_one(trace, recorded, text, settings, *, cap, total, torch, addresses
     fidelity = None
     if recorded is not None:
         fidelity = compare_replay(result, recorded, stream_trace=None if recorded is trace else trace).to_dict()
+        fidelity["kind"] = fidelity_kind(source, trace, recorded)
     utilization = round(result.utilization, 4)
     return SimulatedSetting(
         conf=text, budget=cap, peak_reserved=result.peak_reserved, peak_allocated=result.peak_allocated,
         utilization=utilization if math.isfinite(utilization) else 1.0,
         num_alloc_retries=result.num_alloc_retries, num_ooms=result.stats["num_ooms"], completed=result.completed,
-        oom=oom, expected_failures=len(result.expected_failures), addresses=mode, fidelity=fidelity,
+        oom=oom, expected_failures=len(result.expected_failures), addresses=source,
+        addresses_from=result.addresses, fidelity=fidelity,
     )

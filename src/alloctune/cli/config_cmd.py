@@ -108,8 +108,10 @@ def _render_check(result, shell: str) -> None:
         console.print(f"[{color}]{w.severity}[/{color}] {escape(f'[{w.code}] {w.message}')}")
     if not result.warnings:
         console.print("no warnings")
+    for knob in result.not_set:
+        console.print(f"not setting {knob}: ignored on {result.platform}", markup=False)
     if result.shells:
-        console.print(f"set it ({shell}):")
+        console.print(f"set it ({shell}):" if not result.not_set else f"set the rest ({shell}):")
         console.print(result.shells[shell], markup=False, soft_wrap=True)
-    else:
+    elif not result.not_set:
         console.print("nothing to set: unset PYTORCH_CUDA_ALLOC_CONF and PYTORCH_ALLOC_CONF for the defaults")

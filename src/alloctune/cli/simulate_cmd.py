@@ -36,9 +36,9 @@ def register(app: typer.Typer) -> None:
             None, "--compare", metavar="RECORDING", help="Recorded trace to check the replay against (event for event)."
         ),
         addresses: str = typer.Option(
-            "auto", "--addresses", metavar="auto|model|recorded",
-            help="Segment addresses: recorded (where --compare's or TRACE's recording put them), "
-            "model (predicted only); auto = recorded.",
+            "trace", "--addresses", metavar="trace|compared|model",
+            help="Where new segments go: trace (where TRACE's recording put them: a prediction), "
+            "compared (where --compare's recording put them: a replay), model (the driver model only).",
         ),
         json_out: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
     ) -> None:
@@ -54,6 +54,10 @@ def register(app: typer.Typer) -> None:
             result = run(trace_file, list(conf or [""]), budget=budget, total_memory=total_memory, device=device,
                          torch=torch_version, find_min=find_min, compare=compare_file, addresses=addresses,
                          progress=progress)
+        from alloctune.cli.render import err_console
+
+        for note in result.notes:  # deprecated spellings: stderr, so --json stays clean
+            err_console.print(f"alloctune: note: {note}", markup=False, soft_wrap=True)
         if json_out:
             from alloctune.cli.common import print_json
 
@@ -103,9 +107,10 @@ def _render(sim) -> None:
         if fid is None:
             continue
         head = "[green]exact[/green]" if fid["exact"] else f"[red]differs[/red]: {escape(fid['verdict'])}"
-        console.print(f"fidelity of {r.conf or '(unset)'} vs recording: {head}")
+        where = escape(r.addresses_from.replace("recorded:", "as recorded in ", 1))
+        console.print(f"fidelity ({fid['kind']}) of {escape(r.conf or '(unset)')} vs recording: {head}", soft_wrap=True)
         console.print(f"  segment events: {fid['events_simulated']} simulated / {fid['events_recorded']} recorded"
-                      f" ({r.addresses} addresses)")
+                      f" (addresses: {where})", soft_wrap=True)
         for k, v in fid["stats"].items():
             console.print(f"  {k}: {v['simulated']} {'=' if v['recorded'] == v['simulated'] else '!='} "
                           f"{v['recorded']} recorded")

@@ -8,7 +8,7 @@ what an absent knob defaults to are allocator rules, needed by the Python API as
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from alloctune.config.checks import ConfigWarning, check
@@ -58,6 +58,22 @@ def describe_roundup(table: list[int] | tuple[int, ...]) -> str:
     return "\n".join(runs)
 
 
+# Findings that mean "this platform ignores the knob" -> the `AllocatorConfig` field it concerns.
+# Such a knob is left out of the lines to set: setting it would only print PyTorch's warning.
+IGNORED_ON_PLATFORM = {"expandable-windows": "expandable_segments"}
+
+
+def without_ignored(config: AllocatorConfig, warnings: tuple[ConfigWarning, ...] | list[ConfigWarning]
+                    ) -> tuple[AllocatorConfig, tuple[str, ...]]:
+    """`config` with the knobs the platform ignores back at their defaults, and their names."""
+    defaults = {f.name: f.default for f in fields(AllocatorConfig)}
+    dropped = {IGNORED_ON_PLATFORM[w.code]: w.key for w in warnings if w.code in IGNORED_ON_PLATFORM}
+    if not dropped:
+        return config, ()
+    kept = replace(config, **{name: defaults[name] for name in dropped})
+    return kept, tuple(key or name for name, key in dropped.items())
+
+
 @dataclass(frozen=True)
 class SettingCheck:
     """The result of checking one setting for one release and platform (plain data)."""
@@ -71,6 +87,7 @@ class SettingCheck:
     warnings: tuple[ConfigWarning, ...]
     env: dict[str, str]        # variable -> value to set ({} for the defaults)
     shells: dict[str, str]     # shell -> the lines that set `env`
+    not_set: tuple[str, ...] = ()  # knobs left out of `env`: the platform ignores them
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -87,6 +104,7 @@ class SettingCheck:
             "warnings": [w.to_dict() for w in self.warnings],
             "env": self.env,
             "shell": self.shells,
+            "not_set": list(self.not_set),
         }
 
 
@@ -118,10 +136,11 @@ def check_setting(
     warnings = check(setting, version, platform=platform, fraction=fraction, card=card_bytes,
                      largest_segment=largest, env_var=env_var)
     normalized = config.normalized()
-    text = normalized.format()
+    in_effect, not_set = without_ignored(config, warnings)  # what the allocator there really uses
+    text = in_effect.normalized().format()
     env = shells.env_assignments(text, version) if text else {}
     return SettingCheck(
         input=setting, torch=format_version(version), platform=platform, config=config, normalized=normalized,
-        effective=effective_values(config, version), warnings=tuple(warnings), env=dict(env),
-        shells=shells.render_all(env) if env else {},
+        effective=effective_values(in_effect, version), warnings=tuple(warnings), env=dict(env),
+        shells=shells.render_all(env) if env else {}, not_set=not_set,
     )

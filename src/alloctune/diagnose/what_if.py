@@ -29,7 +29,8 @@ def what_if_replays(
     """
     try:
         from alloctune.config import AllocatorConfig
-        from alloctune.sim import replay
+        from alloctune.sim.settings import SimSettings
+        from alloctune.sim.sweep import sweep
         from alloctune.trace import trace_from_snapshot
     except ImportError as exc:
         return [WhatIf(c, None, note=f"simulator unavailable: {exc}") for c in candidates]
@@ -45,21 +46,29 @@ def what_if_replays(
     recorded = str(settings.get("PYTORCH_CUDA_ALLOC_CONF") or "")
     order = [recorded] + [c for c in candidates if c != recorded]
     version = torch or "2.11"
-    out = []
-    for cand in order:
+    refused: dict[str, str] = {}
+    for cand in order:  # a candidate the simulator cannot model is reported, not fatal
         try:
-            res = replay(trace, AllocatorConfig.parse(cand, version), budget=budget, torch=version,
-                         record_events=False)
-        except Exception as exc:  # a candidate the simulator cannot model is reported, not fatal
-            out.append(WhatIf(cand, None, note=f"{type(exc).__name__}: {exc}"))
-            continue
-        failed_before = res.oom is not None and res.oom.request_index <= target
-        avoids = (not failed_before) and target in res.unexpected_successes
-        if cand == recorded:
-            note = "recorded setting: the simulator " + ("reproduces the OOM" if not avoids else "does NOT reproduce it")
-        elif failed_before:
-            note = f"fails earlier, at request {res.oom.request_index}"
-        else:
-            note = ""
-        out.append(WhatIf(cand, avoids, res.peak_reserved, note))
-    return out
+            SimSettings.from_config(AllocatorConfig.parse(cand, version), version)
+        except Exception as exc:
+            refused[cand] = f"{type(exc).__name__}: {exc}"
+    modelled = [c for c in order if c not in refused]
+    # The one sweep service, asked only for one replay at the budget (no uncapped replay, no bisection).
+    rows = dict(zip(modelled, sweep(trace, modelled, budget=budget, torch=version, find_min=False,
+                                    uncapped=False).rows))
+    return [WhatIf(c, None, note=refused[c]) if c in refused else _judge(c, rows[c], target, c == recorded)
+            for c in order]
+
+
+def _judge(conf: str, row, target: int, is_recorded: bool) -> WhatIf:
+    """A sweep row read as a what-if: does request `target` fit, with nothing failing before it?"""
+    oom = row.oom_at_budget
+    failed_before = oom is not None and oom["request_index"] <= target
+    avoids = (not failed_before) and target in row.surprises_at_budget
+    if is_recorded:
+        note = "recorded setting: the simulator " + ("reproduces the OOM" if not avoids else "does NOT reproduce it")
+    elif failed_before:
+        note = f"fails earlier, at request {oom['request_index']}"
+    else:
+        note = ""
+    return WhatIf(conf, avoids, row.peak_reserved_at_budget, note)

@@ -12,14 +12,10 @@ from typing import Any, Mapping, Sequence
 
 from alloctune.diagnose.snapshot_model import MemoryMap
 from alloctune.report.model import SegmentMapView, Series, SettingRow
-from alloctune.units import GiB, MiB, format_mib
+from alloctune.report.style import (ALLOCATED, FREE, LARGEST_FREE, MAX_PANELS, MAX_SEGMENT_ROWS, RESERVED,
+                                     axis_unit)
+from alloctune.units import format_mib
 
-ALLOCATED = "#2b6cb0"
-RESERVED = "#dd6b20"
-FREE = "#f6e05e"
-LARGEST_FREE = "#38a169"
-MAX_SEGMENT_ROWS = 48
-MAX_PANELS = 12
 
 
 def _figure(width: float, height: float) -> Any:
@@ -37,10 +33,6 @@ def _png(fig: Any) -> bytes:
     return buf.getvalue()
 
 
-def _unit(max_bytes: int) -> tuple[float, str]:
-    return (GiB, "GiB") if max_bytes >= 2 * GiB else (MiB, "MiB")
-
-
 def timeline_figure(series: Sequence[Series]) -> bytes:
     """Reserved vs allocated over the history, one panel per run, on a shared y axis.
 
@@ -50,7 +42,7 @@ def timeline_figure(series: Sequence[Series]) -> bytes:
     if not series:
         raise ValueError("no timeline to draw")
     top = max(max(s.reserved, default=0) for s in series)
-    scale, unit = _unit(top)
+    scale, unit = axis_unit(top)
     ncols = 1 if len(series) == 1 else 2
     nrows = -(-len(series) // ncols)
     fig = _figure(11 if ncols == 2 else 9, 2.4 * nrows + 0.6)
@@ -80,7 +72,7 @@ def peaks_figure(rows: Sequence[SettingRow]) -> bytes:
     rows = [r for r in rows if r.peak_reserved]
     if not rows:
         raise ValueError("no peaks to draw")
-    scale, unit = _unit(max(r.peak_reserved or 0 for r in rows))
+    scale, unit = axis_unit(max(r.peak_reserved or 0 for r in rows))
     fig = _figure(9, 0.45 * len(rows) + 1.4)
     ax = fig.subplots()
     ys = list(range(len(rows)))[::-1]
@@ -99,7 +91,7 @@ def min_budget_figure(budgets: Mapping[str, tuple[int, str]]) -> bytes:
     if not budgets:
         raise ValueError("no min_budget to draw")
     items = sorted(budgets.items(), key=lambda kv: kv[1][0])
-    scale, unit = _unit(max(v for v, _ in budgets.values()))
+    scale, unit = axis_unit(max(v for v, _ in budgets.values()))
     fig = _figure(9, 0.45 * len(items) + 1.4)
     ax = fig.subplots()
     ys = list(range(len(items)))[::-1]
@@ -126,7 +118,7 @@ def segment_map_figure(view: SegmentMapView) -> bytes:
     fig = _figure(10, 0.22 * max(len(shown), 4) + 1.6)
     ax = fig.subplots()
     longest = max((s.size for s in shown), default=1)
-    scale, unit = _unit(longest)
+    scale, unit = axis_unit(longest)
     for row, seg in enumerate(shown):
         y = len(shown) - 1 - row
         live = [((b.addr - seg.addr) / scale, b.size / scale) for b in seg.blocks if b.allocated]

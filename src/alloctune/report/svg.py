@@ -11,24 +11,16 @@ import html
 from typing import Mapping, Sequence
 
 from alloctune.report.model import SegmentMapView, Series, SettingRow
-from alloctune.units import GiB, MiB, format_mib
+from alloctune.report.style import (ALLOCATED, FREE, LARGEST_FREE, MAX_PANELS, MAX_SEGMENT_ROWS, RESERVED,
+                                     axis_unit)
+from alloctune.units import format_mib
 
-ALLOCATED = "#2b6cb0"
-RESERVED = "#dd6b20"
-FREE = "#f6e05e"
-LARGEST_FREE = "#38a169"
-MAX_SEGMENT_ROWS = 48
-MAX_PANELS = 12
 WIDTH = 900
 LEFT = 230  # room for labels of bar charts
 
 
 def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
-
-
-def _unit(max_bytes: int) -> tuple[float, str]:
-    return (GiB, "GiB") if max_bytes >= 2 * GiB else (MiB, "MiB")
 
 
 def _svg(height: int, body: list[str], title: str) -> bytes:
@@ -53,7 +45,7 @@ def timeline_svg(series: Sequence[Series]) -> bytes:
     if not series:
         raise ValueError("no timeline to draw")
     top = max(max(s.reserved, default=0) for s in series) or 1
-    scale, unit = _unit(top)
+    scale, unit = axis_unit(top)
     ph, gap, x0, x1 = 120, 36, 60, WIDTH - 20
     body: list[str] = []
     for k, s in enumerate(series):
@@ -82,7 +74,7 @@ def timeline_svg(series: Sequence[Series]) -> bytes:
 def _bars(items: Sequence[tuple[str, int, int | None, str]], title: str) -> bytes:
     """Horizontal bars: (label, wide value, narrow value or None, note after the bar)."""
     top = max(v for _, v, _, _ in items) or 1
-    scale, unit = _unit(top)
+    scale, unit = axis_unit(top)
     x0, x1, rh = LEFT, WIDTH - 120, 22
     body = [_text(10, 16, title, weight="bold", size=12)]
     for k, (label, wide, narrow, note) in enumerate(items):
@@ -122,7 +114,7 @@ def segment_map_svg(view: SegmentMapView) -> bytes:
     segs = sorted(mm.segments, key=lambda s: (-s.free, -s.size, s.addr))
     shown = segs[:MAX_SEGMENT_ROWS]
     longest = max((s.size for s in shown), default=1)
-    scale, unit = _unit(longest)
+    scale, unit = axis_unit(longest)
     x0, x1, rh = 20, WIDTH - 20, 12
     more = f"; {len(segs) - len(shown)} segments with less free memory not shown" if len(segs) > len(shown) else ""
     req = f"; failed request {format_mib(view.request)}" if view.request else ""
