@@ -347,7 +347,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="alloctune-hostile-") as d:
         tmp = Path(d)
         marker = tmp / "pwned"
-        commands = [["trace", "info"], ["simulate"], ["diagnose-snapshot"]]
+        commands = [["trace", "info"], ["simulate"], ["diagnose", "--snapshot"]]
         for cls, items in file_probes(tmp, args.quick).items():
             row = Row(cls)
             for name, blob in items:
@@ -400,8 +400,8 @@ def main() -> None:
     cmd = "PYTHONPATH=src:tests python bench/hostile.py" + (" --quick" if args.quick else "")
     md = (f"## Hostile and damaged input ({dt.date.today().isoformat()}, {platform.python_version()}, "
           f"{os.cpu_count()} CPUs, RLIMIT_AS {args.mem}, {elapsed:.0f} s)\n\n"
-          f"Command: `{cmd}`. File probes run `trace info`, `simulate` and `diagnose-snapshot` (damaged snapshots: "
-          "`trace info` and `diagnose-snapshot`; compact traces: `trace info` and `simulate`) in a forked child; "
+          f"Command: `{cmd}`. File probes run `trace info`, `simulate` and `diagnose --snapshot` (damaged snapshots: "
+          "`trace info` and `diagnose --snapshot`; compact traces: `trace info` and `simulate`) in a forked child; "
           "clean = exit 0, or "
           "exit 2 with one `alloctune: error:` line.\n\n" + table + "\n" + ("\n" + "\n".join(notes) + "\n" if notes else ""))
     out = Path(args.out)
