@@ -271,4 +271,5 @@ def test_damaged_compact_traces_load_consistently_or_fail(rnd):
         if op == 0:
             live[rid] = size
         elif op == 1:
-            assert live.pop(rid) == size
+            got = live.pop(rid)  # a FREE names a live allocation (a KeyError here would be a bug)
+            assert size in (-1, got)  # -1: a generated stream that does not restate the size
