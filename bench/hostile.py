@@ -342,6 +342,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "hostile.md"))
     args = ap.parse_args()
     mem = parse_size(args.mem)
+    os.environ["ALLOCTUNE_CACHE"] = "0"  # every probe loads its file for real (no trace cache hits or entries)
     t0 = time.monotonic()
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="alloctune-hostile-") as d:
