@@ -342,12 +342,13 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "hostile.md"))
     args = ap.parse_args()
     mem = parse_size(args.mem)
+    os.environ["ALLOCTUNE_CACHE"] = "0"  # every probe loads its file for real (no trace cache hits or entries)
     t0 = time.monotonic()
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="alloctune-hostile-") as d:
         tmp = Path(d)
         marker = tmp / "pwned"
-        commands = [["trace", "info"], ["simulate"], ["diagnose-snapshot"]]
+        commands = [["trace", "info"], ["simulate"], ["diagnose", "--snapshot"]]
         for cls, items in file_probes(tmp, args.quick).items():
             row = Row(cls)
             for name, blob in items:
@@ -400,8 +401,8 @@ def main() -> None:
     cmd = "PYTHONPATH=src:tests python bench/hostile.py" + (" --quick" if args.quick else "")
     md = (f"## Hostile and damaged input ({dt.date.today().isoformat()}, {platform.python_version()}, "
           f"{os.cpu_count()} CPUs, RLIMIT_AS {args.mem}, {elapsed:.0f} s)\n\n"
-          f"Command: `{cmd}`. File probes run `trace info`, `simulate` and `diagnose-snapshot` (damaged snapshots: "
-          "`trace info` and `diagnose-snapshot`; compact traces: `trace info` and `simulate`) in a forked child; "
+          f"Command: `{cmd}`. File probes run `trace info`, `simulate` and `diagnose --snapshot` (damaged snapshots: "
+          "`trace info` and `diagnose --snapshot`; compact traces: `trace info` and `simulate`) in a forked child; "
           "clean = exit 0, or "
           "exit 2 with one `alloctune: error:` line.\n\n" + table + "\n" + ("\n" + "\n".join(notes) + "\n" if notes else ""))
     out = Path(args.out)

@@ -163,6 +163,7 @@ def cli_env(extra: dict | None = None) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO / "src") + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.pop("ALLOCTUNE_DEBUG", None)
+    env["ALLOCTUNE_CACHE"] = "0"  # every probe loads its file for real (and leaves no cache entry behind)
     env.update(extra or {})
     return env
 

@@ -43,7 +43,7 @@ def test_tuple1_file_is_tiny_and_crashes_the_c_unpickler(tmp_path):
     assert res.returncode < 0  # SIGSEGV: what `trace info` did before the opcode scan
 
 
-@pytest.mark.parametrize("command", [["trace", "info"], ["simulate"], ["diagnose-snapshot"], ["report"]])
+@pytest.mark.parametrize("command", [["trace", "info"], ["simulate"], ["diagnose", "--snapshot"], ["report"]])
 def test_tuple1_file_is_one_line_in_every_command(tmp_path, command):
     path = tmp_path / "tuple1.pickle.xz"
     path.write_bytes(hp.tuple1_bomb())
@@ -271,4 +271,5 @@ def test_damaged_compact_traces_load_consistently_or_fail(rnd):
         if op == 0:
             live[rid] = size
         elif op == 1:
-            assert live.pop(rid) == size
+            got = live.pop(rid)  # a FREE names a live allocation (a KeyError here would be a bug)
+            assert size in (-1, got)  # -1: a generated stream that does not restate the size

@@ -164,8 +164,10 @@ def decompress_bounded(raw: bytes, kind: str, limit: int) -> bytearray:
             if not dec.eof:
                 raise EOFError("compressed stream ended before the end-of-stream marker")
         rest = dec.unused_data
-        if not rest.strip(b"\x00"):  # xz/gzip allow zero padding between/after members
+        if not rest:
             return out  # a bytearray: copying it to bytes would double the peak
+        if not rest.strip(b"\x00") and (kind == "gzip" or (kind == "xz" and len(rest) % 4 == 0)):
+            return out  # the padding gzip and xz allow after a member (xz: multiples of 4 bytes)
         if sniff_compression(rest[:8]) != kind:
             raise ValueError(f"{len(rest)} byte(s) of trailing garbage after the {kind} stream")
         data = rest
