@@ -65,7 +65,7 @@ def find_runs(folder: Path) -> dict[str, Path]:
 
 
 def flat_groups(folder: Path) -> dict[str, dict[str, Path]]:
-    """A flat folder of `WORKLOAD_RUN.pickle.xz` recordings (as /work/gpu-data/a) as workload -> run -> file."""
+    """A flat folder of `WORKLOAD_RUN.pickle.xz` recordings (as bench/gpu-results/batch8/a) as workload -> run -> file."""
     groups: dict[str, dict[str, Path]] = {}
     for name, path in find_runs(folder).items():
         wl, _, run = name.partition("_")
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--traces", default=str(ROOT.parent / "shared" / "traces"),
                      help="folder with one sub-folder of recordings per workload")
     src.add_argument("--shipped", action="store_true", help="the traces shipped in the package")
-    src.add_argument("--flat", help="a flat folder of WORKLOAD_RUN recordings (e.g. /work/gpu-data/a)")
+    src.add_argument("--flat", help="a flat folder of WORKLOAD_RUN recordings (e.g. bench/gpu-results/batch8/a)")
     ap.add_argument("--workloads", default="", help="comma-separated workloads (default: every folder)")
     ap.add_argument("--runs", default="", help="comma-separated run names (default: every recording)")
     ap.add_argument("--skip", default="", help="comma-separated run names to leave out (another program input)")

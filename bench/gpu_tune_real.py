@@ -15,7 +15,7 @@ On the device (writes to $OUT: summary.json, summary.md, logs.tar.gz):
 
 Afterwards, on any machine, against the independent bisection (fresh processes, 6 steps):
 
-    python bench/gpu_tune_real.py --compare /work/gpu-data/b/bisect_results.json --summary DIR/summary.json
+    python bench/gpu_tune_real.py --compare bench/gpu-results/batch8/b/bisect_results.json --summary DIR/summary.json
 
 (rvc and diffusion were bisected with --count 2 / --count 3 but are tuned here with
 --count 4, so their rows are compared only where the bisection measured the same command.)

@@ -1,6 +1,6 @@
 """Capacity planning against the GPU: predicted vs real largest input size, and held-back fits.
 
-Reads the lead's H200 recordings (`/work/gpu-data`, README there): `a/size_{rvc,timm,llama}_{S}`
+Reads the lead's H200 recordings (`bench/gpu-results/batch8`, README there): `a/size_{rvc,timm,llama}_{S}`
 (one item of size S per fresh process, default setting, uncapped, recorded) and
 `b/bisect_results.json` (`plan_{workload}_{setting}_{c1,c2}`: the REAL largest size that
 completes under cap c1 / c2, by bisection on a 2 % size grid with fresh processes).
@@ -15,7 +15,7 @@ For each workload it prints and writes to `bench/results/plan.md`:
    prediction is within one step of the real 2 % grid;
 3. the wall time of the full plan, and the RVC chunk table for 4/6/8/12/24 GB cards.
 
-Usage: python bench/plan_real.py [--data /work/gpu-data] [--out bench/results/plan.md]
+Usage: python bench/plan_real.py [--data bench/gpu-results/batch8] [--out bench/results/plan.md]
 Pure CPU; no GPU needed (the GPU work is the recordings).
 """
 
@@ -102,7 +102,7 @@ def pct(x: float | None) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", default="/work/gpu-data")
+    ap.add_argument("--data", default="bench/gpu-results/batch8")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "plan.md"))
     args = ap.parse_args()
     data = Path(args.data)

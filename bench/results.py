@@ -7,7 +7,8 @@ headline figures first with the command that produced them, and links each full 
 
     python bench/results.py [--dir bench/results]
 
-Draft: it knows the fidelity and empty_cache() benches; others add a reader to `READERS`.
+Benches with a JSON reader in `READERS` get their headline figures here; every other table in the
+folder is listed by its own first line with a link, so nothing measured is left out.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ def build(folder: Path) -> str:
     lines = ["# alloctune — measured results", "",
              f"Generated {stamp} by `python bench/results.py` from the bench outputs in this folder; every figure "
              "links to the table and command that produced it. Do not edit by hand: re-run the bench, then this.", ""]
+    covered = {"RESULTS.md"}
     for path in sorted(folder.glob("*.json")):
         try:
             data = json.loads(path.read_text())
@@ -88,7 +90,15 @@ def build(folder: Path) -> str:
             lines.append("")
         lines += fn(data)
         if table.is_file():
+            covered.add(table.name)
             lines += ["", f"Full table: [{table.name}]({table.name})"]
+        lines.append("")
+    others = [p for p in sorted(folder.glob("*.md")) if p.name not in covered]
+    if others:
+        lines += ["## Other measurements", ""]
+        for p in others:
+            head = next((ln.lstrip("# ").strip() for ln in p.read_text().splitlines() if ln.strip()), p.stem)
+            lines.append(f"- [{p.name}]({p.name}): {head}")
         lines.append("")
     return "\n".join(lines)
 

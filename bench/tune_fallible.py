@@ -1,6 +1,6 @@
 """Simulated vs real min_budget before and after the fallible-request model (CPU only).
 
-Reads the lead's H200 recordings (`--data`, default /work/gpu-data; README there): the
+Reads the lead's H200 recordings (`--data`, default bench/gpu-results/batch8; README there): the
 uncapped default recording of each workload, a capped calibration recording of the same
 program, and the independent GPU bisection (`b/bisect_results.json`). For every setting
 it prints the real bracket (fails_at, min_budget], the simulated min_budget from the
@@ -25,7 +25,7 @@ SETTINGS = {"default": "", "expandable": "expandable_segments:True", "max_split_
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", default="/work/gpu-data")
+    ap.add_argument("--data", default="bench/gpu-results/batch8")
     ap.add_argument("--calibration", default="cap_tight", help="which capped default run teaches the fallbacks")
     ap.add_argument("--workloads", default="hubert,timm,torchvision,llama")
     ap.add_argument("--json", default=None)

@@ -1,6 +1,6 @@
 """The confirm flow on the CPU against the real H200 measurements: how many GPU runs would it use?
 
-The "GPU" here is the lead's independent bisection (`/work/gpu-data/b/bisect_results.json`):
+The "GPU" here is the lead's independent bisection (`bench/gpu-results/batch8/b/bisect_results.json`):
 a trial under setting S at cap B passes iff B >= the measured min_budget of S. The simulator
 is the real one over the real uncapped recording (`a/{workload}_default.pickle.xz`), so the
 run counts include the simulator's real errors. Candidates: the settings the bisection
@@ -12,7 +12,7 @@ which the program adapted. Offline there is no recording at the probe's cap; wit
 (`a/{workload}_default_cap_*`) is handed out for a recorded probe within 5 % of its cap
 (a stand-in: same program and cap region, possibly another setting).
 
-    python bench/tune_flow_offline.py [--data /work/gpu-data] [--workloads hubert,timm,torchvision,llama] [--stand-in]
+    python bench/tune_flow_offline.py [--data bench/gpu-results/batch8] [--workloads hubert,timm,torchvision,llama] [--stand-in]
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ CONFS = {"default": "", "expandable": "expandable_segments:True", "max_split_128
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", default="/work/gpu-data")
+    ap.add_argument("--data", default="bench/gpu-results/batch8")
     ap.add_argument("--workloads", default="hubert,timm,torchvision,llama")
     ap.add_argument("--stand-in", action="store_true", help="hand out recorded capped runs as calibrations")
     args = ap.parse_args(argv)

@@ -55,7 +55,7 @@ def test_without_sidecar_stats_the_table_says_events_only(tmp_path):
 
 
 def test_flat_folder_and_gpu_measured_min_budget(traces_dir, tmp_path):
-    """#18.5: recordings laid out flat (as /work/gpu-data/a) are scored, and the simulated min budget
+    """#18.5: recordings laid out flat (as bench/gpu-results/batch8/a) are scored, and the simulated min budget
     is set beside one bisected on the GPU."""
     bench = _bench()
     flat = tmp_path / "a"

@@ -1,4 +1,4 @@
-"""The size-parametric trace on real H200 recordings at several sizes (../gpu-data, skipped if absent).
+"""The size-parametric trace on real H200 recordings at several sizes (bench/gpu-results/batch8, shipped in the repo).
 
 `a/size_{workload}_{S}.pickle.xz`: one item of size S per fresh process, default setting; the
 held-back check fits on the other sizes and must reproduce the GPU's peak reserved.
@@ -11,7 +11,7 @@ import pytest
 from alloctune.plan.holdout import holdout
 from alloctune.trace.load import load_trace
 
-DATA = Path(__file__).resolve().parents[2] / "gpu-data" / "a"
+DATA = Path(__file__).resolve().parents[1] / "bench" / "gpu-results" / "batch8" / "a"
 
 
 def _recs(workload, sizes):
