@@ -64,10 +64,15 @@ def _sibling(name: str) -> ModuleType:
         return importlib.import_module(f"{__package__}.{name}")
     key = f"_alloctune_agent_{name}"
     if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"))
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+        spec = importlib.util.spec_from_file_location(key, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[key] = module
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[key]  # no half-loaded module for a later attempt to pick up
+            raise
     return sys.modules[key]
 
 
