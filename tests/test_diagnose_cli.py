@@ -64,7 +64,7 @@ def test_platform_option_changes_fixes(tmp_path):
 @pytest.mark.parametrize("args,stdin,needle", [
     (["-"], "", "empty"),
     (["-"], "everything is fine\nno errors\n", "no out-of-memory message"),
-    (["/nonexistent/file.log"], None, "file not found"),
+    (["/nonexistent/file.log"], None, "no such file"),
     (["-", "--platform", "beos"], MSG, "unknown platform"),
 ])
 def test_bad_input_exit_2_one_line(args, stdin, needle):

@@ -23,15 +23,9 @@ def read_log(source: str | Path | None, stdin: BinaryIO | None = None) -> str:
             raise InputError("no input: give a file with the OOM message, or pipe the log into 'alloctune diagnose -'")
         data = stream.read()
     else:
-        path = Path(source)
-        if not path.exists():
-            raise InputError(f"file not found: {source}")
-        if path.is_dir():
-            raise InputError(f"{source} is a directory: give the log file")
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise InputError(f"cannot read {source}: {exc.strerror}") from None
+        from alloctune.input_file import read_input_bytes
+
+        data = read_input_bytes(source, expected="the log file")
     from alloctune.diagnose.text import decode_log
 
     return decode_log(data) if isinstance(data, bytes) else str(data)  # PowerShell writes UTF-16

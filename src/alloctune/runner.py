@@ -13,7 +13,7 @@ whole sweep); everything measured comes from the agent inside the child, which w
    or SIGHUP to alloctune, and a normal exit (stragglers the command left behind). If
    alloctune itself is killed (SIGKILL leaves no way out), the workload dies with it: the
    direct child has PR_SET_PDEATHSIG (Linux), and the agent in every Python process of the
-   trial watches a pipe whose other end only alloctune holds (`bootstrap.Agent._watch`),
+   trial watches a pipe whose other end only alloctune holds (`agent/watchdog.py`),
    4. leaves `owner.json` in its trial folder, so a later run removes folders whose owner
    died, and, when asked (`pid_file`), a pid file that `--resume` uses to report a trial of
    an earlier sweep that is still running (and holding the GPU),

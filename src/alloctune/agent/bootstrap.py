@@ -18,6 +18,9 @@ What it does, in order:
 3. At exit (normal, exception, OOM, `sys.exit`, SIGTERM) it writes `report.<pid>.json` (`report.rank<R>.<pid>.json` in a rank of a multi-process job)
    into the report directory (schema `REPORT_SCHEMA`, see `build_report`).
 
+The agent's settings (`settings.py`), the torch import hook (`torch_hook.py`) and the
+runner watchdog (`watchdog.py`) are sibling files, loaded the same way (see `_sibling`).
+
 Live samples (the contract `alloctune watch` reads)
 ----------------------------------------------------
 Every `live_interval` seconds (default 1 s) after CUDA init, the file
@@ -38,15 +41,47 @@ longer runs (e.g. after SIGKILL) is stale and readers should ignore it.
 from __future__ import annotations
 
 import atexit
+import importlib
+import importlib.util
 import json
-import math
 import os
 import signal
 import sys
 import tempfile
 import threading
 import time
+from types import ModuleType
 from typing import Any
+
+
+def _sibling(name: str) -> ModuleType:
+    """Load `agent/<name>.py`: from the package when this file was imported from it, else by path.
+
+    Why by path: in the child this file itself is loaded by path (see `sitecustomize.py`),
+    perhaps by an interpreter without alloctune, so `import alloctune...` cannot be relied on.
+    """
+    if __package__:
+        return importlib.import_module(f"{__package__}.{name}")
+    key = f"_alloctune_agent_{name}"
+    if key not in sys.modules:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+        spec = importlib.util.spec_from_file_location(key, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[key]  # no half-loaded module for a later attempt to pick up
+            raise
+    return sys.modules[key]
+
+
+_settings = _sibling("settings")
+ENV_VAR, STATE_DIR_VAR, CONFIG_FILE = _settings.ENV_VAR, _settings.STATE_DIR_VAR, _settings.CONFIG_FILE
+load_config, with_defaults, fraction_for = _settings.load_config, _settings.with_defaults, _settings.fraction_for
+default_state_dir, _int_env = _settings.default_state_dir, _settings._int_env
+_TorchImportHook = _sibling("torch_hook")._TorchImportHook
+_watchdog = _sibling("watchdog")
 
 # Snapshot key of the program's empty_cache() calls; equal to trace.stream.EMPTY_CACHE_MARKS_KEY
 # (not imported: the agent loads only the standard library in the user's interpreter).
@@ -54,10 +89,6 @@ EMPTY_CACHE_MARKS_KEY = "alloctune_empty_cache_calls"
 
 REPORT_SCHEMA = 1
 LIVE_SCHEMA = 1
-ENV_VAR = "ALLOCTUNE_AGENT"
-STATE_DIR_VAR = "ALLOCTUNE_STATE_DIR"
-CONFIG_FILE = "agent.json"  # when ALLOCTUNE_AGENT names a directory
-
 # The `torch.cuda.memory_stats()` subset every report and live sample carries.
 STAT_KEYS: tuple[str, ...] = tuple(
     f"{kind}.all.{field}"
@@ -78,57 +109,6 @@ STAT_KEYS: tuple[str, ...] = tuple(
 # Exit code the agent uses when it must stop the program before it runs (budget > card).
 EXIT_BUDGET_TOO_LARGE = 86
 
-_DEFAULTS: dict[str, Any] = {
-    "report_dir": None,  # where report.<pid>.json goes; None = no report
-    "budget": None,  # bytes; per-process cap applied at CUDA init
-    "ensure_cap": False,  # make the cap active even at the full card (GC needs a fraction < 1)
-    "record": None,  # path for the full allocator history snapshot (pickle)
-    "record_max_entries": 5_000_000,
-    "on_oom": None,  # "snapshot": keep a bounded history ring and dump it when an OOM happens
-    "oom_max_entries": 100_000,
-    "oom_dir": None,  # where `oom-snapshot.<pid>.pickle` goes (default: the report directory)
-    "live": True,
-    "live_interval": 1.0,
-    "state_dir": None,  # default $ALLOCTUNE_STATE_DIR or ~/.cache/alloctune/live
-    "conf": None,  # the allocator string the runner applied (for reports and live samples)
-    "device": None,  # CUDA device measured and capped; None = LOCAL_RANK's, else the current one
-}
-
-
-def load_config(value: str | None) -> dict[str, Any] | None:
-    """Read `ALLOCTUNE_AGENT`: inline JSON (starts with `{`) or a directory.
-
-    A directory receives the reports; its optional `agent.json` holds the other settings.
-    Returns None when the variable is unset or empty (agent stays off).
-    """
-    if not value or not value.strip():
-        return None
-    value = value.strip()
-    if value.startswith("{"):
-        cfg = json.loads(value)
-    else:
-        cfg = {}
-        path = os.path.join(value, CONFIG_FILE)
-        if os.path.isfile(path):
-            with open(path, encoding="utf-8") as fh:
-                cfg = json.load(fh)
-        cfg.setdefault("report_dir", value)
-    merged = dict(_DEFAULTS)
-    merged.update(cfg)
-    return merged
-
-
-def _int_env(name: str) -> int | None:
-    try:
-        return int(os.environ[name])
-    except (KeyError, ValueError):
-        return None
-
-
-def default_state_dir() -> str:
-    return os.environ.get(STATE_DIR_VAR) or os.path.join(os.path.expanduser("~"), ".cache", "alloctune", "live")
-
-
 def write_json_atomic(path: str, data: dict[str, Any]) -> None:
     """Write JSON so that a reader sees either the old or the new file, never half of one."""
     directory = os.path.dirname(path) or "."
@@ -146,72 +126,9 @@ def write_json_atomic(path: str, data: dict[str, Any]) -> None:
         raise
 
 
-def fraction_for(budget: int, total: int, ensure_cap: bool = False) -> float:
-    """The memory fraction whose cap (`int(fraction * total)`) is at least `budget` bytes.
-
-    The allocator truncates `fraction * total`, and the float division can land one ulp
-    low, which would make the cap one byte smaller than asked; step up by ulps until the
-    truncated product reaches the budget. With `ensure_cap` a fraction of 1 becomes the
-    largest float below 1: from torch 2.10 a cap (and so garbage collection) exists only
-    for fractions < 1.
-    """
-    fraction = min(budget / total, 1.0)
-    while fraction < 1.0 and int(fraction * total) < budget:
-        fraction = math.nextafter(fraction, 2.0)
-    if ensure_cap and fraction >= 1.0:
-        fraction = math.nextafter(1.0, 0.0)
-    return fraction
-
-
 def _is_oom(type_name: str, message: str) -> bool:
     """torch.OutOfMemoryError, or an exception that wraps the allocator's message."""
     return type_name == "OutOfMemoryError" or "out of memory" in message.lower()
-
-
-class _TorchImportHook:
-    """A meta-path finder that lets `torch` import normally, then calls `on_import(torch)`.
-
-    It removes itself on first use, so the cost for every other import is one string
-    comparison until torch is imported, and nothing afterwards.
-    """
-
-    def __init__(self, on_import):
-        self._on_import = on_import
-
-    def find_spec(self, name, path=None, target=None):
-        if name != "torch":
-            return None
-        try:
-            sys.meta_path.remove(self)
-        except ValueError:
-            pass
-        import importlib.util
-
-        spec = importlib.util.find_spec("torch")
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        spec.loader = _ChainedLoader(spec.loader, self._on_import)
-        return spec
-
-    # Old-style finders API (not used by Python 3.4+, kept so `pkgutil` stays happy).
-    def find_module(self, name, path=None):  # pragma: no cover
-        return None
-
-
-class _ChainedLoader:
-    def __init__(self, loader, after):
-        self._loader = loader
-        self._after = after
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        self._loader.exec_module(module)
-        self._after(module)
-
-    def __getattr__(self, name):  # e.g. get_resource_reader, is_package
-        return getattr(self._loader, name)
 
 
 class Agent:
@@ -242,6 +159,7 @@ class Agent:
         self._live_thread: threading.Thread | None = None
         self._live_path: str | None = None
         self._lock = threading.Lock()
+        self.watchdog = None  # a `watchdog.Watchdog` once installed under a runner
 
     # ---- installation -------------------------------------------------------------------
     def install(self) -> None:
@@ -259,83 +177,7 @@ class Agent:
         except (ValueError, OSError):  # not the main thread / unsupported
             pass
         atexit.register(self.finish)
-        self._start_watchdog()
-
-    # ---- dying with alloctune -------------------------------------------------------------------
-    def _start_watchdog(self) -> None:
-        """Die with alloctune: kill this trial's process group once the runner is gone (even by SIGKILL).
-
-        Why: a workload left running after `tune`/`run` was killed keeps holding the GPU and
-        skews every later trial. The runner sets PR_SET_PDEATHSIG on its direct child, which
-        does not reach grandchildren (a shell's children, torchrun's workers, a program's own
-        subprocesses); every Python process of the trial runs this agent, so each one watches
-        the runner: through the pipe whose write end only the runner holds (EOF at once when it
-        dies; identified by fd *and* inode, so a reused fd number is never mistaken for it),
-        and where that fd was not inherited, by checking the runner's pid every second.
-        """
-        fd, ino, runner = (self.config.get(k) for k in ("watch_fd", "watch_ino", "runner_pid"))
-        if not isinstance(runner, int) or runner <= 1:
-            return
-        if not (isinstance(fd, int) and isinstance(ino, int) and self._is_watch_pipe(fd, ino)):
-            fd = None
-        # A thread still blocked in select() while the interpreter finalizes can crash the process
-        # at exit (seen: SIGSEGV); a wake-up pipe lets `_stop_watchdog` end it first.
-        self._wake_r, self._wake_w = os.pipe()
-        self._watch_pid = os.getpid()  # a forked worker inherits the atexit hook, not the thread
-        self._watch_thread = threading.Thread(target=self._watch, args=(fd, runner), name="alloctune-watchdog",
-                                              daemon=True)
-        self._watch_thread.start()
-        atexit.register(self._stop_watchdog)
-
-    def _stop_watchdog(self) -> None:
-        thread = getattr(self, "_watch_thread", None)
-        if thread is None or os.getpid() != self._watch_pid:
-            return
-        try:
-            os.write(self._wake_w, b"x")
-        except OSError:
-            pass
-        thread.join(timeout=2.0)
-        self._watch_thread = None
-
-    @staticmethod
-    def _is_watch_pipe(fd: int, ino: int) -> bool:
-        import stat
-
-        try:
-            st = os.fstat(fd)
-        except OSError:
-            return False
-        return stat.S_ISFIFO(st.st_mode) and st.st_ino == ino
-
-    def _watch(self, fd: int | None, runner: int) -> None:
-        import select
-
-        wake = self._wake_r
-        while True:
-            try:
-                ready, _, _ = select.select([wake] if fd is None else [wake, fd], [], [], 1.0)
-            except (OSError, ValueError):  # the program closed the fd: fall back to the pid check
-                fd = None
-                continue
-            if wake in ready:
-                return  # this process is exiting normally
-            if fd is not None and fd in ready:
-                try:
-                    if os.read(fd, 64):
-                        continue
-                except OSError:
-                    pass
-                fd = None  # EOF: the runner closed it or died; the pid check decides
-            if not _alive(runner):
-                break
-        pgid = os.getpgrp()
-        for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 0.0)):
-            try:
-                os.killpg(pgid, sig)
-            except OSError:
-                return
-            time.sleep(wait)
+        self.watchdog = _watchdog.start(self.config)
 
     def _on_torch_import(self, torch) -> None:
         self.torch = torch
@@ -669,22 +511,6 @@ def segment_sizes(snapshot: dict[str, Any], device: int = 0) -> list[list[int]]:
     return [[size, counts[size]] for size in sorted(counts)]
 
 
-def _alive(pid: int) -> bool:
-    """Whether a process exists and is not a zombie (a killed runner is a zombie until reaped)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # EPERM: it exists, owned by someone else
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            state = fh.read().rsplit(b")", 1)[1].split()[0]
-        return state not in (b"Z", b"X")
-    except (OSError, IndexError):
-        return True
-
-
 _AGENT: Agent | None = None
 
 
@@ -698,9 +524,7 @@ def activate(config: dict[str, Any] | None = None) -> Agent | None:
         if config is None:
             return None
     else:
-        merged = dict(_DEFAULTS)
-        merged.update(config)
-        config = merged
+        config = with_defaults(config)
     _AGENT = Agent(config)
     _AGENT.install()
     return _AGENT

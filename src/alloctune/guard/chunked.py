@@ -39,12 +39,13 @@ import functools
 import logging
 import threading
 from collections.abc import Callable, Hashable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
 from alloctune.guard.counters import stats
 from alloctune.guard.oom import is_oom, oom_kind, strip_traceback
+from alloctune.guard.record import GuardRecord
 from alloctune.guard.release import release_cached
 from alloctune.units import format_size
 
@@ -53,18 +54,14 @@ __all__ = ["chunked", "Chunker", "ChunkRun", "ChunkMemo"]
 log = logging.getLogger("alloctune.guard")
 
 _BLENDS = ("trim", "crossfade", "add")
-SCHEMA = 1
 
 
 @dataclass(frozen=True)
-class ChunkMemo:
+class ChunkMemo(GuardRecord):
     """What is known for one input-shape key: the largest piece that worked, the smallest that OOMed."""
 
     largest_ok: int = 0
     smallest_failed: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, **asdict(self)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ChunkMemo":
@@ -73,7 +70,7 @@ class ChunkMemo:
 
 
 @dataclass(frozen=True)
-class ChunkRun:
+class ChunkRun(GuardRecord):
     """One call: how the input was cut and what it cost."""
 
     key: str
@@ -85,13 +82,6 @@ class ChunkRun:
     halvings: int
     grow_backs: int
     released_bytes: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, **asdict(self)}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ChunkRun":
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
 
 
 def _as_ratio(ratio: int | Fraction | str) -> Fraction:

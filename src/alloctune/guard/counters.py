@@ -8,16 +8,16 @@ JSON; `reset()` starts a new measurement window.
 from __future__ import annotations
 
 import threading
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any
+
+from alloctune.guard.record import GuardRecord
 
 __all__ = ["GuardStats", "GuardStatsSnapshot", "stats"]
 
-SCHEMA = 1
-
 
 @dataclass(frozen=True)
-class GuardStatsSnapshot:
+class GuardStatsSnapshot(GuardRecord):
     """Counters at one moment.
 
     `ooms` counts every OOM the guard caught; each ends as a `retry` (oom_retry), a `halving`
@@ -33,9 +33,6 @@ class GuardStatsSnapshot:
     cleanups: int = 0
     janitor_cleanups: int = 0
     bytes_released: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, **asdict(self)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "GuardStatsSnapshot":

@@ -53,16 +53,16 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from alloctune.guard.counters import stats as guard_stats
+from alloctune.guard.record import GuardRecord
 from alloctune.units import format_size, parse_size
 
 __all__ = ["Janitor", "JanitorStep", "JanitorTotals"]
 
 log = logging.getLogger("alloctune.guard")
-SCHEMA = 1
 DEFAULT_HEADROOM = 1.1
 ADVISE_RATIO = 1.25  # clean-start reserved / peak allocated above which the Janitor suggests expandable segments
 
@@ -75,7 +75,7 @@ StatsFn = Callable[[], Mapping[str, Any]]
 
 
 @dataclass(frozen=True)
-class JanitorStep:
+class JanitorStep(GuardRecord):
     """One decision: whether the cache was emptied, why, and the memory before/after (bytes)."""
 
     request: int
@@ -87,16 +87,9 @@ class JanitorStep:
     reserved_after: int
     released: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, **asdict(self)}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "JanitorStep":
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
-
 
 @dataclass(frozen=True)
-class JanitorTotals:
+class JanitorTotals(GuardRecord):
     """Counters of one Janitor since it was made.
 
     `need`: the learned clean-start footprint (bytes); `clean_start_ratio`: that footprint ÷ peak
@@ -109,9 +102,6 @@ class JanitorTotals:
     reasons: dict[str, int]
     need: int | None = None
     clean_start_ratio: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, **asdict(self)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "JanitorTotals":

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from alloctune.errors import TraceError, UnsafePickleError
+from alloctune.input_file import read_input_bytes
 from alloctune.trace.limits import Limits, hint
 from alloctune.trace.pickle_scan import NeedsGlobal, scan
 
@@ -87,14 +88,7 @@ def read_decompressed(path: str | Path, limits: Limits | None = None) -> bytes:
     never gets further than the limit).
     """
     path = Path(path)
-    if not path.exists():
-        raise TraceError(f"{path}: no such file")
-    if path.is_dir():
-        raise TraceError(f"{path}: is a directory, expected a snapshot file (.pickle, .pickle.gz, .pickle.xz)")
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    raw = read_input_bytes(path, expected="a snapshot file (.pickle, .pickle.gz, .pickle.xz)", error=TraceError)
     lim = limits or Limits.from_env()
     kind = sniff_compression(raw[:8])
     if kind is None:

@@ -1,0 +1,150 @@
+"""What `alloctune tune` prints: the live trial lines, the trials table and the recommendation.
+
+Kept apart from `cli/tune_cmd.py` so the command module only parses, calls `tune.session`
+and hands the outcome here (as `cli/views.py` does for snapshots).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from rich.console import Console
+
+
+class TrialProgress:
+    """A transient spinner on stderr plus one kept line per finished trial.
+
+    Why a class: the three callbacks `tune.session.prepare` takes (trial start, trial end,
+    simulator steps) share one spinner and need the number of trials so far, which is only
+    known once the session exists; `count` is set after `prepare` returns.
+    """
+
+    def __init__(self, console: Console) -> None:
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                            console=console, transient=True)
+        self._task = self.bar.add_task("starting", total=None)
+        self.count: Callable[[], int] = lambda: 0
+
+    def started(self, conf: str, cap_: Optional[int], purpose: str) -> None:
+        self.bar.update(self._task, description=f"trial {self.count() + 1}: {purpose} ({_budget(cap_)})")
+
+    def finished(self, rec: Any) -> None:
+        r = rec.result
+        src = " [dim](from store)[/dim]" if rec.reused else ""
+        self.bar.console.print(
+            f"  #{self.count():<3} {r.conf or '(default)'} @ {_budget(r.budget)} → "
+            f"{_outcome(r.outcome)}  peak reserved {_fmt(r.peak_reserved)}  {r.wall_s:.1f} s{src}"
+        )
+
+    def simulating(self, step: str, done: int = 0, total: Optional[int] = None) -> None:
+        of = f" ({done}/{total})" if total else ""
+        self.bar.update(self._task, description=f"{step}{of}")
+
+
+def _fmt(n: Optional[int]) -> str:
+    from alloctune.units import format_mib
+
+    return "-" if n is None else format_mib(n)
+
+
+def _budget(n: Optional[int]) -> str:
+    return "no budget" if n is None else _fmt(n)
+
+
+def _outcome(outcome: str) -> str:
+    colour = _COLOURS.get(outcome, "white")
+    return f"[{colour}]{outcome}[/{colour}]"
+
+
+def _measured(s: Any) -> str:
+    if s.min_budget is None:
+        return "-" if s.feasible is None else ("fits" if s.feasible else "no fit")
+    return _fmt(s.min_budget)
+
+
+def _rate(s: Any) -> str:
+    if s.throughput is None:
+        return "-"
+    if s.throughput_noise is None:
+        return f"{s.throughput:.3g} (n=1)" if s.throughput_samples else f"{s.throughput:.3g}"
+    return f"{s.throughput:.3g} ± {s.throughput_noise:.2g}"
+
+
+def render_trials(trials: Any, title: str = "trials") -> None:
+    from rich.text import Text
+
+    from alloctune.cli.common import console
+    from alloctune.cli.render import Col, FitTable
+
+    t = FitTable(Col("#", justify="right", nowrap=True), "setting", Col("budget", nowrap=True), "outcome",
+                 Col("peak\nreserved", justify="right", nowrap=True), Col("OOMs", justify="right", nowrap=True),
+                 "why", title=title)
+    mismatched = []
+    for i, rec in enumerate(trials, 1):
+        r = rec.result
+        setting = r.conf or "(default)"
+        if r.warnings:  # the allocator did not run with what was asked: the trial is refused
+            setting += " (!)"
+            mismatched.append(f"#{i}: {'; '.join(r.warnings)}")
+        t.add_row(
+            f"{i}{'*' if rec.reused else ''}",
+            setting,
+            _budget(r.budget),
+            Text(r.outcome, style=_COLOURS.get(r.outcome, "")),
+            _fmt(r.peak_reserved),
+            "-" if r.num_ooms is None else str(r.num_ooms),
+            rec.purpose,
+        )
+    console.print(t)
+    for line in mismatched:
+        console.print(Text(f"(!) {line}", style="yellow"))
+    if any(rec.reused for rec in trials):
+        console.print("[dim]* taken from the results store (--resume)[/dim]")
+
+
+_COLOURS = {"ok": "green", "oom": "red", "crash": "red", "timeout": "yellow"}
+
+
+def render_result(result: Any, rec: Any, store: Path, elapsed: float) -> None:
+    from rich.text import Text
+
+    from alloctune.cli.common import console
+    from alloctune.cli.render import Col, FitTable
+
+    render_trials(result.trials)
+    t = FitTable("setting", Col("simulated", nowrap=True), Col("measured", nowrap=True), "verified",
+                 "throughput", Col("runs", justify="right", nowrap=True),
+                 title=f"candidates at the budget {_fmt(result.budget)}")
+    best = result.ranking.best
+    why = []
+    for s in result.ranking.order:
+        verdict = "recommended" if s is best else result.ranking.reasons.get(s.candidate.conf, "")
+        why.append((s.candidate.label, verdict, s is best))
+        t.add_row(
+            Text(s.candidate.label, style="bold green") if s is best else s.candidate.label,
+            _fmt(s.sim_min_budget),
+            _measured(s),
+            "-" if s.verified is None else ("yes" if s.verified else "no"),
+            _rate(s),
+            str(s.trials),
+        )
+    console.print(t)
+    console.print("[dim]simulated / measured: smallest working budget (measured = a tested pass; "
+                  "verified = a tested failure within 1 % below it)[/dim]")
+    for label, text, chosen in why:
+        console.print(Text.assemble(("→ " if chosen else "- ", "bold green" if chosen else ""), f"{label}: {text}"))
+    for note in result.notes:
+        console.print(Text(f"note: {note}"))
+    console.print(f"\n[bold]{rec.summary}[/bold]")
+    for shell, text in rec.lines.items():
+        console.print(f"[dim]{shell}:[/dim]")
+        console.print(text, markup=False, highlight=False)
+    fresh = result.fresh_trials
+    after = result.to_dict()["gpu_runs_after_baseline"]
+    console.print(
+        f"\n{len(result.trials)} trials ({fresh} run, {after} after the baseline, {len(result.trials) - fresh} from "
+        f"the store) in {elapsed:.0f} s; store: {store}"
+    )

@@ -1,0 +1,28 @@
+"""Reading a file a person named on the command line: one readable line when it is not there.
+
+Why shared: the log `diagnose` reads and the snapshot every trace command reads fail the same
+three ways (missing, a directory, unreadable), and each said so in its own words. One reader
+gives one wording; the caller picks the error class and names what was expected instead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alloctune.errors import InputError
+
+
+def read_input_bytes(path: str | Path, *, expected: str, error: type[InputError] = InputError) -> bytes:
+    """The bytes of `path`; `error` (exit 2, one line) when it is missing, a directory or unreadable.
+
+    `expected` completes "is a directory, expected ..." (e.g. "the log file").
+    """
+    p = Path(path)
+    if not p.exists():
+        raise error(f"{p}: no such file")
+    if p.is_dir():
+        raise error(f"{p}: is a directory, expected {expected}")
+    try:
+        return p.read_bytes()
+    except OSError as exc:
+        raise error(f"{p}: cannot read: {exc.strerror or exc}") from exc
