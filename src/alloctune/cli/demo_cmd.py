@@ -57,7 +57,9 @@ def _render(result) -> None:
 
     def add(row, style: str = "") -> None:
         rel = ""
-        if default_mb and row.min_budget:
+        if row.no_effect:
+            rel = " (no effect)"
+        elif default_mb and row.min_budget:
             rel = f" ({row.min_budget / default_mb - 1:+.0%})" if row.min_budget != default_mb else "       "
         cells = [
             Text(row.label, style=style),
