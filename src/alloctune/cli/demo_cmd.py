@@ -23,11 +23,14 @@ def _cuda_available() -> bool:
 
     if importlib.util.find_spec("torch") is None:
         return False
-    probe = subprocess.run(
-        [sys.executable, "-c", "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"],
-        capture_output=True,
-        timeout=120,
-    )
+    try:
+        probe = subprocess.run(
+            [sys.executable, "-c", "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"],
+            capture_output=True,
+            timeout=120,
+        )
+    except (OSError, subprocess.TimeoutExpired):  # a hung driver is no GPU for the demo
+        return False
     return probe.returncode == 0
 
 
@@ -134,7 +137,10 @@ def register(app: typer.Typer) -> None:
             console.print(table)
             return
 
-        use_gpu = (_cuda_available() if trace is None else False) if gpu is None else gpu
+        # --gpu is a wish, not a fact: "GPU found" only once a child's torch has seen CUDA (#18.13)
+        use_gpu = _cuda_available() if (gpu or (gpu is None and trace is None)) else False
+        if gpu and not use_gpu:
+            typer.echo("no CUDA GPU: showing the simulated demo", err=True)
         if use_gpu:
             cmd = [
                 # the default confirm flow: the simulator ranks every candidate from the baseline's trace
