@@ -25,6 +25,42 @@ FOLKLORE_CANDIDATES: tuple[str, ...] = (
 # Common consumer/workstation card sizes, in GiB as the driver reports them (roughly).
 CARD_SIZES_GIB: tuple[int, ...] = (2, 3, 4, 6, 8, 10, 12, 16, 24)
 DEFAULT_TRACE = "rvc_h200_ec1.atrace"
+# A 6 GiB card leaves roughly this much to PyTorch once the CUDA context is loaded.
+GPU_DEMO_BUDGET = "5.5GiB"
+GPU_DEMO_FILES = 4  # audio files per trial: enough lengths to fragment, short enough for a demo
+
+
+def cuda_available() -> bool:
+    """True only when torch is installed and sees a CUDA device.
+
+    Asked in a child so this process never imports torch (the core stays pure Python), and
+    so a `--gpu` wish is checked against the machine before anything says "GPU found"."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("torch") is None:
+        return False
+    try:
+        probe = subprocess.run(
+            [sys.executable, "-c", "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"],
+            capture_output=True,
+            timeout=120,
+        )
+    except (OSError, subprocess.TimeoutExpired):  # a hung driver is no GPU for the demo
+        return False
+    return probe.returncode == 0
+
+
+def gpu_demo_command(json_out: bool = False) -> list[str]:
+    """`alloctune tune` on the RVC workload under a 6 GiB card's budget: the default confirm flow
+    (the simulator ranks every candidate from the baseline's trace, the GPU confirms the best)."""
+    import sys
+
+    return [
+        sys.executable, "-m", "alloctune", "tune", "--budget", GPU_DEMO_BUDGET, *(["--json"] if json_out else []),
+        "--", sys.executable, "-m", "alloctune.workloads.rvc", "--device", "cuda", "--count", str(GPU_DEMO_FILES),
+    ]
 
 
 def shipped_traces() -> list[str]:
