@@ -190,3 +190,5 @@ def test_demo_table(traces_dir):
     table = proc.stdout.split("Rows below the line")[0]
     _check(table, {"max_split_size_mb:256,", "garbage_collection_threshold:0.6", "expandable_segments:True"})
     assert not re.search(r"garbage_co\s", table)
+    # #18.11b: a standard row identical to the default says so, like the folklore rows below the line
+    assert re.search(r"max_split_size_mb:512\s.*\(no effect\)", table)

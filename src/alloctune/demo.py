@@ -8,13 +8,13 @@ budget and the smallest common card it fits on, and shows what the folklore valu
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from alloctune.config.standard import STANDARD_CONFS
-from alloctune.units import GiB, MiB
+from alloctune.units import GiB, MiB, format_mib
 
 # Values copied from forum threads for RVC and Stable Diffusion.
 FOLKLORE_CANDIDATES: tuple[str, ...] = (
@@ -25,6 +25,42 @@ FOLKLORE_CANDIDATES: tuple[str, ...] = (
 # Common consumer/workstation card sizes, in GiB as the driver reports them (roughly).
 CARD_SIZES_GIB: tuple[int, ...] = (2, 3, 4, 6, 8, 10, 12, 16, 24)
 DEFAULT_TRACE = "rvc_h200_ec1.atrace"
+# A 6 GiB card leaves roughly this much to PyTorch once the CUDA context is loaded.
+GPU_DEMO_BUDGET = "5.5GiB"
+GPU_DEMO_FILES = 4  # audio files per trial: enough lengths to fragment, short enough for a demo
+
+
+def cuda_available() -> bool:
+    """True only when torch is installed and sees a CUDA device.
+
+    Asked in a child so this process never imports torch (the core stays pure Python), and
+    so a `--gpu` wish is checked against the machine before anything says "GPU found"."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("torch") is None:
+        return False
+    try:
+        probe = subprocess.run(
+            [sys.executable, "-c", "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"],
+            capture_output=True,
+            timeout=120,
+        )
+    except (OSError, subprocess.TimeoutExpired):  # a hung driver is no GPU for the demo
+        return False
+    return probe.returncode == 0
+
+
+def gpu_demo_command(json_out: bool = False) -> list[str]:
+    """`alloctune tune` on the RVC workload under a 6 GiB card's budget: the default confirm flow
+    (the simulator ranks every candidate from the baseline's trace, the GPU confirms the best)."""
+    import sys
+
+    return [
+        sys.executable, "-m", "alloctune", "tune", "--budget", GPU_DEMO_BUDGET, *(["--json"] if json_out else []),
+        "--", sys.executable, "-m", "alloctune.workloads.rvc", "--device", "cuda", "--count", str(GPU_DEMO_FILES),
+    ]
 
 
 def shipped_traces() -> list[str]:
@@ -75,6 +111,8 @@ class DemoRow:
     min_budget: int | None  # smallest per-process cap that completes (bytes)
     smallest_card_gib: int | None  # smallest card in CARD_SIZES_GIB the run fits on
     fits_budget: bool | None  # completes under the demo's budget (None: no budget given)
+    # same simulated segments, peaks, retries and budgets as the default: the setting changes nothing here
+    no_effect: bool = False
 
     @property
     def label(self) -> str:
@@ -144,9 +182,59 @@ def demo_row(trace, row) -> DemoRow:
 def _rank_key(row: DemoRow, tolerance: int) -> tuple:
     # Lowest working budget first, but budgets within the bisection's resolution are a tie;
     # then the lower uncapped peak (less memory held for everything else on the card);
-    # then fewer retries (each is a full cache flush); then the simpler string.
+    # then fewer retries (each is a full cache flush: a stall, so lower throughput);
+    # then, when none of that tells them apart, simply the smaller budget; then the simpler string.
     budget = row.min_budget if row.min_budget is not None else 1 << 62
-    return (budget // max(tolerance, 1), row.peak_reserved, row.retries, len(row.conf))
+    return (budget // max(tolerance, 1), row.peak_reserved, row.retries, budget, len(row.conf))
+
+
+def _outcome(row: DemoRow) -> tuple:
+    return (row.peak_reserved, row.peak_allocated, row.retries, row.min_budget, row.smallest_card_gib)
+
+
+def _segment_events(trace, conf: str) -> tuple:
+    """The uncapped run's segment events in order: equal events and peaks mean the allocator
+    asked the driver for exactly the same memory, so the setting never changed a decision."""
+    from alloctune.config import AllocatorConfig
+    from alloctune.sim import replay
+
+    r = replay(trace, AllocatorConfig.parse(conf), record_events=True, timeline_points=1)
+    return tuple((e.action, e.addr, e.size) for e in r.segment_events)
+
+
+def mark_no_effect(trace, default: DemoRow, rows: tuple[DemoRow, ...]) -> tuple[DemoRow, ...]:
+    """`rows` with `no_effect` set where a row's outcome and segment events equal the default's.
+
+    Only rows whose numbers already match pay the extra replay (the events are the proof: equal
+    numbers alone could hide different segments)."""
+    same = [r for r in rows if r.conf and _outcome(r) == _outcome(default)]
+    if not same:
+        return rows
+    reference = _segment_events(trace, default.conf)
+    effectless = {r.conf for r in same if _segment_events(trace, r.conf) == reference}
+    return tuple(replace(r, no_effect=True) if r.conf in effectless else r for r in rows)
+
+
+def why_not_smaller(best: DemoRow, rows: tuple[DemoRow, ...], tolerance: int) -> str | None:
+    """Why `best` is recommended over a row that needs a smaller budget (None when none does).
+
+    The ranking treats budgets within the bisection's resolution as equal and then prefers the
+    lower uncapped peak, then fewer retries; this says which of those decided."""
+    if not best.min_budget:
+        return None
+    cheaper = [r for r in rows if r.min_budget and r.min_budget < best.min_budget]
+    if not cheaper:
+        return None
+    alt = min(cheaper, key=lambda r: r.min_budget)
+    if best.peak_reserved < alt.peak_reserved:
+        reason = (f"without a cap it holds {format_mib(alt.peak_reserved - best.peak_reserved)} less "
+                  f"({format_mib(best.peak_reserved)} vs {format_mib(alt.peak_reserved)}), left to the rest of the card")
+    else:  # the rank key only lets a larger budget win on the peak or on retries
+        reason = (f"it needs {alt.retries - best.retries} fewer allocator retries without a cap "
+                  "(each flushes the cache and stalls the run)")
+    return (f"{best.label} is recommended over {alt.label}, which needs "
+            f"{format_mib(best.min_budget - alt.min_budget)} less ({format_mib(alt.min_budget)}): "
+            f"that is within the simulator's resolution ({format_mib(tolerance)}), and {reason}.")
 
 
 def run_demo(trace_path: str | Path | None = None, budget: int | None = None) -> DemoResult:
@@ -164,7 +252,8 @@ def run_demo(trace_path: str | Path | None = None, budget: int | None = None) ->
 
     trace = load_trace(path)
     result = sweep(trace, STANDARD_CONFS + FOLKLORE_CANDIDATES, budget=budget)
-    every = [demo_row(trace, r) for r in result.rows]
+    every = tuple(demo_row(trace, r) for r in result.rows)
+    every = mark_no_effect(trace, every[0], every)
     rows, folklore = tuple(every[: len(STANDARD_CONFS)]), tuple(every[len(STANDARD_CONFS):])
     found = [r.min_budget for r in rows if r.min_budget]
     tolerance = max(16 * MiB, int(0.01 * min(found))) if found else 16 * MiB
@@ -180,9 +269,19 @@ def run_demo(trace_path: str | Path | None = None, budget: int | None = None) ->
                 f"max_split_size_mb {', '.join(noop)} (folklore): larger than every segment this run ever made "
                 f"({biggest / MiB:.0f} MiB), so no block is ever 'oversize' and nothing changes."
             )
+    same = [r.conf for r in rows if r.no_effect]
+    if same:
+        splits = [c.partition(":")[2] for c in same if c.startswith("max_split_size_mb:") and "," not in c]
+        because = (f"; no segment it made reaches {min(map(int, splits))} MiB, so the split rule never applies"
+                   if segs and len(splits) == len(same) else "")
+        notes.append(f"{', '.join(same)}: no effect on this run (the same segments, peaks and budgets "
+                     f"as the default){because}.")
     if default.min_budget and best.min_budget and best is not default:
         saved = 1 - best.min_budget / default.min_budget
         notes.append(f"{best.label} lowers the smallest working budget by {saved:.0%} against the default.")
+    why = why_not_smaller(best, rows, tolerance)
+    if why:
+        notes.append(why)
     if result.untagged_note:
         notes.append(result.untagged_note)
     if best.conf.startswith("expandable_segments"):
