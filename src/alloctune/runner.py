@@ -17,7 +17,7 @@ whole sweep); everything measured comes from the agent inside the child, which w
    4. leaves `owner.json` in its trial folder, so a later run removes folders whose owner
    died, and, when asked (`pid_file`), a pid file that `--resume` uses to report a trial of
    an earlier sweep that is still running (and holding the GPU),
-5. reads the reports and classifies the trial: `ok`, `oom`, `crash`, `timeout`, `no-cuda`
+5. reads the reports and classifies the trial (`runner_reports.py`): `ok`, `oom`, `crash`, `timeout`, `no-cuda`
    (or `budget-too-large`, which the CLI turns into a one-line error).
 """
 
@@ -26,8 +26,6 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import re
-import threading
 import shutil
 import signal
 import subprocess
@@ -43,16 +41,23 @@ from alloctune.agent.bootstrap import ENV_VAR
 from alloctune.errors import EnvironmentProblem, InputError
 from alloctune.ranks import summarize_ranks
 from alloctune.trial import OUTCOMES, RESULT_SCHEMA, TrialResult, raise_for_environment  # noqa: F401 (re-exported)
-from alloctune.units import MiB, format_size
+from alloctune.runner_reports import (  # noqa: F401 (re-exported: tests and executors import them from here)
+    _knobs,
+    _last_line,
+    _no_cuda_reason,
+    _tail,
+    classify,
+    parse_throughput,
+    read_reports,
+    settings_mismatch,
+)
+from alloctune.units import format_size
 
 CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 KILL_GRACE_S = 5.0
 # NVLink multicast (NVLS) off for multi-GPU children by default: trials packed side by side or
 # in containers often cannot map multicast objects, and NCCL then fails at init, not for memory.
 MULTICAST_OFF = (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"))
-
-# "throughput: 12.5 items/s", "throughput=3.2e3 tok/s", "alloctune:throughput=7" (last one wins)
-_THROUGHPUT_RE = re.compile(r"throughput\s*[=:]\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([^\s,;]*)", re.I)
 
 
 # ---- environment ---------------------------------------------------------------------------
@@ -126,142 +131,6 @@ def resolve_command(command: Sequence[str]) -> list[str]:
     if found is None:
         raise EnvironmentProblem(f"command not found: {prog} (not on PATH)")
     return [prog, *command[1:]]
-
-
-# ---- reading the child's reports -------------------------------------------------------------
-def read_reports(report_dir: Path) -> list[dict[str, Any]]:
-    reports = []
-    for path in sorted(report_dir.glob("report.*.json")):
-        try:
-            reports.append(json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, ValueError):
-            continue  # a process killed mid-write leaves no valid report; os.replace makes that rare
-    return reports
-
-
-def classify(exit_code: int | None, timed_out: bool, reports: Sequence[Mapping[str, Any]]) -> tuple[str, str | None]:
-    """(outcome, reason) from the exit status and the agents' reports (pure, unit-tested).
-
-    The exit status decides success; the reports say why a failure happened. A run that
-    exits 0 is `ok` even if the program caught OOMs on the way (cuDNN does, to fall back to
-    smaller workspaces): the counts stay in the evidence.
-    """
-    if timed_out:
-        return "timeout", "killed at the timeout"
-    if any(r.get("outcome") == "budget-too-large" for r in reports):
-        return "budget-too-large", None
-    used_cuda = any(r.get("cuda_initialized") for r in reports)
-    if exit_code == 0:
-        if used_cuda:
-            return "ok", None
-        if not reports:
-            return "no-cuda", (
-                "no agent report: the command ran no Python process that loaded alloctune's start-up hook "
-                "(python -I/-E/-S ignore PYTHONPATH)"
-            )
-        return "no-cuda", _no_cuda_reason(reports)
-    if any(r.get("outcome") == "oom" for r in reports):
-        return "oom", None
-    if reports and not used_cuda and any(r.get("torch_imported") and r.get("cuda_available") is False for r in reports):
-        return "no-cuda", _no_cuda_reason(reports)
-    exc = next((r.get("exception") for r in reports if r.get("exception")), None)
-    if exc:
-        return "crash", f"{exc.get('type')}: {exc.get('message')}"
-    if any(r.get("ooms_observed") for r in reports):
-        return "oom", "failed after an out-of-memory error it caught"
-    if exit_code is not None and exit_code < 0:
-        try:
-            name = signal.Signals(-exit_code).name
-        except ValueError:
-            name = f"signal {-exit_code}"
-        return "crash", f"killed by {name}"
-    return "crash", f"exit code {exit_code}"
-
-
-def _no_cuda_reason(reports: Sequence[Mapping[str, Any]]) -> str:
-    if any(r.get("torch_imported") and r.get("cuda_available") is False for r in reports):
-        return "torch in the command reports no CUDA device (torch.cuda.is_available() is False)"
-    if not any(r.get("torch_imported") for r in reports):
-        return "the command never imported torch"
-    return "the command never initialized CUDA"
-
-
-def parse_throughput(text: str) -> tuple[float | None, str | None]:
-    """The last `throughput: <number> [unit]` the workload printed, if any."""
-    last = None
-    for last in _THROUGHPUT_RE.finditer(text):
-        pass
-    if last is None:
-        return None, None
-    return float(last.group(1)), (last.group(2) or None)
-
-
-def settings_mismatch(conf: str | None, settings: Mapping[str, Any] | None) -> list[str]:
-    """What the allocator really ran with versus what was asked (empty list = took effect).
-
-    Checks the string the allocator parsed and the knobs tuning varies, as reported in the
-    snapshot's `allocator_settings` (`max_split_size` in bytes, -1 = unlimited).
-    """
-    if conf is None or settings is None:
-        return []
-    problems = []
-    seen = settings.get("PYTORCH_CUDA_ALLOC_CONF")
-    if seen is not None and seen.strip() != conf.strip():
-        problems.append(f"the allocator parsed {seen!r}, not {conf!r} (the program set its own?)")
-    wanted = _knobs(conf)
-    checks = {
-        "max_split_size_mb": ("max_split_size", lambda v: int(v) * MiB, -1),
-        "expandable_segments": ("expandable_segments", lambda v: v == "True", False),
-        "garbage_collection_threshold": ("garbage_collection_threshold", float, 0.0),
-    }
-    for knob, (key, convert, default) in checks.items():
-        if key not in settings:
-            continue
-        try:
-            want = convert(wanted[knob]) if knob in wanted else default
-        except ValueError:
-            continue
-        got = settings[key]
-        if isinstance(want, float) and got is not None:
-            same = abs(float(got) - want) < 1e-9
-        else:
-            same = got == want
-        if not same:
-            problems.append(f"{knob}: asked {wanted.get(knob, 'default')}, allocator ran with {key}={got!r}")
-    return problems
-
-
-def _knobs(conf: str) -> dict[str, str]:
-    """`key:value` pairs of an allocator string (list values kept as text)."""
-    out, depth, token = {}, 0, ""
-    for ch in conf + ",":
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            key, _, value = token.partition(":")
-            if key.strip():
-                out[key.strip()] = value.strip()
-            token = ""
-        else:
-            token += ch
-    return out
-
-
-def _tail(path: Path | None, limit: int = 4000) -> str:
-    if path is None or not path.exists():
-        return ""
-    with open(path, "rb") as fh:
-        fh.seek(0, os.SEEK_END)
-        size = fh.tell()
-        fh.seek(max(0, size - limit))
-        return fh.read().decode("utf-8", errors="replace")
-
-
-def _last_line(text: str) -> str | None:
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return lines[-1] if lines else None
 
 
 def _stderr_fd() -> int:

@@ -1,0 +1,111 @@
+"""What `alloctune plan` prints: the header, the largest-size, min-budget, at-size and RVC tables.
+
+Kept apart from `cli/plan_cmd.py` so the command module only parses, calls `plan.service.run`
+and hands the report here (as `cli/tune_view.py` does for tune).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def render_plan(report: Any) -> None:
+    """Print the plan report: header, saved/exported files, hold-back check and the answer tables."""
+    from rich.table import Table
+
+    from alloctune.cli.common import console, warn
+    from alloctune.units import format_size
+
+    res = report.result
+    ts = res.traceset
+    laws = ", ".join(f"{n} {k}" for k, n in ts["laws"].items())
+    console.print(
+        f"[bold]{_short(res.workload)}[/bold]: recorded at sizes {', '.join(res.recorded_sizes)}; "
+        f"{ts['requests']} requests, "
+        + ("same structure at every size" if ts["identical_structure"] else f"{len(ts['variants'])} structures")
+        + f"; size laws: {laws}"
+    )
+    if report.saved:
+        console.print(f"trace set saved to [bold]{report.saved}[/bold] ({report.saved_bytes / 1024:.1f} KiB)")
+    if report.exported:
+        console.print(f"generated stream written to [bold]{report.exported}[/bold] (alloctune simulate reads it)")
+    if report.holdout:
+        h = report.holdout
+        real = f", {h.error_vs_real:+.2%} vs the GPU's peak" if h.error_vs_real is not None else ""
+        console.print(
+            f"held-back size {h.size} (fitted on {', '.join(h.fitted_on)}): generated stream's peak reserved "
+            f"{format_size(h.peak_generated)}, {h.error_vs_replay:+.2%} vs the recording replayed{real}"
+            + ("" if h.same_structure else "; structure differs from the recording")
+        )
+    confs = [s.conf or "(unset)" for s in res.settings]
+    if res.settings and res.settings[0].largest:
+        t = Table(title=f"largest size that completes (search {res.search[0]}..{res.search[1]}, step {res.step})")
+        t.add_column("target")
+        for c in confs:
+            t.add_column(c, justify="right")
+        for k, item in enumerate(res.settings[0].largest):
+            cells = []
+            for s in res.settings:
+                x = s.largest[k]
+                if x.largest is None:
+                    cells.append("none")
+                else:
+                    cell = ("≥ " if x.first_failing is None else "") + x.largest + (" *" if x.extrapolated else "")
+                    if x.optimistic is not None and x.optimistic != x.largest:
+                        cell += f" .. {x.optimistic}"
+                    if x.completes_again is not None:
+                        cell += " †"
+                    cells.append(cell)
+            t.add_row(item.target.label, *cells)
+        console.print(t)
+    t = Table(title="min budget (peak reserved uncapped) by size")
+    t.add_column("size", justify="right")
+    for c in confs:
+        t.add_column(c, justify="right")
+    for k, p in enumerate(res.settings[0].curve if res.settings else ()):
+        cells = []
+        for s in res.settings:
+            q = s.curve[k]
+            mb = format_size(q.min_budget) if q.min_budget is not None else "n/a"
+            cells.append(f"{mb} ({format_size(q.peak_reserved)})")
+        t.add_row(p.size + (" *" if p.extrapolated else ""), *cells)
+    console.print(t)
+    if res.settings and res.settings[0].at_size:
+        a0 = res.settings[0].at_size
+        t = Table(title=f"size {a0.size}")
+        for col in ("setting", "peak reserved", "min budget", "smallest card", *a0.completes):
+            t.add_column(col, justify="right")
+        for s, c in zip(res.settings, confs):
+            a = s.at_size
+            t.add_row(c, format_size(a.peak_reserved), format_size(a.min_budget) if a.min_budget else "n/a",
+                      format_size(a.smallest_card) if a.smallest_card else "n/a",
+                      *["yes" if ok else "OOM" for ok in a.completes.values()])
+        console.print(t)
+        for n in a0.notes:
+            warn(n)
+    if report.rvc:
+        t = Table(title="RVC: the chunk that fits vs RVC's preset")
+        for col in ("setting", "card", "preset", "preset chunk s", "fits audio s", "fits chunk s", "verdict"):
+            t.add_column(col)
+        for r in report.rvc:
+            t.add_row(r.conf or "(unset)", r.target, r.preset, f"{r.preset_chunk_s:g}",
+                      f"{r.fits_audio_s:g}" if r.fits_audio_s is not None else "-",
+                      f"{r.fits_chunk_s:g}" if r.fits_chunk_s is not None else "-", r.verdict)
+        console.print(t)
+    if report.figure:
+        console.print(f"figure written to [bold]{report.figure}[/bold]")
+    elif report.figure_skipped:
+        warn(report.figure_skipped)
+    console.print("* outside the recorded sizes (extrapolated); A .. B: conservative .. optimistic (workspaces "
+                  "fallible); † not monotone: a larger size completes again (see --json completes_again)")
+    for n in res.notes:
+        console.print(f"note: {n}")
+    console.print(f"plan took {report.wall_s:.2f} s in all: {res.wall_s:.2f} s answering, "
+                  f"{res.replays} simulated replays")
+
+
+def _short(name: str | None, width: int = 48) -> str:
+    """The workload's name for the header (sidecars may hold a whole command line)."""
+    if not name:
+        return "program"
+    return name if len(name) <= width else name[: width - 1] + "…"
