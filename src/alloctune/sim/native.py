@@ -55,7 +55,7 @@ def core() -> ModuleType | None:
         raise ConfigError(f"ALLOCTUNE_SIM must be 'auto', 'native' or 'python', not {choice!r}")
     if _MODULE is None and not _warned:
         _warned = True
-        log.warning("alloctune: native simulator core not available; using the pure-Python model (slower)")
+        log.warning("alloctune: no native simulator core; using the Python model (slower)")
     return _MODULE
 
 
