@@ -3,7 +3,7 @@
 Why: #20.2 moved the what-ifs onto `alloctune.sim.sweep`; this is how "same outputs" was checked
 (run it on both revisions, `cmp` the two JSON files). CPU only, about a minute.
 
-    PYTHONPATH=src python bench/what_if_answers.py /tmp/after.json [/work/shared/traces]
+    PYTHONPATH=src python bench/what_if_answers.py /tmp/after.json [../shared/traces]
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ CANDIDATES = ["", "expandable_segments:True", "max_split_size_mb:512", "backend:
               "garbage_collection_threshold:0.6", "max_split_size_mb:128"]
 
 
-def main(out: str, root: str = "/work/shared/traces") -> None:
+def main(out: str, root: str = "../shared/traces") -> None:
     answers: dict[str, object] = {}
     for f in sorted(Path(root).glob("*/*cap*.pickle.xz")):
         t = time.time()
