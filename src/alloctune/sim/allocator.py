@@ -1,6 +1,6 @@
 """A model of PyTorch's native CUDA caching allocator (`DeviceCachingAllocator`), rule by rule.
 
-It follows the allocator specification (`../shared/allocator-spec.md` beside the repository; PyTorch's `c10/cuda/CUDACachingAllocator.cpp`) (torch 2.11 by default; the rules that changed
+It follows PyTorch's `c10/cuda/CUDACachingAllocator.cpp` (torch 2.11 by default; the rules that changed
 between releases are switched by `SimSettings.torch`): rounding, small/large pools,
 per-stream best fit with the version's tie-break, `max_split_size` rules A/B, splitting and
 coalescing, the malloc slow path (GC, device allocation, release of oversize blocks,
