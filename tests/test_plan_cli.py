@@ -6,16 +6,8 @@ import pickle
 import pytest
 from plan_programs import program, snapshot
 
-from alloctune.cli import main as cli_main
+from record_child import cli_exit
 from alloctune.sim.replay import replay
-
-
-def _cli(argv):
-    try:
-        cli_main(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    return 0
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +27,7 @@ def _specs(snaps, sizes=(256, 512, 1024, 2048)):
 
 def test_plan_json_on_plain_snapshots(snaps, capfd, tmp_path):
     save = tmp_path / "p.atraceset"
-    code = _cli(["plan", *_specs(snaps), "--cap", "1GiB", "--card", "2GiB", "-c", "", "-c",
+    code = cli_exit(["plan", *_specs(snaps), "--cap", "1GiB", "--card", "2GiB", "-c", "", "-c",
                  "expandable_segments:True", "--size", "1500", "--curve", "512,1500", "--save", str(save),
                  "--hold-back", "1024", "--json"])
     out = capfd.readouterr().out
@@ -53,22 +45,22 @@ def test_plan_json_on_plain_snapshots(snaps, capfd, tmp_path):
     assert replay(program(x), budget=1 << 30, record_events=False).completed
     assert not replay(program(x + 1), budget=1 << 30, record_events=False).completed
     # the saved trace set gives the same answers without the snapshots
-    assert _cli(["plan", str(save), "--cap", "1GiB", "--curve", "512", "--json"]) == 0
+    assert cli_exit(["plan", str(save), "--cap", "1GiB", "--curve", "512", "--json"]) == 0
     again = json.loads(capfd.readouterr().out)
     assert again["settings"][0]["largest"][0]["largest"] == cap["largest"]
     gen = tmp_path / "g1500.atrace"
-    assert _cli(["plan", str(save), "--export", f"1500:{gen}", "--curve", "512", "--json"]) == 0
+    assert cli_exit(["plan", str(save), "--export", f"1500:{gen}", "--curve", "512", "--json"]) == 0
     assert json.loads(capfd.readouterr().out)["exported"] == str(gen)
-    assert _cli(["simulate", str(gen), "--json"]) == 0  # the rest of alloctune reads the generated stream
+    assert cli_exit(["simulate", str(gen), "--json"]) == 0  # the rest of alloctune reads the generated stream
     sim = json.loads(capfd.readouterr().out)["rows"][0]
     assert sim["completed"] and sim["peak_reserved"] == replay(program(1500)).peak_reserved
-    assert _cli(["plan", str(save), "--hold-back", "512"]) == 2
+    assert cli_exit(["plan", str(save), "--hold-back", "512"]) == 2
     assert "not a saved trace set" in capfd.readouterr().err
 
 
 def test_plan_table_output(snaps, capfd, tmp_path):
     png = tmp_path / "b.png"
-    assert _cli(["plan", *_specs(snaps), "--card", "4GB,8GB", "--curve", "512", "--rvc", "--png", str(png)]) == 0
+    assert cli_exit(["plan", *_specs(snaps), "--card", "4GB,8GB", "--curve", "512", "--rvc", "--png", str(png)]) == 0
     out = capfd.readouterr().out
     assert "card 4.00 GiB" in out and "card 8.00 GiB" in out and "≥ 8192 *" in out  # all of the search fits
     assert "RVC" in out and "low" in out and "fp16" in out  # RVC's presets for a 4 and an 8 GB card
@@ -104,7 +96,7 @@ def test_bad_input_is_one_line_exit_2(snaps, capfd, tmp_path, argv, message):
     sub = {"{a}": str(snaps[256]), "{b}": str(snaps[512]), "{bad}": str(bad), "{oom}": str(oom)}
     for key, value in sub.items():
         argv = [a.replace(key, value) for a in argv]
-    assert _cli(argv) == 2
+    assert cli_exit(argv) == 2
     err = capfd.readouterr().err.strip().splitlines()
     assert message in "\n".join(err)
     if message != "Missing argument":

@@ -12,33 +12,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from fake_torch import install
+from record_child import cli_exit, fake  # noqa: F401  (fake is a fixture)
 
-from alloctune.cli import main as cli_main
-from alloctune.cli import record_cmd
 from alloctune.record import command_for_size, out_for_size, parse_sizes, sidecar_path
 from alloctune.errors import InputError
 
 MiB = 1 << 20
 SIDECAR_KEYS = {"workload", "conf", "cap", "total_memory", "torch", "outcome", "stats", "wall_s", "size"}
-
-
-@pytest.fixture
-def fake(tmp_path, monkeypatch):
-    install(tmp_path / "fake")
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "fake"))
-    monkeypatch.setenv("ALLOCTUNE_STATE_DIR", str(tmp_path / "live"))
-    monkeypatch.delenv("ALLOCTUNE_AGENT", raising=False)
-    monkeypatch.setattr(record_cmd, "_cuda_device_count", lambda: 1)
-    return tmp_path
-
-
-def _cli(argv: list[str]) -> int:
-    try:
-        cli_main(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    return 0
 
 
 # Size from the argument; a second buffer sized from ALLOCTUNE_SIZE (both laws linear in the size).
@@ -69,7 +49,7 @@ def test_records_one_history_per_size_with_sidecars(fake, capfd):
     script = fake / "prog.py"
     script.write_text("MiB = 1 << 20\n" + textwrap.dedent(PROGRAM))
     out = fake / "prog.pickle.gz"
-    code = _cli(["record", "--size", "4,8,16,64", "--out", str(out), "--workload", "toy", "--json", "--",
+    code = cli_exit(["record", "--size", "4,8,16,64", "--out", str(out), "--workload", "toy", "--json", "--",
                  sys.executable, str(script), "{size}"])
     assert code == 1  # size 64 failed on purpose; the others are kept and so is its trace
     captured = capfd.readouterr()
@@ -85,11 +65,11 @@ def test_records_one_history_per_size_with_sidecars(fake, capfd):
         assert Path(r["out"]).name == f"prog-{n}.pickle.gz"
         assert side["outcome"] == ("ok" if n < 64 else "crash") or side["exit_code"] == (0 if n < 64 else 5)
     # bare files are plan inputs (sizes from their sidecars), and so is the whole directory
-    assert _cli(["plan", str(fake / "prog-4.pickle.gz"), str(fake / "prog-8.pickle.gz"),
+    assert cli_exit(["plan", str(fake / "prog-4.pickle.gz"), str(fake / "prog-8.pickle.gz"),
                  str(fake / "prog-16.pickle.gz"), "--size", "32", "--curve", "32", "--json"]) == 0
     d = json.loads(capfd.readouterr().out)
     assert d["recorded_sizes"] == ["4", "8", "16"] and d["traceset"]["laws"] == {"degree 1": 2}
-    assert _cli(["plan", str(fake), "--curve", "32", "--hold-back", "8", "--json"]) == 0
+    assert cli_exit(["plan", str(fake), "--curve", "32", "--hold-back", "8", "--json"]) == 0
     d = json.loads(capfd.readouterr().out)
     assert d["recorded_sizes"] == ["4", "8", "16", "64"]
     assert d["holdout"]["fitted_on"] == ["4", "16", "64"] and d["holdout"]["sizes_exact"] == 1.0

@@ -20,37 +20,17 @@ from pathlib import Path
 
 import pytest
 
-from alloctune.cli import main as cli_main
 from alloctune.cli import record_cmd
 from alloctune.trace import load_snapshot
-from fake_torch import install
+from record_child import cli_exit, fake  # noqa: F401  (fake is a fixture)
 
 MiB = 1 << 20
-
-
-@pytest.fixture
-def fake(tmp_path, monkeypatch):
-    """The fake torch for the child, one visible CUDA device for the parent's check."""
-    install(tmp_path / "fake")
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "fake"))
-    monkeypatch.setenv("ALLOCTUNE_STATE_DIR", str(tmp_path / "live"))
-    monkeypatch.delenv("ALLOCTUNE_AGENT", raising=False)
-    monkeypatch.setattr(record_cmd, "_cuda_device_count", lambda: 1)
-    return tmp_path
 
 
 def _script(folder: Path, body: str) -> list[str]:
     path = folder / "work.py"
     path.write_text(textwrap.dedent(body))
     return [sys.executable, str(path)]
-
-
-def _cli(argv: list[str]) -> int:
-    try:
-        cli_main(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    return 0
 
 
 def _one_line_error(capfd) -> str:
@@ -74,30 +54,30 @@ ALLOCATING = """
 
 
 def test_no_command_is_exit_2(capfd):
-    assert _cli(["record"]) == 2
+    assert cli_exit(["record"]) == 2
     assert "no command given" in _one_line_error(capfd)
 
 
 def test_command_not_found_is_exit_2(capfd, tmp_path):
-    assert _cli(["record", "--out", str(tmp_path / "t.pickle"), "--", "no-such-program-alloctune"]) == 2
+    assert cli_exit(["record", "--out", str(tmp_path / "t.pickle"), "--", "no-such-program-alloctune"]) == 2
     assert "command not found: no-such-program-alloctune" in _one_line_error(capfd)
 
 
 def test_missing_output_directory_is_exit_2(capfd, tmp_path):
-    assert _cli(["record", "--out", str(tmp_path / "nope" / "t.pickle"), "--", sys.executable, "-c", "0"]) == 2
+    assert cli_exit(["record", "--out", str(tmp_path / "nope" / "t.pickle"), "--", sys.executable, "-c", "0"]) == 2
     assert "does not exist" in _one_line_error(capfd)
 
 
 def test_no_cuda_is_exit_2(capfd, tmp_path, monkeypatch):
     monkeypatch.setattr(record_cmd, "_cuda_device_count", lambda: 0)
-    assert _cli(["record", "--out", str(tmp_path / "t.pickle"), "--", sys.executable, "-c", "0"]) == 2
+    assert cli_exit(["record", "--out", str(tmp_path / "t.pickle"), "--", sys.executable, "-c", "0"]) == 2
     assert "CUDA is not available" in _one_line_error(capfd)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_device_that_is_not_there_is_exit_2(capfd, fake):
     out = fake / "t.pickle"
-    assert _cli(["record", "--out", str(out), "--device", "1", "--", sys.executable, "-c", "0"]) == 2
+    assert cli_exit(["record", "--out", str(out), "--device", "1", "--", sys.executable, "-c", "0"]) == 2
     assert "--device 1: only 1 CUDA device(s) visible" in _one_line_error(capfd)
     assert not out.exists()
 
@@ -106,7 +86,7 @@ def test_device_that_is_not_there_is_exit_2(capfd, fake):
 def test_records_and_compresses_by_suffix(fake, capfd, name):
     out = fake / name
     cmd = _script(fake, ALLOCATING)
-    code = _cli(["record", "--out", str(out), "--max-entries", "1234", "--device", "0", "--json", "--", *cmd])
+    code = cli_exit(["record", "--out", str(out), "--max-entries", "1234", "--device", "0", "--json", "--", *cmd])
     assert code == 0
     stdout = capfd.readouterr().out
     assert "max_entries 1234" in stdout  # the agent started the history with the requested size
@@ -123,7 +103,7 @@ def test_records_and_compresses_by_suffix(fake, capfd, name):
 def test_failed_command_keeps_trace_and_exits_1(fake, capfd):
     out = fake / "t.pickle"
     cmd = _script(fake, ALLOCATING + "    raise SystemExit(3)\n")
-    assert _cli(["record", "--out", str(out), "--", *cmd]) == 1
+    assert cli_exit(["record", "--out", str(out), "--", *cmd]) == 1
     captured = capfd.readouterr()
     assert "max_entries 5000000" in captured.out  # the default
     assert "exited with status 3" in captured.err
@@ -138,7 +118,7 @@ def test_sigterm_still_dumps(fake):
     time.sleep(30)
     """)
     t0 = time.monotonic()
-    assert _cli(["record", "--out", str(out), "--", *cmd]) == 1  # killed by the signal (re-raised after the dump)
+    assert cli_exit(["record", "--out", str(out), "--", *cmd]) == 1  # killed by the signal (re-raised after the dump)
     assert time.monotonic() - t0 < 20
     assert _segments(out) == [30 * MiB, 6 * MiB]
 
@@ -156,7 +136,7 @@ def test_the_busiest_cuda_process_is_kept(fake, capfd):
         f"    subprocess.run([sys.executable, {worker[1]!r}, mb], check=True)\n"
     )
     out = fake / "t.pickle"
-    assert _cli(["record", "--out", str(out), "--", sys.executable, str(launcher)]) == 0
+    assert cli_exit(["record", "--out", str(out), "--", sys.executable, str(launcher)]) == 0
     assert _segments(out) == [100 * MiB]
 
 
@@ -167,7 +147,7 @@ def test_chains_to_the_shadowed_sitecustomize(fake, monkeypatch):
     (site / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), str(fake / "fake")]))
     out = fake / "t.pickle"
-    assert _cli(["record", "--out", str(out), "--", *_script(fake, ALLOCATING)]) == 0
+    assert cli_exit(["record", "--out", str(out), "--", *_script(fake, ALLOCATING)]) == 0
     assert marker.read_text() == "ran"
     assert _segments(out) == [30 * MiB, 6 * MiB]
 
@@ -176,7 +156,7 @@ def test_no_cuda_in_child_means_no_trace(fake, monkeypatch, capfd):
     monkeypatch.setenv("FAKE_NO_CUDA", "1")
     out = fake / "t.pickle"
     cmd = _script(fake, "import torch\nprint(torch.cuda.is_available())\n")
-    assert _cli(["record", "--out", str(out), "--", *cmd]) == 2
+    assert cli_exit(["record", "--out", str(out), "--", *cmd]) == 2
     err = capfd.readouterr().err
     assert "no trace was written" in err and "torch.cuda.is_available() is False" in err
     assert not out.exists()
@@ -185,10 +165,10 @@ def test_no_cuda_in_child_means_no_trace(fake, monkeypatch, capfd):
 
 def test_torch_never_imported_means_no_trace(fake, capfd):
     out = fake / "t.pickle"
-    assert _cli(["record", "--out", str(out), "--", sys.executable, "-c", "0"]) == 2
+    assert cli_exit(["record", "--out", str(out), "--", sys.executable, "-c", "0"]) == 2
     assert "no trace was written: no Python process with CUDA recorded (the command never imported torch)" in (
         _one_line_error(capfd))
-    assert _cli(["record", "--out", str(out), "--", sys.executable, "-c", "raise SystemExit(4)"]) == 2
+    assert cli_exit(["record", "--out", str(out), "--", sys.executable, "-c", "raise SystemExit(4)"]) == 2
     assert "no trace was written: it exited with status 4 and no Python process" in _one_line_error(capfd)
     assert not out.exists()
 
@@ -225,7 +205,7 @@ def test_records_a_real_workload(tmp_path, monkeypatch):
     out = tmp_path / "train.pickle.xz"
     repo = Path(__file__).resolve().parents[1]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(repo / "src"), os.environ.get("PYTHONPATH")])))
-    assert _cli(["record", "--out", str(out), "--", sys.executable, "-m", "alloctune.workloads.train",
+    assert cli_exit(["record", "--out", str(out), "--", sys.executable, "-m", "alloctune.workloads.train",
                  "--tiny", "--device", "cuda", "--count", "2", "--quiet"]) == 0
     snapshot = load_snapshot(out)
     actions = {e["action"] for dev in snapshot["device_traces"] for e in dev}
