@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from alloctune.config.standard import STANDARD_CONFS
 from alloctune.demo import shipped_trace_path, shipped_traces
 from alloctune.sim import native
 from alloctune.sim.replay import SimResult, replay
@@ -27,13 +28,7 @@ pytestmark = pytest.mark.skipif(not native.available(), reason="native simulator
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 SETTINGS = (
-    "",
-    "expandable_segments:True",
-    "max_split_size_mb:128",
-    "max_split_size_mb:256",
-    "max_split_size_mb:512",
-    "garbage_collection_threshold:0.6,max_split_size_mb:256",
-    "roundup_power2_divisions:4",
+    *STANDARD_CONFS,
     "roundup_power2_divisions:[256:1,512:2,1024:4,>:8]",
     "max_split_size_mb:64,max_non_split_rounding_mb:128",
 )
