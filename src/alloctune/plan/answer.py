@@ -30,9 +30,9 @@ from alloctune.sim.budget import min_budget
 from alloctune.sim.driver import DEFAULT_OVERHEAD, H200_TOTAL
 from alloctune.sim.replay import replay
 from alloctune.sim.settings import SimSettings
+from alloctune.units import MiB
 
 SCHEMA = "alloctune.plan/1"
-MiB = 1 << 20
 CARD_TOL = 16 * MiB  # smallest-card bisection stops within this
 
 

@@ -10,8 +10,7 @@ import textwrap
 from pathlib import Path
 
 from alloctune.plan.answer import PlanResult
-
-GiB = float(1 << 30)
+from alloctune.units import GiB
 
 
 def budget_figure(result: PlanResult, path: str | Path) -> str | None:

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from alloctune.plan.answer import PlanResult
+from alloctune.units import GiB
 
-GiB = 1 << 30
 PRESETS = {"fp16": (3.0, 10.0, 60.0, 65.0), "fp32": (1.0, 6.0, 38.0, 41.0), "low": (1.0, 5.0, 30.0, 32.0)}
 FRAME_S = 0.01
 

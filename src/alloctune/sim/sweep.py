@@ -24,9 +24,9 @@ from alloctune.schema import schema_id
 from alloctune.sim.budget import min_budget
 from alloctune.sim.replay import replay
 from alloctune.trace.model import Trace
+from alloctune.units import MiB
 
 SCHEMA = schema_id("sweep")
-MiB = 1 << 20
 
 @dataclass(frozen=True)
 class SweepRow:

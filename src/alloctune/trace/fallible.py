@@ -28,11 +28,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 from alloctune.schema import schema_id
-from alloctune.units import format_mib
+from alloctune.units import MiB, format_mib
 from alloctune.trace.model import ALLOC, EMPTY_CACHE, FAILED_ALLOC, FREE, RequestStream, Trace
 
 SCHEMA = schema_id("fallible")
-MiB = 1 << 20
 # "Ran without a workspace": the replay stores one block per request, so the no-memory choice
 # is modelled as a 1-byte request (one 512-byte block in the small pool, which nearly always
 # has a free block in an existing 2 MiB segment): an error of at most one small segment.

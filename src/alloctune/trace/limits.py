@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from alloctune.errors import InputError
+from alloctune.units import GiB
 
-GiB = 1 << 30
 
 # name of the field -> environment variable that overrides it
 ENV = {

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from alloctune.errors import InputError
+from alloctune.units import MiB
 
-MiB = 1 << 20
 
 DEFAULT = "default"
 EXPANDABLE = "expandable_segments"
