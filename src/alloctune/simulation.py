@@ -151,13 +151,16 @@ def simulate(
     steps = len(confs) * per_setting
     for i, (text, sim_settings) in enumerate(zip(confs, settings)):
         progress(f"replaying {text or '(unset)'}", i * per_setting, steps)
-        row = _replay_one(loaded, recorded, text, sim_settings, cap=cap, total=total, torch=torch,
-                          source=source)
+        row, result = _replay_one(loaded, recorded, text, sim_settings, cap=cap, total=total, torch=torch,
+                                  source=source)
         if find_min:
+            from alloctune.sim.addresses import TRACE
             from alloctune.sim.budget import min_budget
 
             progress(f"smallest budget of {text or '(unset)'} (bisection)", i * per_setting + 1, steps)
-            mb = min_budget(loaded, sim_settings, torch=torch, total_memory=total)
+            # an uncapped replay with the trace's own addresses is the bisection's first probe: hand it over
+            uncapped = result if cap is None and source == TRACE else None
+            mb = min_budget(loaded, sim_settings, torch=torch, total_memory=total, uncapped=uncapped)
             row = replace(row, find_min=True, min_budget=mb.budget, min_budget_replays=mb.replays)
         rows.append(row)
     progress("done", steps, steps)
@@ -183,7 +186,8 @@ def _address_source(addresses: str, comparing: bool) -> tuple[str, tuple[str, ..
     return source, ()
 
 
-def _replay_one(trace, recorded, text, settings, *, cap, total, torch, source) -> SimulatedSetting:
+def _replay_one(trace, recorded, text, settings, *, cap, total, torch, source) -> tuple[SimulatedSetting, Any]:
+    """The row for one setting, and the `SimResult` it was read from."""
     from alloctune.sim.addresses import fidelity_kind, replay_addresses
     from alloctune.sim.compare import compare as compare_replay
     from alloctune.sim.oom import oom_message
@@ -201,10 +205,11 @@ def _replay_one(trace, recorded, text, settings, *, cap, total, torch, source) -
         fidelity = compare_replay(result, recorded, stream_trace=None if recorded is trace else trace).to_dict()
         fidelity["kind"] = fidelity_kind(source, trace, recorded)
     utilization = round(result.utilization, 4)
-    return SimulatedSetting(
+    row = SimulatedSetting(
         conf=text, budget=cap, peak_reserved=result.peak_reserved, peak_allocated=result.peak_allocated,
         utilization=utilization if math.isfinite(utilization) else 1.0,
         num_alloc_retries=result.num_alloc_retries, num_ooms=result.stats["num_ooms"], completed=result.completed,
         oom=oom, expected_failures=len(result.expected_failures), addresses=source,
         addresses_from=result.addresses, fidelity=fidelity,
     )
+    return row, result
