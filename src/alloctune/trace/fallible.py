@@ -338,6 +338,26 @@ def scratch_requests(trace: Trace, min_size: int = SCRATCH_MIN) -> list[int]:
             if ops[i] == ALLOC and sizes[i] >= min_size and ops[i + 1] == FREE and rids[i + 1] == rids[i]]
 
 
+def optimistic(trace: Trace) -> Trace:
+    """`trace` with every uncovered scratch request fallible down to no workspace.
+
+    Why: when nothing says whether a workspace-shaped request can fail, the replay as
+    recorded is the pessimistic end (every such request a fixed need) and this is the
+    optimistic one (the program gives each of them up). The real smallest budget of the
+    program lies between the two, so the tuner can bracket it on the GPU instead of
+    creeping down from the pessimistic estimate. Requests already covered by a learned
+    ladder or by frames keep their model.
+    """
+    fallbacks = dict(trace.requests.fallbacks)
+    sizes = trace.requests.sizes
+    for i in scratch_requests(trace):
+        if i not in fallbacks and sizes[i] > NO_WORKSPACE:
+            fallbacks[i] = (NO_WORKSPACE,)
+    if len(fallbacks) == len(trace.requests.fallbacks):
+        return trace
+    return replace(trace, requests=replace(trace.requests, fallbacks=fallbacks))
+
+
 def untagged_note(trace: Trace) -> str | None:
     """One sentence when predictions rest on possible workspaces no evidence covers, else None."""
     info = (trace.meta or {}).get("fallible") or {}

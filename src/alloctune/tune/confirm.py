@@ -56,6 +56,7 @@ class Bracket:
     """What the GPU showed about one candidate: the smallest pass and the largest failure."""
 
     est: int | None
+    floor: int | None = None  # simulated min_budget if every untagged workspace could be given up
     passed: int | None = None
     failed: int | None = None
     widen: int = 0
@@ -168,6 +169,7 @@ class ConfirmFlow:
         self.hints: dict[str, int | None] = {}
         self.verdict: str | None = None
         self.calibrated = False
+        self.floors: dict[str, int | None] = {}
 
     # ---- GPU runs ----------------------------------------------------------------------------
     def _run(self, reqs: list[TrialRequest]) -> list[TrialResult]:
@@ -204,17 +206,50 @@ class ConfirmFlow:
         """The candidate's latest simulated min_budget (re-simulated after a calibration)."""
         return self.hints.get(c.conf, self.est.get(c.conf))
 
-    def _bracket(self, c: Candidate) -> Bracket:
-        return self.brackets.setdefault(c.conf, Bracket(self.est.get(c.conf)))
+    def _floors(self) -> dict[str, int | None]:
+        """The optimistic end of each simulated min_budget (`Simulator.floors`), where the
+        simulator has one; a failure there only loses the bracket's head start."""
+        floors = getattr(self.sim, "floors", None)
+        if floors is None:
+            return {}
+        try:
+            return dict(floors([c.conf for c in self.cands]))
+        except Exception as exc:  # noqa: BLE001 - bracket from the estimate alone
+            self.t.notes.append(f"no optimistic estimate ({type(exc).__name__}: {exc}): probing around the simulated min_budget")
+            return {}
 
-    def _first_probe(self, c: Candidate, *, calibrate: bool) -> TrialRequest:
-        """Just above the estimate: a pass there proves the candidate fits (and is a throughput
-        sample, so it runs alone); a failure there shows the simulation was optimistic."""
+    def _bracket(self, c: Candidate) -> Bracket:
+        est, floor = self.est.get(c.conf), self.floors.get(c.conf)
+        if est is None or floor is None or floor >= est - tolerance(self.t, est):
+            floor = None  # nothing the program could give up changes the answer
+        return self.brackets.setdefault(c.conf, Bracket(est, floor))
+
+    def _opening(self, c: Candidate) -> list[TrialRequest]:
+        """The first two runs of a candidate, independent of each other:
+
+        * just above the estimate: a pass proves the candidate fits (and is a throughput
+          sample, so it runs alone); a failure shows the simulation was optimistic;
+        * below: just under the estimate when the simulation is exact about this program, or,
+          when it holds workspace-shaped requests the program may give up, under the
+          optimistic end (`floor`, less `floor_margin`) -- recorded, so that its failures
+          teach the simulator how the program adapts (`calibrate`) before the bisection.
+        """
         b = self._bracket(c)
-        nxt = next_budget(self.t, b, self.budget)
+        first = next_budget(self.t, b, self.budget)
         what = "just above the simulated min_budget" if b.est is not None else "at the budget (not simulated)"
-        return TrialRequest(c.conf, nxt if nxt is not None else self.budget, record=calibrate, exclusive=True,
-                            ensure_cap=self._gc(c), purpose=f"best: {what}")
+        reqs = [TrialRequest(c.conf, first if first is not None else self.budget, exclusive=True,
+                             ensure_cap=self._gc(c), purpose=f"best: {what}")]
+        if b.est is None or first is None or first < b.est:
+            return reqs
+        if b.floor is not None:
+            low, why = _down(int(b.floor * (1 - self.s.floor_margin))), "below the optimistic simulated min_budget"
+        else:
+            low, why = _down(b.est - half_width(self.t, b.est)), "just below the simulated min_budget"
+            b.lo_tried = True
+        if 0 < low < first:
+            reqs.append(TrialRequest(c.conf, low, ensure_cap=self._gc(c), record=self._want_calibration(),
+                                     purpose=f"best: {why}"))
+        return reqs
 
     def _hinted(self, c: Candidate, budget: int) -> bool:
         """Whether `budget` is one of the two runs around the re-simulated estimate."""
@@ -223,6 +258,16 @@ class ConfirmFlow:
             return False
         h = half_width(self.t, hint)
         return budget in (_down(hint - h), _up(hint + h), min(self.budget, _up(hint + h)))
+
+    def _hint_pair(self, c: Candidate, b: Bracket) -> list[int]:
+        """Both runs around the re-simulated estimate at once, when it lies inside a tested bracket
+        and neither run has been made: one side by side batch instead of two in a row."""
+        hint = self.hints.get(c.conf)
+        if hint is None or b.passed is None or b.failed is None or not b.failed < hint < b.passed:
+            return []
+        h = half_width(self.t, hint)
+        pair = [_down(hint - h), _up(hint + h)]
+        return pair if all(b.failed < x < b.passed for x in pair) and pair[0] < pair[1] else []
 
     def _want_calibration(self) -> bool:
         """Record capped runs until one has shown how the program adapts (then the simulator knows),
@@ -244,6 +289,11 @@ class ConfirmFlow:
                 return
             if (b.passed is not None and nxt >= b.passed) or (b.failed is not None and nxt <= b.failed):
                 return  # nothing new to learn there
+            pair = self._hint_pair(c, b)
+            if pair and self.t.fresh_runs_after_baseline() + 2 <= self.s.max_gpu_runs:
+                self._run([TrialRequest(c.conf, x, ensure_cap=self._gc(c), purpose="at the re-simulated min_budget (after calibration)")
+                           for x in pair])
+                continue
             if b.est is None:
                 purpose = "halve (no simulated min_budget to start from)" if b.failed is None else "bisect"
             elif b.passed is not None and b.failed is None and b.widen == 0 and not self._hinted(c, nxt):
@@ -268,6 +318,7 @@ class ConfirmFlow:
             self.est = dict(self.sim.estimates([c.conf for c in self.cands]))
         except Exception as exc:  # noqa: BLE001 - the caller measures instead, and says why
             raise SimulationUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        self.floors = self._floors()
         note = getattr(self.sim, "note", None)
         if note:
             self.t.notes.append(note)
@@ -276,9 +327,10 @@ class ConfirmFlow:
         fits = [c for c in order if self.est.get(c.conf) is not None and self.est[c.conf] <= self.budget]
         best = fits[0] if fits else None
 
-        # batch 1: the best around its estimate, the default at the user's budget (independent runs)
-        # (when the best is the default itself, its own runs answer "does the default fit?")
-        reqs = [self._first_probe(best, calibrate=self._want_calibration())] if best is not None else []
+        # batch 1 (independent runs): the best just above its estimate and at the low end of where
+        # it can lie, the default at the user's budget (when the best is the default itself,
+        # its own runs answer "does the default fit?")
+        reqs = self._opening(best) if best is not None else []
         if best is None or best.knob != DEFAULT:
             reqs.append(TrialRequest("", self.budget, exclusive=True, purpose="the default at the budget"))
         self._run(reqs)
@@ -298,8 +350,8 @@ class ConfirmFlow:
             focus = next((c for c in fits if c not in tried), None)
             if focus is None or self.t.fresh_runs_after_baseline() >= self.s.max_gpu_runs:
                 focus = None
-            else:  # the next best starts like the best did: just above its estimate, alone, recorded
-                self._run([self._first_probe(focus, calibrate=self._want_calibration())])
+            else:  # the next best starts like the best did
+                self._run(self._opening(focus))
 
         # the simulation was wrong for the focus: can the runner-up beat its measured bracket?
         if focus is not None:

@@ -92,6 +92,7 @@ class TuneSettings:
     max_gpu_runs: int = 10  # confirm: GPU runs after the baseline, at most
     confirm_abs_tol: int = 4 * MiB  # confirm: a proven bracket is within rel_tol or this
     widen_start: float = 0.03  # confirm: first widening step when the GPU contradicts, fraction of the estimate
+    floor_margin: float = 0.04  # confirm: the first low probe this far under the optimistic simulated min_budget
     throughput_tolerance: float = 0.03
     ab_pairs: int = 2  # confirm: A/B repeat pairs at most when throughput might decide
 
@@ -527,6 +528,19 @@ class SimulatorFromTrace:
 
         self.last = sweep(self.trace, confs, torch=self.torch, total_memory=self.total_memory, progress=self.progress)
         return {c: row.min_budget for c, row in zip(confs, self.last.rows)}
+
+    def floors(self, confs: Sequence[str]) -> dict[str, int | None]:
+        """Each setting's simulated min_budget if the program gave up every workspace-shaped
+        request nothing covers yet (`fallible.optimistic`): the low end of where its real
+        min_budget can lie. Equal to `estimates` when the recording has no such request."""
+        from alloctune.sim.sweep import sweep
+        from alloctune.trace.fallible import optimistic
+
+        low = optimistic(self.trace)
+        if low is self.trace:
+            return self.estimates(confs)
+        rows = sweep(low, confs, torch=self.torch, total_memory=self.total_memory, progress=self.progress).rows
+        return {c: row.min_budget for c, row in zip(confs, rows)}
 
     def min_budget(self, conf: str) -> int | None:
         return self.estimates([conf])[conf]
