@@ -17,8 +17,9 @@ Afterwards, on any machine, against the independent bisection (fresh processes, 
 
     python bench/gpu_tune_real.py --compare bench/gpu-results/batch8/b/bisect_results.json --summary DIR/summary.json
 
-(rvc and diffusion were bisected with --count 2 / --count 3 but are tuned here with
---count 4, so their rows are compared only where the bisection measured the same command.)
+Batch 9 tuned the real-library workloads with their default --count (8/8/6/6) while the
+bisection ran --count 6/6/4/4: its comparison was of different programs. The commands below
+are the bisection's own.
 """
 
 from __future__ import annotations
@@ -34,16 +35,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
+# The same commands as the independent bisections (gpu_batch_a.py REAL/OWN, gpu_truth.py), so the
+# tune's answer and the ground truth are about the same program and inputs.
 WORKLOADS: dict[str, list[str]] = {
-    "hubert": [PY, "bench/real_workloads.py", "hubert"],
-    "timm": [PY, "bench/real_workloads.py", "timm"],
-    "torchvision": [PY, "bench/real_workloads.py", "torchvision"],
-    "llama": [PY, "bench/real_workloads.py", "llama"],
-    "rvc": [PY, "-m", "alloctune.workloads.rvc", "--count", "4"],
-    "diffusion": [PY, "-m", "alloctune.workloads.diffusion", "--count", "4"],
+    "hubert": [PY, "bench/real_workloads.py", "hubert", "--count", "6", "--quiet"],
+    "timm": [PY, "bench/real_workloads.py", "timm", "--count", "6", "--quiet"],
+    "torchvision": [PY, "bench/real_workloads.py", "torchvision", "--count", "4", "--quiet"],
+    "llama": [PY, "bench/real_workloads.py", "llama", "--count", "4", "--quiet"],
+    "rvc": [PY, "-m", "alloctune.workloads.rvc", "--count", "2", "--quiet"],
+    "diffusion": [PY, "-m", "alloctune.workloads.diffusion", "--count", "3", "--quiet"],
 }
-# The bisection's command for each name (bench/gpu_batch_a.py); None = not the same command.
-BISECTED_SAME = {"hubert": True, "timm": True, "torchvision": True, "llama": True, "rvc": False, "diffusion": False}
 MiB = 1 << 20
 
 
@@ -119,9 +120,26 @@ def summarize(name: str, d: Path, rc: int, wall: float) -> dict:
             {k: c.get(k) for k in ("conf", "sim_min_budget", "min_budget", "infeasible_below", "verified", "trials", "note")}
             for c in data.get("candidates", [])
         ],
-        "probes": [(t.get("conf"), t.get("budget"), t.get("outcome"), t.get("num_ooms")) for t in trials[1:]],
+        "probes": [(t.get("conf"), t.get("budget"), t.get("outcome"), t.get("num_ooms"), t.get("purpose")) for t in trials[1:]],
+        "throughput_runs": sum(1 for t in trials[1:] if not t.get("reused") and "throughput" in (t.get("purpose") or "")),
+        "memory_runs": sum(1 for t in trials[1:] if not t.get("reused") and "throughput" not in (t.get("purpose") or "")),
     })
     return row
+
+
+def _snapshots(d: Path) -> list[Path]:
+    """The recordings a tune made (baseline and recorded capped probes), wherever its store put them."""
+    found = set(d.rglob("*.pickle")) | set(d.rglob("*.pickle.xz"))
+    store = d / "trials.jsonl"
+    if store.exists():
+        for line in store.read_text(errors="replace").splitlines():
+            try:
+                snap = (json.loads(line).get("result") or {}).get("snapshot")
+            except (ValueError, AttributeError):
+                continue
+            if snap and Path(snap).is_file():
+                found.add(Path(snap))
+    return sorted(found)
 
 
 def _mib(x) -> str:
@@ -143,24 +161,41 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def compare(summary: Path, bisect: Path) -> str:
+def load_truth(path: Path) -> dict[str, dict[str, dict]]:
+    """workload -> conf -> row, from gpu_truth.py's truth.jsonl (both ends tested) or, for old
+    data, gpu_batch_a.py's bisect_results.json (lower end assumed, not tested)."""
+    text = path.read_text()
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()] if path.suffix == ".jsonl" else json.loads(text)
+    out: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        if "workload" not in r:  # old format: name = workload_setting
+            if "min_budget" not in r:
+                continue
+            r = {**r, "workload": r["name"].split("_", 1)[0]}
+        out.setdefault(r["workload"], {})[r["conf"]] = r
+    return out
+
+
+def compare(summary: Path, truth_path: Path) -> str:
     rows = json.loads(summary.read_text())["rows"]
-    real = {r["name"]: r for r in json.loads(bisect.read_text()) if "min_budget" in r}
-    names = {"": "default", "expandable_segments:True": "expandable", "max_split_size_mb:128": "max_split_128"}
-    out = ["| workload | tune: recommended, measured MiB | bisection: that setting MiB | bisection: best setting, MiB | "
-           "tune vs best | GPU runs |", "|---|---|---|---|---|---|"]
+    truth = load_truth(truth_path)
+    out = ["| workload | tune: recommended, measured MiB (fails at) | truth: that setting (fails at) | truth: best setting | "
+           "tune vs best | memory runs | throughput runs | × one run |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         wl = r["workload"]
-        if "error" in r or not BISECTED_SAME.get(wl):
-            out.append(f"| {wl} | {r.get('recommendation')} {_mib(r.get('min_budget'))} | (not the same command) | | | "
-                       f"{r.get('gpu_runs_after_baseline')} |")
+        t = {c: v for c, v in truth.get(wl, {}).items() if v.get("min_budget")}
+        if "error" in r or not t:
+            out.append(f"| {wl} | {r.get('recommendation')} {_mib(r.get('min_budget'))} | (no ground truth) | | | "
+                       f"{r.get('memory_runs')} | {r.get('throughput_runs')} | {r.get('wall_over_one_run')} |")
             continue
-        measured = {k: real[f"{wl}_{v}"]["min_budget"] for k, v in names.items() if f"{wl}_{v}" in real}
-        best_conf = min(measured, key=measured.get)
-        same = measured.get(r["recommendation"] or "")
-        gap = f"{100 * (r['min_budget'] / measured[best_conf] - 1):+.1f}%" if r.get("min_budget") else "-"
-        out.append(f"| {wl} | {r['recommendation'] or '(default)'} {_mib(r['min_budget'])} | {_mib(same)} | "
-                   f"{best_conf or '(default)'} {_mib(measured[best_conf])} | {gap} | {r['gpu_runs_after_baseline']} |")
+        best_conf = min(t, key=lambda c: t[c]["min_budget"])
+        rec = r.get("recommendation") or ""
+        same = t.get(rec, {})
+        gap = f"{100 * (r['min_budget'] / t[best_conf]['min_budget'] - 1):+.1f}%" if r.get("min_budget") else "-"
+        out.append(f"| {wl} | {rec or '(default)'} {_mib(r.get('min_budget'))} ({_mib(r.get('infeasible_below'))}) | "
+                   f"{_mib(same.get('min_budget'))} ({_mib(same.get('fails_at'))}) | "
+                   f"{best_conf or '(default)'} {_mib(t[best_conf]['min_budget'])} ({_mib(t[best_conf].get('fails_at'))}) | "
+                   f"{gap} | {r.get('memory_runs')} | {r.get('throughput_runs')} | {r.get('wall_over_one_run')} |")
     return "\n".join(out)
 
 
@@ -170,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=",".join(WORKLOADS), help="comma-separated workload names")
     ap.add_argument("--jobs", type=int, default=len(WORKLOADS), help="tunes side by side")
     ap.add_argument("--timeout", type=float, default=390.0, help="per tune, seconds (then Ctrl-C; the store keeps its trials)")
-    ap.add_argument("--compare", type=Path, default=None, help="bisect_results.json: compare a finished summary")
+    ap.add_argument("--compare", type=Path, default=None, help="truth.jsonl (gpu_truth.py) or bisect_results.json: compare a finished summary")
     ap.add_argument("--summary", type=Path, default=None, help="summary.json of a finished run (with --compare)")
     args = ap.parse_args(argv)
     if args.compare is not None:
@@ -201,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
                 for f in ("tune.json", "tune.stderr", "trials.jsonl"):
                     if (work / name / f).exists():
                         tar.add(work / name / f, arcname=f"{name}/{f}")
+                for snap in _snapshots(work / name):  # the recordings: the before/after table is computed from them
+                    tar.add(snap, arcname=f"{name}/rec/{snap.name}")
 
     rows = run_all(names, work, max(1, args.jobs), args.timeout, on_row=save)
     save(rows)
