@@ -13,6 +13,14 @@ which the program adapted. Offline there is no recording at the probe's cap; wit
 (a stand-in: same program and cap region, possibly another setting).
 
     python bench/tune_flow_offline.py [--data bench/gpu-results/batch8] [--workloads hubert,timm,torchvision,llama] [--stand-in]
+
+With `--truth T --recordings R` the "GPU" is gpu_truth.py's bisection (both ends tested,
+`T` = truth.jsonl) and the recording is the baseline a real tune made of the same command
+(`R/{workload}/rec/baseline.pickle`, from a gpu_tune_real.py logs.tar.gz); candidates are the
+standard settings the truth measured completely.
+
+    python bench/tune_flow_offline.py --truth bench/gpu-results/batch12/truth.jsonl --recordings DIR \
+        --workloads hubert,timm,torchvision,llama,rvc,diffusion
 """
 
 from __future__ import annotations
@@ -30,7 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", default="bench/gpu-results/batch8")
     ap.add_argument("--workloads", default="hubert,timm,torchvision,llama")
     ap.add_argument("--stand-in", action="store_true", help="hand out recorded capped runs as calibrations")
+    ap.add_argument("--truth", type=Path, default=None, help="truth.jsonl of gpu_truth.py")
+    ap.add_argument("--recordings", type=Path, default=None, help="extracted gpu_tune_real.py logs (baseline recordings)")
     args = ap.parse_args(argv)
+    if args.truth is not None:
+        return from_truth(args)
 
     from alloctune.trial import TrialResult
     from alloctune.tune.candidates import parse_knobs
@@ -74,6 +86,45 @@ def main(argv: list[str] | None = None) -> int:
               f"{(best.min_budget or 0) / 2**20:>8.0f}M {true_best / 2**20:>9.0f}M "
               f"{'-' if gap is None else f'{100 * gap:+.1f}%':>6}  {best.verified if best else '-'}"
               + ("  (calibrated)" if any(n.startswith("calibration") for n in res.notes) else ""))
+    return 0
+
+
+def from_truth(args: argparse.Namespace) -> int:
+    from alloctune.trial import TrialResult
+    from alloctune.tune.candidates import parse_knobs
+    from alloctune.tune.strategy import SimulatorFromTrace, Tuner, TuneSettings
+
+    rows = [json.loads(line) for line in args.truth.read_text().splitlines() if line.strip()]
+    knobs = {"expandable_segments:True": "expandable", "roundup_power2_divisions:4": "roundup"}
+    print(f"{'workload':<12} {'runs':>4} {'best':<28} {'measured':>9} {'truth best':>10} {'gap':>6}  proven  probes")
+    for wl in args.workloads.split(","):
+        need = {r["conf"]: r["min_budget"] for r in rows if r["workload"] == wl and r.get("min_budget") and r.get("fails_at")
+                and "garbage" not in r["conf"]}
+        if "" not in need:
+            print(f"{wl:<12} (no complete truth for the default)")
+            continue
+        splits = sorted(int(c.split(":")[1]) for c in need if c.startswith("max_split_size_mb:"))
+        kn = [knobs[c] for c in need if c in knobs] + ([f"max_split={'/'.join(map(str, splits))}"] if splits else [])
+        snap = args.recordings / wl / "rec" / "baseline.pickle"
+        calls = []
+
+        def evaluator(conf, budget, *, repeat=0, record=False, ensure_cap=False, _need=need, _snap=snap):
+            calls.append((conf, budget))
+            ok = budget is None or budget >= _need[conf]
+            return TrialResult(("wl",), conf, budget, "ok" if ok else "oom", 0 if ok else 1, 1.0,
+                               total_memory=150109880320, torch_version="2.11.0",
+                               snapshot=str(_snap) if record and budget is None else None, num_ooms=0 if ok else 1,
+                               allocator_settings={"PYTORCH_CUDA_ALLOC_CONF": conf})
+
+        settings = TuneSettings(command=("wl",), budget=None, knobs=parse_knobs(kn), platform="linux")
+        res = Tuner(evaluator, settings, simulator_factory=SimulatorFromTrace).run()
+        best = res.ranking.best
+        true_best = min(need.values())
+        gap = (best.min_budget / true_best - 1) if best and best.min_budget else None
+        probes = " ".join(f"{(c or 'default')[:14]}@{b >> 20}" for c, b in calls[1:] if b is not None and b < 1 << 40)
+        print(f"{wl:<12} {len(calls) - 1:>4} {best.candidate.label if best else '-':<28} "
+              f"{(best.min_budget or 0) / 2**20:>8.0f}M {true_best / 2**20:>9.0f}M "
+              f"{'-' if gap is None else f'{100 * gap:+.1f}%':>6}  {best.verified if best else '-'}  {probes}")
     return 0
 
 

@@ -60,8 +60,8 @@ def test_when_simulation_and_gpu_agree_three_runs_prove_the_answer():
     assert "does not complete there" in recommend(res).summary
 
 
-@pytest.mark.parametrize("factor", [0.97, 1.03])
-def test_a_simulation_off_by_3_percent_costs_at_most_six_runs(factor):
+@pytest.mark.parametrize("factor,runs", [(0.99, 5), (1.01, 5), (0.97, 6), (1.03, 6)])
+def test_a_simulation_off_by_a_few_percent_costs_a_few_runs(factor, runs):
     ev = FakeEvaluator()
     res = run(ev, Scaled(ev, factor))
     best = res.ranking.best
@@ -69,7 +69,7 @@ def test_a_simulation_off_by_3_percent_costs_at_most_six_runs(factor):
     assert best.verified and best.sim_agrees is False
     assert best.infeasible_below < NEED_SPLIT32 <= best.min_budget
     assert best.min_budget - best.infeasible_below <= max(16 * MiB, int(0.01 * best.min_budget))
-    assert gpu_runs(ev) <= 6
+    assert gpu_runs(ev) <= runs
 
 
 def test_a_badly_wrong_simulation_still_ends_in_a_tested_bracket_with_widening_steps():
@@ -78,22 +78,22 @@ def test_a_badly_wrong_simulation_still_ends_in_a_tested_bracket_with_widening_s
     best = res.ranking.best
     assert best.verified and best.infeasible_below < NEED_SPLIT32 <= best.min_budget
     probes = [c[1] for c in ev.calls[1:] if c[0] == "max_split_size_mb:32"]
-    est = int(NEED_SPLIT32 * 0.8)
-    ups = [b - est for b in probes if b > est]
+    anchor = probes[0]  # the first failure, just above the estimate: the widening starts there
+    ups = [b - anchor for b in probes if b > anchor]
     # the upward steps grow geometrically until one passes (then bisection)
-    widening = ups[: next(i for i, u in enumerate(ups) if est + u >= NEED_SPLIT32) + 1]
-    assert all(b2 >= 2 * b1 * 0.9 for b1, b2 in zip(widening[1:], widening[2:]))
-    assert gpu_runs(ev) <= 14  # 3 first runs (the low probe wasted: the simulation was optimistic), 5 widening, 5 bisecting, the runner-up
+    widening = ups[: next(i for i, u in enumerate(ups) if anchor + u >= NEED_SPLIT32) + 1]
+    assert len(widening) >= 3 and all(b2 >= 2 * b1 * 0.9 for b1, b2 in zip(widening, widening[1:]))
+    assert gpu_runs(ev) <= 15  # 3 first runs (the low one wasted: the simulation was optimistic), 6 widening from 1.5 %, 5 bisecting, the runner-up
 
 
 def test_the_run_limit_stops_the_flow_with_an_honest_unproven_bracket():
     ev = FakeEvaluator()
-    res = run(ev, Scaled(ev, 0.8), max_gpu_runs=8)
-    assert gpu_runs(ev) == 8
+    res = run(ev, Scaled(ev, 0.8), max_gpu_runs=9)
+    assert gpu_runs(ev) == 9
     best = res.ranking.best
     assert best is not None and not best.verified and "not proven" in best.note
     assert best.min_budget >= NEED_SPLIT32  # still a tested pass
-    assert any("--max-gpu-runs 8" in n for n in res.notes)
+    assert any("--max-gpu-runs 9" in n for n in res.notes)
 
 
 def test_runner_up_is_tried_where_the_best_failed_only_if_it_could_still_win():
@@ -290,18 +290,18 @@ def test_capped_runs_are_recorded_only_while_a_calibration_could_teach_something
 
 class Bracketing(FakeSimulator):
     """A convolution program: the replay as recorded is 7 % pessimistic (workspaces it gives up
-    under a cap), the optimistic replay 5 % under the real need; a failed recorded run teaches
-    the exact answer when `learns`."""
+    under a cap), the optimistic replay `under` below the real need; a failed recorded run
+    teaches the exact answer when `learns`."""
 
-    def __init__(self, ev, learns=True):
+    def __init__(self, ev, learns=True, under=0.02):
         super().__init__(ev)
-        self.factor, self.learns, self.seen = 1.07, learns, []
+        self.factor, self.learns, self.under, self.seen = 1.07, learns, under, []
 
     def min_budget(self, conf):
         return int(self.evaluator.need(conf) * self.factor)
 
     def floors(self, confs):
-        return {c: int(self.evaluator.need(c) * 0.95) for c in confs}
+        return {c: int(self.evaluator.need(c) * (1 - self.under)) for c in confs}
 
     def calibrate(self, trial):
         self.seen.append(trial.budget)
@@ -311,24 +311,51 @@ class Bracketing(FakeSimulator):
         return None
 
 
-def test_a_program_that_adapts_is_bracketed_between_the_optimistic_and_the_recorded_replay():
+@pytest.mark.parametrize("learns", [True, False])
+def test_a_program_that_adapts_is_bracketed_around_the_optimistic_replay(learns):
     ev = FakeEvaluator()
-    sim = Bracketing(ev)
+    sim = Bracketing(ev, learns=learns)
     res = run(ev, sim)
     best = res.ranking.best
     opening = ev.calls[1:3]
-    est, floor = int(NEED_SPLIT32 * 1.07), int(NEED_SPLIT32 * 0.95)
+    floor = int(NEED_SPLIT32 * 0.98)
     assert opening[0][0] == opening[1][0] == "max_split_size_mb:32"
-    assert opening[0][1] > est and opening[1][1] <= floor * 0.96 and opening[1][3]  # the low one recorded
-    assert sim.seen == [opening[1][1]]  # its failure calibrated the simulator
+    # a few % above and below the optimistic end, not around the (7 % pessimistic) recorded replay
+    assert floor < opening[0][1] <= floor * 1.04 + 2 * MiB and floor * 0.96 - 2 * MiB <= opening[1][1] < floor
+    assert opening[1][3] and sim.seen[0] == opening[1][1]  # the low one is recorded and offered as a calibration
     assert best.verified and best.infeasible_below < NEED_SPLIT32 <= best.min_budget
-    # above, below, the default at the budget, then both runs around the re-simulated estimate at once
-    assert gpu_runs(ev) == 5
+    assert gpu_runs(ev) <= 6
 
 
-def test_without_a_calibration_the_bracket_is_bisected_and_stays_under_the_run_limit():
+def test_when_the_optimistic_replay_is_too_optimistic_the_recorded_one_is_tried_next():
     ev = FakeEvaluator()
-    res = run(ev, Bracketing(ev, learns=False))
+    res = run(ev, Bracketing(ev, learns=False, under=0.08))
     best = res.ranking.best
+    probes = [c[1] for c in ev.calls[1:] if c[0] == "max_split_size_mb:32"]
+    assert probes[2] > int(NEED_SPLIT32 * 1.07)  # after the failures around the optimistic end
     assert best.verified and best.infeasible_below < NEED_SPLIT32 <= best.min_budget
-    assert gpu_runs(ev) <= 10
+    assert gpu_runs(ev) <= 8
+
+
+def test_when_the_simulation_erred_the_default_is_checked_where_the_best_failed():
+    # torchvision on the H200: roundup was simulated 4.5 % optimistic (best), the default 8.8 %
+    # pessimistic; in truth the default needed less. The default runs where roundup failed and wins.
+    needs = {"": 2000 * MiB, "expandable_segments:True": 2600 * MiB, "garbage_collection_threshold:0.6": 2600 * MiB,
+             "roundup_power2_divisions:4": 2150 * MiB}
+    ev = FakeEvaluator(needs)
+
+    class Skewed(FakeSimulator):
+        def min_budget(self, conf):
+            return {"": 2176 * MiB, "roundup_power2_divisions:4": 2053 * MiB}.get(conf, 2700 * MiB)
+
+        def floors(self, confs):  # the optimistic replay: 3 % above the default's real need, as measured
+            return {c: {"": 2064 * MiB}.get(c, self.min_budget(c)) for c in confs}
+
+    res = run(ev, Skewed(ev), knobs=parse_knobs(["roundup"]))
+    assert ("", next(c[1] for c in ev.calls if c[0] == "roundup_power2_divisions:4" and c[1] and c[1] < 2150 * MiB
+                     and c[1] == max(x[1] for x in ev.calls if x[0] == "roundup_power2_divisions:4" and x[1] < 2150 * MiB)),
+            0, False, False) in ev.calls  # the default ran where roundup failed
+    best = res.ranking.best
+    assert best.candidate.conf == "" and best.verified and best.infeasible_below < 2000 * MiB <= best.min_budget
+    assert recommend(res).conf == ""
+    assert gpu_runs(ev) <= 9

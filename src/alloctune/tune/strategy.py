@@ -91,8 +91,8 @@ class TuneSettings:
     platform: str = field(default_factory=this_platform)  # linux | windows: where the setting will be used
     max_gpu_runs: int = 10  # confirm: GPU runs after the baseline, at most
     confirm_abs_tol: int = 4 * MiB  # confirm: a proven bracket is within rel_tol or this
-    widen_start: float = 0.03  # confirm: first widening step when the GPU contradicts, fraction of the estimate
-    floor_margin: float = 0.04  # confirm: the first low probe this far under the optimistic simulated min_budget
+    widen_start: float = 0.015  # confirm: first widening step when the GPU contradicts, fraction of the estimate
+    floor_margin: float = 0.03  # confirm: the first low probe this far under the optimistic simulated min_budget
     throughput_tolerance: float = 0.03
     ab_pairs: int = 2  # confirm: A/B repeat pairs at most when throughput might decide
 
