@@ -133,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     done = set()
     if a.skip_done and a.skip_done.exists():
         done = {(r["workload"], r["setting"]) for r in map(json.loads, a.skip_done.read_text().splitlines())
-                if r.get("min_budget") and r.get("fails_at")}
+                if r.get("min_budget") and r.get("fails_at")
+                and r["min_budget"] - r["fails_at"] <= max(ALIGN, r["min_budget"] // 100)}
     pool = ga.Pool(a.jobs, a.deadline, out / "log.txt")
     prior = priors()
     tunes = None

@@ -108,6 +108,13 @@ def render_trials(trials: Any, title: str = "trials") -> None:
 _COLOURS = {"ok": "green", "oom": "red", "crash": "red", "timeout": "yellow"}
 
 
+def _simulated(s: Any) -> str:
+    """The simulated min_budget, as a range when giving up workspaces would change it."""
+    if s.sim_optimistic is None or s.sim_min_budget is None:
+        return _fmt(s.sim_min_budget)
+    return f"{_fmt(s.sim_optimistic)}–{_fmt(s.sim_min_budget)}"
+
+
 def render_result(result: Any, rec: Any, store: Path, elapsed: float) -> None:
     from rich.text import Text
 
@@ -125,7 +132,7 @@ def render_result(result: Any, rec: Any, store: Path, elapsed: float) -> None:
         why.append((s.candidate.label, verdict, s is best))
         t.add_row(
             Text(s.candidate.label, style="bold green") if s is best else s.candidate.label,
-            _fmt(s.sim_min_budget),
+            _simulated(s),
             _measured(s),
             "-" if s.verified is None else ("yes" if s.verified else "no"),
             _rate(s),

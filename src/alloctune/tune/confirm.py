@@ -367,6 +367,12 @@ class ConfirmFlow:
         note = getattr(self.sim, "note", None)
         if note:
             self.t.notes.append(note)
+        bracketed = sum(1 for c in self.cands if self._floor(c) is not None)
+        if bracketed:
+            self.t.notes.append(
+                f"{bracketed} candidate(s) simulated as a range: from the replay with every workspace-shaped request "
+                "given up (where the real need was found on convolution workloads) to the replay as recorded; "
+                "the GPU measured where in it each one that ran lies")
         order = sorted(self.cands, key=lambda c: (self._est_key(c), c.knob != DEFAULT, c.conf))
         default = next((c for c in self.cands if c.knob == DEFAULT), Candidate(""))
         fits = [c for c in order if self._likely(c) is not None and self._likely(c) <= self.budget]
@@ -541,7 +547,7 @@ class ConfirmFlow:
             b = self.brackets.get(c.conf)
             at = self.at_budget.get(c.conf)
             r = rate(self.samples.get(c.conf, []))
-            base = dict(sim_min_budget=est, throughput=r.mean if r else None,
+            base = dict(sim_min_budget=est, sim_optimistic=self._floor(c), throughput=r.mean if r else None,
                         throughput_noise=r.noise if r else None, throughput_samples=r.samples if r else 0)
             if c.conf in self.refused:
                 out.append(CandidateSummary(c, feasible=None, note=f"refused: the setting did not take effect ({self.refused[c.conf]})", **base))

@@ -33,7 +33,8 @@ class CandidateSummary:
     wall_s: float | None = None
     peak_reserved: int | None = None  # at the user's budget
     peak_allocated: int | None = None
-    sim_min_budget: int | None = None  # the simulator's estimate
+    sim_min_budget: int | None = None  # the simulator's estimate (the recording replayed as it was made)
+    sim_optimistic: int | None = None  # the same if every workspace-shaped request could be given up (None: no difference)
     trials: int = 0
     note: str | None = None
     verified: bool | None = None  # min_budget proven on the GPU: a tested pass and a tested failure within 1 %
