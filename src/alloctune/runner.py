@@ -7,7 +7,8 @@ whole sweep); everything measured comes from the agent inside the child, which w
 1. validates the command (missing → `EnvironmentProblem`, exit 2),
 2. builds the child's environment: the allocator string in `PYTORCH_CUDA_ALLOC_CONF` and
    `PYTORCH_ALLOC_CONF` (or both removed for the default), our `sitecustomize` folder first
-   on `PYTHONPATH`, the agent's settings in `ALLOCTUNE_AGENT`,
+   on `PYTHONPATH`, the agent's settings in `ALLOCTUNE_AGENT`, a free rendezvous port of the
+   trial's own in `PET_MASTER_PORT`/`MASTER_PORT` (`ports.py`),
 3. starts the command in its own session / process group and kills the whole group on
    every way out: the timeout (SIGTERM, then SIGKILL after a grace period), Ctrl-C, SIGTERM
    or SIGHUP to alloctune, and a normal exit (stragglers the command left behind). If
@@ -39,6 +40,7 @@ from typing import Any, Mapping, Sequence
 from alloctune.agent import BOOTSTRAP, make_site_dir
 from alloctune.agent.bootstrap import ENV_VAR
 from alloctune.errors import EnvironmentProblem, InputError
+from alloctune.ports import trial_port_env
 from alloctune.ranks import summarize_ranks
 from alloctune.trial import OUTCOMES, RESULT_SCHEMA, TrialResult, raise_for_environment  # noqa: F401 (re-exported)
 from alloctune.runner_reports import (  # noqa: F401 (re-exported: tests and executors import them from here)
@@ -103,7 +105,13 @@ def build_env(
     agent: Mapping[str, Any],
     site_dir: Path,
     torch_version: str | None = None,
+    command: Sequence[str] = (),
 ) -> dict[str, str]:
+    """The child's environment: `base` plus the allocator setting, the agent and a rendezvous port.
+
+    The port (`ports.trial_port_env`, unless `base` or `command` already fixes it) is drawn per
+    call, so trials side by side of a distributed job never meet on torch's default 29500.
+    """
     env = dict(base)
     for name, value in conf_env(conf, torch_version).items():
         if value is None:
@@ -115,6 +123,7 @@ def build_env(
     env[ENV_VAR] = json.dumps(dict(agent))
     for name, value in MULTICAST_OFF:
         env.setdefault(name, value)  # a value the user exported wins
+    env.update(trial_port_env(command, base))
     return env
 
 
@@ -409,7 +418,7 @@ def run_trial(
             agent["record_max_entries"] = int(record_max_entries)
         agent.update(watch_fd=watch_r, watch_ino=os.fstat(watch_r).st_ino, runner_pid=os.getpid())
         child_env = build_env(env if env is not None else os.environ, conf=conf, agent=agent, site_dir=site,
-                              torch_version=torch_version)
+                              torch_version=torch_version, command=argv)
         log_path = Path(capture) if capture else None
         out = open(log_path, "wb") if log_path else None
         t0 = time.monotonic()

@@ -97,6 +97,11 @@ class PoolExecutor:
         self.processes = max(1, int(processes))
         self.peak_bytes: dict[str, int] = {s.name: 0 for s in self.slots}  # most memory ever admitted per slot
 
+    @property
+    def side_by_side(self) -> bool:
+        """Whether two trials may ever run at once (several slots, or several jobs on one)."""
+        return sum(s.jobs for s in self.slots) > 1
+
     # ---- admission ---------------------------------------------------------------------------
     def need(self, req: TrialRequest, slot: Slot) -> int | None:
         """Bytes `req` holds on `slot` while it runs, or None when it must run alone there."""

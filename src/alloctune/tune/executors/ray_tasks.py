@@ -70,6 +70,8 @@ class RayExecutor:
     trial gets that many whole GPUs (a `torchrun` job with one rank per card).
     """
 
+    side_by_side = True  # Ray packs trials onto a node whenever it has room
+
     def __init__(
         self,
         runner: Any,
