@@ -20,6 +20,7 @@ from alloctune.errors import InputError
 from alloctune.progress import Progress, no_progress
 from alloctune.tune.executors.base import Evaluator, Executor
 from alloctune.tune.recommend import Recommendation, recommend
+from alloctune.tune.rank_sim import simulator_for
 from alloctune.tune.strategy import SimulatorFromTrace, TrialRecord, Tuner, TuneResult, TuneSettings
 
 
@@ -132,7 +133,7 @@ def prepare(
         evaluator,
         settings,
         store=trial_store,
-        simulator_factory=lambda baseline: SimulatorFromTrace(baseline, progress=progress),
+        simulator_factory=lambda baseline: simulator_for(baseline, lambda b: SimulatorFromTrace(b, progress=progress)),
         on_trial_start=on_trial_start,
         on_trial_end=on_trial_end,
         executor=executor,
