@@ -156,3 +156,19 @@ def test_two_distributed_trials_side_by_side_both_complete(tmp_path, clean_env, 
         assert sorted(r for r, _ in done) == ["0", "1"], log[-3000:]
         ports |= {p for _, p in done}
     assert len(ports) == 2  # each trial met on its own port
+
+
+def test_a_sweep_that_runs_trials_side_by_side_says_when_the_user_pinned_the_port(tmp_path, monkeypatch):
+    from alloctune.tune.session import prepare
+    from tune_fakes import FakeEvaluator
+
+    class SideBySide:
+        side_by_side = True
+
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    command = ["torchrun", "--nproc-per-node", "2", "t.py"]
+    s = prepare(command, evaluator=FakeEvaluator(), executor=SideBySide(), store=tmp_path / "a.jsonl")
+    assert any("MASTER_PORT set by you" in n for n in s.tuner.notes)
+    SideBySide.side_by_side = False  # one trial at a time: nothing to say
+    s = prepare(command, evaluator=FakeEvaluator(), executor=SideBySide(), store=tmp_path / "b.jsonl")
+    assert not s.tuner.notes

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import List, Optional
 
@@ -65,7 +64,6 @@ def register(app: typer.Typer) -> None:
         from alloctune.cli.common import err_console, print_json, warn
         from alloctune.cli.tune_view import TrialProgress, render_result, render_trials
         from alloctune.errors import AlloctuneError
-        from alloctune.ports import shared_port_note
         from alloctune.tune.session import prepare
         from alloctune.units import parse_size
 
@@ -77,10 +75,6 @@ def register(app: typer.Typer) -> None:
             progress=shown.simulating, executor_name=executor, jobs=jobs, address=address,
         )
         shown.count = lambda: len(session.tuner.trials)
-        if getattr(session.tuner.executor, "side_by_side", False):  # a port the user pinned, shared by parallel trials
-            note = shared_port_note(command, os.environ)
-            if note:
-                session.tuner.notes.append(note)
         if session.moved_previous is not None:
             warn(f"the previous sweep of this command was moved to {session.moved_previous} (use --resume to continue one)")
         for line in session.store_warnings:  # each damaged store line, named

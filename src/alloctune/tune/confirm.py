@@ -1,20 +1,23 @@
 """The default tune flow: the simulator decides, the GPU confirms.
 
 Why: the simulator, given the one recording the baseline makes, predicts every setting's
-smallest working budget (exactly on transformer workloads, within a few percent on
-convolution workloads once fallible requests are modelled), while each GPU run costs a
-full run of the user's program. So GPU runs only confirm what decides the answer:
+smallest working budget (exactly on transformer workloads), while each GPU run costs a full
+run of the user's program. Convolution programs adapt under a cap (cuDNN gives up a
+workspace that does not fit), so for them the simulation is a range: from the recording
+with every workspace-shaped request given up (`Simulator.floors`, where the real need was
+found) to the recording as made. GPU runs only confirm what decides the answer:
 
-1. simulate every candidate (one sweep) and take the one with the lowest simulated
-   `min_budget` that fits the budget;
-2. one batch of independent runs: the best just above and just below its simulated
-   `min_budget` (a tested pass and a tested failure = its measured `min_budget`), and the
+1. simulate every candidate (one sweep, plus the optimistic one) and take the one whose
+   need most likely lies lowest (`_likely`) and fits the budget;
+2. one batch of independent runs: the best just above and just below where its need
+   likely lies (a tested pass and a tested failure = its measured `min_budget`), and the
    default at the user's budget (does the user need a change at all? its throughput);
-3. only where a run contradicts the simulation, probe further out with a bracket that
-   widens geometrically (first at the re-simulated estimate when the capped run taught
-   the simulator how the program adapts), then bisect;
-4. when the simulation was contradicted, the runner-up gets one run at the budget where
-   the best failed (it might beat the best), and the flow stops once that is settled;
+3. only where a run contradicts the simulation, probe further out with steps that double
+   from the tested end, then bisect; a recorded capped run is offered to the simulator as
+   a calibration, and its re-simulated estimate is tried when it lies inside the bracket;
+4. when the best failed above its estimate, the default runs at that budget (settings'
+   errors need not go the same way) and replaces the best if it completes; the runner-up
+   gets one run where the best failed when its estimate says it could beat it;
 5. throughput decides only if the best looks slower than the default: A/B repeats,
    alternating, until the gap clears the noise, else memory decides.
 
@@ -433,9 +436,9 @@ class ConfirmFlow:
                 for c in sorted(winners, key=lambda c: c.knob != DEFAULT):
                     self._settle(c)
                     cb = self._bracket(c)
-                    if cb.passed is not None and cb.passed < fb.passed - tolerance(self.t, fb.passed) \
-                            or (c.knob == DEFAULT and cb.passed is not None and cb.passed <= fb.passed):
-                        focus, fb = c, cb
+                    if cb.passed is not None and (cb.passed < fb.passed - tolerance(self.t, fb.passed)
+                                                  or (c.knob == DEFAULT and cb.passed <= fb.passed)):
+                        focus, fb = c, cb  # it beats the focus (the default on a tie: nothing to change)
 
         if focus is not None and focus.knob != DEFAULT:
             self._throughput(default, focus)
@@ -499,8 +502,8 @@ class ConfirmFlow:
     def _likely(self, c: Candidate) -> int | None:
         """Where the candidate's real min_budget most likely lies: the optimistic end when the
         recording holds workspace-shaped requests that matter (measured on six workloads: the
-        optimistic replay within 3 % of the real min_budget in 32 of 37 cases, the replay as
-        recorded in 13), else the estimate."""
+        optimistic replay within 3 % of the real min_budget in 28 of 33 cases, the replay as
+        recorded in 11; bench/results/fallible_gpu.md), else the estimate."""
         floor = self._floor(c)
         return floor if floor is not None else self.est.get(c.conf)
 

@@ -138,6 +138,14 @@ def prepare(
         on_trial_end=on_trial_end,
         executor=executor,
     )
+    if getattr(executor, "side_by_side", False):  # a port the user pinned would be shared by parallel trials
+        import os
+
+        from alloctune.ports import shared_port_note
+
+        note = shared_port_note(command, os.environ)
+        if note:
+            tuner.notes.append(note)
     return TuneSession(settings, path, tuner, moved, trial_store.skipped_lines if resume else 0,
                        tuple(trial_store.warnings))
 
