@@ -502,8 +502,8 @@ class ConfirmFlow:
     def _likely(self, c: Candidate) -> int | None:
         """Where the candidate's real min_budget most likely lies: the optimistic end when the
         recording holds workspace-shaped requests that matter (measured on six workloads: the
-        optimistic replay within 3 % of the real min_budget in 28 of 33 cases, the replay as
-        recorded in 11; bench/results/fallible_gpu.md), else the estimate."""
+        optimistic replay within 3 % of the real min_budget in 33 of 38 cases, the replay as
+        recorded in 13; bench/results/fallible_gpu.md), else the estimate."""
         floor = self._floor(c)
         return floor if floor is not None else self.est.get(c.conf)
 
