@@ -97,23 +97,23 @@ def half_width(tuner: "Tuner", around: int) -> int:
 def next_budget(tuner: "Tuner", b: Bracket, budget: int, hint: int | None = None) -> int | None:
     """The next budget to try for `b`, or None when the bracket is proven (or cannot move).
 
-    First just above the estimate, then just below it. When the GPU contradicts: widen
-    away from the estimate in steps that double (`widen_start` of it, then twice that, ...),
-    up to the user's budget or down towards zero; once a pass and a failure are known,
-    bisect. `hint` (a re-simulated estimate after a calibration) is tried first when it
-    lies in the range still open.
+    First just above the estimate, then just below it (for a program that adapts, just
+    under the optimistic end). When the GPU contradicts: widen away from the tested end in
+    steps that double (`widen_start` of it, then twice that, ...), up to the user's budget
+    or down towards zero; once a pass and a failure are known, bisect (one run when the
+    bracket is within twice the tolerance). `hint` (a re-simulated estimate after a
+    calibration) is tried first when it lies in the range still open.
     """
-    s = tuner.settings
     if b.passed is not None and b.failed is not None:
-        if b.passed - b.failed <= tolerance(tuner, b.passed):
-            return None
         lo, hi = b.failed, b.passed
+        tol = tolerance(tuner, hi)
+        if hi - lo <= tol:
+            return None
         if hint is not None and lo < hint < hi:  # close in around the re-simulated estimate
             h = half_width(tuner, hint)
             for cand in (_down(hint - h), _up(hint + h)):
                 if lo < cand < hi:
                     return cand
-        tol = tolerance(tuner, hi)
         if hi - lo <= 2 * tol:  # one run proves it either way: a failure there or a pass there closes the bracket
             cand = _up(hi - tol)
             if lo < cand < hi and cand - lo <= tol:
@@ -145,7 +145,7 @@ def next_budget(tuner: "Tuner", b: Bracket, budget: int, hint: int | None = None
         return nxt if nxt > 0 else None
     if b.floor is not None and not b.lo_tried:  # a program that adapts: its real need lies near the optimistic end
         b.lo_tried = True
-        low = _down(int(b.floor * (1 - s.floor_margin)))
+        low = _floor_low(tuner, b)
         if 0 < low < b.passed:
             return low
     if hint is not None and hint < b.passed:
@@ -167,6 +167,11 @@ def next_budget(tuner: "Tuner", b: Bracket, budget: int, hint: int | None = None
             return nxt if nxt > 0 else None
         if nxt < b.passed:
             return nxt
+
+
+def _floor_low(tuner: "Tuner", b: Bracket) -> int:
+    """The low run around the optimistic end: `floor_margin` under it (`b.floor` must be set)."""
+    return _down(int(b.floor * (1 - tuner.settings.floor_margin)))
 
 
 def _step(tuner: "Tuner", center: int, h: int, k: int) -> int:
@@ -272,7 +277,7 @@ class ConfirmFlow:
         if b.est is None or first is None or (b.floor is None and first < b.est):
             return reqs
         if b.floor is not None:
-            low, why = _down(int(b.floor * (1 - self.s.floor_margin))), "below the optimistic simulated min_budget"
+            low, why = _floor_low(self.t, b), "below the optimistic simulated min_budget"
         else:
             low, why = _down(b.est - half_width(self.t, b.est)), "just below the simulated min_budget"
         b.lo_tried = True
@@ -496,8 +501,7 @@ class ConfirmFlow:
         est = self._latest(c)
         if b.floor is None:
             return est is not None and not b.failed < est <= b.passed
-        low = int(b.floor * (1 - self.s.floor_margin))
-        return b.passed <= low or (b.est is not None and b.failed >= b.est)
+        return b.passed <= _floor_low(self.t, b) or (b.est is not None and b.failed >= b.est)
 
     def _likely(self, c: Candidate) -> int | None:
         """Where the candidate's real min_budget most likely lies: the optimistic end when the

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,8 +20,8 @@ from typing import Any, Callable, Sequence
 from alloctune.errors import InputError
 from alloctune.progress import Progress, no_progress
 from alloctune.tune.executors.base import Evaluator, Executor
-from alloctune.tune.recommend import Recommendation, recommend
 from alloctune.tune.rank_sim import simulator_for
+from alloctune.tune.recommend import Recommendation, recommend
 from alloctune.tune.strategy import SimulatorFromTrace, TrialRecord, Tuner, TuneResult, TuneSettings
 
 
@@ -139,8 +140,6 @@ def prepare(
         executor=executor,
     )
     if getattr(executor, "side_by_side", False):  # a port the user pinned would be shared by parallel trials
-        import os
-
         from alloctune.ports import shared_port_note
 
         note = shared_port_note(command, os.environ)

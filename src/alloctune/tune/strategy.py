@@ -510,6 +510,7 @@ class SimulatorFromTrace:
         self.total_memory = baseline.total_memory
         self.torch = _minor(baseline.torch_version)
         self.last = None
+        self._last_asked: tuple[Any, tuple[str, ...]] | None = None  # (trace, confs) that `last` answers
 
     @property
     def note(self) -> str | None:
@@ -527,6 +528,7 @@ class SimulatorFromTrace:
         from alloctune.sim.sweep import sweep
 
         self.last = sweep(self.trace, confs, torch=self.torch, total_memory=self.total_memory, progress=self.progress)
+        self._last_asked = (self.trace, tuple(confs))
         return {c: row.min_budget for c, row in zip(confs, self.last.rows)}
 
     def floors(self, confs: Sequence[str]) -> dict[str, int | None]:
@@ -537,7 +539,10 @@ class SimulatorFromTrace:
         from alloctune.trace.fallible import optimistic
 
         low = optimistic(self.trace)
-        if low is self.trace:
+        if low is self.trace:  # nothing to give up: the estimates, without sweeping again when just asked
+            asked = self._last_asked
+            if self.last is not None and asked is not None and asked[0] is self.trace and asked[1] == tuple(confs):
+                return {c: row.min_budget for c, row in zip(confs, self.last.rows)}
             return self.estimates(confs)
         rows = sweep(low, confs, torch=self.torch, total_memory=self.total_memory, progress=self.progress).rows
         return {c: row.min_budget for c, row in zip(confs, rows)}
