@@ -50,7 +50,7 @@ def test_when_simulation_and_gpu_agree_three_runs_prove_the_answer():
     assert best.candidate.conf == "max_split_size_mb:32"
     assert best.verified and best.sim_agrees
     assert best.infeasible_below < NEED_SPLIT32 <= best.min_budget
-    assert best.min_budget - best.infeasible_below <= max(16 * MiB, int(0.01 * best.min_budget))
+    assert best.min_budget - best.infeasible_below <= max(16 * MiB, int(0.02 * best.min_budget))
     # the default ran at the user's budget (and does not fit there)
     default = next(s for s in res.summaries if s.candidate.conf == "")
     assert default.feasible is False and ("", BUDGET, 0, False, False) in ev.calls
@@ -68,7 +68,7 @@ def test_a_simulation_off_by_a_few_percent_costs_a_few_runs(factor, runs):
     assert best.candidate.conf == "max_split_size_mb:32"
     assert best.verified and best.sim_agrees is False
     assert best.infeasible_below < NEED_SPLIT32 <= best.min_budget
-    assert best.min_budget - best.infeasible_below <= max(16 * MiB, int(0.01 * best.min_budget))
+    assert best.min_budget - best.infeasible_below <= max(16 * MiB, int(0.02 * best.min_budget))
     assert gpu_runs(ev) <= runs
 
 
@@ -78,7 +78,7 @@ def test_a_badly_wrong_simulation_still_ends_in_a_tested_bracket_with_widening_s
     best = res.ranking.best
     assert best.verified and best.infeasible_below < NEED_SPLIT32 <= best.min_budget
     probes = [c[1] for c in ev.calls[1:] if c[0] == "max_split_size_mb:32"]
-    anchor = probes[0]  # the first failure, just above the estimate: the widening starts there
+    anchor = max(probes[:2])  # the opening's failure just above the estimate: the widening starts there
     ups = [b - anchor for b in probes if b > anchor]
     # the upward steps grow geometrically until one passes (then bisection)
     widening = ups[: next(i for i, u in enumerate(ups) if anchor + u >= NEED_SPLIT32) + 1]
@@ -174,11 +174,13 @@ def test_batches_go_through_the_executor_interface():
             return None
 
     Tuner(ev, settings(), simulator_factory=lambda b: Learner(ev), executor=Recording(ev)).run()
-    first = seen[1]  # after the baseline: the best just above and just below its estimate + the default at the budget
+    first = seen[1]  # after the baseline: the best just below and just above its estimate + the default at the budget
+    # this simulator cannot count allocator work, so throughput is measured: the runs that sample it
+    # (the best's likely pass, the default at the budget) have the GPU alone, after the side by side ones
     assert [(r.conf, r.exclusive) for r in first] == [
-        ("max_split_size_mb:32", True), ("max_split_size_mb:32", False), ("", True)]  # the two above are throughput samples
-    assert first[0].budget > first[1].budget
-    assert [r.record for r in first] == [False, True, False]  # the low run is a calibration for fallible requests
+        ("max_split_size_mb:32", False), ("max_split_size_mb:32", True), ("", True)]
+    assert first[1].budget > first[0].budget
+    assert [r.record for r in first] == [True, False, False]  # the low run is a calibration for fallible requests
 
 
 def test_a_capped_run_that_adapted_recalibrates_the_simulator():
@@ -284,7 +286,8 @@ def test_capped_runs_are_recorded_only_while_a_calibration_could_teach_something
     run(ev1, Learner(ev1))
     run(ev2, NothingToLearn(ev2))
     probes = [c for c in ev1.calls if c[0] == "max_split_size_mb:32"]
-    assert not probes[0][3] and all(c[3] for c in probes[1:])  # every capped probe but the throughput sample recorded
+    top = max(c[1] for c in probes[:2])  # the opening's likely pass: the throughput sample
+    assert all(c[3] == (c[1] != top) for c in probes)  # every capped probe but the throughput sample recorded
     assert not any(c[3] for c in ev2.calls[1:])  # none: only the baseline is recorded
 
 
@@ -312,29 +315,37 @@ class Bracketing(FakeSimulator):
 
 
 @pytest.mark.parametrize("learns", [True, False])
-def test_a_program_that_adapts_is_bracketed_around_the_optimistic_replay(learns):
+def test_a_program_that_adapts_is_proven_in_one_batch_from_the_optimistic_end_down(learns):
+    # as measured on timm (bench/results/fallible_gpu.md): the optimistic replay 2 % above the real
+    # need, the replay as recorded 7 % above it
     ev = FakeEvaluator()
-    sim = Bracketing(ev, learns=learns)
+    sim = Bracketing(ev, learns=learns, under=-0.02)
     res = run(ev, sim)
     best = res.ranking.best
-    opening = ev.calls[1:3]
-    floor = int(NEED_SPLIT32 * 0.98)
-    assert opening[0][0] == opening[1][0] == "max_split_size_mb:32"
-    # a few % above and below the optimistic end, not around the (7 % pessimistic) recorded replay
-    assert floor < opening[0][1] <= floor * 1.04 + 2 * MiB and floor * 0.96 - 2 * MiB <= opening[1][1] < floor
-    assert opening[1][3] and sim.seen[0] == opening[1][1]  # the low one is recorded and offered as a calibration
+    floor = int(NEED_SPLIT32 * 1.02)
+    opening = sorted((c[1] for c in ev.calls[1:4] if c[0] == "max_split_size_mb:32"), reverse=True)
+    assert len(opening) == 3 and floor <= opening[0] <= floor + 2 * MiB  # from the optimistic end, not the recorded one
+    gaps = [a - b for a, b in zip(opening, opening[1:])]
+    assert all(0 < g <= max(4 * MiB, 0.02 * a) for g, a in zip(gaps, opening))  # one tolerance apart: any pair proves
+    assert opening[-1] >= floor * (1 - 0.04) - 2 * MiB
+    low = next(c for c in ev.calls if c[1] == opening[-1])
+    assert low[3] and sim.seen[0] == opening[-1]  # the lowest is recorded and offered as a calibration
     assert best.verified and best.infeasible_below < NEED_SPLIT32 <= best.min_budget
-    assert gpu_runs(ev) <= 6
+    assert gpu_runs(ev) == 4  # the three side by side + the default at the budget (it does not fit there)
 
 
-def test_when_the_optimistic_replay_is_too_optimistic_the_recorded_one_is_tried_next():
+@pytest.mark.parametrize("under,runs", [(0.005, 5), (0.02, 5), (0.08, 10)])
+def test_when_the_optimistic_end_is_too_low_the_bracket_widens_up_towards_the_recorded_one(under, runs):
     ev = FakeEvaluator()
-    res = run(ev, Bracketing(ev, learns=False, under=0.08))
+    res = run(ev, Bracketing(ev, learns=False, under=under))
     best = res.ranking.best
     probes = [c[1] for c in ev.calls[1:] if c[0] == "max_split_size_mb:32"]
-    assert probes[2] > int(NEED_SPLIT32 * 1.07)  # after the failures around the optimistic end
+    top, recorded = max(probes[:3]), int(NEED_SPLIT32 * 1.07)
+    ups = [p for p in probes[3:] if p > top]
+    assert ups[0] - top <= 0.03 * top  # the first step is small: the optimistic end is usually close
+    assert all(p <= recorded + 0.02 * recorded for p in probes)  # never past the recorded end
     assert best.verified and best.infeasible_below < NEED_SPLIT32 <= best.min_budget
-    assert gpu_runs(ev) <= 8
+    assert gpu_runs(ev) <= runs
 
 
 def test_when_the_simulation_erred_the_default_is_checked_where_the_best_failed():

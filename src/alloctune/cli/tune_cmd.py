@@ -35,6 +35,10 @@ def register(app: typer.Typer) -> None:
             "windows never gets expandable_segments."
         ),
         max_gpu_runs: int = typer.Option(10, "--max-gpu-runs", help="confirm: GPU runs after the baseline, at most."),
+        throughput: str = typer.Option(
+            "auto", "--throughput", help="confirm: auto (compare throughput with runs alone on the GPU only when the "
+            "simulated allocator work of the best could slow it by the tolerance) or measure (always)."
+        ),
         store: Optional[Path] = typer.Option(None, "--store", help="Results store (JSONL); default under ~/.cache/alloctune/tune/."),
         resume: bool = typer.Option(False, "--resume", help="Continue the sweep in the store, skipping finished trials."),
         simulate_first: bool = typer.Option(
@@ -50,7 +54,8 @@ def register(app: typer.Typer) -> None:
         ),
         jobs: Optional[int] = typer.Option(
             None, "--jobs", help="Trials side by side on one GPU (with --executor local, the default then: as many "
-            "as fit in its free memory at the budget, at most one per CPU core). Throughput trials always run alone."
+            "as fit in its free memory at the budget, at most one per CPU core; confirm without --executor: up to "
+            "4 side by side when NVML reads the free memory). Throughput trials always run alone."
         ),
         address: Optional[str] = typer.Option(
             None, "--address", help="--executor ray: 'auto' or HOST:PORT of a running cluster (default: a local Ray)."
@@ -71,7 +76,7 @@ def register(app: typer.Typer) -> None:
         session = prepare(
             command, budget=parse_size(budget) if budget is not None else None, knobs=knobs, strategy=strategy,
             platform=platform, store=store, resume=resume, simulate_first=simulate_first, repeat=repeat,
-            timeout=timeout, max_gpu_runs=max_gpu_runs, on_trial_start=shown.started, on_trial_end=shown.finished,
+            timeout=timeout, max_gpu_runs=max_gpu_runs, throughput=throughput, on_trial_start=shown.started, on_trial_end=shown.finished,
             progress=shown.simulating, executor_name=executor, jobs=jobs, address=address,
         )
         shown.count = lambda: len(session.tuner.trials)

@@ -33,7 +33,7 @@ from alloctune.trial import TrialResult
 from alloctune.tune.candidates import DEFAULT, Candidate
 from alloctune.tune.executors.base import TrialRequest
 from alloctune.tune.objective import CandidateSummary
-from alloctune.tune.throughput import compare, rate
+from alloctune.tune.throughput import OverheadBound, compare, overhead_bound, rate
 from alloctune.units import MiB, format_mib
 
 if TYPE_CHECKING:
@@ -82,11 +82,11 @@ class Bracket:
 
 
 def tolerance(tuner: "Tuner", around: int) -> int:
-    """How wide a proven bracket may be at `around` bytes: `rel_tol` of it, at least
-    `confirm_abs_tol` (4 MiB: GPU runs cost the same whatever the width, and small
-    workloads need a tight bracket to be within 2 % of an independent bisection)."""
+    """How wide a proven bracket may be at `around` bytes: `confirm_rel_tol` of it (2 %: the
+    measured min_budget is then within 2 % of the setting's real need), at least
+    `confirm_abs_tol` (4 MiB: the 2 MiB granularity of a cap makes a narrower one cost runs)."""
     s = tuner.settings
-    return max(s.confirm_abs_tol, int(s.rel_tol * around), 2 * ALIGN)
+    return max(s.confirm_abs_tol, int(s.confirm_rel_tol * around), 2 * ALIGN)
 
 
 def half_width(tuner: "Tuner", around: int) -> int:
@@ -129,14 +129,16 @@ def next_budget(tuner: "Tuner", b: Bracket, budget: int, hint: int | None = None
             return min(budget, _up(hint + half_width(tuner, hint)))
         if b.failed is None:
             return min(budget, _up(center + h))
-        if b.floor is not None and b.failed < center:  # failed near the optimistic end: the recorded one
-            return min(budget, _up(center + h))
-        if b.anchor is None:  # widen from the tested failure once it lies above the estimate
-            b.anchor = max(center, b.failed)
+        if b.anchor is None:  # widen from the tested failure (a range: from its optimistic end up)
+            b.anchor = b.failed if b.floor is not None else max(center, b.failed)
         base = b.anchor
+        # a range's recorded end (the program giving nothing up) should pass: never step past it
+        ceiling = _up(center + h) if b.floor is not None and _up(center + h) > b.failed else None
         while True:
             b.widen += 1
             nxt = min(budget, _up(base + _step(tuner, base, h, b.widen)))
+            if ceiling is not None:
+                nxt = min(nxt, ceiling)
             if nxt > b.failed:
                 return nxt
     # everything so far passed: go down
@@ -197,6 +199,8 @@ class ConfirmFlow:
         self.verdict: str | None = None
         self.calibrated = False
         self.floors: dict[str, int | None] = {}
+        self.default_proof: str | None = None  # why the default was not run at the budget
+        self.bounds: dict[str, OverheadBound | None] = {}  # conf -> simulated allocator slowdown bound
 
     # ---- GPU runs ----------------------------------------------------------------------------
     def _run(self, reqs: list[TrialRequest]) -> list[TrialResult]:
@@ -254,37 +258,73 @@ class ConfirmFlow:
     def _bracket(self, c: Candidate) -> Bracket:
         return self.brackets.setdefault(c.conf, Bracket(self.est.get(c.conf), self._floor(c)))
 
-    def _opening(self, c: Candidate) -> list[TrialRequest]:
-        """The first two runs of a candidate, independent of each other:
+    def _opening(self, c: Candidate, exclusive: bool = False) -> list[TrialRequest]:
+        """The first runs of a candidate, independent of each other (side by side):
 
-        * just above the estimate: a pass proves the candidate fits (and is a throughput
-          sample, so it runs alone); a failure shows the simulation was optimistic;
-        * below: just under the estimate when the simulation is exact about this program, or,
-          when it holds workspace-shaped requests the program may give up, under the
-          optimistic end (`floor`, less `floor_margin`) -- recorded, so that its failures
-          teach the simulator how the program adapts (`calibrate`) before the bisection.
+        * a simulation that is exact about this program: just above and just below the
+          estimate (a pass and a failure within the tolerance prove it);
+        * a range (workspace-shaped requests the program may give up): `opening_probes` runs
+          from the optimistic end down, one tolerance apart -- measured on convolution
+          workloads, the real need lies at or a few % under it, so one batch usually proves
+          the bracket. The lowest is recorded while a calibration could teach the simulator.
+
+        `exclusive`: the top run (the likeliest pass) has the GPU alone, as a throughput sample.
         """
         b = self._bracket(c)
-        first = next_budget(self.t, b, self.budget)
-        what = "just above the simulated min_budget" if b.est is not None else "at the budget (not simulated)"
-        if b.floor is not None and first is not None:
-            # measured on convolution workloads: the real min_budget lies at or a few % under the
-            # optimistic end, far from the recorded one -- bracket the optimistic end
-            first = min(first, _up(int(b.floor * (1 + self.s.floor_margin))))
-            what = "above the optimistic simulated min_budget"
-        reqs = [TrialRequest(c.conf, first if first is not None else self.budget, exclusive=True,
-                             ensure_cap=self._gc(c), purpose=f"best: {what}")]
-        if b.est is None or first is None or (b.floor is None and first < b.est):
-            return reqs
-        if b.floor is not None:
-            low, why = _floor_low(self.t, b), "below the optimistic simulated min_budget"
-        else:
-            low, why = _down(b.est - half_width(self.t, b.est)), "just below the simulated min_budget"
         b.lo_tried = True
-        if 0 < low < first:
-            reqs.append(TrialRequest(c.conf, low, ensure_cap=self._gc(c), record=self._want_calibration(),
+        top = next_budget(self.t, b, self.budget)
+        if top is None:
+            return []
+        purpose = "best: just above the simulated min_budget" if b.est is not None else "best: at the budget (not simulated)"
+        budgets = [top]
+        if b.floor is not None:
+            top = min(self.budget, _up(b.floor))
+            budgets = [top]
+            lowest = _floor_low(self.t, b)
+            while len(budgets) < max(2, self.s.opening_probes):
+                nxt = max(_up(budgets[-1] - tolerance(self.t, budgets[-1])), lowest)
+                if nxt >= budgets[-1] or nxt <= 0:
+                    break
+                budgets.append(nxt)
+            purpose = "best: at the optimistic simulated min_budget"
+        elif b.est is not None and top >= b.est:
+            low = _down(b.est - half_width(self.t, b.est))
+            if 0 < low < top:
+                budgets.append(low)
+        reqs = [TrialRequest(c.conf, top, exclusive=exclusive, ensure_cap=self._gc(c), purpose=purpose)]
+        for k, x in enumerate(budgets[1:], 1):
+            last = k == len(budgets) - 1
+            why = "below the optimistic simulated min_budget" if b.floor is not None else "just below the simulated min_budget"
+            reqs.append(TrialRequest(c.conf, x, ensure_cap=self._gc(c), record=last and self._want_calibration(),
                                      purpose=f"best: {why}"))
         return reqs
+
+    def _below(self, c: Candidate) -> list[TrialRequest]:
+        """Runs under `c`'s tested pass, one tolerance apart (one batch, side by side), down to
+        where its need can lie (the optimistic end less `floor_margin`, else just under the
+        estimate): for a challenger that passed where the best failed."""
+        b = self._bracket(c)
+        if b.passed is None:
+            return []
+        lo = b.failed or 0
+        if b.floor is not None:
+            lowest = _floor_low(self.t, b)
+        elif b.est is not None:
+            lowest = _down(b.est - half_width(self.t, b.est))
+        else:
+            lowest = 0
+        budgets: list[int] = []
+        x = b.passed
+        while len(budgets) < max(2, self.s.opening_probes) and x > lowest:
+            nxt = _up(x - tolerance(self.t, x))
+            if nxt <= lo or nxt >= x:
+                break
+            budgets.append(nxt)
+            x = nxt
+        if budgets:
+            b.lo_tried = True
+        return [TrialRequest(c.conf, x, ensure_cap=self._gc(c), purpose=f"under where {c.label} passed")
+                for x in budgets]
 
     def _hinted(self, c: Candidate, budget: int) -> bool:
         """Whether `budget` is one of the two runs around the re-simulated estimate."""
@@ -357,10 +397,11 @@ class ConfirmFlow:
         return c
 
     def _optimistic_for(self, c: Candidate) -> bool:
-        """Whether `c` failed above where the simulation put its need (beyond the tolerance)."""
+        """Whether `c` failed above where the simulation put its need (for a range: above its
+        recorded end), i.e. the simulation was optimistic for it."""
         b = self._bracket(c)
         likely = self._latest(c) if b.floor is None else b.est
-        return b.failed is not None and likely is not None and b.failed >= likely + tolerance(self.t, likely)
+        return b.failed is not None and likely is not None and b.failed > likely
 
     # ---- the flow ----------------------------------------------------------------------------
     def run(self) -> list[CandidateSummary]:
@@ -386,13 +427,22 @@ class ConfirmFlow:
         fits = [c for c in order if self._likely(c) is not None and self._likely(c) <= self.budget]
         best = fits[0] if fits else None
 
-        # batch 1 (independent runs): the best just above its estimate and at the low end of where
-        # it can lie, the default at the user's budget (when the best is the default itself,
-        # its own runs answer "does the default fit?")
-        reqs = self._opening(best) if best is not None else []
+        # batch 1 (independent runs, side by side): the best around where its need likely lies,
+        # and the default at the user's budget unless the baseline already showed it completes
+        # there (when the best is the default itself, its own runs answer "does it fit?").
+        # Runs that sample throughput have the GPU alone, and only when the simulated allocator
+        # work cannot rule a slowdown out (`_must_measure`).
+        measure = self._must_measure(default, best)
+        reqs = self._opening(best, exclusive=measure) if best is not None else []
         if best is None or best.knob != DEFAULT:
-            reqs.append(TrialRequest("", self.budget, exclusive=True, purpose="the default at the budget"))
-        self._run(reqs)
+            proof = self._default_proven()
+            if proof is not None and not measure:
+                self.at_budget[""] = self.baseline
+                self.default_proof = proof
+                self.t.notes.append(proof)
+            else:
+                reqs.append(TrialRequest("", self.budget, exclusive=measure, purpose="the default at the budget"))
+        self._run(sorted(reqs, key=lambda r: r.exclusive))  # the side by side ones first
 
         if best is None and self.t.fresh_runs_after_baseline() < self.s.max_gpu_runs:
             best = self._despite_simulation(order)
@@ -406,6 +456,7 @@ class ConfirmFlow:
             if won is not focus:  # the default completed where the focus failed: prove the default's bracket
                 focus = won
                 tried.append(focus)
+                self._run(self._below(focus))
                 self._settle(focus)
             b = self._bracket(focus)
             if focus.conf not in self.refused and b.passed is not None:
@@ -515,17 +566,70 @@ class ConfirmFlow:
         e = self._likely(c)
         return (e is None or e > self.budget, e or 0)
 
-    def _throughput(self, default: Candidate, best: Candidate) -> None:
-        """A/B repeats, alternating, only while the best may be measurably slower than the default.
+    def _default_proven(self) -> str | None:
+        """Why the default needs no run at the budget, or None: the baseline ran it uncapped (or
+        capped at least as high) and reserved no more than the budget, and a cap above a run's
+        peak reserved changes nothing the allocator does."""
+        base = self.baseline
+        if base.conf or not base.passed or base.peak_reserved is None or base.peak_reserved > self.budget:
+            return None
+        if base.budget is not None and base.budget < self.budget:
+            return None
+        return (f"the default completes at the budget: the baseline reserved at most {format_mib(base.peak_reserved)} "
+                f"of {format_mib(self.budget)}, and a cap above a run's peak changes nothing the allocator does "
+                "(not run again)")
 
-        Samples are the exclusive passing runs: for the default its run at the budget, for the
-        best its first probe (a tighter cap, so if anything a pessimistic sample) and then the
-        A/B runs at the budget.
+    def _bound(self, default: Candidate, best: Candidate) -> OverheadBound | None:
+        """How much slower the allocator work alone can make `best` than the default at the
+        budget (simulated), or None when the simulator cannot say."""
+        if best.conf in self.bounds:
+            return self.bounds[best.conf]
+        activity = getattr(self.sim, "activity", None)
+        bound = None
+        if activity is not None:
+            try:
+                act = activity([default.conf, best.conf], self.budget)
+                span = getattr(self.sim, "gpu_span_s", None) or self.baseline.wall_s
+                bound = overhead_bound(act[default.conf], act[best.conf], span, call_s=self.s.driver_call_s,
+                                       sync_s=self.s.sync_s, tolerance=self.s.throughput_tolerance)
+            except Exception as exc:  # noqa: BLE001 - measure instead
+                self.t.notes.append(f"allocator work not simulated ({type(exc).__name__}: {exc}): throughput measured")
+        self.bounds[best.conf] = bound
+        return bound
+
+    def _must_measure(self, default: Candidate, best: Candidate | None) -> bool:
+        """Whether `best`'s throughput against the default needs runs that have the GPU alone."""
+        if best is None or best.knob == DEFAULT:
+            return False
+        if self.s.throughput_check == "measure":
+            return True
+        bound = self._bound(default, best)
+        return bound is None or not bound.rules_out
+
+    def _throughput(self, default: Candidate, best: Candidate) -> None:
+        """Throughput against the default, only where it could matter.
+
+        First the simulated allocator work (`_bound`): a setting changes no kernel, so when the
+        driver calls it adds cannot cost `throughput_tolerance` of the run, nothing is run.
+        Otherwise samples from runs that had the GPU alone (the default at the budget, the
+        best's top probe, then runs at the budget), and A/B repeats, alternating, while the best
+        may be measurably slower.
         """
         ok_default = self.at_budget.get("")
         if ok_default is None or not ok_default.passed:
             return  # the default does not complete: no alternative to compare with
+        if not self._must_measure(default, best):
+            bound = self.bounds.get(best.conf)
+            if bound is not None:
+                self.verdict = bound.text
+            return
         unit = ok_default.throughput_unit
+        # a repeat number of their own: a run at the budget made side by side is no sample
+        missing = [TrialRequest(conf, self.budget, repeat=self.s.ab_pairs + 1, exclusive=True, ensure_cap=self._gc(c),
+                                purpose="throughput sample (alone on the GPU)")
+                   for conf, c in (("", default), (best.conf, best)) if not self.samples.get(conf)]
+        if missing:
+            self._run(missing)
         pairs = 0
         while True:
             cmp_ = compare(self.samples.get("", []), self.samples.get(best.conf, []),
@@ -583,6 +687,8 @@ class ConfirmFlow:
                 continue
             if at is not None:  # run at the budget only (the default, usually)
                 note = f"completes at the budget; min_budget not measured (simulated {_fmt(est)})" if at.passed else None
+                if at is self.baseline and self.default_proof:
+                    note = f"completes at the budget, shown by the baseline; min_budget not measured (simulated {_fmt(est)})"
                 out.append(CandidateSummary(
                     c, feasible=at.passed, outcome=at.outcome, wall_s=at.wall_s, peak_reserved=at.peak_reserved,
                     peak_allocated=at.peak_allocated, note=note, **base))

@@ -81,6 +81,7 @@ def prepare(
     repeat: int = 1,
     timeout: float | None = None,
     max_gpu_runs: int = 10,
+    throughput: str = "auto",
     evaluator: Evaluator | None = None,
     executor: Executor | None = None,
     executor_name: str | None = None,
@@ -95,6 +96,7 @@ def prepare(
     from alloctune.tune.platform import check_platform
     from alloctune.tune.store import TrialStore
 
+    injected = evaluator is not None  # tests and API users that bring their own runs
     if evaluator is None:
         from alloctune.runner import resolve_command
 
@@ -114,6 +116,7 @@ def prepare(
         repeat=repeat,
         platform=check_platform(platform),
         max_gpu_runs=max_gpu_runs,
+        throughput_check=throughput,
     )
     path = Path(store) if store is not None else default_store(command, budget)
     # Locked before anything is moved or run: a second tune on this store is a one-line error.
@@ -124,12 +127,13 @@ def prepare(
 
         evaluator = TrialEvaluator(list(command), path.with_suffix(".d"), timeout=timeout)
     if executor is None and (executor_name is not None or jobs is not None or address is not None):
-        # scale's executors (side by side on this GPU, one per GPU, Ray); without these options
-        # the trials run one after another through the evaluator
+        # scale's executors (side by side on this GPU, one per GPU, Ray)
         from alloctune.tune.executors.factory import executor_for_sweep
 
         executor = executor_for_sweep(executor_name or "local", command, path.with_suffix(".d"), jobs=jobs,
                                       address=address, budget=budget, timeout=timeout, live=False)
+    elif executor is None and settings.strategy == "confirm" and not injected:
+        executor = side_by_side(command, path.with_suffix(".d"), timeout)
     tuner = Tuner(
         evaluator,
         settings,
@@ -147,6 +151,25 @@ def prepare(
             tuner.notes.append(note)
     return TuneSession(settings, path, tuner, moved, trial_store.skipped_lines if resume else 0,
                        tuple(trial_store.warnings))
+
+
+CONFIRM_JOBS = 4  # the confirm flow's batches hold 2-4 runs
+
+
+def side_by_side(command: Sequence[str], workdir: Path, timeout: float | None) -> Executor | None:
+    """The confirm flow's default: its memory runs side by side on this GPU (each is capped, and
+    the pool admits one only while the caps plus CUDA contexts fit in free memory; runs that
+    sample throughput still have the GPU alone). None, so one run after another, when NVML
+    cannot read the free memory or the machine has one core."""
+    from alloctune.tune.executors.gpuinfo import probe
+
+    gpus = probe()
+    jobs = min(CONFIRM_JOBS, os.cpu_count() or 1)
+    if not gpus or gpus[0].free is None or jobs < 2:
+        return None
+    from alloctune.tune.executors.factory import executor_for_sweep
+
+    return executor_for_sweep("local", command, workdir, jobs=jobs, timeout=timeout, live=False)
 
 
 def tune(command: Sequence[str], **options: Any) -> TuneOutcome:

@@ -92,9 +92,14 @@ class TuneSettings:
     max_gpu_runs: int = 10  # confirm: GPU runs after the baseline, at most
     confirm_abs_tol: int = 4 * MiB  # confirm: a proven bracket is within rel_tol or this
     widen_start: float = 0.015  # confirm: first widening step when the GPU contradicts, fraction of the estimate
-    floor_margin: float = 0.03  # confirm: the first low probe this far under the optimistic simulated min_budget
+    floor_margin: float = 0.04  # confirm: the opening runs go this far under the optimistic simulated min_budget
+    confirm_rel_tol: float = 0.02  # confirm: a proven bracket is within this fraction (the 2 % target)
+    opening_probes: int = 3  # confirm: side by side runs around the optimistic end of a simulated range
     throughput_tolerance: float = 0.03
     ab_pairs: int = 2  # confirm: A/B repeat pairs at most when throughput might decide
+    throughput_check: str = "auto"  # confirm: auto (measure only what the simulated allocator work cannot rule out) | measure
+    driver_call_s: float = 0.002  # confirm: most one cudaMalloc / cudaFree costs (bench/driver_cost.py)
+    sync_s: float = 0.02  # confirm: most one synchronising retry costs
 
     def __post_init__(self) -> None:
         if self.strategy == "auto":
@@ -105,6 +110,8 @@ class TuneSettings:
             raise InputError(f"--platform {self.platform!r} is not known: use linux or windows")
         if self.repeat < 1:
             raise InputError("--repeat must be at least 1")
+        if self.throughput_check not in ("auto", "measure"):
+            raise InputError(f"--throughput {self.throughput_check!r} is not known: use auto or measure")
 
 
 @dataclass(frozen=True)
@@ -271,6 +278,7 @@ class Tuner:
             )
         if baseline.outcome == "oom":
             self.notes.append("the default setting runs out of memory even without a budget")
+        self._book_ranks(baseline)
         lo_bound = align_down(baseline.peak_allocated) - ALIGN if baseline.peak_allocated else 0
         lo_bound = max(0, lo_bound)
         grid = split_grid(baseline.segment_sizes, max_points=s.max_split_points)
@@ -322,6 +330,15 @@ class Tuner:
         return TuneResult(
             s, budget, total, baseline, grid, tuple(summaries), ranking, tuple(self.trials), tuple(self.notes)
         )
+
+    def _book_ranks(self, baseline: TrialResult) -> None:
+        """A job of several processes on this one GPU (torchrun): each holds the cap, so trials
+        side by side are booked at that many caps (known only once the baseline ran)."""
+        from alloctune.tune.executors.local import LocalExecutor
+
+        procs = baseline.processes or 1
+        if isinstance(self.executor, LocalExecutor) and procs > self.executor.processes:
+            self.executor.processes = procs
 
     def _feasible(self, c: Candidate, budget: int) -> CandidateSummary:
         ok, res = self._point(c.conf, budget, "feasibility at the budget")
@@ -549,6 +566,32 @@ class SimulatorFromTrace:
 
     def min_budget(self, conf: str) -> int | None:
         return self.estimates([conf])[conf]
+
+    @property
+    def gpu_span_s(self) -> float | None:
+        """Seconds from the recording's first allocator event to its last: the part of the run
+        that used the GPU (start-up and imports left out), the base a slowdown is measured on."""
+        times = [e.get("time_us") for e in self.raw.events]
+        times = [t for t in times if isinstance(t, (int, float))]
+        return (max(times) - min(times)) / 1e6 if len(times) > 1 else None
+
+    def activity(self, confs: Sequence[str], budget: int) -> dict[str, Any]:
+        """Each setting's simulated allocator work at `budget` (`throughput.AllocatorActivity`):
+        the only way a setting can change speed, counted instead of measured."""
+        from alloctune.config import AllocatorConfig
+        from alloctune.sim.replay import replay
+        from alloctune.tune.throughput import AllocatorActivity
+
+        out: dict[str, Any] = {}
+        for conf in confs:
+            res = replay(self.trace, AllocatorConfig.parse(conf, self.torch), budget=budget,
+                         total_memory=self.total_memory, torch=self.torch, record_events=False, timeline_points=1)
+            st = res.stats
+            out[conf] = AllocatorActivity(
+                device_calls=int(st.get("num_device_alloc", 0)) + int(st.get("num_device_free", 0)),
+                syncs=int(st.get("num_alloc_retries", 0)) + int(st.get("num_sync_all_streams", 0)),
+                fallbacks=len(res.adapted), completed=res.completed)
+        return out
 
     def calibrate(self, trial: TrialResult) -> str | None:
         """Learn fallbacks from a capped recorded trial; a sentence when it taught something."""

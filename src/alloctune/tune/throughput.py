@@ -90,3 +90,70 @@ def compare(a: Sequence[float], b: Sequence[float], *, tolerance: float = 0.03, 
                           f"no measurable difference ({gap:+.1%}, noise ±{Z * se / ra.mean:.1%}): decided on memory")
     return Comparison(ra, rb, gap, gap > 0,
                       f"{abs(gap):.1%} {'slower' if gap > 0 else 'faster'}, clear of the noise (±{Z * se / ra.mean:.1%})")
+
+
+# ---- what the allocator alone could cost ---------------------------------------------------
+# An allocator setting changes no kernel: it can slow a program only through the allocator's own
+# driver work (cudaMalloc / cudaFree / expandable mappings, synchronising retries) and, under a
+# cap, through requests the program gives up and replaces (a cuDNN workspace fallback picks a
+# slower algorithm). The first is counted by the simulator and bounded below; the second is not
+# bounded, so it is always measured. Per-call costs: see `TuneSettings.driver_call_s` / `sync_s`.
+
+
+@dataclass(frozen=True)
+class AllocatorActivity:
+    """A setting's simulated allocator work over one run at the user's budget."""
+
+    device_calls: int  # cudaMalloc + cudaFree (expandable: map + unmap)
+    syncs: int  # synchronising retries and stream syncs
+    fallbacks: int  # fallible requests that failed and were replaced
+    completed: bool
+
+
+@dataclass(frozen=True)
+class OverheadBound:
+    """At most how much slower the allocator alone can make `b` than `a` (fraction of the run)."""
+
+    extra_calls: int
+    extra_syncs: int
+    extra_fallbacks: int
+    seconds: float | None  # None: not bounded (fallbacks, or b does not complete)
+    fraction: float | None
+    rules_out: bool  # the bound is within the tolerance: no throughput runs needed
+    text: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def overhead_bound(
+    a: AllocatorActivity, b: AllocatorActivity, run_s: float | None, *, call_s: float, sync_s: float,
+    tolerance: float,
+) -> OverheadBound:
+    """How much the allocator work `b` does beyond `a` can cost, against a run of `run_s` seconds.
+
+    Only work `b` adds counts (less work cannot make it slower). Fallbacks that `b` adds are
+    not bounded: a replaced workspace means a different kernel, whose speed only a run shows.
+    """
+    calls = max(0, b.device_calls - a.device_calls)
+    syncs = max(0, b.syncs - a.syncs)
+    falls = max(0, b.fallbacks - a.fallbacks)
+    if not b.completed:
+        return OverheadBound(calls, syncs, falls, None, None, False, "simulated not to complete at the budget")
+    if falls:
+        return OverheadBound(calls, syncs, falls, None, None, False,
+                             f"{falls} more workspace request(s) given up at the budget (a slower kernel may replace "
+                             "each): only a measurement can say")
+    seconds = calls * call_s + syncs * sync_s
+    if not run_s or run_s <= 0:
+        return OverheadBound(calls, syncs, falls, seconds, None, seconds == 0,
+                             "no allocator work added" if seconds == 0 else "run time unknown: measured instead")
+    frac = seconds / run_s
+    what = (f"{calls} more cudaMalloc/cudaFree and {syncs} more synchronising retries than the default (simulated), "
+            f"at most {seconds * 1e3:.0f} ms = {frac:.1%} of a {run_s:.3g} s run")
+    if not calls and not syncs:
+        what = "no more allocator driver calls than the default (simulated)"
+    if frac <= tolerance:
+        return OverheadBound(calls, syncs, falls, seconds, frac, True,
+                             f"{what}: no measurable slowdown possible (tolerance {tolerance:.0%}), not measured")
+    return OverheadBound(calls, syncs, falls, seconds, frac, False, f"{what}: measured")

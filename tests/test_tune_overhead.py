@@ -1,0 +1,118 @@
+"""Throughput from the allocator's side: what the simulated driver work can cost, and the flow
+that only measures throughput when that work cannot rule a slowdown out."""
+
+from __future__ import annotations
+
+import pytest
+
+from alloctune.tune.candidates import parse_knobs
+from alloctune.tune.executors.base import SerialExecutor
+from alloctune.tune.strategy import Tuner, TuneSettings
+from alloctune.tune.throughput import AllocatorActivity, overhead_bound
+from tune_fakes import COMMAND, GiB, MiB, FakeEvaluator, FakeSimulator, split_need
+
+A = AllocatorActivity(device_calls=30, syncs=0, fallbacks=0, completed=True)
+
+
+def bound(b, run_s=10.0, tol=0.03):
+    return overhead_bound(A, b, run_s, call_s=0.002, sync_s=0.02, tolerance=tol)
+
+
+def test_a_few_more_driver_calls_cannot_slow_a_run_measurably():
+    ob = bound(AllocatorActivity(device_calls=80, syncs=1, fallbacks=0, completed=True))
+    assert ob.extra_calls == 50 and ob.extra_syncs == 1
+    assert ob.seconds == pytest.approx(50 * 0.002 + 0.02) and ob.fraction == pytest.approx(0.012)
+    assert ob.rules_out and "not measured" in ob.text
+
+
+def test_less_allocator_work_is_never_a_slowdown():
+    ob = bound(AllocatorActivity(device_calls=10, syncs=0, fallbacks=0, completed=True), run_s=0.01)
+    assert ob.extra_calls == 0 and ob.seconds == 0 and ob.rules_out
+
+
+@pytest.mark.parametrize("act,why", [
+    (AllocatorActivity(device_calls=400, syncs=0, fallbacks=0, completed=True), "measured"),
+    (AllocatorActivity(device_calls=30, syncs=0, fallbacks=3, completed=True), "only a measurement"),
+    (AllocatorActivity(device_calls=30, syncs=0, fallbacks=0, completed=False), "not to complete"),
+])
+def test_what_the_bound_cannot_rule_out_is_measured(act, why):
+    ob = bound(act)
+    assert not ob.rules_out and why in ob.text
+
+
+def test_a_short_run_makes_the_same_calls_matter():
+    b = AllocatorActivity(device_calls=80, syncs=0, fallbacks=0, completed=True)
+    assert bound(b, run_s=10.0).rules_out and not bound(b, run_s=1.0).rules_out
+
+
+class Counting(FakeSimulator):
+    """An exact simulator that also counts allocator work: `extra` more calls for every non-default setting."""
+
+    def __init__(self, ev, extra=0, span=10.0):
+        super().__init__(ev)
+        self.extra, self.gpu_span_s, self.asked_activity = extra, span, []
+
+    def activity(self, confs, budget):
+        self.asked_activity.append((tuple(confs), budget))
+        return {c: AllocatorActivity(30 + (self.extra if c else 0), 0, 0, budget >= self.evaluator.need(c)) for c in confs}
+
+
+def tune(ev, sim, budget=None, **kw):
+    s = TuneSettings(command=COMMAND, budget=budget, knobs=parse_knobs(None), platform="linux", **kw)
+    seen = []
+
+    class Recording(SerialExecutor):
+        def run(self, requests):
+            reqs = list(requests)
+            seen.append(reqs)
+            return super().run(reqs)
+
+    return Tuner(ev, s, simulator_factory=lambda b: sim, executor=Recording(ev)).run(), seen
+
+
+def test_whole_card_budget_and_no_extra_allocator_work_two_side_by_side_runs_prove_the_answer():
+    ev = FakeEvaluator(total=8 * GiB)  # the uncapped baseline reserves 3000 MiB: the default fits the card
+    res, batches = tune(ev, Counting(ev))
+    assert len(ev.calls) - 1 == 2  # just above and just below the estimate; the default is not run again
+    assert [(r.conf, r.exclusive) for r in batches[1]] == [("max_split_size_mb:32", False)] * 2
+    assert not any(c[0] == "" and c[1] is not None for c in ev.calls)
+    assert any("the default completes at the budget: the baseline reserved at most" in n for n in res.notes)
+    best = res.ranking.best
+    assert best.candidate.conf == "max_split_size_mb:32" and best.verified
+    assert "no more allocator driver calls than the default" in best.note
+    default = next(s for s in res.summaries if s.candidate.conf == "")
+    assert default.feasible and "shown by the baseline" in default.note
+
+
+def test_when_the_setting_adds_driver_work_that_could_matter_throughput_is_measured_alone():
+    ev = FakeEvaluator(total=8 * GiB)
+    res, batches = tune(ev, Counting(ev, extra=400, span=10.0))  # 400 calls ≈ 0.8 s of a 10 s run
+    opening = batches[1]
+    assert ("", 8 * GiB, True) in [(r.conf, r.budget, r.exclusive) for r in opening]  # the default's sample
+    assert [r.exclusive for r in opening] == sorted(r.exclusive for r in opening)  # side by side ones first
+    top = max((r for r in opening if r.conf == "max_split_size_mb:32"), key=lambda r: r.budget)
+    assert top.exclusive
+    best = res.ranking.best
+    assert best.throughput is not None and "400 more" not in (best.note or "")
+
+
+def test_throughput_measure_forces_samples_even_without_extra_work():
+    ev = FakeEvaluator(total=8 * GiB)
+    res, batches = tune(ev, Counting(ev), throughput_check="measure")
+    assert ("", 8 * GiB, True) in [(r.conf, r.budget, r.exclusive) for r in batches[1]]
+
+
+def test_a_default_that_reserved_more_than_the_budget_still_runs_there():
+    ev = FakeEvaluator(total=8 * GiB)
+    res, batches = tune(ev, Counting(ev), budget=2600 * MiB)
+    assert ("", 2600 * MiB, False) in [(r.conf, r.budget, r.exclusive) for r in batches[1]]
+    assert not any("shown by the baseline" in (s.note or "") for s in res.summaries)
+    assert res.ranking.best.candidate.conf == "max_split_size_mb:32"
+    assert res.ranking.best.min_budget >= split_need(32)
+
+
+def test_unknown_throughput_check_is_an_input_error():
+    from alloctune.errors import InputError
+
+    with pytest.raises(InputError, match="--throughput 'sometimes'"):
+        TuneSettings(command=COMMAND, throughput_check="sometimes")
