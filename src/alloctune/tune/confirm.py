@@ -591,7 +591,8 @@ class ConfirmFlow:
                 act = activity([default.conf, best.conf], self.budget)
                 span = getattr(self.sim, "gpu_span_s", None) or self.baseline.wall_s
                 bound = overhead_bound(act[default.conf], act[best.conf], span, call_s=self.s.driver_call_s,
-                                       sync_s=self.s.sync_s, tolerance=self.s.throughput_tolerance)
+                                       mib_s=self.s.driver_mib_s, sync_s=self.s.sync_s,
+                                       tolerance=self.s.throughput_tolerance)
             except Exception as exc:  # noqa: BLE001 - measure instead
                 self.t.notes.append(f"allocator work not simulated ({type(exc).__name__}: {exc}): throughput measured")
         self.bounds[best.conf] = bound

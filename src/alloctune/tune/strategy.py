@@ -98,8 +98,11 @@ class TuneSettings:
     throughput_tolerance: float = 0.03
     ab_pairs: int = 2  # confirm: A/B repeat pairs at most when throughput might decide
     throughput_check: str = "auto"  # confirm: auto (measure only what the simulated allocator work cannot rule out) | measure
-    driver_call_s: float = 0.002  # confirm: most one cudaMalloc / cudaFree costs (bench/driver_cost.py)
-    sync_s: float = 0.02  # confirm: most one synchronising retry costs
+    # confirm: the most an allocator driver call costs, 0.1 ms + 2 µs per MiB: above the largest
+    # cudaMalloc / cudaFree / expandable map / unmap measured on an H200 (bench/results/driver_cost.md)
+    driver_call_s: float = 0.0001
+    driver_mib_s: float = 2e-6
+    sync_s: float = 0.02  # confirm: the most one synchronising retry costs (a device sync, cache released)
 
     def __post_init__(self) -> None:
         if self.strategy == "auto":
@@ -590,7 +593,8 @@ class SimulatorFromTrace:
             out[conf] = AllocatorActivity(
                 device_calls=int(st.get("num_device_alloc", 0)) + int(st.get("num_device_free", 0)),
                 syncs=int(st.get("num_alloc_retries", 0)) + int(st.get("num_sync_all_streams", 0)),
-                fallbacks=len(res.adapted), completed=res.completed)
+                fallbacks=len(res.adapted), completed=res.completed,
+                device_bytes=int(st.get("reserved_bytes.all.allocated", 0)) + int(st.get("reserved_bytes.all.freed", 0)))
         return out
 
     def calibrate(self, trial: TrialResult) -> str | None:

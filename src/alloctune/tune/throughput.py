@@ -15,8 +15,17 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-# A gap must exceed this many standard errors of the difference to count.
-Z = 2.0
+# A gap counts when it exceeds the two-sided 95 % Student t quantile times the standard error
+# of the difference (Welch): with two samples a side the noise itself is barely known, so a
+# normal quantile (1.96) would call a difference far too often.
+_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23,
+        12: 2.18, 15: 2.13, 20: 2.09, 30: 2.04}
+
+
+def t95(df: float) -> float:
+    """Two-sided 95 % quantile of Student's t with `df` degrees of freedom (rounded down: conservative)."""
+    d = max(1, int(df))
+    return next((_T95[k] for k in sorted(_T95, reverse=True) if k <= d), 12.71) if d <= 30 else 1.96
 
 
 @dataclass(frozen=True)
@@ -84,12 +93,15 @@ def compare(a: Sequence[float], b: Sequence[float], *, tolerance: float = 0.03, 
         return Comparison(ra, rb, gap, False, f"within {tolerance:.0%} ({gap:+.1%}): no difference that matters")
     if ra.noise is None or rb.noise is None:
         return Comparison(ra, rb, gap, None, f"{gap:+.1%} from single samples: noise not measured yet")
-    se = math.sqrt(ra.noise ** 2 / ra.samples + rb.noise ** 2 / rb.samples)
-    if abs(ra.mean - rb.mean) <= Z * se:
+    va, vb = ra.noise ** 2 / ra.samples, rb.noise ** 2 / rb.samples
+    se = math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va ** 2 / (ra.samples - 1) + vb ** 2 / (rb.samples - 1)) if va + vb > 0 else math.inf
+    margin = (t95(df) if math.isfinite(df) else 1.96) * se
+    if abs(ra.mean - rb.mean) <= margin:
         return Comparison(ra, rb, gap, None,
-                          f"no measurable difference ({gap:+.1%}, noise ±{Z * se / ra.mean:.1%}): decided on memory")
+                          f"no measurable difference ({gap:+.1%}, noise ±{margin / ra.mean:.1%}): decided on memory")
     return Comparison(ra, rb, gap, gap > 0,
-                      f"{abs(gap):.1%} {'slower' if gap > 0 else 'faster'}, clear of the noise (±{Z * se / ra.mean:.1%})")
+                      f"{abs(gap):.1%} {'slower' if gap > 0 else 'faster'}, clear of the noise (±{margin / ra.mean:.1%})")
 
 
 # ---- what the allocator alone could cost ---------------------------------------------------
@@ -108,6 +120,7 @@ class AllocatorActivity:
     syncs: int  # synchronising retries and stream syncs
     fallbacks: int  # fallible requests that failed and were replaced
     completed: bool
+    device_bytes: int = 0  # bytes those calls reserved plus bytes they released
 
 
 @dataclass(frozen=True)
@@ -128,14 +141,16 @@ class OverheadBound:
 
 def overhead_bound(
     a: AllocatorActivity, b: AllocatorActivity, run_s: float | None, *, call_s: float, sync_s: float,
-    tolerance: float,
+    tolerance: float, mib_s: float = 0.0,
 ) -> OverheadBound:
-    """How much the allocator work `b` does beyond `a` can cost, against a run of `run_s` seconds.
+    """How much the allocator work `b` does beyond `a` can cost, against a run of `run_s` seconds:
+    `call_s` per driver call plus `mib_s` per MiB it reserves or releases, `sync_s` per retry.
 
     Only work `b` adds counts (less work cannot make it slower). Fallbacks that `b` adds are
     not bounded: a replaced workspace means a different kernel, whose speed only a run shows.
     """
     calls = max(0, b.device_calls - a.device_calls)
+    mib = max(0, b.device_bytes - a.device_bytes) / (1 << 20)
     syncs = max(0, b.syncs - a.syncs)
     falls = max(0, b.fallbacks - a.fallbacks)
     if not b.completed:
@@ -144,13 +159,14 @@ def overhead_bound(
         return OverheadBound(calls, syncs, falls, None, None, False,
                              f"{falls} more workspace request(s) given up at the budget (a slower kernel may replace "
                              "each): only a measurement can say")
-    seconds = calls * call_s + syncs * sync_s
+    seconds = calls * call_s + mib * mib_s + syncs * sync_s
     if not run_s or run_s <= 0:
         return OverheadBound(calls, syncs, falls, seconds, None, seconds == 0,
                              "no allocator work added" if seconds == 0 else "run time unknown: measured instead")
     frac = seconds / run_s
-    what = (f"{calls} more cudaMalloc/cudaFree and {syncs} more synchronising retries than the default (simulated), "
-            f"at most {seconds * 1e3:.0f} ms = {frac:.1%} of a {run_s:.3g} s run")
+    what = (f"{calls} more cudaMalloc/cudaFree ({mib / 1024:.1f} GiB more reserved or released) and {syncs} more "
+            f"synchronising retries than the default (simulated): at most {seconds * 1e3:.1f} ms = {frac:.1%} of the "
+            f"{run_s:.3g} s the run used the GPU")
     if not calls and not syncs:
         what = "no more allocator driver calls than the default (simulated)"
     if frac <= tolerance:
