@@ -106,13 +106,15 @@ def from_truth(args: argparse.Namespace) -> int:
         splits = sorted(int(c.split(":")[1]) for c in need if c.startswith("max_split_size_mb:"))
         kn = [knobs[c] for c in need if c in knobs] + ([f"max_split={'/'.join(map(str, splits))}"] if splits else [])
         snap = args.recordings / wl / "rec" / "baseline.pickle"
+        peak = _baseline_peak(args.recordings / wl / "trials.jsonl")
         calls = []
 
-        def evaluator(conf, budget, *, repeat=0, record=False, ensure_cap=False, _need=need, _snap=snap):
+        def evaluator(conf, budget, *, repeat=0, record=False, ensure_cap=False, _need=need, _snap=snap, _peak=peak):
             calls.append((conf, budget))
             ok = budget is None or budget >= _need[conf]
             return TrialResult(("wl",), conf, budget, "ok" if ok else "oom", 0 if ok else 1, 1.0,
                                total_memory=150109880320, torch_version="2.11.0",
+                               peak_reserved=_peak if budget is None else None,
                                snapshot=str(_snap) if record and budget is None else None, num_ooms=0 if ok else 1,
                                allocator_settings={"PYTORCH_CUDA_ALLOC_CONF": conf})
 
@@ -126,6 +128,18 @@ def from_truth(args: argparse.Namespace) -> int:
               f"{(best.min_budget or 0) / 2**20:>8.0f}M {true_best / 2**20:>9.0f}M "
               f"{'-' if gap is None else f'{100 * gap:+.1f}%':>6}  {best.verified if best else '-'}  {probes}")
     return 0
+
+
+def _baseline_peak(store: Path) -> int | None:
+    """The real baseline's peak reserved bytes, from the tune's store beside the recording (the
+    flow skips the default's run at the budget when the baseline reserved less)."""
+    if not store.exists():
+        return None
+    for line in store.read_text().splitlines():
+        d = json.loads(line)
+        if d.get("kind") == "trial" and d["key"]["budget"] is None:
+            return d["result"].get("peak_reserved")
+    return None
 
 
 if __name__ == "__main__":

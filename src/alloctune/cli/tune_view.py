@@ -140,7 +140,7 @@ def render_result(result: Any, rec: Any, store: Path, elapsed: float) -> None:
         )
     console.print(t)
     console.print("[dim]simulated / measured: smallest working budget (measured = a tested pass; "
-                  "verified = a tested failure within 1 % below it)[/dim]")
+                  "verified = a tested failure just below it: within 2 % or 4 MiB, exhaustive 1 % or 16 MiB)[/dim]")
     for label, text, chosen in why:
         console.print(Text.assemble(("→ " if chosen else "- ", "bold green" if chosen else ""), f"{label}: {text}"))
     for note in result.notes:

@@ -9,19 +9,21 @@ found) to the recording as made. GPU runs only confirm what decides the answer:
 
 1. simulate every candidate (one sweep, plus the optimistic one) and take the one whose
    need most likely lies lowest (`_likely`) and fits the budget;
-2. one batch of independent runs: the best just above and just below where its need
-   likely lies (a tested pass and a tested failure = its measured `min_budget`), and the
-   default at the user's budget (does the user need a change at all? its throughput);
+2. one batch of independent runs, side by side (each is capped): the best just above and
+   just below its estimate, or, for a range, three runs from its optimistic end down, one
+   tolerance apart (a tested pass and a tested failure = its measured `min_budget`); and
+   the default at the user's budget unless the baseline already showed it fits there;
 3. only where a run contradicts the simulation, probe further out with steps that double
    from the tested end, then bisect; a recorded capped run is offered to the simulator as
    a calibration, and its re-simulated estimate is tried when it lies inside the bracket;
 4. when the best failed above its estimate, the default runs at that budget (settings'
    errors need not go the same way) and replaces the best if it completes; the runner-up
    gets one run where the best failed when its estimate says it could beat it;
-5. throughput decides only if the best looks slower than the default: A/B repeats,
-   alternating, until the gap clears the noise, else memory decides.
+5. throughput: a setting changes no kernel, only the allocator's driver work, which the
+   simulator counts (`_bound`); runs alone on the GPU and A/B repeats are made only when
+   that work could cost the tolerance, until the gap clears the noise, else memory decides.
 
-With an accurate simulator that is three GPU runs after the baseline.
+With an accurate simulator that is two or three GPU runs after the baseline, side by side.
 """
 
 from __future__ import annotations
@@ -275,22 +277,21 @@ class ConfirmFlow:
         top = next_budget(self.t, b, self.budget)
         if top is None:
             return []
-        purpose = "best: just above the simulated min_budget" if b.est is not None else "best: at the budget (not simulated)"
-        budgets = [top]
-        if b.floor is not None:
+        if b.floor is not None:  # from the optimistic end down, one tolerance apart
             top = min(self.budget, _up(b.floor))
-            budgets = [top]
-            lowest = _floor_low(self.t, b)
+            budgets, lowest = [top], _floor_low(self.t, b)
             while len(budgets) < max(2, self.s.opening_probes):
                 nxt = max(_up(budgets[-1] - tolerance(self.t, budgets[-1])), lowest)
                 if nxt >= budgets[-1] or nxt <= 0:
                     break
                 budgets.append(nxt)
             purpose = "best: at the optimistic simulated min_budget"
-        elif b.est is not None and top >= b.est:
-            low = _down(b.est - half_width(self.t, b.est))
+        else:  # just above and just below the estimate
+            budgets = [top]
+            low = _down(b.est - half_width(self.t, b.est)) if b.est is not None and top >= b.est else 0
             if 0 < low < top:
                 budgets.append(low)
+            purpose = "best: just above the simulated min_budget" if b.est is not None else "best: at the budget (not simulated)"
         reqs = [TrialRequest(c.conf, top, exclusive=exclusive, ensure_cap=self._gc(c), purpose=purpose)]
         for k, x in enumerate(budgets[1:], 1):
             last = k == len(budgets) - 1
