@@ -127,3 +127,26 @@ def test_two_samples_a_side_need_a_t_quantile_not_a_normal_one():
     assert compare(a, b).slower is None
     assert compare(a * 4, b * 4).slower is True  # the same spread with 8 samples a side is a real difference
     assert t95(2) == 4.30 and t95(2.9) == 4.30 and t95(11) == 2.23 and t95(1000) == 1.96
+
+
+def test_a_job_of_ranks_is_as_slow_as_its_slowest_rank():
+    # rank 0 adds nothing, rank 1 adds enough driver work to matter: throughput is measured
+    ev = FakeEvaluator(total=8 * GiB)
+
+    class Ranked(FakeSimulator):
+        def __init__(self, ev):
+            super().__init__(ev)
+            self.ranks = {0: Counting(ev, extra=0), 1: Counting(ev, extra=4000)}
+
+    res, batches = tune(ev, Ranked(ev))
+    assert ("", 8 * GiB, True) in [(r.conf, r.budget, r.exclusive) for r in batches[1]]
+    assert any("throughput of max_split_size_mb:32: 4000 more" in n for n in res.notes)
+    ev2 = FakeEvaluator(total=8 * GiB)
+
+    class Quiet(FakeSimulator):
+        def __init__(self, ev):
+            super().__init__(ev)
+            self.ranks = {0: Counting(ev), 1: Counting(ev)}
+
+    res2, batches2 = tune(ev2, Quiet(ev2))
+    assert not any(r.exclusive for r in batches2[1]) and len(ev2.calls) - 1 == 2

@@ -582,20 +582,30 @@ class ConfirmFlow:
 
     def _bound(self, default: Candidate, best: Candidate) -> OverheadBound | None:
         """How much slower the allocator work alone can make `best` than the default at the
-        budget (simulated), or None when the simulator cannot say."""
+        budget (simulated), or None when the simulator cannot say. A job of several ranks is as
+        slow as its slowest: each rank is bounded on its own recording and the worst one kept."""
         if best.conf in self.bounds:
             return self.bounds[best.conf]
-        activity = getattr(self.sim, "activity", None)
-        bound = None
-        if activity is not None:
+        sims = list(getattr(self.sim, "ranks", {}).values()) or [self.sim]
+        found: list[OverheadBound] = []
+        for sim in sims:
+            activity = getattr(sim, "activity", None)
+            if activity is None:
+                found = []
+                break
             try:
                 act = activity([default.conf, best.conf], self.budget)
-                span = getattr(self.sim, "gpu_span_s", None) or self.baseline.wall_s
-                bound = overhead_bound(act[default.conf], act[best.conf], span, call_s=self.s.driver_call_s,
-                                       mib_s=self.s.driver_mib_s, sync_s=self.s.sync_s,
-                                       tolerance=self.s.throughput_tolerance)
+                span = getattr(sim, "gpu_span_s", None) or self.baseline.wall_s
+                found.append(overhead_bound(act[default.conf], act[best.conf], span, call_s=self.s.driver_call_s,
+                                            mib_s=self.s.driver_mib_s, sync_s=self.s.sync_s,
+                                            tolerance=self.s.throughput_tolerance))
             except Exception as exc:  # noqa: BLE001 - measure instead
                 self.t.notes.append(f"allocator work not simulated ({type(exc).__name__}: {exc}): throughput measured")
+                found = []
+                break
+        bound = max(found, key=lambda b: (not b.rules_out, b.fraction or 0.0)) if found else None
+        if bound is not None and not bound.rules_out:
+            self.t.notes.append(f"throughput of {best.label}: {bound.text}")
         self.bounds[best.conf] = bound
         return bound
 
