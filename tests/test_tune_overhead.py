@@ -150,3 +150,30 @@ def test_a_job_of_ranks_is_as_slow_as_its_slowest_rank():
 
     res2, batches2 = tune(ev2, Quiet(ev2))
     assert not any(r.exclusive for r in batches2[1]) and len(ev2.calls) - 1 == 2
+
+
+def test_confirm_runs_side_by_side_by_default_when_nvml_reads_free_memory(tmp_path, monkeypatch):
+    from alloctune.tune.executors import gpuinfo
+    from alloctune.tune.executors.local import LocalExecutor
+    from alloctune.tune.session import CONFIRM_JOBS, prepare
+
+    from alloctune.tune.executors import local
+
+    h200 = [gpuinfo.GpuInfo("0", "H200", 140 * GiB, 139 * GiB)]
+    monkeypatch.setattr(gpuinfo, "probe", lambda env=None: h200)
+    monkeypatch.setattr(local, "probe", lambda env=None: h200)
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    session = prepare(["python3", "-c", "pass"], store=tmp_path / "s.jsonl")
+    ex = session.tuner.executor
+    assert isinstance(ex, LocalExecutor) and ex.jobs == CONFIRM_JOBS
+    # every rank of a torchrun job holds the cap: once the baseline shows 2 processes, trials are booked at two caps
+    from alloctune.trial import TrialResult
+
+    session.tuner._book_ranks(TrialResult(COMMAND, "", None, "ok", 0, 1.0, processes=2))
+    assert ex.processes == 2
+    monkeypatch.setattr(gpuinfo, "probe", lambda env=None: [])  # no NVML, no GPU: one run after another
+    assert not isinstance(prepare(["python3", "-c", "pass"], store=tmp_path / "t.jsonl").tuner.executor, LocalExecutor)
+    # the exhaustive strategy keeps its serial default
+    monkeypatch.setattr(gpuinfo, "probe", lambda env=None: h200)
+    old = prepare(["python3", "-c", "pass"], store=tmp_path / "u.jsonl", strategy="exhaustive")
+    assert not isinstance(old.tuner.executor, LocalExecutor)

@@ -90,7 +90,7 @@ class TuneSettings:
     sim_margin: float = 0.02  # bracket around a simulated min_budget: ± this fraction
     platform: str = field(default_factory=this_platform)  # linux | windows: where the setting will be used
     max_gpu_runs: int = 10  # confirm: GPU runs after the baseline, at most
-    confirm_abs_tol: int = 4 * MiB  # confirm: a proven bracket is within rel_tol or this
+    confirm_abs_tol: int = 4 * MiB  # confirm: a proven bracket is within confirm_rel_tol or this
     widen_start: float = 0.015  # confirm: first widening step when the GPU contradicts, fraction of the estimate
     floor_margin: float = 0.04  # confirm: the opening runs go this far under the optimistic simulated min_budget
     confirm_rel_tol: float = 0.02  # confirm: a proven bracket is within this fraction (the 2 % target)
