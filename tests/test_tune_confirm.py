@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 
 from alloctune.tune.candidates import parse_knobs
-from alloctune.tune.executors.base import SerialExecutor
 from alloctune.tune.recommend import recommend
 from alloctune.tune.strategy import Tuner, TuneSettings
-from tune_fakes import COMMAND, MiB, FakeEvaluator, FakeSimulator, split_need
+from tune_fakes import COMMAND, MiB, BatchRecorder, FakeEvaluator, FakeSimulator, split_need
 
 BUDGET = 2600 * MiB
 NEED_SPLIT32 = split_need(32)  # 1864 MiB: the lowest need of all candidates
@@ -161,19 +160,14 @@ def test_noise_rule_single_samples_never_decide_and_ab_repeats_settle_it():
 
 def test_batches_go_through_the_executor_interface():
     ev = FakeEvaluator()
-    seen = []
-
-    class Recording(SerialExecutor):
-        def run(self, requests):
-            reqs = list(requests)
-            seen.append(reqs)
-            return super().run(reqs)
+    rec = BatchRecorder(ev)
+    seen = rec.batches
 
     class Learner(FakeSimulator):
         def calibrate(self, trial):
             return None
 
-    Tuner(ev, settings(), simulator_factory=lambda b: Learner(ev), executor=Recording(ev)).run()
+    Tuner(ev, settings(), simulator_factory=lambda b: Learner(ev), executor=rec).run()
     first = seen[1]  # after the baseline: the best just below and just above its estimate + the default at the budget
     # this simulator cannot count allocator work, so throughput is measured: the runs that sample it
     # (the best's likely pass, the default at the budget) have the GPU alone, after the side by side ones

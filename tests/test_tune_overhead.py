@@ -6,10 +6,9 @@ from __future__ import annotations
 import pytest
 
 from alloctune.tune.candidates import parse_knobs
-from alloctune.tune.executors.base import SerialExecutor
 from alloctune.tune.strategy import Tuner, TuneSettings
 from alloctune.tune.throughput import AllocatorActivity, overhead_bound
-from tune_fakes import COMMAND, GiB, MiB, FakeEvaluator, FakeSimulator, split_need
+from tune_fakes import COMMAND, GiB, MiB, BatchRecorder, FakeEvaluator, FakeSimulator, split_need
 
 A = AllocatorActivity(device_calls=30, syncs=0, fallbacks=0, completed=True)
 
@@ -59,15 +58,8 @@ class Counting(FakeSimulator):
 
 def tune(ev, sim, budget=None, **kw):
     s = TuneSettings(command=COMMAND, budget=budget, knobs=parse_knobs(None), platform="linux", **kw)
-    seen = []
-
-    class Recording(SerialExecutor):
-        def run(self, requests):
-            reqs = list(requests)
-            seen.append(reqs)
-            return super().run(reqs)
-
-    return Tuner(ev, s, simulator_factory=lambda b: sim, executor=Recording(ev)).run(), seen
+    rec = BatchRecorder(ev)
+    return Tuner(ev, s, simulator_factory=lambda b: sim, executor=rec).run(), rec.batches
 
 
 def test_whole_card_budget_and_no_extra_allocator_work_two_side_by_side_runs_prove_the_answer():

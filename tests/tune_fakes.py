@@ -113,3 +113,18 @@ class FakeSimulator:
 
     def estimates(self, confs):
         return {c: self.min_budget(c) for c in confs}
+
+
+class BatchRecorder:
+    """A serial executor that keeps every batch it was handed (`batches`), to check what ran together."""
+
+    def __init__(self, evaluator):
+        from alloctune.tune.executors.base import SerialExecutor
+
+        self._serial = SerialExecutor(evaluator)
+        self.batches: list[list] = []
+
+    def run(self, requests):
+        reqs = list(requests)
+        self.batches.append(reqs)
+        return self._serial.run(reqs)
