@@ -71,7 +71,7 @@ def test_whole_card_budget_and_no_extra_allocator_work_two_side_by_side_runs_pro
     assert any("the default completes at the budget: the baseline reserved at most" in n for n in res.notes)
     best = res.ranking.best
     assert best.candidate.conf == "max_split_size_mb:32" and best.verified
-    assert "no more allocator driver calls than the default" in best.note
+    assert "no more allocator driver work than the default" in best.note
     default = next(s for s in res.summaries if s.candidate.conf == "")
     assert default.feasible and "shown by the baseline" in default.note
 

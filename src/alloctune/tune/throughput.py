@@ -109,7 +109,7 @@ def compare(a: Sequence[float], b: Sequence[float], *, tolerance: float = 0.03, 
 # driver work (cudaMalloc / cudaFree / expandable mappings, synchronising retries) and, under a
 # cap, through requests the program gives up and replaces (a cuDNN workspace fallback picks a
 # slower algorithm). The first is counted by the simulator and bounded below; the second is not
-# bounded, so it is always measured. Per-call costs: see `TuneSettings.driver_call_s` / `sync_s`.
+# bounded, so it is always measured. Costs: `TuneSettings.driver_call_s`, `driver_mib_s`, `sync_s`.
 
 
 @dataclass(frozen=True)
@@ -167,8 +167,8 @@ def overhead_bound(
     what = (f"{calls} more cudaMalloc/cudaFree ({mib / 1024:.1f} GiB more reserved or released) and {syncs} more "
             f"synchronising retries than the default (simulated): at most {seconds * 1e3:.1f} ms = {frac:.1%} of the "
             f"{run_s:.3g} s the run used the GPU")
-    if not calls and not syncs:
-        what = "no more allocator driver calls than the default (simulated)"
+    if not calls and not syncs and not mib:
+        what = "no more allocator driver work than the default (simulated)"
     if frac <= tolerance:
         return OverheadBound(calls, syncs, falls, seconds, frac, True,
                              f"{what}: no measurable slowdown possible (tolerance {tolerance:.0%}), not measured")
