@@ -153,11 +153,13 @@ def test_confirm_runs_side_by_side_by_default_when_nvml_reads_free_memory(tmp_pa
 
     h200 = [gpuinfo.GpuInfo("0", "H200", 140 * GiB, 139 * GiB)]
     monkeypatch.setattr(gpuinfo, "probe", lambda env=None: h200)
-    monkeypatch.setattr(local, "probe", lambda env=None: h200)
+    asked = []  # the executor is handed the free memory read once, not made to read it again
+    monkeypatch.setattr(local, "probe", lambda env=None: asked.append(1) or h200)
     monkeypatch.setattr("os.cpu_count", lambda: 16)
     session = prepare(["python3", "-c", "pass"], store=tmp_path / "s.jsonl")
     ex = session.tuner.executor
     assert isinstance(ex, LocalExecutor) and ex.jobs == CONFIRM_JOBS
+    assert ex.memory == local.usable_memory(139 * GiB) and not asked
     # every rank of a torchrun job holds the cap: once the baseline shows 2 processes, trials are booked at two caps
     from alloctune.trial import TrialResult
 

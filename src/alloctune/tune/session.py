@@ -168,8 +168,11 @@ def side_by_side(command: Sequence[str], workdir: Path, timeout: float | None) -
     if not gpus or gpus[0].free is None or jobs < 2:
         return None
     from alloctune.tune.executors.factory import executor_for_sweep
+    from alloctune.tune.executors.local import usable_memory
 
-    return executor_for_sweep("local", command, workdir, jobs=jobs, timeout=timeout, live=False)
+    # the free memory just read is handed over: the executor need not ask NVML again
+    return executor_for_sweep("local", command, workdir, jobs=jobs, timeout=timeout, live=False,
+                              memory=usable_memory(gpus[0].free))
 
 
 def tune(command: Sequence[str], **options: Any) -> TuneOutcome:

@@ -37,8 +37,10 @@ def make_executor(
     command: Sequence[str] = (),
     context_bytes: int | None = None,
     processes: int = 1,
+    memory: int | None = None,
 ) -> Executor:
-    """`runner`: a `SpecRunner` (needed by `ray`, which ships it to workers) or any evaluator."""
+    """`runner`: a `SpecRunner` (needed by `ray`, which ships it to workers) or any evaluator;
+    `memory`: for `local`, the bytes trials may share when the caller already read them (else NVML)."""
     ctx = context_bytes if context_bytes is not None else context_bytes_from_env()
     common = dict(timeout=timeout, first_number=first_number, progress=progress, command=command, context_bytes=ctx,
                   processes=processes)
@@ -47,7 +49,7 @@ def make_executor(
     if name == "local":
         from alloctune.tune.executors.local import LocalExecutor
 
-        return LocalExecutor(runner, jobs=jobs, budget_hint=budget_hint, **common)
+        return LocalExecutor(runner, jobs=jobs, budget_hint=budget_hint, memory=memory, **common)
     if name == "gpus":
         from alloctune.tune.executors.gpus import GpusExecutor
 
@@ -78,6 +80,7 @@ def executor_for_sweep(
     processes: int = 1,
     gpus_per_trial: int = 1,
     live: bool = True,
+    memory: int | None = None,
 ) -> Executor:
     """What `alloctune tune --executor NAME [--jobs N] [--address A]` runs its trials on.
 
@@ -94,4 +97,4 @@ def executor_for_sweep(
         progress = LiveTrialTable()
     return make_executor(name, SpecRunner(spec), jobs=jobs, address=address, budget_hint=budget, timeout=timeout,
                          first_number=spec.first_free_number(), progress=progress, command=command,
-                         processes=processes, gpus_per_trial=gpus_per_trial)
+                         processes=processes, gpus_per_trial=gpus_per_trial, memory=memory)
