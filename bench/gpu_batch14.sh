@@ -6,17 +6,11 @@
 #   2. tunes of two workloads of bench/gpu_tune_real.py, one at a time: wall time against one run.
 # Run from the repo root:  OUT=/tmp/b14 bash bench/gpu_batch14.sh
 set -u
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+. bench/gpu_lib.sh
+gpu_env
 OUT="${OUT:-$PWD/gpu-batch14-out}"
 mkdir -p "$OUT/ranks_tune" "$OUT/tune"
-python3 setup.py build_ext --inplace -q >/dev/null 2>&1 || echo "native core not built: the Python simulator is used"
-TORCHRUN="$(command -v torchrun || echo "$(dirname "$(command -v python3)")/torchrun")"
-t0=$(date +%s)
-timeout 150 python3 -m alloctune tune --json --store "$OUT/ranks_tune/trials.jsonl" -- \
-  "$TORCHRUN" --nproc-per-node 2 bench/scale_ranks_workload.py --items 24 --backend gloo \
-  >"$OUT/ranks_tune/tune.json" 2>"$OUT/ranks_tune/tune.stderr"
-echo "ranks tune rc=$? in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/ranks_tune/tune.stderr"
-tail -25 "$OUT/ranks_tune/tune.stderr"
+tune_ranks "$OUT/ranks_tune" 150 25
 timeout 170 python3 bench/gpu_tune_real.py --out "$OUT/tune" --jobs 1 --timeout 110 --only timm,diffusion \
   >"$OUT/tune/stdout.txt" 2>&1
 tar czf "$OUT/ranks.tgz" -C "$OUT" ranks_tune tune/stdout.txt && rm -rf "$OUT/ranks_tune" "$OUT/tune/stdout.txt"

@@ -6,11 +6,11 @@
 #      what it says); which ones: $ONLY (default all six).
 # Run from the repo root:  OUT=/tmp/b15 ONLY=hubert,timm bash bench/gpu_batch15.sh
 set -u
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+. bench/gpu_lib.sh
+gpu_env
 OUT="${OUT:-$PWD/gpu-batch15-out}"
 ONLY="${ONLY:-hubert,timm,torchvision,llama,rvc,diffusion}"
 mkdir -p "$OUT/tune"
-python3 setup.py build_ext --inplace -q >/dev/null 2>&1 || echo "native core not built: the Python simulator is used"
 if [ "${COST:-1}" = 1 ]; then
   timeout 120 python3 bench/driver_cost.py --reps 30 --out "$OUT/driver_cost.md" 2>&1 | tail -20
 fi

@@ -6,10 +6,10 @@
 #   3. pytest -m gpu.
 # Run from the repo root:  OUT=/tmp/b16 bash bench/gpu_batch16.sh
 set -u
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+. bench/gpu_lib.sh
+gpu_env
 OUT="${OUT:-$PWD/gpu-batch16-out}"
 mkdir -p "$OUT/tune" "$OUT/roundup"
-python3 setup.py build_ext --inplace -q >/dev/null 2>&1 || echo "native core not built: the Python simulator is used"
 timeout 150 python3 bench/gpu_tune_real.py --out "$OUT/tune" --jobs 1 --timeout 140 --only rvc >"$OUT/tune/stdout.txt" 2>&1
 cat "$OUT/tune/summary.md"
 t0=$(date +%s)

@@ -5,24 +5,18 @@
 #           every rank booked), and rvc with --throughput measure (the A/B path, Welch's t).
 # Run from the repo root:  OUT=/tmp/b17 PART=a bash bench/gpu_batch17.sh
 set -u
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+. bench/gpu_lib.sh
+gpu_env
 OUT="${OUT:-$PWD/gpu-batch17-out}"
 mkdir -p "$OUT"
-python3 setup.py build_ext --inplace -q >/dev/null 2>&1 || echo "native core not built: the Python simulator is used"
 if [ "${PART:-a}" = a ]; then
   mkdir -p "$OUT/tune"
   timeout 560 python3 bench/gpu_tune_real.py --out "$OUT/tune" --jobs 1 --timeout 150 >"$OUT/tune/stdout.txt" 2>&1
   cat "$OUT/tune/summary.md"
   exit 0
 fi
-TORCHRUN="$(command -v torchrun || echo "$(dirname "$(command -v python3)")/torchrun")"
 mkdir -p "$OUT/ranks" "$OUT/measure"
-t0=$(date +%s)
-timeout 200 python3 -m alloctune tune --json --store "$OUT/ranks/trials.jsonl" -- \
-  "$TORCHRUN" --nproc-per-node 2 bench/scale_ranks_workload.py --items 24 --backend gloo \
-  >"$OUT/ranks/tune.json" 2>"$OUT/ranks/tune.stderr"
-echo "ranks tune rc=$? in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/ranks/tune.stderr"
-tail -16 "$OUT/ranks/tune.stderr"
+tune_ranks "$OUT/ranks" 200 16
 t0=$(date +%s)
 timeout 250 python3 -m alloctune tune --throughput measure --json --store "$OUT/measure/trials.jsonl" -- \
   python3 -m alloctune.workloads.rvc --count 2 --quiet >"$OUT/measure/tune.json" 2>"$OUT/measure/tune.stderr"
