@@ -34,6 +34,16 @@ def key_of(conf: str, budget, repeat=0, record=False) -> str:
                       sort_keys=True)
 
 
+def _claim(marker: Path) -> bool:
+    """True for exactly one caller across processes: two trials of the same setting may start at once
+    on two workers, and an exists-then-write check let both of them die (CI, stop 23)."""
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return False
+    return True
+
+
 class FakeTrials:
     def __init__(self, *, delay: float = 0.05, context: int = 512 * MiB, log: str | None = None,
                  die_once: str | None = None, marker_dir: str | None = None, raise_on: str | None = None,
@@ -101,9 +111,7 @@ class FakeTrials:
             if self.raise_on is not None and req.conf == self.raise_on:
                 raise RuntimeError("the fake worker broke")
             if self.die_once is not None and req.conf == self.die_once:
-                marker = Path(self.marker_dir) / "died"
-                if not marker.exists():
-                    marker.write_text("x")
+                if _claim(Path(self.marker_dir) / "died"):
                     os._exit(1)  # the worker process dies mid-trial
             self.cancelled.wait(self.delay)
             result = self.result(req)
