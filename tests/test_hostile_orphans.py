@@ -141,3 +141,33 @@ def test_damaged_pid_file_is_ignored(tmp_path):
     (tmp_path / "running.json").write_text("{not json")
     check_previous_trial(tmp_path / "running.json")
     assert not (tmp_path / "running.json").exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_swallowed_while_the_trial_starts_still_stops_it(tmp_path, env, monkeypatch, sig):
+    """Python runs a signal's handler inside Popen's at-fork hooks, where the exception is dropped as
+    "Exception ignored" (how Ctrl-C was lost in CI): the trial must stop anyway, its workload with it."""
+    import alloctune.runner as runner
+
+    real_popen = subprocess.Popen
+
+    def popen_that_swallows(*args, **kwargs):
+        proc = real_popen(*args, **kwargs)
+        wait_for(marker)  # the workload is up
+        try:  # what the at-fork hook does with the handler's exception
+            os.kill(os.getpid(), sig)
+            time.sleep(1.0)  # the handler runs here
+        except BaseException:
+            pass
+        return proc
+
+    marker = tmp_path / "pids"
+    monkeypatch.setattr(runner.subprocess, "Popen", popen_that_swallows)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt if sig == signal.SIGINT else SystemExit):
+        runner.run_trial([sys.executable, str(tmp_path / "sleeper.py"), str(marker)], timeout=60)
+    assert time.monotonic() - t0 < 30  # not the sleeper's 120 s, nor the timeout
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers put back
+    assert gone(wait_for(marker)), "the workload outlived the interrupted trial"

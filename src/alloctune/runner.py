@@ -300,31 +300,56 @@ class _Terminated(SystemExit):
     """SIGTERM/SIGHUP reached alloctune during a trial: unwind so the trial's group is killed."""
 
 
-def _install_exit_signals() -> dict[int, Any]:
-    """Turn SIGTERM/SIGHUP into an exception while a trial runs (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-
-    def handler(signum: int, frame: Any) -> None:
-        raise _Terminated(128 + signum)
-
-    previous = {}
-    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
-        if sig is None:
-            continue
-        try:
-            previous[sig] = signal.signal(sig, handler)
-        except (ValueError, OSError):
-            pass
-    return previous
+def _signal_error(signum: int) -> BaseException:
+    return KeyboardInterrupt() if signum == signal.SIGINT else _Terminated(128 + signum)
 
 
-def _restore_signals(previous: dict[int, Any]) -> None:
-    for sig, old in previous.items():
-        try:
-            signal.signal(sig, old)
-        except (ValueError, OSError, TypeError):
-            pass
+class _ExitSignals:
+    """Ctrl-C, SIGTERM and SIGHUP during a trial, each raised once and never lost (main thread only).
+
+    Python runs a signal's handler wherever the main thread happens to be, including in the
+    at-fork hooks `subprocess.Popen` runs while it starts the child (logging's lock release).
+    An exception there is printed as "Exception ignored" and dropped, so a Ctrl-C pressed
+    just as a trial started was lost and the sweep ran on to the end (seen under load in CI).
+    Each handler therefore notes its signal before raising; `raise_missed()` raises a noted
+    one that never arrived.
+    """
+
+    def __init__(self) -> None:
+        self.previous: dict[int, Any] = {}
+        self.caught: list[int] = []
+
+    def install(self) -> _ExitSignals:
+        if threading.current_thread() is not threading.main_thread():
+            return self
+
+        def handler(signum: int, frame: Any) -> None:
+            self.caught.append(signum)
+            raise _signal_error(signum)
+
+        for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+            if sig is None:
+                continue
+            if sig == signal.SIGINT and signal.getsignal(sig) is not signal.default_int_handler:
+                continue  # a caller's own Ctrl-C handling is left alone
+            try:
+                self.previous[sig] = signal.signal(sig, handler)
+            except (ValueError, OSError):
+                pass
+        return self
+
+    def raise_missed(self) -> None:
+        """Raise the signal a handler noted but whose exception something swallowed."""
+        if self.caught:
+            raise _signal_error(self.caught[0])
+
+    def restore(self) -> None:
+        for sig, old in self.previous.items():
+            try:
+                signal.signal(sig, old)
+            except (ValueError, OSError, TypeError):
+                pass
+        self.previous = {}
 
 
 # ---- children running now (parallel executors stop them all on Ctrl-C) -------------------------
@@ -393,7 +418,7 @@ def run_trial(
     sweep_stale_trial_dirs()
     trial_dir = Path(tempfile.mkdtemp(prefix=TRIAL_PREFIX))
     watch_r = watch_w = -1
-    previous_signals: dict[int, Any] = {}
+    exit_signals = _ExitSignals()
     proc: subprocess.Popen | None = None
     try:
         owner = {"runner_pid": os.getpid(), "pgid": None, "conf": conf, "started": time.time()}
@@ -423,7 +448,7 @@ def run_trial(
         out = open(log_path, "wb") if log_path else None
         t0 = time.monotonic()
         timed_out = False
-        previous_signals = _install_exit_signals()
+        exit_signals.install()
         try:
             try:
                 proc = subprocess.Popen(
@@ -448,7 +473,9 @@ def run_trial(
             with _RUNNING_LOCK:
                 _RUNNING.add(proc)
             try:
+                exit_signals.raise_missed()  # one that arrived while Popen forked
                 proc.wait(timeout=timeout)
+                exit_signals.raise_missed()
             except subprocess.TimeoutExpired:
                 timed_out = True
                 _kill_group(proc, kill_grace)
@@ -461,7 +488,7 @@ def run_trial(
         finally:
             if proc is not None:
                 _reap_group(proc.pid)  # every way out: nothing of the trial outlives it
-            _restore_signals(previous_signals)
+            exit_signals.restore()
             if out:
                 out.close()
         wall = time.monotonic() - t0
