@@ -24,6 +24,7 @@ whole sweep); everything measured comes from the agent inside the child, which w
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -35,7 +36,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from alloctune.agent import BOOTSTRAP, make_site_dir
 from alloctune.agent.bootstrap import ENV_VAR
@@ -305,19 +306,28 @@ def _signal_error(signum: int) -> BaseException:
 
 
 class _ExitSignals:
-    """Ctrl-C, SIGTERM and SIGHUP during a trial, each raised once and never lost (main thread only).
+    """Ctrl-C, SIGTERM and SIGHUP during a trial, raised once and never lost (main thread only).
 
     Python runs a signal's handler wherever the main thread happens to be, including in the
     at-fork hooks `subprocess.Popen` runs while it starts the child (logging's lock release).
-    An exception there is printed as "Exception ignored" and dropped, so a Ctrl-C pressed
-    just as a trial started was lost and the sweep ran on to the end (seen under load in CI).
-    Each handler therefore notes its signal before raising; `raise_missed()` raises a noted
-    one that never arrived.
+    An exception raised there is printed as "Exception ignored" with a traceback and dropped,
+    so a Ctrl-C pressed just as a trial started was lost and the sweep ran on to the end (seen
+    under load in CI). While the child is being started (`deferred()`) a handler only notes
+    its signal; `raise_missed()` raises it once the child exists and can be stopped.
     """
 
     def __init__(self) -> None:
         self.previous: dict[int, Any] = {}
         self.caught: list[int] = []
+        self.defer = False
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        self.defer = True
+        try:
+            yield
+        finally:
+            self.defer = False
 
     def install(self) -> _ExitSignals:
         if threading.current_thread() is not threading.main_thread():
@@ -325,7 +335,8 @@ class _ExitSignals:
 
         def handler(signum: int, frame: Any) -> None:
             self.caught.append(signum)
-            raise _signal_error(signum)
+            if not self.defer:
+                raise _signal_error(signum)
 
         for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
             if sig is None:
@@ -339,7 +350,7 @@ class _ExitSignals:
         return self
 
     def raise_missed(self) -> None:
-        """Raise the signal a handler noted but whose exception something swallowed."""
+        """Raise a signal that was noted while deferred (or whose exception something swallowed)."""
         if self.caught:
             raise _signal_error(self.caught[0])
 
@@ -451,17 +462,18 @@ def run_trial(
         exit_signals.install()
         try:
             try:
-                proc = subprocess.Popen(
-                    argv,
-                    env=child_env,
-                    cwd=cwd,
-                    stdout=out if out else (_stderr_fd() if stdout_to_stderr else None),
-                    stderr=subprocess.STDOUT if out else None,
-                    stdin=subprocess.DEVNULL if out else None,
-                    start_new_session=True,
-                    pass_fds=(watch_r,),
-                    preexec_fn=_die_with_parent(os.getpid()),
-                )
+                with exit_signals.deferred():
+                    proc = subprocess.Popen(
+                        argv,
+                        env=child_env,
+                        cwd=cwd,
+                        stdout=out if out else (_stderr_fd() if stdout_to_stderr else None),
+                        stderr=subprocess.STDOUT if out else None,
+                        stdin=subprocess.DEVNULL if out else None,
+                        start_new_session=True,
+                        pass_fds=(watch_r,),
+                        preexec_fn=_die_with_parent(os.getpid()),
+                    )
             except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
                 raise EnvironmentProblem(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
             os.close(watch_r)
