@@ -94,7 +94,7 @@ def _count_cancels(monkeypatch, ray) -> list:
     return calls
 
 
-def test_ctrl_c_in_a_ray_sweep_cancels_no_task(ray_local, tmp_path, monkeypatch):
+def test_ctrl_c_in_a_ray_sweep_cancels_no_task(ray_local, monkeypatch):
     """Ctrl-C leaves the tasks to die with the driver's workers: a cancel could make Ray abort the driver."""
     calls = _count_cancels(monkeypatch, ray_local)
     ex = RayExecutor(FakeTrials(delay=0.5), gpu_memory=140 * GiB, progress=_InterruptAtFirstResult())

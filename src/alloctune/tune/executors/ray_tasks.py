@@ -137,7 +137,7 @@ class RayExecutor:
         pending: dict[Any, TrialTask] = {}
         requests = list(requests)
         self.progress.begin(["ray"], len(requests))
-        clean = leaving = False
+        clean = False
         try:
             for req in requests:
                 task = TrialTask(req, self.numbers.next(), self.timeouts.next())
@@ -159,11 +159,11 @@ class RayExecutor:
                     yield task.request, result
             clean = True
         except (KeyboardInterrupt, SystemExit):
-            leaving = True  # the driver is going: its job's workers, and their trials, go with it
+            raise  # the driver is going: its job's workers, and their trials, go with it
+        except BaseException:  # closed early, or an error: stop what is left
+            self._cancel(ray, pending)
             raise
         finally:
-            if not leaving:
-                self._cancel(ray, pending)
             self.progress.end(interrupted=not clean)
 
     @staticmethod
