@@ -38,7 +38,7 @@ _observers = []
 _queued = []
 S = {"init": False, "initializing": False, "cap": None, "reserved": 0, "allocated": 0,
      "peak_reserved": 0, "peak_allocated": 0, "segments": 0, "ooms": 0, "retries": 0,
-     "history": None, "fraction_calls": []}
+     "history": None, "fraction_calls": [], "live": {}}
 
 _C._cuda_attach_out_of_memory_observer = _observers.append
 
@@ -82,6 +82,9 @@ def fake_alloc(nbytes):
     if S["reserved"] + size > cap:
         S["ooms"] += 1
         S["retries"] += 1
+        if S["history"] is not None:  # as the real allocator: the trace entry first, then the observers
+            S["history"].append({"action": "oom", "addr": 0, "size": size, "stream": 0,
+                                 "device_free": TOTAL - S["reserved"], "time_us": time.time_ns() // 1000})
         for ob in _observers:
             ob(0, size, cap, cap - S["reserved"])
         raise OutOfMemoryError(f"CUDA out of memory. Tried to allocate {size // MiB}.00 MiB.")
@@ -91,6 +94,7 @@ def fake_alloc(nbytes):
     S["peak_reserved"] = max(S["peak_reserved"], S["reserved"])
     S["peak_allocated"] = max(S["peak_allocated"], S["allocated"])
     addr = S["segments"] << 40
+    S["live"][addr] = (size, nbytes)
     if S["history"] is not None:
         now = time.time_ns() // 1000  # the snapshot's time_us: wall clock in µs
         S["history"].append({"action": "segment_alloc", "addr": addr, "size": size, "stream": 0, "time_us": now})
@@ -145,7 +149,12 @@ def _record_memory_history(enabled="all", context="all", stacks="all", max_entri
 
 
 def _snapshot():
-    return {"segments": [], "device_traces": [list(S["history"] or [])], "allocator_settings": _settings()}
+    """One segment per live allocation, as the toy allocator makes them (a block of the whole segment)."""
+    segments = [{"device": 0, "address": addr, "total_size": size, "allocated_size": size, "active_size": size,
+                 "requested_size": nbytes, "stream": 0, "segment_type": "large", "is_expandable": False,
+                 "blocks": [{"address": addr, "size": size, "requested_size": nbytes, "state": "active_allocated"}]}
+                for addr, (size, nbytes) in sorted(S["live"].items())]
+    return {"segments": segments, "device_traces": [list(S["history"] or [])], "allocator_settings": _settings()}
 
 
 class device:
@@ -172,6 +181,7 @@ class _Tensor:
         size = -(-self.n // (2 * MiB)) * (2 * MiB)
         S["allocated"] -= self.n
         S["reserved"] -= size
+        S["live"].pop(self.addr, None)
         if S["history"] is not None:
             for action, nbytes in (("free_requested", self.n), ("free_completed", self.n), ("segment_free", size)):
                 S["history"].append({"action": action, "addr": self.addr, "size": nbytes, "stream": 0,

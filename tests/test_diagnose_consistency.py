@@ -25,13 +25,13 @@ def test_snapshot_verdict_follows_its_own_figures(traces_dir):
     assert d.recommendation == "expandable_segments:True"
 
 
-def test_snapshot_capacity_only_when_live_tensors_exceed_the_budget(traces_dir):
+def test_snapshot_shortage_by_numbers_when_live_tensors_exceed_the_budget(traces_dir):
     from alloctune.diagnose.snapshot import diagnose_snapshot
 
     path = traces_dir / "rvc_ec1" / "gc07_split256_cap115a.pickle.xz"
     probe = diagnose_snapshot(path, candidates=None)
     tight = diagnose_snapshot(path, candidates=None, budget=probe.allocated + probe.request // 2)
-    assert tight.verdict == "capacity" and "more than the" in tight.summary
+    assert tight.verdict == "shortage" and "more than the" in tight.summary and tight.needs == probe.allocated + probe.request
 
 
 # 9 -- the MPS advice never repeats the default it assumes

@@ -110,15 +110,32 @@ def test_probable_self_pid_is_not_contention():
     assert any("probably this process" in e for e in d.evidence)
 
 
-def test_cap_with_fraction_fix():
+def test_cap_is_answered_within_it_shortage_when_live_tensors_exceed_it():
+    # live 793.31 MiB + request 288 MiB = 1.06 GiB > the 1008.73 MiB limit: no setting fits it within the cap
     d = diagnose(legacy("288.00 MiB", "3.94 GiB", "793.31 MiB", "1.89 GiB", "936.00 MiB", "1008.73 MiB allowed; "))
-    assert d.verdict == "cap"
+    assert d.verdict == "shortage" and "cap" in d.contributing
+    assert "within the per-process limit 1008.73 MiB" in d.reason and "no allocator setting helps" in d.reason
+    assert d.shortfall == round(793.31 * MiB) + 288 * MiB - round(1008.73 * MiB)
+    assert d.fixes[0].id == "reduce_batch"
     f = fix(d, "raise_memory_fraction")
     need = 936 * MiB + 288 * MiB
     frac = dict(f.extra)["fraction"]
     assert frac == 0.31 and frac * round(3.94 * GiB) >= need > (frac - 0.01) * round(3.94 * GiB)
     assert "set_per_process_memory_fraction(0.31)" in f.code
     assert not fix(d, "garbage_collection_threshold").works
+
+
+def test_cap_is_answered_within_it_fragmentation_when_the_bytes_exist_in_it():
+    # cached free 300 MiB >= 288 MiB request: fragmentation within the 1.50 GiB limit, the device had room
+    d = diagnose(legacy("288.00 MiB", "3.94 GiB", "1.00 GiB", "1.89 GiB", "1.29 GiB", "1.50 GiB allowed; "))
+    assert d.verdict == "fragmentation" and "cap" in d.contributing
+    assert "within the per-process limit 1.50 GiB" in d.reason and "split into pieces" in d.reason
+    assert any(e.startswith("not decided by the message") for e in d.evidence)
+    assert {"expandable_segments", "max_split_size_mb", "raise_memory_fraction"} <= {f.id for f in d.fixes}
+    # live 1.00 GiB + 288 MiB fit under 1.40 GiB, yet cached free (50 MiB) alone does not cover the request:
+    # the bytes exist within the cap only as cached pieces plus headroom
+    e = diagnose(legacy("288.00 MiB", "3.94 GiB", "1.00 GiB", "1.89 GiB", "1.20 GiB", "1.40 GiB allowed; "))
+    assert e.verdict == "fragmentation" and "neither does alone" in e.reason
 
 
 def test_room_on_device_is_unknown():

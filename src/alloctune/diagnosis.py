@@ -46,11 +46,13 @@ def explain_snapshot(
     oom: int = -1,
     what_if: bool = True,
     progress: Progress = no_progress,
+    log_text: str | None = None,
 ) -> Any:
     """The `SnapshotDiagnosis` of the OOM recorded in `snapshot` (`oom`: which one, -1 = last).
 
-    `budget`: the per-process cap the run had (bytes, or text with a unit); `what_if` replays
-    the standard settings in the simulator to say which one would have avoided the OOM.
+    `budget`: the per-process cap the run had (bytes, or text with a unit); without it, the cap
+    the OOM message in `log_text` prints, else the one recorded in the snapshot. `what_if`
+    replays the standard settings in the simulator to say which one would have avoided the OOM.
     """
     from alloctune.config.standard import STANDARD_CONFS
     from alloctune.diagnose.snapshot import diagnose_snapshot
@@ -59,9 +61,23 @@ def explain_snapshot(
     if device < 0:
         raise InputError(f"--device must be 0 or more, got {device}")
     cap = parse_user_size(budget, "--budget") if budget is not None else None
+    source = "given"
+    if cap is None and log_text is not None:
+        cap = cap_in_text(log_text)
+        source = "the OOM message's 'allowed'"
     progress(f"reading {snapshot}" + (" and replaying the standard settings" if what_if else ""))
-    return diagnose_snapshot(snapshot, device=device, oom=oom, budget=cap,
+    return diagnose_snapshot(snapshot, device=device, oom=oom, budget=cap, budget_source=source,
                              candidates=STANDARD_CONFS if what_if else None)
+
+
+def cap_in_text(text: str) -> int | None:
+    """The per-process cap an OOM message prints ("N GiB allowed" / "PyTorch limit"), the last
+    message's; None when no message names one. Rounded as printed (2 decimals of its unit)."""
+    from alloctune.diagnose import diagnose_all
+    from alloctune.diagnose.verdict import UNLIMITED
+
+    caps = [d.report.cap for d in diagnose_all(text) if d.report.cap is not None and d.report.cap < UNLIMITED]
+    return caps[-1] if caps else None
 
 
 def diagnose_input(
@@ -88,9 +104,10 @@ def diagnose_input(
         if only:
             raise InputError(f"{', '.join(only)} only apply with --snapshot FILE")
         return "log", diagnose_log(source, platform, stdin)
-    if source is not None:
-        raise InputError("give either a log (FILE or -) or --snapshot FILE, not both")
     if platform is not None:
         raise InputError("--platform applies to logs, not to --snapshot")
+    # A log beside the snapshot is read for the cap its OOM message prints (a plain torch snapshot has none).
+    text = read_log(source, stdin) if source is not None else None
     return "snapshot", explain_snapshot(snapshot, budget=budget, device=device or 0,
-                                        oom=-1 if oom is None else oom, what_if=what_if, progress=progress)
+                                        oom=-1 if oom is None else oom, what_if=what_if, progress=progress,
+                                        log_text=text)

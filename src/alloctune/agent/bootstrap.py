@@ -86,6 +86,8 @@ _watchdog = _sibling("watchdog")
 # Snapshot key of the program's empty_cache() calls; equal to trace.stream.EMPTY_CACHE_MARKS_KEY
 # (not imported: the agent loads only the standard library in the user's interpreter).
 EMPTY_CACHE_MARKS_KEY = "alloctune_empty_cache_calls"
+# Snapshot key of the run record (cap, total memory, setting, command); equal to trace.stream.RUN_RECORD_KEY.
+RUN_RECORD_KEY = "alloctune_run"
 
 REPORT_SCHEMA = 1
 LIVE_SCHEMA = 1
@@ -283,11 +285,38 @@ class Agent:
         except Exception as exc:  # never let the observer raise into the allocator
             self._note(f"OOM observer failed: {exc}")
 
+    def run_record(self) -> dict[str, Any]:
+        """What a snapshot needs to be read right later, written into it (`RUN_RECORD_KEY`).
+
+        Without the cap, a diagnosis of a capped run would take the whole device as the budget
+        and answer the wrong question; the report file beside it is gone by then (the runner's
+        temporary folder). Keys follow the shared traces' sidecar (`cap`: bytes, 0 = none).
+        """
+        cap = 0
+        if self.fraction is not None and self.fraction < 1.0 and self.total_memory:
+            cap = int(self.fraction * self.total_memory)  # the allocator truncates the same product
+        record: dict[str, Any] = {
+            "cap": cap,
+            "total_memory": int(self.total_memory or 0),
+            "torch": str(getattr(self.torch, "__version__", "") or ""),
+            "conf": str(self.config.get("conf") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+                        or os.environ.get("PYTORCH_ALLOC_CONF") or ""),
+            "device": int(self.device or 0),
+            "cmd": [str(a) for a in sys.argv],
+        }
+        if self.ooms:  # the allocator's own limit at the first OOM (the observer's `limit`)
+            record["oom_limit"] = int(self.ooms[0]["limit"])
+        return record
+
     def _dump_oom_snapshot(self) -> None:
         folder = self.config.get("oom_dir") or self.config.get("report_dir") or "."
         path = os.path.join(folder, f"oom-snapshot.{os.getpid()}.pickle")
         try:
-            self._write_snapshot(self.torch.cuda.memory._snapshot(), path)
+            snap = self.torch.cuda.memory._snapshot()
+            snap = {**snap, RUN_RECORD_KEY: self.run_record()}
+            if self.empty_cache_calls is not None:
+                snap[EMPTY_CACHE_MARKS_KEY] = list(self.empty_cache_calls)
+            self._write_snapshot(snap, path)
             self.oom_snapshot = path
         except Exception as exc:
             self._note(f"OOM snapshot failed: {exc}")
@@ -479,8 +508,9 @@ class Agent:
         record = self.config.get("record")
         if record:
             path = self._record_path(record)
+            snap = {**snap, RUN_RECORD_KEY: self.run_record()}
             if self.empty_cache_calls is not None:
-                snap = {**snap, EMPTY_CACHE_MARKS_KEY: list(self.empty_cache_calls)}
+                snap[EMPTY_CACHE_MARKS_KEY] = list(self.empty_cache_calls)
             self._write_snapshot(snap, path)
             report["snapshot"] = path
             report["segment_sizes"] = segment_sizes(snap, self.device or 0)

@@ -114,7 +114,11 @@ def render_trial(result: Any) -> None:
     if result.snapshot:
         t.add_row("history", result.snapshot)
     if result.oom_snapshot:
+        import shlex
+
         t.add_row("OOM snapshot", result.oom_snapshot)
+        # the snapshot carries the budget: diagnosing it needs no flag
+        t.add_row("next", f"alloctune diagnose --snapshot {shlex.quote(str(result.oom_snapshot))}")
     if result.processes > 1:
         t.add_row("processes", f"{result.processes} (figures from the one with the highest peak reserved)")
     err_console.print(t)

@@ -21,6 +21,8 @@ of `alloctune.trace`.
 from __future__ import annotations
 
 import json
+import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -44,10 +46,10 @@ from alloctune.diagnose.snapshot_model import (  # noqa: F401
     SnapshotDiagnosis,
     WhatIf,
 )
-from alloctune.diagnose.what_if import what_if_replays
+from alloctune.diagnose.what_if import WhatIfs, what_if_replays
 from alloctune.errors import TraceError
 from alloctune.sim.sizes import SMALL_SIZE
-from alloctune.units import format_size
+from alloctune.units import GiB, MiB, format_size
 
 
 def _load(path_or_snapshot: str | Path | Mapping[str, Any], source: str | None) -> tuple[str, Mapping[str, Any]]:
@@ -92,27 +94,34 @@ def _pinned_segments(mm: MemoryMap, pool: str, stream: int) -> list[PinnedSegmen
     return out
 
 
-def diagnose_snapshot(
-    path_or_snapshot: str | Path | Mapping[str, Any],
-    *,
-    device: int = 0,
-    oom: int = -1,
-    budget: int | None = None,
-    candidates: Sequence[str] | None = STANDARD_CONFS,
-    top: int = 8,
-    source: str | None = None,
-) -> SnapshotDiagnosis:
-    """Explain the OOM recorded in a snapshot; `oom` picks which one (default: the last).
+@dataclass(frozen=True)
+class Budget:
+    """The cap a diagnosis answers within, and where it came from."""
 
-    `budget` is the per-process cap the run had; without it the sidecar `NAME.json`'s `cap`
-    is used, else reserved-at-OOM + the device's free memory at the OOM (what the process
-    could have had). `candidates=None` skips the what-if replays. `source` names an
-    already-loaded snapshot dict (its file path: used for messages and the sidecar).
-    """
-    source, snap = _load(path_or_snapshot, source)
-    traces = snap.get("device_traces") or []
-    events: Sequence[Mapping[str, Any]] = traces[device] if device < len(traces) else []
-    settings = snap.get("allocator_settings") or {}
+    bytes: int | None
+    source: str
+    assumed: bool = False  # not known to be the run's (no cap recorded): the replays must bear it out
+
+
+def budget_of_run(given: int | None, meta: Mapping[str, Any], reserved: int, device_free: int | None,
+                  given_source: str = "given") -> Budget:
+    """The budget the run had: given, else the cap recorded in the snapshot (the agent's run record)
+    or beside it (sidecar), else -- for a run known to have had no cap -- what the device could give
+    it (reserved + free at the OOM); with no record at all that is only an assumption."""
+    if given is not None:
+        return Budget(given, given_source)
+    cap = _positive_int(meta.get("cap")) or _positive_int(meta.get("budget"))
+    if cap is not None:
+        return Budget(cap, "recorded cap")
+    if device_free is None:
+        return Budget(None, "unknown")
+    if meta.get("cap") == 0:
+        return Budget(reserved + device_free, "no cap recorded: reserved + device free at the OOM")
+    return Budget(reserved + device_free, "assumed: no cap known, so reserved + device free at the OOM", True)
+
+
+def _oom_index(events: Sequence[Mapping[str, Any]], oom: int, source: str) -> tuple[int, int]:
+    """(history index of the chosen `oom` entry, number of OOMs recorded)."""
     oom_indices = [i for i, e in enumerate(events) if e.get("action") == "oom"]
     if not oom_indices:
         raise TraceError(
@@ -120,29 +129,143 @@ def diagnose_snapshot(
             "(alloctune run --on-oom snapshot) or pass a snapshot written at an OOM"
         )
     try:
-        oom_i = oom_indices[oom]
+        return oom_indices[oom], len(oom_indices)
     except IndexError:
         raise TraceError(f"{source}: OOM #{oom} requested but the history holds {len(oom_indices)}") from None
+
+
+def _state_at(snap: Mapping[str, Any], events: Sequence[Mapping[str, Any]], oom_i: int, device: int,
+              source: str) -> tuple[MemoryMap, str, bool]:
+    """The memory map at the OOM, how it was obtained, and whether the history ends there."""
+    after = [e for e in events[oom_i + 1 :] if e.get("action") not in ("oom", "snapshot", "user_defined")]
+    if not after:
+        return map_from_snapshot_segments(snap.get("segments") or [], device), "snapshot-at-oom", True
+    try:
+        rp = replay_history(events, snap.get("allocator_settings") or {}, capture=[oom_i])
+    except HistoryGap as exc:
+        raise TraceError(
+            f"{source}: the snapshot was written after the OOM and its history does not reach back to an "
+            f"empty allocator ({exc}); write the snapshot at the OOM (alloctune run --on-oom snapshot)"
+        ) from None
+    return rp.maps[oom_i], "replayed-history", False
+
+
+def _size_arg(n: int) -> str:
+    """A size for a command line that parses back to exactly `n`."""
+    for unit, name in ((GiB, "GiB"), (MiB, "MiB")):
+        if n % unit == 0:
+            return f"{n // unit}{name}"
+    return f"{n}B"
+
+
+def confirm_command(conf: str, budget: int, cmd: Sequence[str] | None) -> str:
+    """`alloctune run` of the recorded command under `conf` and the same budget: the one real run that
+    settles what a snapshot cannot (whether the rest of the program fits too)."""
+    prog = ("python " + shlex.join(cmd)) if cmd else "YOUR_COMMAND"
+    conf_arg = f"--conf {shlex.quote(conf)} " if conf else ""
+    return f"alloctune run {conf_arg}--budget {_size_arg(budget)} --on-oom snapshot -- {prog}"
+
+
+@dataclass(frozen=True)
+class _Judgement:
+    verdict: str
+    summary: str
+    recommendation: str | None = None
+    needs: int | None = None
+    needs_setting: str | None = None
+    undecided: str = ""
+    confirm: str | None = None
+
+
+def _judge_by_numbers(allocated: int, request: int, reserved_free: int, largest: int, budget: Budget) -> _Judgement:
+    """What the memory map alone decides (no replays): the bytes either were cached, or cannot fit."""
+    fs = format_size
+    if budget.bytes is not None and allocated + request > budget.bytes:
+        return _Judgement("shortage", (
+            f"Shortage: the live tensors ({fs(allocated)}) and the {fs(request)} request need "
+            f"{fs(allocated + request)}, more than the {fs(budget.bytes)} budget; no allocator setting can serve it."),
+            needs=allocated + request)
+    if largest < request <= reserved_free:
+        return _Judgement("fragmentation", (
+            f"Fragmentation: {fs(reserved_free)} was reserved but free, enough for the {fs(request)} request, yet "
+            f"no free block was larger than {fs(largest)}."))
+    why = ("the budget is unknown (pass --budget)" if budget.bytes is None else
+           f"the live tensors and the request fit in the {fs(budget.bytes)} budget, but the cached free memory "
+           f"({fs(reserved_free)}) does not cover the request: whether a setting serves it takes the replays")
+    return _Judgement("unknown", f"Undecided from the memory map alone: {why}.", undecided=why)
+
+
+def _judge_by_replays(w: WhatIfs, allocated: int, request: int, budget: Budget, ends_at_oom: bool,
+                      cmd: Sequence[str] | None, meta_hint: str) -> _Judgement:
+    """The verdict within the budget, from the exact replays of the history through the failed request."""
+    fs = format_size
+    assert budget.bytes is not None
+    cap = fs(budget.bytes)
+    if not w.reproduced:
+        what = ("pass the cap the run had (--budget SIZE), or give its OOM text too (alloctune diagnose LOG "
+                "--snapshot FILE), or record it with alloctune run --budget ... --on-oom snapshot")
+        why = f"{w.note or 'the replays could not be made'}; {meta_hint}{what}"
+        if allocated + request > budget.bytes:
+            return _Judgement("shortage", (
+                f"Shortage: the live tensors ({fs(allocated)}) and the {fs(request)} request exceed the {cap} "
+                f"budget; the simulator does not reproduce this OOM, so no setting is judged."), undecided=why)
+        return _Judgement("unknown", (
+            f"Undecided: under the recorded setting and the {cap} budget the simulator does not reproduce this "
+            "OOM, so the budget (or the history) is not what the run had and no what-if is an answer."),
+            undecided=why)
+    later = ("; the snapshot ends at the OOM, so whether the rest of the run fits is not known -- one run settles it"
+             if ends_at_oom else "")
+    serving = [x for x in w.rows[1:] if x.avoids_oom]
+    if serving:
+        best = serving[0].config
+        return _Judgement("fragmentation", (
+            f"Fragmentation within the {cap} budget: replayed exactly, {best or '(default)'} serves the program "
+            f"through the failed {fs(request)} request under the same budget, where the recorded setting fails"
+            f"{later}."), recommendation=best, confirm=confirm_command(best, budget.bytes, cmd))
+    needs = [(x.min_budget, x.config) for x in w.rows if x.min_budget is not None]
+    if needs:
+        need, conf = min(needs)
+        return _Judgement("shortage", (
+            f"Shortage within the {cap} budget: no setting gets the program through the failed {fs(request)} "
+            f"request under it; replayed exactly, the run so far needs about {fs(need)} "
+            f"({fs(max(need - budget.bytes, 0))} more), least under {conf or '(default)'}"
+            f"{'; the rest of the run may need more' if ends_at_oom else ''}."),
+            needs=need, needs_setting=conf)
+    return _Judgement("shortage", (
+        f"Shortage within the {cap} budget: no setting gets the program through the failed {fs(request)} request, "
+        "not even on the whole device."))
+
+
+def diagnose_snapshot(
+    path_or_snapshot: str | Path | Mapping[str, Any],
+    *,
+    device: int = 0,
+    oom: int = -1,
+    budget: int | None = None,
+    budget_source: str = "given",
+    candidates: Sequence[str] | None = STANDARD_CONFS,
+    top: int = 8,
+    source: str | None = None,
+) -> SnapshotDiagnosis:
+    """Explain the OOM recorded in a snapshot within the budget the run had; `oom` picks which
+    one (default: the last).
+
+    `budget`: the per-process cap (`budget_source` says where the caller got it); without it the
+    cap the agent recorded in the snapshot (or a sidecar `NAME.json`) is used, else what the
+    device could have given (an assumption the replays must bear out). `candidates=None` skips
+    the what-if replays. `source` names an already-loaded snapshot dict.
+    """
+    source, snap = _load(path_or_snapshot, source)
+    traces = snap.get("device_traces") or []
+    events: Sequence[Mapping[str, Any]] = traces[device] if device < len(traces) else []
+    settings = snap.get("allocator_settings") or {}
+    oom_i, oom_count = _oom_index(events, oom, source)
     ev = events[oom_i]
     request = int(ev.get("size", 0))
     stream = int(ev.get("stream", 0))
     device_free = ev.get("device_free")
     device_free = int(device_free) if device_free is not None else None
-
-    after = [e for e in events[oom_i + 1 :] if e.get("action") not in ("oom", "snapshot", "user_defined")]
-    if not after:
-        mm = map_from_snapshot_segments(snap.get("segments") or [], device)
-        state_source = "snapshot-at-oom"
-    else:
-        try:
-            rp = replay_history(events, settings, capture=[oom_i])
-        except HistoryGap as exc:
-            raise TraceError(
-                f"{source}: the snapshot was written after the OOM and its history does not reach back to an "
-                f"empty allocator ({exc}); write the snapshot at the OOM (alloctune run --on-oom snapshot)"
-            ) from None
-        mm = rp.maps[oom_i]
-        state_source = "replayed-history"
+    mm, state_source, ends_at_oom = _state_at(snap, events, oom_i, device, source)
 
     pool = "small" if request <= SMALL_SIZE else "large"
     free_sizes = mm.free_blocks(pool, stream)
@@ -152,116 +275,84 @@ def diagnose_snapshot(
     pinned = _pinned_segments(mm, pool, stream)
     pinned_free = sum(p.free for p in pinned)
 
-    budget_source = "given"
-    meta = sidecar_meta(source) if source != "<snapshot>" else {}
+    from alloctune.trace.stream import run_record
+
+    meta = {**run_record(dict(snap), source), **(sidecar_meta(source) if source != "<snapshot>" else {})}
     torch_version = meta.get("torch") or meta.get("torch_version")
-    if budget is None:
-        budget = _positive_int(meta.get("cap")) or _positive_int(meta.get("budget"))
-        budget_source = "recorded cap"
-    if budget is None and device_free is not None:
-        budget = reserved + device_free
-        budget_source = "reserved + device free at the OOM"
-    if budget is None:
-        budget_source = "unknown"
-
+    b = budget_of_run(budget, meta, reserved, device_free, budget_source)
     needed = allocation_size(request, SizeRules.from_settings(settings))
-    evidence = [
-        f"request: {format_size(request)} (rounded) from the {pool} pool; a new segment for it would be "
-        f"{format_size(needed)} (the size the OOM message prints)",
-        f"at the OOM: {format_size(reserved)} reserved, {format_size(allocated)} allocated, "
-        f"{format_size(reserved_free)} reserved but free",
-        f"largest free {pool}-pool block: {format_size(largest)} ({len(free_sizes)} free blocks) "
-        f"vs the {format_size(request)} request",
-    ]
-    if pinned:
-        live = sum(p.live_blocks for p in pinned)
-        evidence.append(
-            f"{len(pinned)} segment(s) hold more free than live memory: {format_size(pinned_free)} free, "
-            f"pinned by {live} live block(s) of {format_size(sum(p.allocated for p in pinned))} in total"
-        )
-    if budget is not None:
-        headroom = max(budget - reserved, 0)
-        evidence.append(
-            f"budget {format_size(budget)} ({budget_source}): headroom {format_size(headroom)} "
-            f"{'<' if headroom < needed else '>='} the {format_size(needed)} new segment"
-        )
-
-    # Fragmentation whenever no free block served the request although the bytes were there:
-    # cached-but-free alone covered it, or live tensors + request fit in the budget (the cached
-    # pieces and the headroom together would have, had they been one range). Capacity only when
-    # the live tensors and the request exceed the budget themselves.
-    fits = budget is not None and allocated + request <= budget
-    if largest < request and reserved_free >= request:
-        verdict = "fragmentation"
-        summary = (
-            f"Fragmentation: {format_size(reserved_free)} was reserved but free, enough for the "
-            f"{format_size(request)} request, yet no free block was larger than {format_size(largest)}."
-        )
-    elif largest < request and fits:
-        verdict = "fragmentation"
-        summary = (
-            f"Fragmentation: the live tensors ({format_size(allocated)}) and the {format_size(request)} request "
-            f"fit in the {format_size(budget)} budget, but its free part was split: {format_size(reserved_free)} "
-            f"cached in blocks of at most {format_size(largest)}, and {format_size(max(budget - reserved, 0))} "
-            f"of headroom, less than the {format_size(needed)} new segment."
-        )
-        evidence.append(f"allocated {format_size(allocated)} + request {format_size(request)} = "
-                        f"{format_size(allocated + request)} <= budget {format_size(budget)}")
-    else:
-        verdict = "capacity"
-        if budget is not None:
-            summary = (
-                f"Capacity: the live tensors ({format_size(allocated)}) and the {format_size(request)} request "
-                f"need {format_size(allocated + request)}, more than the {format_size(budget)} budget."
-            )
-        else:
-            summary = (
-                f"Capacity: only {format_size(reserved_free)} was reserved but free for a "
-                f"{format_size(request)} request, and the budget is unknown."
-            )
+    evidence = _map_evidence(request, needed, pool, reserved, allocated, largest, len(free_sizes), pinned, b)
 
     what_if: tuple[WhatIf, ...] = ()
-    recommendation = None
-    if candidates and budget is not None:
-        what_if = tuple(what_if_replays(snap, source, device, oom_i, budget, candidates, torch_version))
-        current = str(settings.get("PYTORCH_CUDA_ALLOC_CONF") or "")
-        reproduced = bool(what_if) and what_if[0].config == current and what_if[0].avoids_oom is False
-        if what_if and what_if[0].avoids_oom is None:
-            evidence.append(f"no what-if replays: {what_if[0].note}")
-        elif not reproduced:
-            evidence.append("the simulator does not reproduce this OOM under the recorded setting, "
-                            "so no setting is recommended from the replays")
-        for w in what_if:
-            if reproduced and w.avoids_oom and w.config != current:
-                recommendation = w.config
-                evidence.append(f"replayed under the same budget, {w.config} serves the failed request "
-                                "(the recorded run ended there, so later requests are not covered)")
-                break
+    reproduced = None
+    if candidates and b.bytes is not None:
+        w = what_if_replays(snap, source, device, oom_i, b.bytes, candidates, torch_version)
+        reproduced = w.reproduced
+        if w.reproduced is None:
+            evidence.append(f"no what-if replays: {w.note}")
+            judged = _judge_by_numbers(allocated, request, reserved_free, largest, b)
+            what_if = w.rows
+        else:
+            hint = ""
+            if b.assumed:
+                low, high = _cap_bracket(events, oom_i, reserved, needed)
+                hint = (f"no cap is recorded with this snapshot, and the run's cap, if it had one, lay between "
+                        f"{format_size(low)} (the most it held before) and {format_size(high)} (reserved + the new "
+                        "segment it could not get); ")
+            judged = _judge_by_replays(w, allocated, request, b, ends_at_oom, meta.get("cmd"), hint)
+            # Not reproduced: the other rows answer a question the run never asked; only the recorded one stays.
+            what_if = w.rows if w.reproduced else w.rows[:1]
+            evidence.append("the recorded setting, replayed under this budget, "
+                            + ("reproduces the OOM at the same request" if w.reproduced else f"does not: {w.note}"))
+    else:
+        judged = _judge_by_numbers(allocated, request, reserved_free, largest, b)
+    if judged.confirm:
+        evidence.append(f"confirm on the GPU: {judged.confirm}")
     return SnapshotDiagnosis(
-        source=source,
-        verdict=verdict,
-        summary=summary,
-        state_source=state_source,
-        oom_event_index=oom_i,
-        oom_count=len(oom_indices),
-        request=request,
-        alloc_size=needed,
-        pool=pool,
-        reserved=reserved,
-        allocated=allocated,
-        reserved_free=reserved_free,
-        largest_free=largest,
-        free_blocks=len(free_sizes),
-        device_free=device_free,
-        budget=budget,
-        budget_source=budget_source,
-        pinned=tuple(pinned[:top]),
-        pinned_count=len(pinned),
-        pinned_free=pinned_free,
-        what_if=what_if,
-        recommendation=recommendation,
-        evidence=tuple(evidence),
-        memory_map=mm,
+        source=source, verdict=judged.verdict, summary=judged.summary, state_source=state_source,
+        oom_event_index=oom_i, oom_count=oom_count, request=request, alloc_size=needed, pool=pool,
+        reserved=reserved, allocated=allocated, reserved_free=reserved_free, largest_free=largest,
+        free_blocks=len(free_sizes), device_free=device_free, budget=b.bytes, budget_source=b.source,
+        pinned=tuple(pinned[:top]), pinned_count=len(pinned), pinned_free=pinned_free, what_if=what_if,
+        recommendation=judged.recommendation, evidence=tuple(evidence), memory_map=mm, reproduced=reproduced,
+        undecided=judged.undecided, needs=judged.needs, needs_setting=judged.needs_setting,
+        ends_at_oom=ends_at_oom, confirm=judged.confirm,
     )
 
 
+def _cap_bracket(events: Sequence[Mapping[str, Any]], oom_i: int, reserved: int, needed: int) -> tuple[int, int]:
+    """Where a cap nobody recorded must lie: at least the most the run reserved before the OOM (it got
+    that), below what it held plus the segment it was refused. A hint for --budget, not a budget."""
+    level = peak = 0
+    for e in events[:oom_i]:
+        action = e.get("action")
+        if action in ("segment_alloc", "segment_map"):
+            level += int(e.get("size", 0))
+            peak = max(peak, level)
+        elif action in ("segment_free", "segment_unmap"):
+            level -= int(e.get("size", 0))
+    return max(peak, reserved), reserved + needed
+
+
+def _map_evidence(request: int, needed: int, pool: str, reserved: int, allocated: int, largest: int, nfree: int,
+                  pinned: Sequence[PinnedSegment], b: Budget) -> list[str]:
+    """The figures of the memory map at the OOM, as sentences."""
+    fs = format_size
+    out = [
+        f"request: {fs(request)} (rounded) from the {pool} pool; a new segment for it would be "
+        f"{fs(needed)} (the size the OOM message prints)",
+        f"at the OOM: {fs(reserved)} reserved, {fs(allocated)} allocated, {fs(reserved - allocated)} reserved but free",
+        f"largest free {pool}-pool block: {fs(largest)} ({nfree} free blocks) vs the {fs(request)} request",
+    ]
+    if pinned:
+        out.append(f"{len(pinned)} segment(s) hold more free than live memory: {fs(sum(p.free for p in pinned))} "
+                   f"free, pinned by {sum(p.live_blocks for p in pinned)} live block(s) of "
+                   f"{fs(sum(p.allocated for p in pinned))} in total")
+    if b.bytes is not None:
+        headroom = max(b.bytes - reserved, 0)
+        out.append(f"budget {fs(b.bytes)} ({b.source}): headroom {fs(headroom)} "
+                   f"{'<' if headroom < needed else '>='} the {fs(needed)} new segment")
+        fit = "<=" if allocated + request <= b.bytes else ">"
+        out.append(f"allocated {fs(allocated)} + request {fs(request)} = {fs(allocated + request)} {fit} budget "
+                   f"{fs(b.bytes)}")
+    return out

@@ -139,19 +139,26 @@ class WhatIf:
     avoids_oom: bool | None  # None: could not be simulated
     peak_reserved: int | None = None
     note: str = ""
+    # The smallest budget under which this setting gets the run through the failed request (bisected
+    # to 1 % or 16 MiB); only computed when no setting serves it under the budget ("needs N more").
+    min_budget: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "WhatIf":
-        return cls(str(d["config"]), d.get("avoids_oom"), d.get("peak_reserved"), str(d.get("note", "")))
+        return cls(str(d["config"]), d.get("avoids_oom"), d.get("peak_reserved"), str(d.get("note", "")),
+                   d.get("min_budget"))
 
 
 @dataclass(frozen=True)
 class SnapshotDiagnosis:
     source: str
-    verdict: str  # "fragmentation", "capacity" or "no-oom"
+    # Within the budget: "fragmentation" (a setting serves the failed request under it), "shortage"
+    # (none does: `needs` says how much the run needs to get that far), "unknown" (the replays could
+    # not decide: the budget or the history is not what the run had; `undecided` says why).
+    verdict: str
     summary: str
     state_source: str  # "snapshot-at-oom", "replayed-history" or "snapshot-final"
     oom_event_index: int
@@ -174,6 +181,14 @@ class SnapshotDiagnosis:
     recommendation: str | None
     evidence: tuple[str, ...]
     memory_map: MemoryMap = field(repr=False, default=MemoryMap(-1, ()))
+    # Whether the simulator, under the recorded setting and this budget, fails at the failed request
+    # itself (None: not replayed). Unless True, `what_if` holds no answers (the recorded row at most).
+    reproduced: bool | None = None
+    undecided: str = ""  # why the what-ifs are not answers, and what to pass
+    needs: int | None = None  # smallest budget that gets the run through the failed request (best setting)
+    needs_setting: str | None = None
+    ends_at_oom: bool = True  # the history stops at the OOM: later requests are not known
+    confirm: str | None = None  # the command that settles whether the recommendation completes the run
 
     def to_dict(self, with_map: bool = True) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("pinned", "what_if", "memory_map")}

@@ -238,6 +238,47 @@ def _async(b: _Builder) -> Diagnosis:
                   max(0, X - (F or 0)))
 
 
+def _within_cap(b: _Builder, X: int, A: int, R: int, U: int, F: int | None, cap: int) -> Diagnosis:
+    """The verdict of an OOM under a per-process cap, within that cap.
+
+    What the figures decide: live tensors + request above the cap is a shortage no setting can fix;
+    cached free memory covering the request is fragmentation. In between (the bytes exist within the
+    cap, but only as cached pieces plus headroom) a setting may serve this request; whether the rest
+    of the run then fits, no message can tell: a recording under the same cap settles it.
+    """
+    r, plat = b.r, b.platform
+    need, live = R + X, A + X
+    b.contributing.append("cap")
+    b.ev(f"reserved + request = {_fs(need)} > limit {_fs(cap)}"
+         + (" (equal within the printed precision)" if need <= cap else ""))
+    room = f" while the device still had {_fs(F)} free" if F is not None and F >= X else ""
+    if live > cap + tol(cap) + tol(A) + tol(X):
+        short = live - cap
+        b.ev(f"live tensors {_fs(A)} + request {_fs(X)} = {_fs(live)} > limit {_fs(cap)}: no allocator setting can "
+             "serve it within the limit")
+        b.fixes.append(fx.reduce_work(r, short, live))
+        b.fixes.append(fx.raise_fraction(r, need))
+        b.fixes.append(fx.gc_threshold(r))
+        return b.done("shortage", f"within the per-process limit {_fs(cap)}{room}: the live tensors and the request "
+                      f"({_fs(live)}) exceed it by {_fs(short)}; no allocator setting helps", short)
+    b.ev(f"live tensors {_fs(A)} + request {_fs(X)} = {_fs(live)} <= limit {_fs(cap)}: the bytes exist within it")
+    b.ev("not decided by the message: whether the rest of the run fits within the limit under another setting; "
+         f"run it under the same limit with `alloctune run --budget {cap}B --on-oom snapshot -- YOUR_COMMAND` and "
+         "diagnose the snapshot it writes: the replays answer exactly, setting by setting")
+    b.fixes.append(fx.expandable_segments(r, plat, U + max(cap - R, 0), enough=True))
+    b.fixes.append(fx.max_split_size(r, plat))
+    b.fixes.append(fx.record_snapshot(r))
+    b.fixes.append(fx.raise_fraction(r, need))
+    b.fixes.append(fx.gc_threshold(r))
+    if U + tol(U) + tol(X) >= X:
+        b.ev(f"reserved but unallocated {_fs(U)} >= request {_fs(X)}: cached, but no single free block is large enough")
+        return b.done("fragmentation", f"within the per-process limit {_fs(cap)}: {_fs(U)} is cached but split into "
+                      f"pieces smaller than the {_fs(X)} request", 0)
+    return b.done("fragmentation", f"within the per-process limit {_fs(cap)}: cached pieces ({_fs(U)}) and the "
+                  f"headroom under the limit ({_fs(max(cap - R, 0))}) together cover the {_fs(X)} request, but neither "
+                  "does alone", 0)
+
+
 def _native(b: _Builder) -> Diagnosis:
     r = b.r
     X = r.requested or 0
@@ -272,23 +313,11 @@ def _native(b: _Builder) -> Diagnosis:
         b.fixes.append(fx.record_snapshot(r))
         return b.done("unknown", "the message was cut before the allocated/reserved figures")
 
-    # ---- cap: the limit, not the device, refused -------------------------------------------
+    # ---- a per-process cap refused: answer within it -----------------------------------------
+    # A cap is usually set on purpose (a shared GPU, a serving engine's memory fraction), so "the cap
+    # was hit" is no answer: the question is whether the work fits *within* it.
     if cap_active and R is not None and R + X > cap - tol(cap) - tol(R):
-        need = R + X
-        b.ev(f"reserved + request = {_fs(need)} > limit {_fs(cap)}"
-             + (" (equal within the printed precision)" if need <= cap else ""))
-        if U is not None and U + tol(U) >= X:
-            b.contributing.append("fragmentation")
-        b.fixes.append(fx.raise_fraction(r, need))
-        if U:
-            b.fixes.append(fx.expandable_segments(r, plat, U))
-        if need > cap:
-            b.fixes.append(fx.reduce_work(r, need - cap, (A or 0) + X))
-        b.fixes.append(fx.gc_threshold(r))
-        room = F is None or F >= X
-        return b.done("cap", f"the per-process limit {_fs(cap)} was reached"
-                      + (f" while the device still had {_fs(F)} free" if room and F is not None else ""),
-                      max(0, need - cap))
+        return _within_cap(b, X, A or 0, R, U or 0, F, cap)
 
     if r.vendor == "xpu" and (F is None or F >= X) and (U or 0) < X:
         b.ev("the device had room (or reported none) yet refused a single allocation")

@@ -74,11 +74,25 @@ def diagnosis_cells(d: SnapshotDiagnosis) -> list[tuple[str, str]]:
         cells.append(("headroom under budget",
                       f"{format_mib(headroom)} {'<' if headroom < d.alloc_size else '>='} new segment "
                       f"{format_mib(d.alloc_size)}"))
-    for w in d.what_if:
+    if d.reproduced is False:
+        cells.append(("what-ifs", "none shown: the recorded setting, replayed under this budget, does not "
+                                  "reproduce the OOM"))
+    for w in d.what_if if d.reproduced is not False else ():
         state = "not simulated" if w.avoids_oom is None else (
             "serves the failed request" if w.avoids_oom else "fails")
         peak = f", peak reserved {format_mib(w.peak_reserved)}" if w.peak_reserved else ""
-        cells.append((f"what if {w.config or '(default)'}", f"{state}{peak}{'; ' + w.note if w.note else ''}"))
+        need = f", needs {format_mib(w.min_budget)} to get this far" if w.min_budget else ""
+        cells.append((f"what if {w.config or '(default)'}", f"{state}{peak}{need}{'; ' + w.note if w.note else ''}"))
+    if d.needs is not None and d.budget is not None:
+        cells.append(("needs", f"{format_mib(d.needs)} ({format_mib(max(d.needs - d.budget, 0))} more than the budget)"
+                      + (f" under {d.needs_setting or '(default)'}" if d.needs_setting is not None else "")))
+    if d.undecided:
+        cells.append(("undecided", d.undecided))
     if d.recommendation is not None:
         cells.append(("recommendation", d.recommendation))
+    if d.confirm:
+        cells.append(("confirm on the GPU", d.confirm))
+    if d.ends_at_oom and d.recommendation is not None:
+        cells.append(("not known", "the snapshot ends at the OOM: a setting that serves the failed request may "
+                                   "still fail later; the command above settles it"))
     return cells

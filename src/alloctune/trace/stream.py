@@ -86,6 +86,14 @@ SEGMENT_ACTIONS = RELEASE_ACTIONS | GROW_ACTIONS
 _MALLOC_CONTINUATION = GROW_ACTIONS | {"oom"}
 # Snapshot key under which the agent writes the program's empty_cache() calls ([t0_us, t1_us] each).
 EMPTY_CACHE_MARKS_KEY = "alloctune_empty_cache_calls"
+# The agent's run record inside the snapshots it writes (cap, total memory, setting, command):
+# a snapshot moved away from its report must still say which budget it ran under.
+RUN_RECORD_KEY = "alloctune_run"
+_RUN_RECORD_TYPES: dict[str, tuple[type, ...]] = {
+    "cap": (int,), "total_memory": (int,), "oom_limit": (int,), "device": (int,), "torch": (str,), "conf": (str,),
+    "cmd": (list,),
+}
+RUN_RECORD_FIELDS = frozenset(_RUN_RECORD_TYPES)
 # How far (µs) a release may lie outside a marked call's interval and still be that call's:
 # the events' time_us is converted from a cycle counter, the marks from the wall clock.
 MARK_TOLERANCE_US = 200
@@ -141,6 +149,35 @@ class StreamBuild:
     marked_calls: list[int] = field(default_factory=list)  # request index of each EMPTY_CACHE a mark placed
     unmatched_marks: int = 0  # marks that found no place in the events (clock trouble): should be 0
     addresses: list[int] | None = None  # with keep_addresses: each request's block address (0: none)
+
+
+def run_record(snapshot: dict[str, Any], source: str = "<snapshot>") -> dict[str, Any]:
+    """The agent's run record of a snapshot (`RUN_RECORD_KEY`), checked; {} when there is none.
+
+    Untrusted input: known fields of the wrong type, a non-dict record or an over-long command
+    are a `TraceError`; unknown fields are dropped (a newer agent may write more).
+    """
+    rec = snapshot.get(RUN_RECORD_KEY)
+    if rec is None:
+        return {}
+    bad = not isinstance(rec, dict)
+    out: dict[str, Any] = {}
+    if not bad:
+        for key, types in _RUN_RECORD_TYPES.items():
+            if key not in rec:
+                continue
+            value = rec[key]
+            if not isinstance(value, types) or isinstance(value, bool) or (isinstance(value, int) and value < 0):
+                bad = True
+                break
+            if key == "cmd" and (len(value) > 4096 or not all(isinstance(a, str) and len(a) <= 65536 for a in value)):
+                bad = True
+                break
+            out[key] = list(value) if key == "cmd" else value
+    if bad:
+        raise TraceError(f"{source}: '{RUN_RECORD_KEY}' is not the agent's run record (cap, total_memory, ...); "
+                         "the snapshot was edited or damaged")
+    return out
 
 
 def stream_context(snapshot: dict[str, Any], meta: dict[str, Any] | None, *, source: str = "<trace>") -> dict[str, Any]:
