@@ -60,10 +60,11 @@ def prog_cmd(name: str) -> list[str]:
 def record(name: str) -> dict:
     d = WORK / name
     d.mkdir(parents=True, exist_ok=True)
-    r = alloctune("record", "--out", str(d / "uncapped.pickle"), "--json", "--", *prog_cmd(name), cwd=d)
-    if r.returncode != 0:
-        raise RuntimeError(f"{name}: record failed rc={r.returncode}: {r.stderr[-2000:]}")
-    return json.loads(r.stdout)
+    r = alloctune("record", "--out", str(d / "uncapped.pickle"), "--", *prog_cmd(name), cwd=d)
+    side = d / "uncapped.json"
+    if r.returncode != 0 or not side.exists():
+        raise RuntimeError(f"{name}: record failed rc={r.returncode}: {r.stdout[-1000:]} {r.stderr[-2000:]}")
+    return json.loads(side.read_text())
 
 
 def simulated_min_budgets(name: str) -> dict[str, int | None]:
@@ -125,7 +126,7 @@ def one_program(name: str) -> dict:
     rec = record(name)
     mb = simulated_min_budgets(name)
     cap = choose_cap(name, mb)
-    log(f"{name}: recorded (peak reserved {format_mib(rec.get('peak_reserved') or 0)}), simulated min budgets "
+    log(f"{name}: recorded (peak reserved {format_mib((rec.get('stats') or {}).get('reserved_bytes.all.peak') or 0)}), simulated min budgets "
         + ", ".join(f"{c or 'default'}={format_mib(v) if v else '-'}" for c, v in mb.items())
         + f"; cap {format_mib(cap)}")
     snap_run = capped_run(name, "", cap, snapshot=True)
