@@ -8,6 +8,7 @@ gets no what-if answers.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import textwrap
@@ -167,3 +168,43 @@ def test_run_with_a_budget_writes_the_cap_into_its_oom_snapshot(tmp_path, fake_e
     assert d.budget_source == "recorded cap" and GiB <= d.budget < GiB + 16  # int(fraction * total) >= budget
     assert d.reserved == 600 * MiB and d.allocated == 600 * MiB and d.request == 600 * MiB
     assert d.reproduced is True and d.verdict == "shortage" and 1200 * MiB <= d.needs <= 1216 * MiB
+
+
+# ---- real OOM snapshots of real library code, checked against real runs under the same cap --------------
+
+DATA = __import__("pathlib").Path(__file__).parent / "data" / "cap_oom"
+
+
+def _real_runs():
+    return json.loads((DATA / "real_runs.json").read_text())["programs"]
+
+
+@pytest.mark.parametrize("program", ["seg", "convnext", "hubert", "trainkeep"])
+def test_real_capped_oom_snapshots_agree_with_real_runs(program):
+    """Snapshots `alloctune run --budget CAP --on-oom snapshot` wrote on an H200 (bench/diagnose_cap_gpu.py),
+    diagnosed with no flag; `real_runs.json` holds what real runs of every standard setting did under the cap."""
+    facts = _real_runs()[program]
+    d = diagnose_snapshot(DATA / f"{program}.pickle.xz")
+    assert d.budget_source == "recorded cap" and 0 <= d.budget - facts["cap"] < 16  # int(fraction * total)
+    assert d.reproduced is True and d.ends_at_oom
+    completed = {c for c, ok in facts["completed"].items() if ok}
+    serving = {w.config for w in d.what_if if w.avoids_oom}
+    if completed:  # a setting fixes it for real: the replays name exactly the settings that completed
+        assert d.verdict == "fragmentation" and serving == completed and d.recommendation in completed
+        assert d.confirm.startswith(f"alloctune run --conf {d.recommendation} --budget ")
+    elif serving:  # no setting completes, yet one serves the failed request: said to be only just
+        assert d.verdict == "fragmentation" and "thin" in d.summary
+        # the real run under that setting got past the failed request, to the very peak the replay gives
+        w = next(w for w in d.what_if if w.avoids_oom)
+        assert facts["real_peak_reserved"][w.config] == w.peak_reserved
+    else:
+        assert d.verdict == "shortage" and d.needs > d.budget and d.recommendation is None
+
+
+def test_real_capped_snapshot_without_its_record_gets_no_answers():
+    snap = load_snapshot(DATA / "seg.pickle.xz")
+    cap = snap.pop("alloctune_run")["cap"]
+    d = diagnose_snapshot(snap)
+    assert d.reproduced is False and d.recommendation is None and len(d.what_if) == 1
+    low, high = _bracket_bytes(d.undecided)
+    assert low <= cap < high

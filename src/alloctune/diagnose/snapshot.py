@@ -147,7 +147,9 @@ def _state_at(snap: Mapping[str, Any], events: Sequence[Mapping[str, Any]], oom_
             f"{source}: the snapshot was written after the OOM and its history does not reach back to an "
             f"empty allocator ({exc}); write the snapshot at the OOM (alloctune run --on-oom snapshot)"
         ) from None
-    return rp.maps[oom_i], "replayed-history", False
+    # Frees after the OOM are the program unwinding (the agent dumps again when the OOM ends it): no new
+    # request was made, so the history still ends at the OOM.
+    return rp.maps[oom_i], "replayed-history", not any(e.get("action") == "alloc" for e in after)
 
 
 def _size_arg(n: int) -> str:
@@ -164,6 +166,11 @@ def confirm_command(conf: str, budget: int, cmd: Sequence[str] | None) -> str:
     prog = ("python " + shlex.join(cmd)) if cmd else "YOUR_COMMAND"
     conf_arg = f"--conf {shlex.quote(conf)} " if conf else ""
     return f"alloctune run {conf_arg}--budget {_size_arg(budget)} --on-oom snapshot -- {prog}"
+
+
+# Headroom, as a share of the budget, under which a setting that serves the failed request is said to do so
+# only just: the rest of the program (at least the rest of the step that failed) is still to come.
+THIN_MARGIN = 0.02
 
 
 @dataclass(frozen=True)
@@ -217,11 +224,19 @@ def _judge_by_replays(w: WhatIfs, allocated: int, request: int, budget: Budget, 
              if ends_at_oom else "")
     serving = [x for x in w.rows[1:] if x.avoids_oom]
     if serving:
-        best = serving[0].config
+        first = serving[0]
+        best = first.config
+        spare = ""
+        if first.peak_reserved is not None:
+            margin = budget.bytes - first.peak_reserved
+            spare = f", with {fs(margin)} ({margin / budget.bytes:.1%}) of it to spare so far"
+            if ends_at_oom and margin < THIN_MARGIN * budget.bytes:
+                later = ("; the snapshot ends at the OOM and that margin is thin: the rest of the run very likely "
+                         "needs more than the budget -- one run settles it")
         return _Judgement("fragmentation", (
             f"Fragmentation within the {cap} budget: replayed exactly, {best or '(default)'} serves the program "
-            f"through the failed {fs(request)} request under the same budget, where the recorded setting fails"
-            f"{later}."), recommendation=best, confirm=confirm_command(best, budget.bytes, cmd))
+            f"through the failed {fs(request)} request under the same budget{spare}, where the recorded setting "
+            f"fails{later}."), recommendation=best, confirm=confirm_command(best, budget.bytes, cmd))
     needs = [(x.min_budget, x.config) for x in w.rows if x.min_budget is not None]
     if needs:
         need, conf = min(needs)

@@ -92,7 +92,4 @@ def diagnosis_cells(d: SnapshotDiagnosis) -> list[tuple[str, str]]:
         cells.append(("recommendation", d.recommendation))
     if d.confirm:
         cells.append(("confirm on the GPU", d.confirm))
-    if d.ends_at_oom and d.recommendation is not None:
-        cells.append(("not known", "the snapshot ends at the OOM: a setting that serves the failed request may "
-                                   "still fail later; the command above settles it"))
     return cells
