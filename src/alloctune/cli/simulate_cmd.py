@@ -41,6 +41,11 @@ def register(app: typer.Typer) -> None:
             "compared (where --compare's recording put them: a replay), model (the driver model only).",
         ),
         json_out: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
+        snapshot_out: Optional[Path] = typer.Option(
+            None, "--snapshot-out", metavar="FILE",
+            help="Also write the simulated run (one --conf) as a torch memory snapshot that PyTorch's "
+            "memory_viz opens (.pickle, .gz, .xz).",
+        ),
     ) -> None:
         """Replay a recorded allocator history under other settings, on the CPU.
 
@@ -50,6 +55,10 @@ def register(app: typer.Typer) -> None:
         from alloctune.cli.progress import progress_on_stderr
         from alloctune.simulation import simulate as run
 
+        if snapshot_out is not None and len(conf or [""]) != 1:
+            from alloctune.errors import InputError
+
+            raise InputError("--snapshot-out writes one simulated run: give one --conf")
         with progress_on_stderr(quiet=json_out) as progress:
             result = run(trace_file, list(conf or [""]), budget=budget, total_memory=total_memory, device=device,
                          torch=torch_version, find_min=find_min, compare=compare_file, addresses=addresses,
@@ -64,6 +73,15 @@ def register(app: typer.Typer) -> None:
             print_json(result)
         else:
             _render(result)
+        if snapshot_out is not None:
+            from alloctune.sim.export import export_simulated_run
+
+            written = export_simulated_run(trace_file, (conf or [""])[0], snapshot_out, budget=budget,
+                                           total_memory=total_memory, device=device, torch=torch_version,
+                                           addresses=addresses)
+            err_console.print(f"simulated run written to {written['path']} ({written['events']} events"
+                              + (", ends in the OOM" if written["oom"] else "")
+                              + "): open it at pytorch.org/memory_viz", markup=False, soft_wrap=True)
         if result.failed:
             raise typer.Exit(1)
 
