@@ -249,11 +249,9 @@ class Agent:
         # Everything below only observes: a failure is noted in the report, never raised into
         # the program (an exception here would surface at the program's first CUDA call).
         try:
-            memory = torch.cuda.memory
-            if cfg.get("record"):
-                memory._record_memory_history(max_entries=int(cfg["record_max_entries"]), context=None, stacks="python")
-            elif cfg.get("on_oom") == "snapshot":
-                memory._record_memory_history(max_entries=int(cfg["oom_max_entries"]), context=None, stacks="python")
+            entries = cfg["record_max_entries"] if cfg.get("record") else cfg["oom_max_entries"]
+            if cfg.get("record") or cfg.get("on_oom") == "snapshot":
+                self._record_history(int(entries), str(cfg.get("stacks") or "python"))
         except Exception as exc:
             self._note(f"cannot record allocator history: {type(exc).__name__}: {exc}")
         observer = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
@@ -269,6 +267,16 @@ class Agent:
                 self._start_live()
             except Exception as exc:
                 self._note(f"cannot start live samples: {exc}")
+
+    def _record_history(self, max_entries: int, stacks: str) -> None:
+        """Start the allocator's history; with stacks, each allocation keeps the frames that made it
+        (context "alloc": frees need none, which halves the cost of "all")."""
+        memory = self.torch.cuda.memory
+        if stacks == "none":
+            memory._record_memory_history(max_entries=max_entries, context=None, stacks="python")
+        else:
+            memory._record_memory_history(max_entries=max_entries, context="alloc",
+                                          stacks="all" if stacks == "all" else "python")
 
     def _on_oom(self, device: int, alloc_size: int, limit: int, free: int) -> None:
         """Called by the allocator after its retries failed, just before it raises.

@@ -26,6 +26,9 @@ _DEFAULTS: dict[str, Any] = {
     "on_oom": None,  # "snapshot": keep a bounded history ring and dump it when an OOM happens
     "oom_max_entries": 100_000,
     "oom_dir": None,  # where `oom-snapshot.<pid>.pickle` goes (default: the report directory)
+    # Stack frames kept with each allocation of a recorded history: "python" (where the memory goes,
+    # `alloctune explain`), "all" (with C++ frames: cuDNN/cuBLAS workspaces), "none" (cheapest).
+    "stacks": "python",
     "live": True,
     "live_interval": 1.0,
     "state_dir": None,  # default $ALLOCTUNE_STATE_DIR or ~/.cache/alloctune/live
