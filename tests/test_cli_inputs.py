@@ -28,6 +28,12 @@ from cli_run import run_cli as _run
         (["trace", "info", "x.pickle", "--device", "-1"], "--device must be 0 or more"),
         (["report", "x.jsonl", "--device", "-1"], "--device must be 0 or more"),
         (["config", "check", "", "--card", "0GiB"], "--card must be more than 0"),
+        # #28.6: every size option takes the same parser; a bare number says what was probably meant
+        (["plan", "a.pickle:7", "--card", "8"], "--card 8: give a unit: did you mean 8GiB?"),
+        (["plan", "a.pickle:7", "--cap", "4GiB,3"], "--cap 3: give a unit: did you mean 3GiB?"),
+        (["plan", "a.pickle:7", "--context", "512"], "--context 512: give a unit"),
+        (["demo", "--budget", "2"], "--budget 2: give a unit: did you mean 2GiB?"),
+        (["tune", "--budget", "6", "--", "true"], "--budget 6: give a unit: did you mean 6GiB?"),
     ],
 )
 def test_bad_numbers_are_one_line_errors(capsys, args, needle):

@@ -112,7 +112,7 @@ def parse_user_size(text: str | int, option: str = "size") -> int:
             raise SizeError(f"{option} must be a finite size such as 6GiB, got {raw!r}")
         raise SizeError(f"{option}: cannot read size {raw!r}: expected a number with a unit, e.g. 6GiB, 512MiB")
     if not m.group(2):
-        raise SizeError(f"{option} {raw}: give a unit, e.g. {raw}GiB or {raw}MiB ({raw}B for bytes)")
+        raise SizeError(f"{option} {raw}: give a unit: did you mean {raw}GiB? ({raw}MiB, or {raw}B for bytes)")
     value = parse_size(raw)
     if value <= 0:
         raise SizeError(f"{option} must be more than 0 bytes, got {raw!r}")

@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
         """Show alloctune at work: tune RVC on a GPU, or simulate a real RVC trace without one."""
         from alloctune import demo as core
         from alloctune.cli import demo_view
-        from alloctune.units import parse_size
+        from alloctune.units import parse_user_size
 
         if list_traces:
             rows = core.shipped_trace_info()
@@ -46,7 +46,7 @@ def register(app: typer.Typer) -> None:
                               f"$ {' '.join(cmd[2:])}")
             raise typer.Exit(subprocess.call(cmd, env=os.environ.copy()))
 
-        result = core.run_demo(trace, budget=parse_size(budget) if budget else None)
+        result = core.run_demo(trace, budget=parse_user_size(budget, "--budget") if budget else None)
         if json_out:
             print_json(result.to_dict())
         else:

@@ -13,12 +13,12 @@ from typing import List, Optional
 import typer
 
 
-def _sizes(values: list[str] | None) -> list[int]:
-    from alloctune.units import parse_size
+def _sizes(values: list[str] | None, option: str) -> list[int]:
+    from alloctune.units import parse_user_size
 
     out = []
     for v in values or []:
-        out.extend(parse_size(p.strip()) for p in v.split(",") if p.strip())
+        out.extend(parse_user_size(p.strip(), option) for p in v.split(",") if p.strip())
     return out
 
 
@@ -62,7 +62,7 @@ def register(app: typer.Typer) -> None:
         from alloctune.cli.plan_view import render_plan
         from alloctune.errors import InputError
         from alloctune.plan.service import run
-        from alloctune.units import parse_size
+        from alloctune.units import parse_user_size
 
         if not card and not cap and size is None and not json_out and save is None and png is None:
             card = ["4GiB", "8GiB", "16GiB", "24GiB"]
@@ -81,14 +81,14 @@ def register(app: typer.Typer) -> None:
             rvc=rvc,
             rvc_pad=rvc_pad,
             confs=list(conf or [""]),
-            cards=_sizes(card),
-            caps=_sizes(cap),
+            cards=_sizes(card, "--card"),
+            caps=_sizes(cap, "--cap"),
             size=size,
             step=step,
             max_size=max_size,
             curve=[c for c in curve.split(",") if c.strip()] if curve else None,
             torch=torch_version,
-            context=parse_size(context),
+            context=parse_user_size(context, "--context"),
             progress=progress,
         )
         if json_out:

@@ -70,11 +70,11 @@ def register(app: typer.Typer) -> None:
         from alloctune.cli.tune_view import TrialProgress, render_result, render_trials
         from alloctune.errors import AlloctuneError
         from alloctune.tune.session import prepare
-        from alloctune.units import parse_size
+        from alloctune.units import parse_user_size
 
         shown = TrialProgress(err_console)
         session = prepare(
-            command, budget=parse_size(budget) if budget is not None else None, knobs=knobs, strategy=strategy,
+            command, budget=parse_user_size(budget, "--budget") if budget is not None else None, knobs=knobs, strategy=strategy,
             platform=platform, store=store, resume=resume, simulate_first=simulate_first, repeat=repeat,
             timeout=timeout, max_gpu_runs=max_gpu_runs, throughput=throughput, on_trial_start=shown.started, on_trial_end=shown.finished,
             progress=shown.simulating, executor_name=executor, jobs=jobs, address=address,
