@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="also write the table (markdown) here")
     a = ap.parse_args(argv)
 
-    from alloctune.trial import TrialResult
+    from alloctune.run.trial import TrialResult
     from alloctune.tune.strategy import SimulatorFromTrace
 
     truth = [json.loads(line) for line in a.truth.read_text().splitlines() if line.strip()]

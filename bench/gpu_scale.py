@@ -36,10 +36,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 
-from alloctune.runner import TrialEvaluator  # noqa: E402
+from alloctune.run.runner import TrialEvaluator  # noqa: E402
 from alloctune.tune.executors import SerialExecutor, TrialRequest  # noqa: E402
 from alloctune.tune.executors.local import LocalExecutor  # noqa: E402
-from alloctune.tune.executors.progress import LiveTrialTable  # noqa: E402
+from alloctune.progress import LiveTrialTable  # noqa: E402
 from alloctune.tune.executors.spec import SpecRunner, TrialSpec  # noqa: E402
 
 MiB = 1 << 20

@@ -241,7 +241,7 @@ def store_probes(tmp: Path, row: Row, quick: bool) -> None:
 
 
 def alive_pids(pids: list[int]) -> list[int]:
-    from alloctune.runner import pid_alive
+    from alloctune.run.process import pid_alive
 
     return [p for p in pids if pid_alive(p)]
 

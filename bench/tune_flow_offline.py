@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.truth is not None:
         return from_truth(args)
 
-    from alloctune.trial import TrialResult
+    from alloctune.run.trial import TrialResult
     from alloctune.tune.candidates import parse_knobs
     from alloctune.tune.strategy import SimulatorFromTrace, Tuner, TuneSettings
 
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def from_truth(args: argparse.Namespace) -> int:
-    from alloctune.trial import TrialResult
+    from alloctune.run.trial import TrialResult
     from alloctune.tune.candidates import parse_knobs
     from alloctune.tune.strategy import SimulatorFromTrace, Tuner, TuneSettings
 

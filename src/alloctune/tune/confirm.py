@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from alloctune.trial import TrialResult
+from alloctune.run.trial import TrialResult
 from alloctune.tune.candidates import DEFAULT, Candidate
 from alloctune.tune.executors.base import TrialRequest
 from alloctune.tune.objective import CandidateSummary

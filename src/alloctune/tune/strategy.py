@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from alloctune.errors import InputError, WorkloadFailed
-from alloctune.trial import TrialResult, raise_for_environment
+from alloctune.run.trial import TrialResult, raise_for_environment
 from alloctune.tune.candidates import (
     GC,
     MAX_SPLIT,

@@ -110,7 +110,7 @@ def check_request(
     device_count: Callable[[], int] = cuda_device_count,
 ) -> None:
     """Refuse a bad request before anything runs (one line each, exit 2)."""
-    from alloctune.runner import resolve_command
+    from alloctune.run.runner import resolve_command
 
     if not command:
         raise InputError("no command given: put it after `--`, e.g. alloctune record -- python infer.py")
@@ -140,7 +140,7 @@ def record(
     workload: str | None = None,
 ) -> Recording:
     """Run `command` once with history on; write the busiest process's trace to `out` and its sidecar."""
-    from alloctune.runner import run_trial
+    from alloctune.run.runner import run_trial
 
     env = None
     if size is not None:

@@ -2,7 +2,7 @@
 
 Split out of `runner.py` (issue #20: modules under ~600 lines) because this half is pure:
 it takes the report dicts, exit status and text the runner collected and never starts a
-process, so it is unit-tested on its own. `alloctune.runner` re-exports every name.
+process, so it is unit-tested on its own. `alloctune.run.runner` re-exports every name.
 """
 
 from __future__ import annotations
