@@ -13,8 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from alloctune.config.knobs import KNOB_BY_NAME
-from alloctune.config.model import ENV_VARS, AllocatorConfig
-from alloctune.config.parse import parse_config, parse_detailed
+from alloctune.config.model import ENV_VARS, AllocatorConfig, parse_config, parse_detailed
 from alloctune.config.versions import DEFAULT_TORCH, TorchVersion, format_version, parse_torch_version
 from alloctune.errors import ConfigError, InputError
 from alloctune.units import format_mib
