@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
 
     from alloctune.run.trial import TrialResult
-    from alloctune.tune.strategy import SimulatorFromTrace
+    from alloctune.tune.simulator import SimulatorFromTrace
 
     truth = [json.loads(line) for line in a.truth.read_text().splitlines() if line.strip()]
     lines = [f"## Simulated vs real min_budget: before / optimistic / calibrated — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",

@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from alloctune.run.trial import TrialResult
     from alloctune.tune.candidates import parse_knobs
-    from alloctune.tune.strategy import SimulatorFromTrace, Tuner, TuneSettings
+    from alloctune.tune.simulator import SimulatorFromTrace
+    from alloctune.tune.strategy import Tuner, TuneSettings
 
     data = Path(args.data)
     real = {r["name"]: r for r in json.loads((data / "b" / "bisect_results.json").read_text()) if "min_budget" in r}
@@ -92,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
 def from_truth(args: argparse.Namespace) -> int:
     from alloctune.run.trial import TrialResult
     from alloctune.tune.candidates import parse_knobs
-    from alloctune.tune.strategy import SimulatorFromTrace, Tuner, TuneSettings
+    from alloctune.tune.simulator import SimulatorFromTrace
+    from alloctune.tune.strategy import Tuner, TuneSettings
 
     rows = [json.loads(line) for line in args.truth.read_text().splitlines() if line.strip()]
     knobs = {"expandable_segments:True": "expandable", "roundup_power2_divisions:4": "roundup"}

@@ -22,7 +22,8 @@ from alloctune.progress import Progress, no_progress
 from alloctune.tune.executors.base import Evaluator, Executor
 from alloctune.tune.rank_sim import simulator_for
 from alloctune.tune.recommend import Recommendation, recommend
-from alloctune.tune.strategy import SimulatorFromTrace, TrialRecord, Tuner, TuneResult, TuneSettings
+from alloctune.tune.simulator import SimulatorFromTrace
+from alloctune.tune.strategy import TrialRecord, Tuner, TuneResult, TuneSettings
 
 
 def default_store(command: Sequence[str], budget: int | None) -> Path:
