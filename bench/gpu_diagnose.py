@@ -13,7 +13,7 @@ Each scenario runs in a fresh Python process (allocator settings are read once p
 
 For every real message: all printed figures must be found in the report (same checker as the corpus
 test), and `allocated`/`reserved` must match `torch.cuda.memory_stats()` taken at the OOM within the
-printed precision. Run: OUT=/tmp/out bash bench/gpu_diagnose.sh
+printed precision. Run: python bench/gpu.py diagnose
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
-# The same commands as the independent bisections (gpu_batch_a.py REAL/OWN, gpu_truth.py), so the
+# The same commands as the independent bisections (gpu_recordings.py REAL/OWN, gpu_truth.py), so the
 # tune's answer and the ground truth are about the same program and inputs.
 WORKLOADS: dict[str, list[str]] = {
     "hubert": [PY, "bench/real_workloads.py", "hubert", "--count", "6", "--quiet"],
@@ -163,7 +163,7 @@ def table(rows: list[dict]) -> str:
 
 def load_truth(path: Path) -> dict[str, dict[str, dict]]:
     """workload -> conf -> row, from gpu_truth.py's truth.jsonl (both ends tested) or, for old
-    data, gpu_batch_a.py's bisect_results.json (lower end assumed, not tested)."""
+    data, gpu_recordings.py's bisect_results.json (lower end assumed, not tested)."""
     text = path.read_text()
     rows = [json.loads(line) for line in text.splitlines() if line.strip()] if path.suffix == ".jsonl" else json.loads(text)
     out: dict[str, dict[str, dict]] = {}

@@ -10,7 +10,7 @@
     peak, cudaMalloc calls and `empty_cache()` calls. Verdicts: "literal" (the issue's target:
     peak reserved <= 1.10 x peak allocated with fewer calls than after every request) and
     "floor" (peak reserved <= 1.10 x the every-request run's, fewer calls). The allocator is
-    whatever PYTORCH_CUDA_ALLOC_CONF says (bench/gpu_guard.sh runs it twice).
+    whatever PYTORCH_CUDA_ALLOC_CONF says (the `guard` job of bench/gpu.py runs it twice).
 
 The decoder is `alloctune.workloads.rvc_models.GeneratorNSF` when that module is present
 (weight-normed convs, real layer sizes), else an equivalent local stack. Its sine/noise
