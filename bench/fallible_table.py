@@ -118,6 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if a.out:
         a.out.write_text(text)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from runlog import log_results
+
+    log_results([line for line in lines if line.startswith("- ")], folder=a.out.parent if a.out else None)
     return 0
 
 

@@ -7,7 +7,7 @@ Two measurements:
 * no-op: per-call cost of the wrapper itself (median over batches of calls of an empty
   function), which the step medians cannot resolve below their noise.
 
-Target: wrapper cost < 1 % of the step. Prints a table and appends a dated section to
+Target: wrapper cost < 1 % of the step. Prints a table and appends
 one line per variant to the results log, bench/results/LOG.md (unless --no-append).
 
     python bench/guard_overhead.py                 # CPU, or CUDA when available
