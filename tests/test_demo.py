@@ -62,7 +62,7 @@ def test_cli_json(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
-    assert data["schema"] == "alloctune.sim.demo/1"
+    assert data["schema"] == "alloctune.demo/1"
     fits = {r["conf"]: r["fits_budget"] for r in data["rows"]}
     assert fits[""] is False  # the default needs ~1.79 GiB
     assert fits["expandable_segments:True"] is True
@@ -120,7 +120,7 @@ def test_gpu_flag_without_cuda_falls_back():
     assert out.returncode == 0, out.stderr
     assert "GPU found" not in out.stdout + out.stderr
     assert [ln for ln in out.stderr.splitlines() if "CUDA" in ln] == ["no CUDA GPU: showing the simulated demo"]
-    assert json.loads(out.stdout)["schema"] == "alloctune.sim.demo/1"
+    assert json.loads(out.stdout)["schema"] == "alloctune.demo/1"
 
 
 def test_view_renders_a_result_it_is_given():

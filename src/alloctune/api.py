@@ -8,7 +8,7 @@
     check = api.check_setting("expandable_segments:True", "2.11", platform="windows")
 
 Why a module and not functions on `alloctune` itself: `alloctune.tune`, `alloctune.diagnose`,
-`alloctune.plan` (and `alloctune.run.record`) are modules, and importing any of their submodules
+`alloctune.plan` (and `alloctune.run`) are modules, and importing any of their submodules
 rebinds that name on the package, so `alloctune.tune(...)` could mean a function or a module
 depending on what happened to be imported first. Here every name is a function.
 `tune`, `record` and `plan` are provided by their own packages and imported by name on the

@@ -136,7 +136,7 @@ class DemoResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "schema": "alloctune.sim.demo/1",
+            "schema": "alloctune.demo/1",
             "trace": self.trace,
             "workload": self.workload,
             "requests": self.requests,
