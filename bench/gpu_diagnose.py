@@ -178,6 +178,11 @@ def main() -> int:
     for r in rows:
         if r.get("message"):
             print(f"\n[{r['scenario']}] {r['message'][:400]}")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from runlog import log_result
+
+    for r in rows:
+        log_result(f"{r['scenario']}: verdict {r.get('verdict')}, expected {r['expect']}, pass {r['pass']}", folder=OUT)
     return 0 if all(r["pass"] for r in rows) else 1
 
 
