@@ -115,6 +115,9 @@ def truth(pool: ga.Pool, out: Path, workload: str, setting: str, prior: int) -> 
     with LOCK, (out / "truth.jsonl").open("a") as f:
         f.write(json.dumps(row) + "\n")
     print(json.dumps({k: v for k, v in row.items() if k not in ("runs", "command")}), flush=True)
+    from runlog import log_result  # bench/ is on sys.path (gpu_recordings is imported from there too)
+
+    log_result(f"{workload} {setting}: min budget {passed} B, fails at {failed} B ({len(runs)} runs)", folder=out)
     return row
 
 

@@ -246,6 +246,12 @@ def main() -> int:
     text = "\n".join(lines) + "\n"
     (OUT / "summary.md").write_text(text)
     print("\n" + text)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from runlog import log_result
+
+    for name, conf, mbud, n, fresh, wall in rows:
+        log_result(f"{name}: recommended {'none' if conf is None else (conf or '(default)')}, min budget "
+                   f"{mbud / MiB if mbud else float('nan'):.0f} MiB, {fresh} trial(s) run, {wall} s", folder=OUT)
     return 0
 
 

@@ -242,6 +242,17 @@ def main(argv: list[str] | None = None) -> int:
     rows = run_all(names, work, max(1, args.jobs), args.timeout, on_row=save)
     save(rows)
     print((out / "summary.md").read_text())
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from runlog import log_result
+
+    for r in rows:
+        if "error" in r:
+            log_result(f"{r['workload']}: error {r['error'][:120]}", folder=out)
+            continue
+        log_result(f"{r['workload']}: {r['gpu_runs_after_baseline']} GPU runs after the baseline, {r['wall_s']} s "
+                   f"({r['wall_over_one_run']}x one run), recommended {r['recommendation'] or '(default)'}, simulated "
+                   f"{_mib(r['sim_min_budget'])} MiB, measured {_mib(r['min_budget'])} MiB (fails at "
+                   f"{_mib(r['infeasible_below'])}), verified {r['verified']}", folder=out)
     import shutil
 
     shutil.rmtree(work, ignore_errors=True)
