@@ -473,6 +473,16 @@ def main() -> None:
     md = render(result)
     (args.out / "guard_gpu.md").write_text(md + "\n")
     print(md)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from runlog import log_result
+
+    if "a" in result:
+        log_result(f"(a) chunked decoder, {result['a'].get('seconds')} s clip under the budget: "
+                   f"{'PASS' if result['a'].get('pass') else 'FAIL'}", folder=args.out)
+    if "b" in result:
+        log_result(f"(b) Janitor, allocator {result['b'].get('alloc_conf') or 'default'}: verdicts (literal / floor) "
+                   + ", ".join(f"{k} {v.get('literal')}/{v.get('floor')}" for k, v in result["b"].get("verdicts", {}).items()),
+                   folder=args.out)
 
 
 if __name__ == "__main__":
