@@ -212,8 +212,12 @@ def stage_bisect(a: argparse.Namespace) -> None:
         futs = [ex.submit(bisect_budget if kind == "budget" else bisect_size, *args) for kind, args in tasks]
         results = [f.result() for f in futs]
     (out / "bisect_results.json").write_text(json.dumps(results, indent=1))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from runlog import log_result
+
     for r in results:
         print(json.dumps({k: v for k, v in r.items() if k != "runs"}), flush=True)
+        log_result(", ".join(f"{k} {v}" for k, v in r.items() if k != "runs"), folder=out)
     print(f"bisect stage done in {time.monotonic() - T0:.0f}s", flush=True)
 
 

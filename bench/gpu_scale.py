@@ -321,6 +321,10 @@ def main() -> int:
         except SystemExit as exc:
             say(f"- {name}: stopped: {exc}")
         print(f"== {name} took {time.monotonic() - t0:.0f} s", flush=True)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from runlog import log_results
+
+    log_results([line for line in SUMMARY if line.startswith("- ")], folder=OUT)
     return 0
 
 
