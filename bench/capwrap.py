@@ -3,7 +3,7 @@
 The recipe of `../shared/traces` (README there), for any workload: set the per-process memory
 fraction first, start `_record_memory_history`, run the program (a module with `-m` or a
 script), catch the OOM, dump the snapshot and a sidecar `PREFIX.json` with the outcome and the
-final `memory_stats()`. Used by `bench/gpu_batch_a.py` for recordings and bisections.
+final `memory_stats()`. Used by `bench/gpu_recordings.py` for recordings and bisections.
 
     python bench/capwrap.py --out /tmp/x/hubert_default --record -- bench/real_workloads.py hubert
     python bench/capwrap.py --out /tmp/x/rvc_cap --cap 3500000000 -- -m alloctune.workloads.rvc --count 3

@@ -88,6 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("a") as fh:
         fh.write(text + "\n")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from runlog import log_result
+
+    log_result(f"largest p90 of any driver call {worst:.3f} ms (TuneSettings.driver_call_s "
+               f"{_setting('driver_call_s')} s per call)", folder=args.out.parent)
     return 0
 
 

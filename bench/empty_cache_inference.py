@@ -113,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text("\n".join(lines) + "\n")
     out.with_suffix(".json").write_text(json.dumps({"schema": SCHEMA, "rows": rows}, indent=1))
     print("\n".join(lines[4:6]))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from runlog import log_results
+
+    log_results([line for line in lines[:6] if line.startswith("- ")], folder=out.parent)
     return 0
 
 

@@ -50,8 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="also write the table (markdown) here")
     a = ap.parse_args(argv)
 
-    from alloctune.trial import TrialResult
-    from alloctune.tune.strategy import SimulatorFromTrace
+    from alloctune.run.trial import TrialResult
+    from alloctune.tune.simulator import SimulatorFromTrace
 
     truth = [json.loads(line) for line in a.truth.read_text().splitlines() if line.strip()]
     lines = [f"## Simulated vs real min_budget: before / optimistic / calibrated — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
@@ -118,6 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if a.out:
         a.out.write_text(text)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from runlog import log_results
+
+    log_results([line for line in lines if line.startswith("- ")], folder=a.out.parent if a.out else None)
     return 0
 
 

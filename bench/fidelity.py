@@ -76,7 +76,7 @@ def flat_groups(folder: Path) -> dict[str, dict[str, Path]]:
 
 def shipped_groups() -> dict[str, dict[str, Path]]:
     """The package's shipped traces as workload -> run -> file (`default` = no suffix)."""
-    from alloctune.demo import shipped_trace_path, shipped_traces
+    from alloctune.sim.demo import shipped_trace_path, shipped_traces
 
     groups: dict[str, dict[str, Path]] = {}
     for name in shipped_traces():
@@ -350,6 +350,10 @@ def main(argv: list[str] | None = None) -> int:
         {"schema": SCHEMA, "generated": stamp, "command": cmd.strip(), "traces": label, "seconds": round(total, 1),
          "summary": summary, "rows": rows}, indent=1, default=str))
     print(f"wrote {out} and {out.with_suffix('.json')}")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from runlog import log_results
+
+    log_results([line for line in text.splitlines() if line.startswith("- ")], argv=["bench/fidelity.py", *(argv if argv is not None else sys.argv[1:])], folder=out.parent)
     return 0 if summary[REPLAY]["exact"] == summary[REPLAY]["rows"] else 1
 
 

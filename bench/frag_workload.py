@@ -8,7 +8,7 @@ pin them, so with the default setting the reserved memory grows well above what 
 undo that.
 
 The plan of allocations is pure Python (`plan()`), so the same request stream can be fed to
-the simulator on a CPU (`bench/gpu_tune.sh` does so before the GPU runs). On the GPU each
+the simulator on a CPU (the `tune` job of `bench/gpu.py` does so before the GPU runs). On the GPU each
 allocation is a `torch.empty(n, dtype=uint8)` that is written (`fill_`, then `--passes`
 in-place adds), so the program really uses the memory and the time per item is dominated
 by work that is the same under every setting (a stable throughput to compare settings).

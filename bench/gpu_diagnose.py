@@ -13,7 +13,7 @@ Each scenario runs in a fresh Python process (allocator settings are read once p
 
 For every real message: all printed figures must be found in the report (same checker as the corpus
 test), and `allocated`/`reserved` must match `torch.cuda.memory_stats()` taken at the OOM within the
-printed precision. Run: OUT=/tmp/out bash bench/gpu_diagnose.sh
+printed precision. Run: python bench/gpu.py diagnose
 """
 
 from __future__ import annotations
@@ -178,6 +178,11 @@ def main() -> int:
     for r in rows:
         if r.get("message"):
             print(f"\n[{r['scenario']}] {r['message'][:400]}")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from runlog import log_result
+
+    for r in rows:
+        log_result(f"{r['scenario']}: verdict {r.get('verdict')}, expected {r['expect']}, pass {r['pass']}", folder=OUT)
     return 0 if all(r["pass"] for r in rows) else 1
 
 

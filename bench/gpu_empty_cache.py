@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from alloctune.runner import run_trial  # noqa: E402
+from alloctune.run.runner import run_trial  # noqa: E402
 
 PROBE = textwrap.dedent("""
     import torch

@@ -36,10 +36,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 
-from alloctune.runner import TrialEvaluator  # noqa: E402
+from alloctune.run.runner import TrialEvaluator  # noqa: E402
 from alloctune.tune.executors import SerialExecutor, TrialRequest  # noqa: E402
 from alloctune.tune.executors.local import LocalExecutor  # noqa: E402
-from alloctune.tune.executors.progress import LiveTrialTable  # noqa: E402
+from alloctune.progress import LiveTrialTable  # noqa: E402
 from alloctune.tune.executors.spec import SpecRunner, TrialSpec  # noqa: E402
 
 MiB = 1 << 20
@@ -321,6 +321,10 @@ def main() -> int:
         except SystemExit as exc:
             say(f"- {name}: stopped: {exc}")
         print(f"== {name} took {time.monotonic() - t0:.0f} s", flush=True)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from runlog import log_results
+
+    log_results([line for line in SUMMARY if line.startswith("- ")], folder=OUT)
     return 0
 
 

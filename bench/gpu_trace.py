@@ -166,6 +166,12 @@ def check(out: Path) -> int:
         print("  ".join(str(v).ljust(w) for v, w in zip(r, widths)))
     print("ec_bigger: an empty_cache() directly followed by a segment larger than any held before is read as the "
           "allocator's release-and-retry (see trace/stream.py); 'ok' means it behaved as documented")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from runlog import log_result
+
+    for r in rows:
+        log_result(f"{r[0]}: empty_cache() {r[1]}, inferred {r[2]}, failed/ooms {r[4]}, streams/lagging frees {r[5]}: "
+                   f"{r[6]}", folder=os.environ.get("OUT") or out)
     return 1 if bad else 0
 
 

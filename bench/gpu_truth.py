@@ -1,6 +1,6 @@
 """Independent ground truth for `tune`: each standard setting's smallest working cap, both ends tested.
 
-Why a new bisection: the one in `gpu_batch_a.py bisect` assumed its lower end (0.97 × peak
+Why a new bisection: the one in `gpu_recordings.py bisect` assumed its lower end (0.97 × peak
 allocated) fails and never ran it, so on convolution workloads (which adapt under a cap) its
 answer was only an upper bound. Here every bracket end is a run:
 
@@ -13,7 +13,7 @@ answer was only an upper bound. Here every bracket end is a run:
 
 Fresh processes (`bench/capwrap.py`: the cap by `set_per_process_memory_fraction`, the bench's
 own code, not alloctune's agent), everything side by side on one GPU under a memory claim
-(`gpu_batch_a.Pool`). Results are appended to `truth.jsonl` as each setting finishes, so a run
+(`gpu_recordings.Pool`). Results are appended to `truth.jsonl` as each setting finishes, so a run
 cut off by its time limit keeps what finished. Optionally the tunes of `gpu_tune_real.py` run
 beside it (`--tunes`), on the same commands.
 
@@ -33,7 +33,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import gpu_batch_a as ga  # noqa: E402
+import gpu_recordings as ga  # noqa: E402
 
 STANDARD = {
     "default": "",
@@ -115,6 +115,9 @@ def truth(pool: ga.Pool, out: Path, workload: str, setting: str, prior: int) -> 
     with LOCK, (out / "truth.jsonl").open("a") as f:
         f.write(json.dumps(row) + "\n")
     print(json.dumps({k: v for k, v in row.items() if k not in ("runs", "command")}), flush=True)
+    from runlog import log_result  # bench/ is on sys.path (gpu_recordings is imported from there too)
+
+    log_result(f"{workload} {setting}: min budget {passed} B, fails at {failed} B ({len(runs)} runs)", folder=out)
     return row
 
 

@@ -1,4 +1,4 @@
-"""GPU evidence for `alloctune run` and `alloctune tune` (run by bench/gpu_tune.sh on one H200).
+"""GPU evidence for `alloctune run` and `alloctune tune` (the `tune` job of bench/gpu.py, one H200).
 
 Steps, all through the real CLI (`python3 -m alloctune ...`) on bench/frag_workload.py:
 
@@ -197,7 +197,7 @@ def main() -> int:
         rows.append((name, conf, mbud, d.get("trial_count"), d.get("fresh_trials"), d.get("elapsed_wall_s")))
     grid_best = best(grid)[1]
     lines = [
-        f"## gpu_tune ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}) — `bash bench/gpu_tune.sh`",
+        f"## gpu_tune ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}) — `python bench/gpu.py tune`",
         "",
         f"device: {check['uncapped'].get('device_name')}, torch {check['uncapped'].get('torch_version')}; "
         f"workload: `frag_workload.py {' '.join(WORKLOAD[2:])}`; budget B = {budget / MiB:.0f} MiB (default at B: "
@@ -246,6 +246,12 @@ def main() -> int:
     text = "\n".join(lines) + "\n"
     (OUT / "summary.md").write_text(text)
     print("\n" + text)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from runlog import log_result
+
+    for name, conf, mbud, n, fresh, wall in rows:
+        log_result(f"{name}: recommended {'none' if conf is None else (conf or '(default)')}, min budget "
+                   f"{mbud / MiB if mbud else float('nan'):.0f} MiB, {fresh} trial(s) run, {wall} s", folder=OUT)
     return 0
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
-# The same commands as the independent bisections (gpu_batch_a.py REAL/OWN, gpu_truth.py), so the
+# The same commands as the independent bisections (gpu_recordings.py REAL/OWN, gpu_truth.py), so the
 # tune's answer and the ground truth are about the same program and inputs.
 WORKLOADS: dict[str, list[str]] = {
     "hubert": [PY, "bench/real_workloads.py", "hubert", "--count", "6", "--quiet"],
@@ -163,7 +163,7 @@ def table(rows: list[dict]) -> str:
 
 def load_truth(path: Path) -> dict[str, dict[str, dict]]:
     """workload -> conf -> row, from gpu_truth.py's truth.jsonl (both ends tested) or, for old
-    data, gpu_batch_a.py's bisect_results.json (lower end assumed, not tested)."""
+    data, gpu_recordings.py's bisect_results.json (lower end assumed, not tested)."""
     text = path.read_text()
     rows = [json.loads(line) for line in text.splitlines() if line.strip()] if path.suffix == ".jsonl" else json.loads(text)
     out: dict[str, dict[str, dict]] = {}
@@ -242,6 +242,17 @@ def main(argv: list[str] | None = None) -> int:
     rows = run_all(names, work, max(1, args.jobs), args.timeout, on_row=save)
     save(rows)
     print((out / "summary.md").read_text())
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from runlog import log_result
+
+    for r in rows:
+        if "error" in r:
+            log_result(f"{r['workload']}: error {r['error'][:120]}", folder=out)
+            continue
+        log_result(f"{r['workload']}: {r['gpu_runs_after_baseline']} GPU runs after the baseline, {r['wall_s']} s "
+                   f"({r['wall_over_one_run']}x one run), recommended {r['recommendation'] or '(default)'}, simulated "
+                   f"{_mib(r['sim_min_budget'])} MiB, measured {_mib(r['min_budget'])} MiB (fails at "
+                   f"{_mib(r['infeasible_below'])}), verified {r['verified']}", folder=out)
     import shutil
 
     shutil.rmtree(work, ignore_errors=True)

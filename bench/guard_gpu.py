@@ -10,7 +10,7 @@
     peak, cudaMalloc calls and `empty_cache()` calls. Verdicts: "literal" (the issue's target:
     peak reserved <= 1.10 x peak allocated with fewer calls than after every request) and
     "floor" (peak reserved <= 1.10 x the every-request run's, fewer calls). The allocator is
-    whatever PYTORCH_CUDA_ALLOC_CONF says (bench/gpu_guard.sh runs it twice).
+    whatever PYTORCH_CUDA_ALLOC_CONF says (the `guard` job of bench/gpu.py runs it twice).
 
 The decoder is `alloctune.workloads.rvc_models.GeneratorNSF` when that module is present
 (weight-normed convs, real layer sizes), else an equivalent local stack. Its sine/noise
@@ -473,6 +473,16 @@ def main() -> None:
     md = render(result)
     (args.out / "guard_gpu.md").write_text(md + "\n")
     print(md)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from runlog import log_result
+
+    if "a" in result:
+        log_result(f"(a) chunked decoder, {result['a'].get('seconds')} s clip under the budget: "
+                   f"{'PASS' if result['a'].get('pass') else 'FAIL'}", folder=args.out)
+    if "b" in result:
+        log_result(f"(b) Janitor, allocator {result['b'].get('alloc_conf') or 'default'}: verdicts (literal / floor) "
+                   + ", ".join(f"{k} {v.get('literal')}/{v.get('floor')}" for k, v in result["b"].get("verdicts", {}).items()),
+                   folder=args.out)
 
 
 if __name__ == "__main__":

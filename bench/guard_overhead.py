@@ -7,8 +7,8 @@ Two measurements:
 * no-op: per-call cost of the wrapper itself (median over batches of calls of an empty
   function), which the step medians cannot resolve below their noise.
 
-Target: wrapper cost < 1 % of the step. Prints a table and appends a dated section to
-bench/RESULTS.md (unless --no-append).
+Target: wrapper cost < 1 % of the step. Prints a table and appends
+one line per variant to the results log, bench/results/LOG.md (unless --no-append).
 
     python bench/guard_overhead.py                 # CPU, or CUDA when available
     python bench/guard_overhead.py --device cuda --rounds 400
@@ -128,9 +128,9 @@ def main() -> None:
     ap.add_argument("--target-ms", type=float, default=8.0, help="calibrated step length (>= 5 ms is checked)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 = steadier timings)")
     ap.add_argument("--json", type=Path, help="also write the results here")
-    ap.add_argument("--results", type=Path, default=ROOT / "bench" / "RESULTS.md",
-                    help="markdown file the dated section is appended to (default bench/RESULTS.md)")
-    ap.add_argument("--no-append", action="store_true", help="do not append a results section")
+    ap.add_argument("--results", type=Path, default=None,
+                    help="a results file in the folder to log into (default: bench/results/LOG.md)")
+    ap.add_argument("--no-append", action="store_true", help="do not log the results (bench/results/LOG.md, or beside --results)")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -179,27 +179,14 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     if not args.no_append:
-        lines = [
-            "",
-            f"## guard_overhead — {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
-            "",
-            f"`python bench/guard_overhead.py --device {args.device} --rounds {args.rounds}` on {device_name} "
-            f"(torch {torch.__version__}, {os.cpu_count()} CPUs, {args.threads} torch thread(s)); step = "
-            f"{result['step']}, plain median {base * 1e3:.3f} ms.",
-            "",
-            "| variant | step median (ms) | Δ of medians | median of paired Δ | wrapper cost (µs/call) "
-            "| wrapper % of step |",
-            "|---|---|---|---|---|---|",
-        ]
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from runlog import log_result
+
+        folder = Path(args.results).parent if args.results is not None else None
         for r in rows:
-            lines.append(f"| {r['variant']} | {r['step_median_ms']:.3f} | {r['step_overhead_pct']:+.2f} % | "
-                         f"{r['step_paired_pct']:+.2f} % | {r['wrapper_us']:.2f} | {r['wrapper_pct_of_step']:.4f} % |")
-        lines.append("")
-        lines.append(f"Target < 1 %: **{'met' if result['pass'] else 'NOT met'}** (wrapper cost measured on a no-op, "
-                     "median of 30 batches of 20,000 calls, minus the plain call; the step Δ columns compare "
-                     "interleaved timings of the real step and carry the machine's timing noise).")
-        with open(args.results, "a") as fh:
-            fh.write("\n".join(lines) + "\n")
+            log_result(f"{r['variant']} on {device_name} ({result['step']}, plain median {base * 1e3:.3f} ms): wrapper "
+                       f"{r['wrapper_us']:.2f} us/call = {r['wrapper_pct_of_step']:.4f} % of the step; target < 1 %: "
+                       f"{'met' if result['pass'] else 'NOT met'}", folder=folder)
 
 
 if __name__ == "__main__":

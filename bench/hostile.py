@@ -241,7 +241,7 @@ def store_probes(tmp: Path, row: Row, quick: bool) -> None:
 
 
 def alive_pids(pids: list[int]) -> list[int]:
-    from alloctune.runner import pid_alive
+    from alloctune.run.process import pid_alive
 
     return [p for p in pids if pid_alive(p)]
 
@@ -409,6 +409,12 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(md)
     print(f"written {out}", file=sys.stderr)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from runlog import log_result
+
+    for r in [*rows, total]:
+        log_result(f"{r.name}: {r.clean}/{r.tried} clean ({r.crashes} crashes, {r.memory} memory, {r.timeouts} "
+                   f"timeouts, {r.lost} lost, {r.orphans} orphans)", folder=out.parent)
 
 
 if __name__ == "__main__":

@@ -207,6 +207,10 @@ def main() -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from runlog import log_results
+
+    log_results(lines[lines.index("## Summary") + 2:], folder=out.parent)
     return 0
 
 

@@ -210,6 +210,14 @@ def main(argv: list[str] | None = None) -> int:
         with args.append_results.open("a") as f:
             f.write(section)
     render(rows, console)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from runlog import log_result
+
+    for r in rows:
+        s = r["summary"] or {}
+        log_result(f"{r['workload']} {r['conf']}: rc={r['rc']} {'skipped: ' + r['skipped'] if r.get('skipped') else ''} "
+                   f"peak reserved {s.get('peak_reserved', '-')} B, utilization {s.get('utilization', '-')}",
+                   folder=args.out)
     failed = [r for r in rows if not r.get("skipped") and (r["rc"] != 0 or r["summary"] is None)]
     return 1 if failed else 0
 

@@ -13,7 +13,7 @@ Needs Debian's `chromium` (`apt-get install -y chromium`) and the shared traces 
    and the net log must hold no http(s) request;
 4. negative control: the same check on a copy with one remote image must report the request
    (so a clean result means something);
-5. prints a table and appends it to bench/RESULTS.md.
+5. prints a table and logs the result to bench/results/LOG.md.
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def tune_store(path: Path) -> Path:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(tempfile.mkdtemp(prefix="alloctune-render-")))
-    ap.add_argument("--no-results", action="store_true", help="do not append to bench/RESULTS.md")
+    ap.add_argument("--no-results", action="store_true", help="do not log the result (bench/results/LOG.md)")
     args = ap.parse_args()
     from alloctune.report import build_report, write_report
 
@@ -189,11 +189,11 @@ def main() -> int:
     ok = all(checks.values())
     print("ALL PASS" if ok else "SOME CHECKS FAILED")
     if not args.no_results:
-        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        with open(REPO / "bench" / "RESULTS.md", "a", encoding="utf-8") as fh:
-            fh.write(f"\n## report_render — {stamp}\n\n`.venv/bin/python bench/report_render.py` "
-                     f"(CPU, headless Chromium)\n\n| check | result |\n|---|---|\n{table}\n\n"
-                     f"{'All checks passed.' if ok else 'Some checks FAILED.'}\n")
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from runlog import log_result
+
+        log_result(f"self-contained HTML report rendered in headless Chromium: {sum(checks.values())}/{len(checks)} "
+                   f"checks pass ({'all' if ok else 'SOME FAILED'})")
     return 0 if ok else 1
 
 

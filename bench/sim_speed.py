@@ -212,6 +212,11 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
     print(f"wrote {out}")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from runlog import log_result
+
+    log_result(f"slowest native replay class {slowest / 1e6:.1f} M requests/s; 20-setting sweep native "
+               f"{wn:.2f} s wall, Python {wp:.1f} s, peaks identical: {same}", folder=out.parent)
     return 0
 
 

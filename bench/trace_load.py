@@ -58,9 +58,12 @@ def main() -> int:
                      f"| {w1:.2f} / {c1:.2f} s | {'yes' if same else 'NO'} |")
     print("\n".join(lines))
     if not args.no_append:
-        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        with open(ROOT / "bench" / "RESULTS.md", "a") as f:
-            f.write(f"\n## trace_load ({stamp}, CPU)\n\n`python bench/trace_load.py`\n\n" + "\n".join(lines) + "\n")
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from runlog import log_result
+
+        for name, n, s0, w0, c0, s1, w1, c1, same in rows:
+            log_result(f"{name} ({n} requests): snapshot load {w0:.2f} s wall, compact {s0 / s1:.0f}x smaller, "
+                       f"loads in {w1:.2f} s; same stream: {'yes' if same else 'NO'}")
     return 0 if all(r[-1] for r in rows) else 1
 
 

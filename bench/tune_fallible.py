@@ -72,6 +72,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['workload']:<12} {r['setting']:<26} ({mib(r['real_fails_at'])}, {mib(r['real_min_budget'])}] MiB".ljust(65)
               + f"{mib(r['sim_before']):>10} {err(r['sim_before']):>7} {mib(r['sim_after']):>10} {err(r['sim_after']):>7} {r['learned_sizes']}")
     frames_check(data)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from runlog import log_result
+
+    for r in rows:
+        log_result(f"{r['workload']} {r['setting']}: real min budget {r['real_min_budget']} B, simulated "
+                   f"{r['sim_before']} before / {r['sim_after']} after calibration ({r['learned_sizes']} sizes learned)")
     if args.json:
         Path(args.json).write_text(json.dumps({"schema": "alloctune.bench.tune_fallible/1", "rows": rows}, indent=1))
     return 0

@@ -44,9 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.truth is not None:
         return from_truth(args)
 
-    from alloctune.trial import TrialResult
+    from alloctune.run.trial import TrialResult
     from alloctune.tune.candidates import parse_knobs
-    from alloctune.tune.strategy import SimulatorFromTrace, Tuner, TuneSettings
+    from alloctune.tune.simulator import SimulatorFromTrace
+    from alloctune.tune.strategy import Tuner, TuneSettings
 
     data = Path(args.data)
     real = {r["name"]: r for r in json.loads((data / "b" / "bisect_results.json").read_text()) if "min_budget" in r}
@@ -82,17 +83,21 @@ def main(argv: list[str] | None = None) -> int:
         best = res.ranking.best
         true_best = min(need.values())
         gap = (best.min_budget / true_best - 1) if best and best.min_budget else None
-        print(f"{wl:<12} {len(calls) - 1:>4} {best.candidate.label if best else '-':<26} "
-              f"{(best.min_budget or 0) / 2**20:>8.0f}M {true_best / 2**20:>9.0f}M "
-              f"{'-' if gap is None else f'{100 * gap:+.1f}%':>6}  {best.verified if best else '-'}"
-              + ("  (calibrated)" if any(n.startswith("calibration") for n in res.notes) else ""))
+        row = (f"{wl:<12} {len(calls) - 1:>4} {best.candidate.label if best else '-':<26} "
+               f"{(best.min_budget or 0) / 2**20:>8.0f}M {true_best / 2**20:>9.0f}M "
+               f"{'-' if gap is None else f'{100 * gap:+.1f}%':>6}  {best.verified if best else '-'}"
+               + ("  (calibrated)" if any(n.startswith("calibration") for n in res.notes) else ""))
+        print(row)
+        _log(f"{wl}: {len(calls) - 1} GPU runs, best {best.candidate.label if best else '-'} measured "
+             f"{(best.min_budget or 0) / 2**20:.0f} MiB vs real best {true_best / 2**20:.0f} MiB, proven {best.verified if best else '-'}")
     return 0
 
 
 def from_truth(args: argparse.Namespace) -> int:
-    from alloctune.trial import TrialResult
+    from alloctune.run.trial import TrialResult
     from alloctune.tune.candidates import parse_knobs
-    from alloctune.tune.strategy import SimulatorFromTrace, Tuner, TuneSettings
+    from alloctune.tune.simulator import SimulatorFromTrace
+    from alloctune.tune.strategy import Tuner, TuneSettings
 
     rows = [json.loads(line) for line in args.truth.read_text().splitlines() if line.strip()]
     knobs = {"expandable_segments:True": "expandable", "roundup_power2_divisions:4": "roundup"}
@@ -127,6 +132,8 @@ def from_truth(args: argparse.Namespace) -> int:
         print(f"{wl:<12} {len(calls) - 1:>4} {best.candidate.label if best else '-':<28} "
               f"{(best.min_budget or 0) / 2**20:>8.0f}M {true_best / 2**20:>9.0f}M "
               f"{'-' if gap is None else f'{100 * gap:+.1f}%':>6}  {best.verified if best else '-'}  {probes}")
+        _log(f"{wl}: {len(calls) - 1} GPU runs, best {best.candidate.label if best else '-'} measured "
+             f"{(best.min_budget or 0) / 2**20:.0f} MiB vs truth best {true_best / 2**20:.0f} MiB, proven {best.verified if best else '-'}")
     return 0
 
 
@@ -140,6 +147,15 @@ def _baseline_peak(store: Path) -> int | None:
         if d.get("kind") == "trial" and d["key"]["budget"] is None:
             return d["result"].get("peak_reserved")
     return None
+
+
+
+def _log(result: str) -> None:
+    """One line per workload in the results log (bench/results/LOG.md)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from runlog import log_result
+
+    log_result(result)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import os
 import threading
 from pathlib import Path
 
-from alloctune.trial import TrialResult
+from alloctune.run.trial import TrialResult
 from alloctune.tune.executors.base import TrialRequest
 
 MiB = 1 << 20

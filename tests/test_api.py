@@ -7,7 +7,7 @@ from types import ModuleType
 import pytest
 
 from alloctune import api
-from alloctune.simulation import Simulation
+from alloctune.sim.simulate import Simulation
 
 MSG = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.70 GiB. GPU 0 has a total capacity of 6.00 GiB "
        "of which 0 bytes is free. Of the allocated memory 2.93 GiB is allocated by PyTorch, and 2.30 GiB is reserved by "

@@ -33,3 +33,18 @@ def test_results_file_is_built_from_the_bench_json(tmp_path):
     assert "**4/5 agree**" in text and "overlap in **1/2**" in text and "0.990–1.070" in text
     assert "[fidelity_x.md](fidelity_x.md)" in text and "python bench/fidelity.py --flat x" in text
     assert "someone.else" not in text
+
+
+def test_runlog_appends_one_line_per_result_with_the_exact_command(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("bench_runlog", ROOT / "bench" / "runlog.py")
+    runlog = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runlog)
+    monkeypatch.delenv("BENCH_LOG", raising=False)
+    monkeypatch.setenv("SCALE_SKIP", "tune_cli")
+    argv = [str(ROOT / "bench" / "sim_speed.py"), "--out", "/tmp/a b.md"]
+    runlog.log_results(["- replay **3/3 exact**", "", "- min budget 2/2 agree"], argv=argv, folder=tmp_path)
+    lines = (tmp_path / "LOG.md").read_text().splitlines()
+    results = [line for line in lines if line.startswith("- ")]
+    assert len(results) == 2
+    assert " · sim_speed · replay 3/3 exact · " in results[0]
+    assert results[0].endswith("`SCALE_SKIP=tune_cli python bench/sim_speed.py --out '/tmp/a b.md'`")

@@ -8,7 +8,7 @@ import pytest
 from rich.console import Console
 
 from alloctune.cli import main
-from alloctune.cli.progress import progress_on_stderr
+from alloctune.progress import progress_on_stderr
 from alloctune.progress import no_progress
 
 

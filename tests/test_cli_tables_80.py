@@ -32,7 +32,7 @@ for name, argv in json.loads(sys.argv[1]):
     print(f"@@@ {name}", flush=True)
     if name == "run-summary":  # the `run` summary without a GPU: render a finished trial
         from alloctune.cli.run_cmd import render_trial
-        from alloctune.trial import TrialResult
+        from alloctune.run.trial import TrialResult
         render_trial(TrialResult.from_dict(json.loads(argv[0])))
         continue
     try:
@@ -55,7 +55,7 @@ def _whole(word: str, tokens: list[str]) -> bool:
 
 @pytest.fixture(scope="module")
 def rendered(traces_dir, tmp_path_factory):
-    from alloctune.simulation import simulate
+    from alloctune.sim.simulate import simulate
 
     tmp = tmp_path_factory.mktemp("tables80")
     log = tmp / "oom.log"

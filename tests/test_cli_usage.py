@@ -45,7 +45,7 @@ def test_version_flag_and_json(capsys):
     assert code == 0 and data["alloctune"] == __version__ and parse_schema(data["schema"]) == ("version", 1)
     assert set(data) == {"schema", "alloctune", "python", "platform", "torch"}
     proc = subprocess.run(
-        [sys.executable, "-c", "import sys; from alloctune.versions import installed_versions as v; v(); "
+        [sys.executable, "-c", "import sys; from alloctune.api import installed_versions as v; v(); "
          "sys.exit(1 if 'torch' in sys.modules else 0)"], timeout=60)
     assert proc.returncode == 0
 

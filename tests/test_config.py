@@ -14,7 +14,8 @@ from alloctune.config import AllocatorConfig, parse_torch_version, roundup_table
 from alloctune.config.checks import check, check_sweep_values
 from alloctune.config.effective import check_setting
 from alloctune.config.knobs import KNOB_BY_NAME, KNOBS, knobs_for
-from alloctune.config.parse import ConfigSyntaxError, parse_detailed
+from alloctune.config.model import parse_detailed
+from alloctune.config.parse import ConfigSyntaxError
 from alloctune.errors import ConfigError, InputError
 from alloctune.units import GiB, MiB
 

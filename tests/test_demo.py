@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from alloctune.demo import FOLKLORE_CANDIDATES, run_demo, shipped_traces
+from alloctune.sim.demo import FOLKLORE_CANDIDATES, run_demo, shipped_traces
 from alloctune.config.standard import STANDARD_CONFS
 
 
@@ -93,7 +93,7 @@ def test_recommendation_says_why_over_a_smaller_budget(result):
 
 def test_tie_without_a_reason_picks_the_smaller_budget():
     """Within the resolution, with equal peaks and retries, the smaller budget wins (not the shorter string)."""
-    from alloctune.demo import DemoRow, _rank_key, why_not_smaller
+    from alloctune.sim.demo import DemoRow, _rank_key, why_not_smaller
 
     def row(conf: str, mb: int) -> DemoRow:
         return DemoRow(conf=conf, peak_reserved=2 << 30, peak_allocated=1 << 30, utilization=0.5, retries=0,
@@ -128,7 +128,7 @@ def test_view_renders_a_result_it_is_given():
     with its no-effect row marked, the notes, and the recommendation's shell lines."""
     from alloctune.cli.common import console
     from alloctune.cli.demo_view import render_demo
-    from alloctune.demo import DemoResult, DemoRow
+    from alloctune.sim.demo import DemoResult, DemoRow
 
     def row(conf: str, mb: int, no_effect: bool = False) -> DemoRow:
         return DemoRow(conf=conf, peak_reserved=mb << 20, peak_allocated=mb << 19, utilization=0.5, retries=0,
@@ -150,7 +150,7 @@ def test_demo_command_only_parses_calls_and_renders():
     """`cli/demo_cmd.py` stays thin (#18 review): the GPU probe and command live in the core, the
     wording in `cli/demo_view.py`."""
     import alloctune.cli.demo_cmd as cmd
-    from alloctune import demo
+    from alloctune.sim import demo
 
     source = open(cmd.__file__, encoding="utf-8").read()
     assert len(source.splitlines()) <= 120

@@ -19,7 +19,7 @@ from alloctune.tune.executors.factory import make_executor
 from alloctune.tune.executors.gpuinfo import GpuInfo, visible_entries
 from alloctune.tune.executors.gpus import GpusExecutor, gpu_slots
 from alloctune.tune.executors.local import LocalExecutor, default_jobs
-from alloctune.tune.executors.progress import ProgressLog
+from alloctune.progress import ProgressLog
 from alloctune.tune.executors.ray_tasks import RayExecutor, gpu_fraction
 from alloctune.tune.executors.spec import SpecRunner, TrialSpec
 from alloctune.tune.executors.stored import run_stored
@@ -330,8 +330,8 @@ def test_kill_and_resume_loses_and_repeats_no_finished_trial(tmp_path):
 def test_executors_import_no_torch_ray_rich_or_runner():
     code = ("import sys; import alloctune.tune.executors.factory, alloctune.tune.executors.local, "
             "alloctune.tune.executors.gpus, alloctune.tune.executors.ray_tasks, alloctune.tune.executors.stored, "
-            "alloctune.tune.executors.spec, alloctune.tune.executors.progress; "
-            "print(sorted(m for m in ('torch', 'ray', 'rich', 'alloctune.runner') if m in sys.modules))")
+            "alloctune.tune.executors.spec, alloctune.progress; "
+            "print(sorted(m for m in ('torch', 'ray', 'rich', 'alloctune.run.runner') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=SRC), capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -343,7 +343,7 @@ def test_live_table_draws_workers_and_trials():
 
     from rich.console import Console
 
-    from alloctune.tune.executors.progress import LiveTrialTable
+    from alloctune.progress import LiveTrialTable
 
     buf = io.StringIO()
     table = LiveTrialTable(Console(file=buf, width=150, force_terminal=False))
@@ -390,7 +390,7 @@ def test_the_runners_evaluator_is_stopped_too_when_wrapped(tmp_path):
     """`runner.TrialEvaluator` given straight to an executor: Ctrl-C still reaches its children."""
     import threading
 
-    from alloctune.runner import TrialEvaluator
+    from alloctune.run.runner import TrialEvaluator
 
     pids = tmp_path / "pids"
     pids.mkdir()

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from alloctune.ranks import RankSummary, neediest, processes_per_gpu, rank_table, summarize_ranks, worst
-from alloctune.runner import build_env, run_trial
-from alloctune.trial import TrialResult
+from alloctune.run.ranks import RankSummary, neediest, processes_per_gpu, rank_table, summarize_ranks, worst
+from alloctune.run.runner import build_env, run_trial
+from alloctune.run.trial import TrialResult
 
 from fake_torch import install
 
@@ -83,7 +83,7 @@ def test_the_trial_is_as_bad_as_its_worst_rank(tmp_path, job):
 def test_reports_are_named_by_rank(tmp_path, job):
     cmd, env = job
     seen = []
-    import alloctune.runner as runner
+    import alloctune.run.runner as runner
 
     real = runner.read_reports
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from alloctune.tune.executors import SerialExecutor, TrialRequest
-from alloctune.tune.executors.progress import NullProgress
+from alloctune.progress import NullProgress
 from alloctune.tune.executors.ray_tasks import RayExecutor
 from alloctune.tune.executors.stored import run_stored
 from alloctune.tune.store import TrialStore

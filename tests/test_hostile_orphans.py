@@ -16,7 +16,8 @@ import pytest
 
 import hostile_probes as hp
 from alloctune.errors import EnvironmentProblem
-from alloctune.runner import TrialEvaluator, check_previous_trial, group_alive, pid_alive, sweep_stale_trial_dirs
+from alloctune.run.process import check_previous_trial, group_alive, pid_alive, sweep_stale_trial_dirs
+from alloctune.run.runner import TrialEvaluator
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process-group and /proc checks")
 
@@ -148,7 +149,7 @@ def test_a_signal_swallowed_while_the_trial_starts_still_stops_it(tmp_path, env,
     """Python runs a signal's handler inside Popen's at-fork hooks, where an exception is printed as
     "Exception ignored" and dropped (how Ctrl-C was lost in CI): no exception may be raised there, and
     the trial must stop anyway once the child is up, its workload with it."""
-    import alloctune.runner as runner
+    import alloctune.run.runner as runner
 
     real_popen = subprocess.Popen
     raised_inside: list[BaseException] = []

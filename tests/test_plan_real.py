@@ -1,6 +1,6 @@
-"""The size-parametric trace on real H200 recordings at several sizes (bench/gpu-results/batch8, shipped in the repo).
+"""The size-parametric trace on real H200 recordings at several sizes (batch 8 on the H200, kept as fixtures).
 
-`a/size_{workload}_{S}.pickle.xz`: one item of size S per fresh process, default setting; the
+`tests/data/size_recordings/size_{workload}_{S}.pickle.xz`: one item of size S per fresh process, default setting; the
 held-back check fits on the other sizes and must reproduce the GPU's peak reserved.
 """
 
@@ -11,7 +11,7 @@ import pytest
 from alloctune.plan.holdout import holdout
 from alloctune.trace.load import load_trace
 
-DATA = Path(__file__).resolve().parents[1] / "bench" / "gpu-results" / "batch8" / "a"
+DATA = Path(__file__).resolve().parent / "data" / "size_recordings"
 
 
 def _recs(workload, sizes):

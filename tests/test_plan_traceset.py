@@ -115,7 +115,7 @@ def test_plan_core_does_not_import_torch_or_matplotlib():
     import subprocess
     import sys
 
-    code = ("import sys, alloctune.plan, alloctune.plan.service, alloctune.plan.figure, alloctune.record, "
+    code = ("import sys, alloctune.plan, alloctune.plan.service, alloctune.plan.figure, alloctune.run.record, "
             "alloctune.cli.plan_cmd; print('torch' in sys.modules, 'matplotlib' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]

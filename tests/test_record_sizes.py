@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from record_child import cli_exit, fake  # noqa: F401  (fake is a fixture)
 
-from alloctune.record import command_for_size, out_for_size, parse_sizes, sidecar_path
+from alloctune.run.record import command_for_size, out_for_size, parse_sizes, sidecar_path
 from alloctune.errors import InputError
 
 MiB = 1 << 20

@@ -33,7 +33,7 @@ def _assert_self_contained(html: str) -> None:
 
 def _store(tmp_path):
     """A tune store written through `alloctune.tune.store.TrialStore`, as `alloctune tune` does."""
-    from alloctune.trial import TrialResult
+    from alloctune.run.trial import TrialResult
     from alloctune.tune.store import TrialStore, trial_key
 
     cmd = ["python", "infer.py"]

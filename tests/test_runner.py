@@ -9,7 +9,7 @@ import time
 import pytest
 
 from alloctune.errors import ConfigError, EnvironmentProblem
-from alloctune.runner import (
+from alloctune.run.runner import (
     TrialResult,
     build_env,
     classify,

@@ -1,4 +1,4 @@
-"""`alloctune.shells`: which variables to set, and exact quoting for bash, PowerShell, cmd, Python."""
+"""`alloctune.config.shells`: which variables to set, and exact quoting for bash, PowerShell, cmd, Python."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from alloctune.errors import InputError
-from alloctune.shells import (
+from alloctune.config.shells import (
     env_assignments,
     parse_torch_version,
     quote_bash,

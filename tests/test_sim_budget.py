@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from alloctune.demo import shipped_trace_path
+from alloctune.sim.demo import shipped_trace_path
 from alloctune.sim.budget import MinBudget, min_budget
 from alloctune.sim.replay import cap_from_budget, replay
 from alloctune.trace import load_trace

@@ -124,8 +124,8 @@ def test_simulate_bad_numbers_are_one_line_errors(traces_dir, capsys, args, need
 
 
 def test_simulate_is_the_core_function(traces_dir):
-    """The CLI renders what `alloctune.simulation.simulate` returns; the API gives the same data."""
-    from alloctune.simulation import simulate
+    """The CLI renders what `alloctune.sim.simulate.simulate` returns; the API gives the same data."""
+    from alloctune.sim.simulate import simulate
 
     trace = traces_dir / "rvc_ec1" / "default.pickle.xz"
     steps = []

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from alloctune.ports import free_port, shared_port_note, trial_port_env
-from alloctune.runner import build_env
+from alloctune.run.ports import free_port, shared_port_note, trial_port_env
+from alloctune.run.runner import build_env
 from alloctune.tune.executors import TrialRequest
 from alloctune.tune.executors.local import LocalExecutor
 from alloctune.tune.executors.ray_tasks import RayExecutor

@@ -80,7 +80,7 @@ def test_tune_and_runner_do_not_import_torch():
     import sys
 
     code = (
-        "import sys, alloctune.tune.strategy, alloctune.tune.recommend, alloctune.tune.store, alloctune.runner, "
+        "import sys, alloctune.tune.strategy, alloctune.tune.recommend, alloctune.tune.store, alloctune.run.runner, "
         "alloctune.agent.bootstrap, alloctune.cli.run_cmd, alloctune.cli.tune_cmd; print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

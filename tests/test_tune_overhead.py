@@ -161,7 +161,7 @@ def test_confirm_runs_side_by_side_by_default_when_nvml_reads_free_memory(tmp_pa
     assert isinstance(ex, LocalExecutor) and ex.jobs == CONFIRM_JOBS
     assert ex.memory == local.usable_memory(139 * GiB) and not asked
     # every rank of a torchrun job holds the cap: once the baseline shows 2 processes, trials are booked at two caps
-    from alloctune.trial import TrialResult
+    from alloctune.run.trial import TrialResult
 
     session.tuner._book_ranks(TrialResult(COMMAND, "", None, "ok", 0, 1.0, processes=2))
     assert ex.processes == 2

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from alloctune.trial import TrialResult
+from alloctune.run.trial import TrialResult
 from alloctune.tune.rank_sim import RankedSimulator, rank_snapshots, simulator_for
 
 MiB = 1 << 20

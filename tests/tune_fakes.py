@@ -6,7 +6,7 @@ completes iff budget ≥ need[setting]; every call is logged so tests can count 
 
 from __future__ import annotations
 
-from alloctune.trial import TrialResult
+from alloctune.run.trial import TrialResult
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -8,7 +8,7 @@
     check = api.check_setting("expandable_segments:True", "2.11", platform="windows")
 
 Why a module and not functions on `alloctune` itself: `alloctune.tune`, `alloctune.diagnose`,
-`alloctune.plan` (and `alloctune.record`) are modules, and importing any of their submodules
+`alloctune.plan` (and `alloctune.run`) are modules, and importing any of their submodules
 rebinds that name on the package, so `alloctune.tune(...)` could mean a function or a module
 depending on what happened to be imported first. Here every name is a function.
 `tune`, `record` and `plan` are provided by their own packages and imported by name on the
@@ -23,18 +23,18 @@ from typing import Any
 
 from alloctune.config.effective import check_setting
 from alloctune.errors import AlloctuneError
-from alloctune.simulation import simulate
+from alloctune.sim.simulate import simulate
 from alloctune.trace_files import convert_trace, trace_info
 
 __all__ = [
     "ApiUnavailable", "check_setting", "convert_trace", "diagnose", "diagnose_all", "diagnose_snapshot", "plan",
-    "record", "simulate", "trace_info", "tune",
+    "installed_versions", "record", "simulate", "trace_info", "tune",
 ]
 
 # name -> (module, function) of the entry points other packages provide
 PROVIDERS: dict[str, tuple[str, str]] = {
     "tune": ("alloctune.tune", "tune"),
-    "record": ("alloctune.record", "record"),
+    "record": ("alloctune.run.record", "record"),
     "plan": ("alloctune.plan", "plan"),
 }
 
@@ -83,10 +83,35 @@ def tune(*args: Any, **kwargs: Any) -> Any:
 
 
 def record(*args: Any, **kwargs: Any) -> Any:
-    """Record a workload's allocator history (`alloctune record`); see `alloctune.record.record`."""
+    """Record a workload's allocator history (`alloctune record`); see `alloctune.run.record.record`."""
     return _provided("record")(*args, **kwargs)
 
 
 def plan(*args: Any, **kwargs: Any) -> Any:
     """Answer sizing questions from recordings at several input sizes; see `alloctune.plan.plan`."""
     return _provided("plan")(*args, **kwargs)
+
+
+def installed_versions() -> dict[str, Any]:
+    """`{"schema", "alloctune", "python", "platform", "torch"}` for bug reports and `version --json`.
+
+    torch's version is read from the package metadata, never by importing torch (the core must not
+    import it, and importing it takes seconds); `torch` is None when it is not installed.
+    """
+    import platform
+    from importlib import metadata
+
+    from alloctune import __version__
+    from alloctune.schema import schema_id
+
+    try:
+        torch = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch = None
+    return {
+        "schema": schema_id("version"),
+        "alloctune": __version__,
+        "python": platform.python_version(),
+        "platform": platform.system().lower(),
+        "torch": torch,
+    }

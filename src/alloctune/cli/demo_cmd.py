@@ -23,7 +23,7 @@ def register(app: typer.Typer) -> None:
         list_traces: bool = typer.Option(False, "--list", help="List the shipped traces and exit."),
     ) -> None:
         """Show alloctune at work: tune RVC on a GPU, or simulate a real RVC trace without one."""
-        from alloctune import demo as core
+        from alloctune.sim import demo as core
         from alloctune.cli import demo_view
         from alloctune.units import parse_user_size
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from alloctune.cli.common import console
-from alloctune.demo import GPU_DEMO_BUDGET
+from alloctune.sim.demo import GPU_DEMO_BUDGET
 
 
 def render_demo(result: Any) -> None:
@@ -65,7 +65,7 @@ def render_demo(result: Any) -> None:
     best = result.recommended
     console.print(f"\n[bold]Recommendation:[/bold] {best.label}")
     if best.conf:
-        from alloctune.shells import env_assignments, render_all
+        from alloctune.config.shells import env_assignments, render_all
 
         for shell, text in render_all(env_assignments(best.conf)).items():
             console.print(f"  [cyan]{shell}[/cyan]")

@@ -1,37 +1,20 @@
-"""The CLI side of `alloctune.progress`: a rich spinner on stderr while the core works.
+"""SHIM (issue 26, remove once nothing imports it): progress drawing moved to `alloctune.progress`.
 
-Quiet (the silent callback) under `--json` and whenever stderr is not a terminal, so pipes,
-logs and programs never see progress lines; transient, so nothing stays behind on screen.
+Kept only so `cli/diagnose_cmd.py` (owned by another session) still imports unchanged; it draws
+on the CLI's own stderr console unless given one, as before.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
-from rich.console import Console
+from typing import Any
 
 from alloctune.progress import Progress, no_progress
+from alloctune.progress import progress_on_stderr as _draw
+
+__all__ = ["Progress", "no_progress", "progress_on_stderr"]
 
 
-@contextmanager
-def progress_on_stderr(*, quiet: bool = False, console: Console | None = None) -> Iterator[Progress]:
-    """Yield a `Progress` callback that draws on stderr, or `no_progress` when it should be quiet."""
+def progress_on_stderr(*, quiet: bool = False, console: Any = None) -> Any:
     from alloctune.cli.render import err_console
 
-    con = console or err_console
-    if quiet or not con.is_terminal:
-        yield no_progress
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
-    from rich.progress import Progress as RichProgress
-
-    bar = RichProgress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                       TimeElapsedColumn(), console=con, transient=True)
-    task = bar.add_task("starting", total=None)
-
-    def report(step: str, done: int = 0, total: int | None = None) -> None:
-        bar.update(task, description=step, completed=done, total=total)
-
-    with bar:
-        yield report
+    return _draw(quiet=quiet, console=console or err_console)

@@ -1,7 +1,7 @@
-"""`alloctune record [--size 7,14,28] -- CMD ARGS...`: parse, call `alloctune.record`, render.
+"""`alloctune record [--size 7,14,28] -- CMD ARGS...`: parse, call `alloctune.run.record`, render.
 
 The orchestration (agent, private raw folder, busiest process, compression, sidecar) is in
-the core module `alloctune.record`; this module only checks the arguments and prints.
+the core module `alloctune.run.record`; this module only checks the arguments and prints.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import typer
 
 from alloctune.cli.common import console, print_json, warn
 from alloctune.errors import WorkloadFailed
-from alloctune.record import DEFAULT_MAX_ENTRIES, DEFAULT_OUT, SCHEMA, cuda_device_count
+from alloctune.run.record import DEFAULT_MAX_ENTRIES, DEFAULT_OUT, SCHEMA, cuda_device_count
 
 RECORD_SCHEMA = SCHEMA
 
@@ -54,7 +54,7 @@ def register(app: typer.Typer) -> None:
         Example: `alloctune record --out rvc.pickle.xz -- python -m alloctune.workloads.rvc --count 4`;
         at several sizes: `alloctune record --size 7,14,28 --out rvc.pickle.xz -- python infer.py --seconds {size}`
         """
-        from alloctune import record as core
+        from alloctune.run import record as core
 
         core.check_request(command, out, max_entries, device, _cuda_device_count)
         kwargs = {"max_entries": max_entries, "device": device, "conf": conf, "workload": workload}

@@ -40,7 +40,7 @@ def register(app: typer.Typer) -> None:
         budget larger than the card or a missing command are one-line errors (exit 2).
         """
         from alloctune.errors import InputError
-        from alloctune.runner import raise_for_environment, run_trial
+        from alloctune.run.runner import raise_for_environment, run_trial
         from alloctune.units import parse_seconds, parse_user_size
 
         cap = parse_user_size(budget, "--budget") if budget is not None else None

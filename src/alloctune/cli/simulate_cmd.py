@@ -52,18 +52,18 @@ def register(app: typer.Typer) -> None:
         Peak reserved/allocated, utilization, retries and OOM point per setting; optional minimum
         budget and a fidelity check against a recording. Exits 1 for a predicted OOM or a
         difference from the recording, 0 otherwise."""
-        from alloctune.cli.progress import progress_on_stderr
-        from alloctune.simulation import simulate as run
+        from alloctune.cli.render import err_console
+        from alloctune.progress import progress_on_stderr
+        from alloctune.sim.simulate import simulate as run
 
         if snapshot_out is not None and len(conf or [""]) != 1:
             from alloctune.errors import InputError
 
             raise InputError("--snapshot-out writes one simulated run: give one --conf")
-        with progress_on_stderr(quiet=json_out) as progress:
+        with progress_on_stderr(quiet=json_out, console=err_console) as progress:
             result = run(trace_file, list(conf or [""]), budget=budget, total_memory=total_memory, device=device,
                          torch=torch_version, find_min=find_min, compare=compare_file, addresses=addresses,
                          progress=progress)
-        from alloctune.cli.render import err_console
 
         for note in result.notes:  # deprecated spellings: stderr, so --json stays clean
             err_console.print(f"alloctune: note: {note}", markup=False, soft_wrap=True)

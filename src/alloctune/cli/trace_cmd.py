@@ -23,10 +23,11 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
     ) -> None:
         """Requests by kind, streams, peaks, segment and OOM events, settings, inferred empty_cache() calls."""
-        from alloctune.cli.progress import progress_on_stderr
+        from alloctune.cli.render import err_console
+        from alloctune.progress import progress_on_stderr
         from alloctune.trace_files import trace_info
 
-        with progress_on_stderr(quiet=json_out) as progress:
+        with progress_on_stderr(quiet=json_out, console=err_console) as progress:
             summary = trace_info(file, device, partial=partial, progress=progress)
         if json_out:
             from alloctune.cli.common import print_json
@@ -45,11 +46,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Save a snapshot in alloctune's compact format (xz JSON: requests, segment events, settings, meta)."""
         from alloctune.cli.common import console, print_json
-        from alloctune.cli.progress import progress_on_stderr
+        from alloctune.cli.render import err_console
+        from alloctune.progress import progress_on_stderr
         from alloctune.trace_files import convert_trace
         from alloctune.units import format_size
 
-        with progress_on_stderr(quiet=json_out) as progress:
+        with progress_on_stderr(quiet=json_out, console=err_console) as progress:
             done = convert_trace(file, out, device, progress=progress)
         if json_out:
             print_json(done)

@@ -67,12 +67,13 @@ def register(app: typer.Typer) -> None:
         Each trial is a fresh process with the agent inside, stored at once: Ctrl-C loses nothing (--resume).
         """
         from alloctune.cli.common import err_console, print_json, warn
-        from alloctune.cli.tune_view import TrialProgress, render_result, render_trials
+        from alloctune.cli.tune_view import render_result, render_trials
+        from alloctune.progress import TrialLines
         from alloctune.errors import AlloctuneError
         from alloctune.tune.session import prepare
         from alloctune.units import parse_user_size
 
-        shown = TrialProgress(err_console)
+        shown = TrialLines(err_console)
         session = prepare(
             command, budget=parse_user_size(budget, "--budget") if budget is not None else None, knobs=knobs, strategy=strategy,
             platform=platform, store=store, resume=resume, simulate_first=simulate_first, repeat=repeat,

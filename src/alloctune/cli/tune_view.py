@@ -7,41 +7,7 @@ and hands the outcome here (as `cli/views.py` does for snapshots).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Optional
-
-from rich.console import Console
-
-
-class TrialProgress:
-    """A transient spinner on stderr plus one kept line per finished trial.
-
-    Why a class: the three callbacks `tune.session.prepare` takes (trial start, trial end,
-    simulator steps) share one spinner and need the number of trials so far, which is only
-    known once the session exists; `count` is set after `prepare` returns.
-    """
-
-    def __init__(self, console: Console) -> None:
-        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-        self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                            console=console, transient=True)
-        self._task = self.bar.add_task("starting", total=None)
-        self.count: Callable[[], int] = lambda: 0
-
-    def started(self, conf: str, cap_: Optional[int], purpose: str) -> None:
-        self.bar.update(self._task, description=f"trial {self.count() + 1}: {purpose} ({_budget(cap_)})")
-
-    def finished(self, rec: Any) -> None:
-        r = rec.result
-        src = " [dim](from store)[/dim]" if rec.reused else ""
-        self.bar.console.print(
-            f"  #{self.count():<3} {r.conf or '(default)'} @ {_budget(r.budget)} → "
-            f"{_outcome(r.outcome)}  peak reserved {_fmt(r.peak_reserved)}  {r.wall_s:.1f} s{src}"
-        )
-
-    def simulating(self, step: str, done: int = 0, total: Optional[int] = None) -> None:
-        of = f" ({done}/{total})" if total else ""
-        self.bar.update(self._task, description=f"{step}{of}")
+from typing import Any, Optional
 
 
 def _fmt(n: Optional[int]) -> str:

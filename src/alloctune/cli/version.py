@@ -9,7 +9,7 @@ def register(app: typer.Typer) -> None:
     @app.command("version")
     def version(json_out: bool = typer.Option(False, "--json", help="Print machine-readable JSON.")) -> None:
         """Print the alloctune version (with --json: also Python's and the installed torch's, if any)."""
-        from alloctune.versions import installed_versions
+        from alloctune.api import installed_versions
 
         info = installed_versions()
         if json_out:

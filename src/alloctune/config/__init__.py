@@ -6,8 +6,15 @@ silently do nothing.
 """
 
 from alloctune.config.knobs import KNOBS, Knob, knobs_for
-from alloctune.config.model import AllocatorConfig, apply_roundup, roundup_table_of, setting_from_table
-from alloctune.config.parse import ConfigSyntaxError, parse_config, parse_detailed, tokenize
+from alloctune.config.model import (
+    AllocatorConfig,
+    apply_roundup,
+    parse_config,
+    parse_detailed,
+    roundup_table_of,
+    setting_from_table,
+)
+from alloctune.config.parse import ConfigSyntaxError, tokenize
 from alloctune.config.versions import TorchVersion, parse_torch_version
 
 __all__ = [

@@ -13,8 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from alloctune.config.knobs import KNOB_BY_NAME
-from alloctune.config.model import ENV_VARS, AllocatorConfig
-from alloctune.config.parse import parse_config, parse_detailed
+from alloctune.config.model import ENV_VARS, AllocatorConfig, parse_config, parse_detailed
 from alloctune.config.versions import DEFAULT_TORCH, TorchVersion, format_version, parse_torch_version
 from alloctune.errors import ConfigError, InputError
 from alloctune.units import format_mib
@@ -71,18 +70,34 @@ def check(
         raise InputError(f"unknown platform {platform!r}: use {' or '.join(PLATFORMS)}")
     out: list[ConfigWarning] = []
     if isinstance(config, str):
-        result = parse_detailed(config, version)
-        config = result.config
-        out += [ConfigWarning(n.code, WARNING, n.message, n.key) for n in result.notes]
-        for key, n in Counter(result.keys).items():
-            if n > 1:
-                out.append(ConfigWarning(
-                    "repeated-key", WARNING,
-                    f"{key} is given {n} times; PyTorch uses the last one"
-                    + (" (roundup lists accumulate)" if key == "roundup_power2_divisions" else ""), key))
-    v = format_version(version)
+        config, found = _text_findings(config, version)
+        out += found
+    out += _release_findings(config, version)
+    if env_var is not None:
+        out += _env_var_findings(env_var, version)
+    cap_fraction = _cap_fraction(config, fraction, version)
+    out += _inert_findings(config, version, platform, cap_fraction)
+    out += _max_split_findings(config, card, cap_fraction, largest_segment)
+    return out
 
-    # Keys this release does not know: PyTorch refuses the whole string at CUDA init.
+
+def _text_findings(text: str, version: TorchVersion) -> tuple[AllocatorConfig, list[ConfigWarning]]:
+    """Parse `text` (malformed text raises `ConfigError`); what PyTorch ignores in it silently."""
+    result = parse_detailed(text, version)
+    out = [ConfigWarning(n.code, WARNING, n.message, n.key) for n in result.notes]
+    for key, n in Counter(result.keys).items():
+        if n > 1:
+            out.append(ConfigWarning(
+                "repeated-key", WARNING,
+                f"{key} is given {n} times; PyTorch uses the last one"
+                + (" (roundup lists accumulate)" if key == "roundup_power2_divisions" else ""), key))
+    return result.config, out
+
+
+def _release_findings(config: AllocatorConfig, version: TorchVersion) -> list[ConfigWarning]:
+    """Keys this release does not know, or values it refuses: PyTorch rejects the whole string at CUDA init."""
+    v = format_version(version)
+    out: list[ConfigWarning] = []
     unknown = [k for k, _ in config.items() if not KNOB_BY_NAME[k].known_in(version)]
     for key in unknown:
         knob = KNOB_BY_NAME[key]
@@ -100,25 +115,39 @@ def check(
             parse_config(config.format(), version)
         except ConfigError as exc:
             out.append(ConfigWarning("invalid-for-version", ERROR, str(exc), getattr(exc, "key", None)))
+    return out
 
-    if env_var is not None:
-        if env_var not in ENV_VARS:
-            raise InputError(f"unknown variable {env_var!r}: use {' or '.join(ENV_VARS)}")
-        if env_var == "PYTORCH_ALLOC_CONF" and version < (2, 10):
-            out.append(ConfigWarning(
-                "alloc-conf-ignored", WARNING,
-                f"torch {v} ignores PYTORCH_ALLOC_CONF (read from 2.10 on); set PYTORCH_CUDA_ALLOC_CONF"))
 
+def _env_var_findings(env_var: str, version: TorchVersion) -> list[ConfigWarning]:
+    """The variable the setting goes in: PYTORCH_ALLOC_CONF is read from 2.10 on only."""
+    if env_var not in ENV_VARS:
+        raise InputError(f"unknown variable {env_var!r}: use {' or '.join(ENV_VARS)}")
+    if env_var == "PYTORCH_ALLOC_CONF" and version < (2, 10):
+        return [ConfigWarning(
+            "alloc-conf-ignored", WARNING,
+            f"torch {format_version(version)} ignores PYTORCH_ALLOC_CONF (read from 2.10 on); "
+            "set PYTORCH_CUDA_ALLOC_CONF")]
+    return []
+
+
+def _cap_fraction(config: AllocatorConfig, fraction: float | None, version: TorchVersion) -> float | None:
+    """The per-process cap in effect: the program's own call wins over the knob (2.10+)."""
+    if config.per_process_memory_fraction is not None and version >= (2, 10):
+        return config.per_process_memory_fraction if fraction is None else fraction
+    return fraction
+
+
+def _inert_findings(config: AllocatorConfig, version: TorchVersion, platform: str,
+                    cap_fraction: float | None) -> list[ConfigWarning]:
+    """Knobs accepted but doing nothing here: native knobs under the async backend, GC without a cap
+    (a memory cap is what GC measures against), a zero fraction, expandable segments on Windows."""
+    out: list[ConfigWarning] = []
     native_set = _native_knobs_set(config)
     if config.backend == "cudaMallocAsync" and native_set:
         out.append(ConfigWarning(
             "inert-under-async", WARNING,
             f"backend:cudaMallocAsync ignores {', '.join(native_set)}: the CUDA driver does the caching"))
 
-    # A memory cap is what GC measures against.
-    cap_fraction = fraction
-    if config.per_process_memory_fraction is not None and version >= (2, 10):
-        cap_fraction = config.per_process_memory_fraction if cap_fraction is None else cap_fraction
     has_cap = cap_fraction is not None and (cap_fraction < 1.0 or version <= (2, 9))
     if config.garbage_collection_threshold > 0 and not has_cap and config.backend == "native":
         why = ("set_per_process_memory_fraction(f) with f < 1" if version >= (2, 10)
@@ -140,7 +169,14 @@ def check(
             "expandable-windows", WARNING,
             "expandable_segments is not supported on Windows: PyTorch warns "
             "'expandable_segments not supported on this platform' and keeps it off", "expandable_segments"))
+    return out
 
+
+def _max_split_findings(config: AllocatorConfig, card: int | None, cap_fraction: float | None,
+                        largest_segment: int | None) -> list[ConfigWarning]:
+    """`max_split_size_mb` no block can reach (the card, the cap, the workload's largest segment), and
+    `max_non_split_rounding_mb` without it."""
+    out: list[ConfigWarning] = []
     mss = config.max_split_size
     if mss is not None and config.backend == "native":
         limit, what = None, ""

@@ -124,7 +124,7 @@ def check_setting(
     `fraction`: a `set_per_process_memory_fraction` the program applies; `card` and
     `largest_segment`: sizes (bytes, or text with a unit) that enable the size checks.
     """
-    from alloctune import shells
+    from alloctune.config import shells
     from alloctune.units import parse_user_size
 
     version = parse_torch_version(torch)

@@ -11,97 +11,38 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Union
+from typing import Any
 
 from alloctune.config.knobs import (
     BOOL,
     CANONICAL_ORDER,
     INT,
     KNOB_BY_SPELLING,
+    KNOBS,
     OTHER_DEFAULTS,
     TYPED_KNOBS,
 )
-from alloctune.config.versions import DEFAULT_TORCH, TorchVersion, parse_torch_version
+from alloctune.config.parse import Note, read_text
+from alloctune.config.values import (  # noqa: F401 (their public home stays `config.model` too)
+    BACKENDS,
+    ENV_VARS,
+    LARGE_BUFFER,
+    MAX_MB,
+    N_INTERVALS,
+    Roundup,
+    RoundupItem,
+    _is_pow2,
+    apply_roundup,
+    roundup_table_of,
+    setting_from_table,
+)
+from alloctune.config.versions import DEFAULT_TORCH, TorchVersion, format_version, parse_torch_version
 from alloctune.errors import ConfigError
 from alloctune.schema import schema_id
 from alloctune.units import MiB
 
 SCHEMA = schema_id("allocator-config")
 _OLD_SCHEMAS = (1,)  # written before the shared `alloctune.<kind>/<n>` form; same fields
-
-BACKENDS = ("native", "cudaMallocAsync")
-# PyTorch caps MB values at SIZE_MAX / 1 MiB (64-bit size_t); larger inputs are clamped.
-MAX_MB = (2**64 - 1) // MiB
-LARGE_BUFFER = 20 * MiB  # kLargeBuffer: default large segment size and MB-knob minimum
-N_INTERVALS = 16         # kRoundUpPowerOfTwoIntervals: buckets 1 MiB … ≥32 GiB
-
-ENV_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
-
-RoundupItem = tuple[str, int]  # ("256", 2) or (">", 8)
-Roundup = Union[int, tuple[RoundupItem, ...], None]
-
-
-def _is_pow2(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
-
-
-def apply_roundup(
-    table: tuple[int, ...] | list[int], setting: Roundup, torch: str | TorchVersion = DEFAULT_TORCH
-) -> tuple[int, ...]:
-    """Apply one `roundup_power2_divisions` value on top of `table`, as PyTorch's parser does.
-
-    Bucket i holds sizes in [2^i MiB, 2^(i+1) MiB) (bucket 0 also everything smaller, bucket
-    15 everything larger). The single form sets every bucket. In a list, the first numeric
-    item also fills the buckets below it; buckets between items keep what they had; `>`
-    fills from the last item's bucket up to 2.9 (overwriting it) and from the bucket *after*
-    it from 2.10 on. Only a repeated key starts from a non-zero table.
-    """
-    version = parse_torch_version(torch)
-    out = list(table)
-    if setting is None:
-        return tuple(out)
-    if isinstance(setting, int):
-        return (setting,) * N_INTERVALS
-    first, last = True, 0
-    for key, value in setting:
-        if key == ">":
-            start = last if version <= (2, 9) else last + 1
-            out[start:] = [value] * (N_INTERVALS - start) if start < N_INTERVALS else []
-            continue
-        idx = min(int(key).bit_length() - 1, N_INTERVALS - 1)
-        if first:
-            out[:idx] = [value] * idx
-            first = False
-        out[idx] = value
-        last = idx
-    return tuple(out)
-
-
-def roundup_table_of(setting: Roundup, torch: str | TorchVersion = DEFAULT_TORCH) -> tuple[int, ...]:
-    """PyTorch's 16-entry divisions table for one setting, starting from all zeros (§5.4)."""
-    return apply_roundup((0,) * N_INTERVALS, setting, torch)
-
-
-def setting_from_table(table: tuple[int, ...] | list[int]) -> Roundup:
-    """The shortest version-independent setting that yields `table` (no `>`, whose meaning changed).
-
-    All zero → None (default); all equal → the single form; otherwise a list whose first item
-    covers the leading run and later items name each non-zero bucket.
-    """
-    table = tuple(int(v) for v in table)
-    if len(table) != N_INTERVALS:
-        raise ConfigError(f"a roundup table has {N_INTERVALS} entries, got {len(table)}")
-    if not any(table):
-        return None
-    if len(set(table)) == 1:
-        return table[0]
-    end = 0
-    while end + 1 < N_INTERVALS and table[end + 1] == table[0]:
-        end += 1
-    items: list[RoundupItem] = [(str(1 << end), table[0])]
-    items += [(str(1 << i), v) for i, v in enumerate(table) if i > end and v]
-    return tuple(items)
-
 
 def _canonical_roundup(value: Any) -> Roundup:
     if value is None:
@@ -206,8 +147,6 @@ class AllocatorConfig:
         Raises `ConfigError` (one line naming the problem, quoting PyTorch's own message)
         for anything that release would reject. `""`/None is the default config.
         """
-        from alloctune.config.parse import parse_config
-
         return parse_config(text, torch)
 
     @classmethod
@@ -215,8 +154,6 @@ class AllocatorConfig:
         cls, settings: Mapping[str, Any], torch: str | TorchVersion = DEFAULT_TORCH
     ) -> "AllocatorConfig":
         """The config a recorded run really used, from a snapshot's `allocator_settings`."""
-        from alloctune.config.parse import config_from_allocator_settings
-
         return config_from_allocator_settings(settings, torch)
 
     # ---- version-dependent views ----------------------------------------------------------
@@ -365,3 +302,80 @@ class AllocatorConfig:
         if "other" in kwargs:
             kwargs["other"] = tuple(dict(kwargs["other"]).items())
         return cls(**kwargs)
+
+
+# ---- reading a setting ----------------------------------------------------------------------
+@dataclass
+class ParseResult:
+    config: AllocatorConfig
+    notes: list[Note] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)  # canonical keys in the order given (repeats kept)
+
+
+def parse_detailed(text: str | None, torch: str | TorchVersion = DEFAULT_TORCH) -> ParseResult:
+    """Parse and also return the notes about text PyTorch ignores silently."""
+    version = parse_torch_version(torch)
+    if text is None:
+        return ParseResult(AllocatorConfig())
+    if not isinstance(text, str):
+        raise ConfigError(f"an allocator setting must be text, got {type(text).__name__}")
+    read = read_text(text, version)
+    return ParseResult(AllocatorConfig(**read.fields), read.notes, read.keys)
+
+
+def parse_config(text: str | None, torch: str | TorchVersion = DEFAULT_TORCH) -> AllocatorConfig:
+    return parse_detailed(text, torch).config
+
+
+def config_from_allocator_settings(
+    settings: Mapping[str, Any], torch: str | TorchVersion = DEFAULT_TORCH
+) -> AllocatorConfig:
+    """Rebuild the config a recorded run used from a snapshot's `allocator_settings`.
+
+    The recorded values are what the allocator really ran with, so they win; the recorded
+    string supplies what the snapshot does not record (non-split rounding, large segment
+    size, the exact roundup list) when it agrees with the values.
+    """
+    version = parse_torch_version(torch)
+    text = settings.get("PYTORCH_CUDA_ALLOC_CONF") or settings.get("PYTORCH_ALLOC_CONF") or ""
+    try:
+        base = parse_config(str(text), version)
+    except ConfigError:
+        base = AllocatorConfig()
+    changes: dict[str, Any] = {}
+
+    mss = settings.get("max_split_size")
+    if mss is not None:
+        mss = int(mss)
+        mss = None if mss < 0 or mss >= MAX_MB * MiB else mss
+        if mss is not None and mss % MiB:
+            raise ConfigError(f"recorded max_split_size {mss} is not a whole number of MiB")
+        changes["max_split_size"] = mss
+    if "garbage_collection_threshold" in settings:
+        changes["garbage_collection_threshold"] = float(settings["garbage_collection_threshold"] or 0.0)
+    if "expandable_segments" in settings:
+        changes["expandable_segments"] = bool(settings["expandable_segments"])
+    if settings.get("backend") in ("native", "cudaMallocAsync"):
+        changes["backend"] = settings["backend"]
+    rd = settings.get("roundup_power2_divisions")
+    if isinstance(rd, Mapping):
+        recorded = [0] * 16
+        for k, v in rd.items():
+            mb = int(k)
+            if _is_pow2(mb):
+                recorded[min(mb.bit_length() - 1, 15)] = int(v)
+        if tuple(recorded) != base.roundup_table(format_version(version)):
+            changes["roundup_power2_divisions"] = setting_from_table(recorded)
+    elif isinstance(rd, int) and not isinstance(rd, bool):
+        changes["roundup_power2_divisions"] = rd or None
+
+    other = dict(base.other)
+    for knob in KNOBS:
+        if knob.name in TYPED_KNOBS or knob.name not in settings:
+            continue
+        raw = settings[knob.name]
+        text_value = ("True" if raw else "False") if knob.kind == BOOL else str(int(raw))
+        if other.get(knob.name, OTHER_DEFAULTS.get(knob.name, "")) != text_value:
+            other[knob.name] = text_value
+    changes["other"] = tuple(other.items())
+    return replace(base, **changes)

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from difflib import get_close_matches
 from typing import Any
 
@@ -25,20 +24,12 @@ from alloctune.config.knobs import (
     FLOAT,
     INT,
     KNOB_BY_SPELLING,
-    KNOBS,
     MB,
-    OTHER_DEFAULTS,
     ROUNDUP,
     TYPED_KNOBS,
     Knob,
 )
-from alloctune.config.model import (
-    MAX_MB,
-    AllocatorConfig,
-    RoundupItem,
-    apply_roundup,
-    setting_from_table,
-)
+from alloctune.config.values import MAX_MB, RoundupItem, _is_pow2, apply_roundup, setting_from_table
 from alloctune.config.versions import DEFAULT_TORCH, TorchVersion, format_version, parse_torch_version
 from alloctune.errors import ConfigError
 from alloctune.units import MiB
@@ -66,10 +57,17 @@ class Note:
 
 
 @dataclass
-class ParseResult:
-    config: AllocatorConfig
+class ParsedText:
+    """What the grammar read: `AllocatorConfig`'s fields (built by `config.model`), notes, keys in order."""
+
+    fields: dict[str, Any]
     notes: list[Note] = field(default_factory=list)
     keys: list[str] = field(default_factory=list)  # canonical keys in the order given (repeats kept)
+
+
+def read_text(text: str, version: TorchVersion) -> ParsedText:
+    """Read one setting string with the grammar, limits and messages of `version`."""
+    return _Parser(text, version).run()
 
 
 def tokenize(text: str, torch: str | TorchVersion = DEFAULT_TORCH) -> list[str]:
@@ -237,7 +235,7 @@ class _Parser:
                     problem += f"; did you mean '{close[0]}'?"
         return self.fail(problem, torch_msg, key)
 
-    def run(self) -> ParseResult:
+    def run(self) -> ParsedText:
         toks = self.tokens
         # 2.11+ reads large_segment_size_mb before everything else (the MB minima depend on it).
         large_segment = None
@@ -302,7 +300,7 @@ class _Parser:
                 roundup_setting = ()
         other = {k: ("True" if v is True else "False" if v is False else str(v))
                  for k, v in values.items() if k not in TYPED_KNOBS}
-        config = AllocatorConfig(
+        fields = dict(
             backend=values.get("backend", "native"),
             max_split_size=values.get("max_split_size_mb"),
             max_non_split_rounding=values.get("max_non_split_rounding_mb"),
@@ -313,7 +311,7 @@ class _Parser:
             roundup_power2_divisions=roundup_setting,
             other=tuple(other.items()),
         )
-        return ParseResult(config, self.notes, self.keys)
+        return ParsedText(fields, self.notes, self.keys)
 
     def mb_value(self, i: int, knob: Knob, minimum_mb: int | None) -> int:
         tok = self.value_token(i, knob.name)
@@ -420,75 +418,3 @@ class _Parser:
 def _printable(text: str) -> str:
     """Escape control characters so an error stays on one readable line."""
     return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode() for ch in text)
-
-
-def _is_pow2(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
-
-
-def parse_detailed(text: str | None, torch: str | TorchVersion = DEFAULT_TORCH) -> ParseResult:
-    """Parse and also return the notes about text PyTorch ignores silently."""
-    version = parse_torch_version(torch)
-    if text is None:
-        return ParseResult(AllocatorConfig())
-    if not isinstance(text, str):
-        raise ConfigError(f"an allocator setting must be text, got {type(text).__name__}")
-    return _Parser(text, version).run()
-
-
-def parse_config(text: str | None, torch: str | TorchVersion = DEFAULT_TORCH) -> AllocatorConfig:
-    return parse_detailed(text, torch).config
-
-
-def config_from_allocator_settings(
-    settings: Mapping[str, Any], torch: str | TorchVersion = DEFAULT_TORCH
-) -> AllocatorConfig:
-    """Rebuild the config a recorded run used from a snapshot's `allocator_settings`.
-
-    The recorded values are what the allocator really ran with, so they win; the recorded
-    string supplies what the snapshot does not record (non-split rounding, large segment
-    size, the exact roundup list) when it agrees with the values.
-    """
-    version = parse_torch_version(torch)
-    text = settings.get("PYTORCH_CUDA_ALLOC_CONF") or settings.get("PYTORCH_ALLOC_CONF") or ""
-    try:
-        base = parse_config(str(text), version)
-    except ConfigError:
-        base = AllocatorConfig()
-    changes: dict[str, Any] = {}
-
-    mss = settings.get("max_split_size")
-    if mss is not None:
-        mss = int(mss)
-        mss = None if mss < 0 or mss >= MAX_MB * MiB else mss
-        if mss is not None and mss % MiB:
-            raise ConfigError(f"recorded max_split_size {mss} is not a whole number of MiB")
-        changes["max_split_size"] = mss
-    if "garbage_collection_threshold" in settings:
-        changes["garbage_collection_threshold"] = float(settings["garbage_collection_threshold"] or 0.0)
-    if "expandable_segments" in settings:
-        changes["expandable_segments"] = bool(settings["expandable_segments"])
-    if settings.get("backend") in ("native", "cudaMallocAsync"):
-        changes["backend"] = settings["backend"]
-    rd = settings.get("roundup_power2_divisions")
-    if isinstance(rd, Mapping):
-        recorded = [0] * 16
-        for k, v in rd.items():
-            mb = int(k)
-            if _is_pow2(mb):
-                recorded[min(mb.bit_length() - 1, 15)] = int(v)
-        if tuple(recorded) != base.roundup_table(format_version(version)):
-            changes["roundup_power2_divisions"] = setting_from_table(recorded)
-    elif isinstance(rd, int) and not isinstance(rd, bool):
-        changes["roundup_power2_divisions"] = rd or None
-
-    other = dict(base.other)
-    for knob in KNOBS:
-        if knob.name in TYPED_KNOBS or knob.name not in settings:
-            continue
-        raw = settings[knob.name]
-        text_value = ("True" if raw else "False") if knob.kind == BOOL else str(int(raw))
-        if other.get(knob.name, OTHER_DEFAULTS.get(knob.name, "")) != text_value:
-            other[knob.name] = text_value
-    changes["other"] = tuple(other.items())
-    return replace(base, **changes)

@@ -219,14 +219,46 @@ def plan(
     """
     t0 = time.perf_counter()
     sizes = ts.sizes
+    grid, top = _search_range(sizes, step, max_size)
+    settings = [(text, SimSettings.from_config(text, torch)) for text in confs]
+    targets = _targets(ts, cards, caps, context)
+    card_sizes = [t.bytes for t in targets if t.kind == "card"]
+    probe = _Prober(ts, torch, context)
+    inexact = len(workspaces(ts, ts.variants[0]))
+    upper = _Prober(ts, torch, context, optimistic=True) if bounds and inexact and not ts.fallbacks else None
+    curve_sizes = sorted({as_size(x) for x in curve} if curve is not None else _default_curve(sizes, grid))
+    at = as_size(size) if size is not None else None
+    say = progress or (lambda _m: None)
+    out = [_plan_setting(text, st, probe, upper, targets, grid, top, sizes, curve_sizes, at, torch, say)
+           for text, st in settings]
+    summary = ts.summary()
+    notes = _notes(ts, summary, inexact, upper is not None, bool(card_sizes) or at is not None, context)
+    return PlanResult(
+        workload=ts.meta.get("workload"),
+        recorded_sizes=tuple(size_text(s) for s in sizes),
+        step=size_text(grid),
+        search=(size_text(grid), size_text(top)),
+        settings=tuple(out),
+        conservative=not ts.fallbacks,
+        notes=tuple(notes),
+        context_bytes=context,
+        replays=probe.replays + (upper.replays if upper else 0),
+        wall_s=time.perf_counter() - t0,
+        traceset=summary,
+    )
+
+
+def _search_range(sizes: Sequence[Fraction], step: Any, max_size: Any) -> tuple[Fraction, Fraction]:
+    """The size grid and the top of the search (a whole number of steps)."""
     grid = _option_size(step, "--step") if step is not None else _default_step(sizes)
     top = _option_size(max_size, "--max-size") if max_size is not None else sizes[-1] * 4
     if top < grid:
         raise InputError(f"--max-size {size_text(top)} is below the size step {size_text(grid)}")
-    top = (top // grid) * grid
-    settings = []
-    for text in confs:
-        settings.append((text, SimSettings.from_config(text, torch)))
+    return grid, (top // grid) * grid
+
+
+def _targets(ts: TraceSet, cards: Sequence[int], caps: Sequence[int], context: int) -> list[Target]:
+    """The cards and caps asked about, refused when they cannot be answered."""
     targets = [Target("card", int(c)) for c in cards] + [Target("cap", int(c)) for c in caps]
     for t in targets:
         if t.bytes <= 0:
@@ -240,37 +272,40 @@ def plan(
     card_sizes = [t.bytes for t in targets if t.kind == "card"]
     if card_sizes and context >= min(card_sizes):
         raise InputError(f"the CUDA context ({context} bytes) does not fit the smallest card ({min(card_sizes)} bytes)")
-    probe = _Prober(ts, torch, context)
-    inexact = len(workspaces(ts, ts.variants[0]))
-    upper = _Prober(ts, torch, context, optimistic=True) if bounds and inexact and not ts.fallbacks else None
-    curve_sizes = sorted({as_size(x) for x in curve} if curve is not None else _default_curve(sizes, grid))
-    at = as_size(size) if size is not None else None
-    say = progress or (lambda _m: None)
-    out = []
-    for text, st in settings:
-        largest = []
-        for t in targets:
-            say(f"{text or '(unset)'}: largest size on {t.label}")
-            item = _largest(probe, st, t, grid, top, sizes)
-            if upper is not None:
-                hi = _largest(upper, st, t, grid, top, sizes, scan=False)
-                item = replace(item, optimistic=hi.largest)
-            largest.append(item)
-        points = []
-        for x in curve_sizes:
-            say(f"{text or '(unset)'}: min budget at size {size_text(x)}")
-            points.append(_curve_point(probe, st, x, torch, sizes))
-        at_size = _at_size(probe, st, at, targets, torch, sizes) if at is not None else None
-        out.append(SettingPlan(text, tuple(largest), tuple(points), at_size))
+    return targets
+
+
+def _plan_setting(text: str, st: SimSettings, probe: "_Prober", upper: "_Prober | None", targets: Sequence[Target],
+                  grid: Fraction, top: Fraction, sizes: Sequence[Fraction], curve_sizes: Sequence[Fraction],
+                  at: Fraction | None, torch: str | None, say: Callable[[str], None]) -> SettingPlan:
+    """One setting's answers: the largest size per target, the min-budget curve, the budget at one size."""
+    largest = []
+    for t in targets:
+        say(f"{text or '(unset)'}: largest size on {t.label}")
+        item = _largest(probe, st, t, grid, top, sizes)
+        if upper is not None:
+            hi = _largest(upper, st, t, grid, top, sizes, scan=False)
+            item = replace(item, optimistic=hi.largest)
+        largest.append(item)
+    points = []
+    for x in curve_sizes:
+        say(f"{text or '(unset)'}: min budget at size {size_text(x)}")
+        points.append(_curve_point(probe, st, x, torch, sizes))
+    at_size = _at_size(probe, st, at, targets, torch, sizes) if at is not None else None
+    return SettingPlan(text, tuple(largest), tuple(points), at_size)
+
+
+def _notes(ts: TraceSet, summary: dict[str, Any], inexact: int, bounded: bool, cards_asked: bool,
+           context: int) -> list[str]:
+    """What a reader must know to trust the answers (conservative or bounded, structure, laws, context)."""
     notes = []
-    conservative = not ts.fallbacks
-    if conservative:
+    if not ts.fallbacks:
         notes.append(
             "conservative: no fallible-request model in these recordings (a request the program would retry "
             "smaller, such as a cuDNN workspace, is taken as fatal), so real largest sizes can only be larger"
             + (f"; 'optimistic' repeats the search with the {inexact} request(s) that look like workspaces (no exact "
                "law, or freed by the next request) fallible down to nothing: the real answer lies between"
-               if upper else "")
+               if bounded else "")
         )
     else:
         notes.append(f"{len(ts.fallbacks)} fallible request(s) honoured with the fallback sizes recorded at one size")
@@ -279,26 +314,13 @@ def plan(
             "the recordings differ in structure (a branch taken at some sizes only): between two recorded sizes of "
             "different structure, the structure of the nearer one is assumed"
         )
-    summary = ts.summary()
     if "table (inexact)" in summary["laws"]:
         notes.append(f"{summary['laws']['table (inexact)']} request size(s) have no exact law: interpolated between recordings")
     if any(k.endswith("(unverified)") for k in summary["laws"]):
         notes.append("some laws were fitted on no spare recording: record one more size to verify them")
-    if card_sizes or at is not None:
+    if cards_asked:
         notes.append(f"cards: the CUDA context is taken as {context // MiB} MiB, not available to the allocator")
-    return PlanResult(
-        workload=ts.meta.get("workload"),
-        recorded_sizes=tuple(size_text(s) for s in sizes),
-        step=size_text(grid),
-        search=(size_text(grid), size_text(top)),
-        settings=tuple(out),
-        conservative=conservative,
-        notes=tuple(notes),
-        context_bytes=context,
-        replays=probe.replays + (upper.replays if upper else 0),
-        wall_s=time.perf_counter() - t0,
-        traceset=summary,
-    )
+    return notes
 
 
 def _option_size(value: Any, option: str) -> Fraction:

@@ -207,6 +207,25 @@ def build(recordings: Sequence[tuple[Any, Trace]], meta: dict[str, Any] | None =
     if len(set(xs)) != len(xs):
         raise InputError(f"two recordings have the same input size: {[size_text(x) for x in xs]}")
     structs = [structure(t.requests) for _, t in recs]
+    groups = _variant_groups(structs, xs)
+    chain = _Chain(recs, structs, xs)
+    laws = _LawTable()
+    variants = [_variant(g, recs, structs, chain, laws) for g in groups]
+    first = recs[groups[0][0]][1]
+    return TraceSet(
+        sizes=tuple(xs),
+        laws=tuple(laws.laws),
+        variants=tuple(variants),
+        total_memory=first.total_memory,
+        allocator_settings=dict(first.allocator_settings),
+        meta=_meta(meta, recs, first),
+        fallbacks=dict(first.requests.fallbacks),
+    )
+
+
+def _variant_groups(structs: Sequence[Any], xs: Sequence[Fraction]) -> list[list[int]]:
+    """Recordings of the same structure (same request tokens) grouped; the group with the most
+    recordings first: it is the main variant (it carries the fallbacks)."""
     groups: list[list[int]] = []
     for i, st in enumerate(structs):
         for g in groups:
@@ -215,92 +234,105 @@ def build(recordings: Sequence[tuple[Any, Trace]], meta: dict[str, Any] | None =
                 break
         else:
             groups.append([i])
-    # The variant with the most recordings is the main one (it carries the fallbacks).
     groups.sort(key=lambda g: (-len(g), xs[g[0]]))
-    # Pair each recording with the next larger one only: between neighbours the size laws have
-    # the least room to mistake one request for another; farther pairs are their composition.
-    steps = []
-    for k in range(len(recs) - 1):
-        a, b = recs[k][1].requests, recs[k + 1][1].requests
-        steps.append(pair(structs[k], structs[k + 1], (a.sizes, b.sizes), (xs[k], xs[k + 1])).counterpart)
-    back = []
-    for k, cp in enumerate(steps):
-        inv = [-1] * len(structs[k + 1][0])
-        for i, j in enumerate(cp):
-            if j >= 0:
-                inv[j] = i
-        back.append(inv)
+    return groups
 
-    def chain(r: int, j: int) -> list[int]:
-        cp = list(range(len(structs[r][0])))
-        hops = [steps[k] for k in range(r, j)] if j > r else [back[k] for k in range(r - 1, j - 1, -1)]
+
+class _Chain:
+    """Which request of recording `j` is request i of recording `r`, through the neighbours between.
+
+    Each recording is paired with the next larger one only: between neighbours the size laws have
+    the least room to mistake one request for another; farther pairs are their composition."""
+
+    def __init__(self, recs: Sequence[tuple[Fraction, Trace]], structs: Sequence[Any], xs: Sequence[Fraction]):
+        self.structs = structs
+        self.steps = []
+        for k in range(len(recs) - 1):
+            a, b = recs[k][1].requests, recs[k + 1][1].requests
+            self.steps.append(pair(structs[k], structs[k + 1], (a.sizes, b.sizes), (xs[k], xs[k + 1])).counterpart)
+        self.back = []
+        for k, cp in enumerate(self.steps):
+            inv = [-1] * len(structs[k + 1][0])
+            for i, j in enumerate(cp):
+                if j >= 0:
+                    inv[j] = i
+            self.back.append(inv)
+
+    def __call__(self, r: int, j: int) -> list[int]:
+        cp = list(range(len(self.structs[r][0])))
+        hops = ([self.steps[k] for k in range(r, j)] if j > r
+                else [self.back[k] for k in range(r - 1, j - 1, -1)])
         for hop in hops:
             cp = [hop[c] if c >= 0 else -1 for c in cp]
         return cp
 
-    law_index: dict[tuple[Any, ...], int] = {}
-    laws: list[Law] = []
-    fit_cache: dict[tuple[Any, ...], int] = {}
-    variants = []
-    for g in groups:
-        rep = g[0]
-        tokens, owner = structs[rep]
-        cps: list[tuple[Fraction, list[int], Sequence[int]]] = []
-        gaps: dict[str, tuple[Gap, ...]] = {}
-        for j, (x, t) in enumerate(recs):
-            if j in g:
-                cps.append((x, t.requests.sizes, range(len(tokens))))
-                continue
-            cp = chain(rep, j)
-            gaps[size_text(x)] = tuple(gaps_of(cp, len(structs[j][0])))
-            cps.append((x, t.requests.sizes, cp))
-        ops = recs[rep][1].requests.ops
-        law_of = []
-        npoints = []
-        for i, op in enumerate(ops):
-            if op not in (ALLOC, FAILED_ALLOC):
-                law_of.append(-1)
-                npoints.append(0)
-                continue
-            pts = tuple((x, sz[cp[i]]) for x, sz, cp in cps if cp[i] >= 0)
-            k = fit_cache.get(pts)
+
+class _LawTable:
+    """Every distinct law once; requests with the same points share one fit."""
+
+    def __init__(self) -> None:
+        self.laws: list[Law] = []
+        self.index: dict[tuple[Any, ...], int] = {}
+        self.fit_cache: dict[tuple[Any, ...], int] = {}
+
+    def law_for(self, pts: tuple[tuple[Fraction, int], ...]) -> int:
+        k = self.fit_cache.get(pts)
+        if k is None:
+            law = fit([p[0] for p in pts], [p[1] for p in pts])
+            k = self.index.get(law.key())
             if k is None:
-                law = fit([p[0] for p in pts], [p[1] for p in pts])
-                k = law_index.get(law.key())
-                if k is None:
-                    k = law_index[law.key()] = len(laws)
-                    laws.append(law)
-                fit_cache[pts] = k
-            law_of.append(k)
-            npoints.append(len(pts))
-        req = recs[rep][1].requests
-        variants.append(
-            Variant(
-                sizes=tuple(xs[j] for j in g),
-                ops=tuple(ops),
-                streams=tuple(req.streams),
-                law=tuple(law_of),
-                owner=tuple(owner),
-                gaps=gaps,
-                points=tuple(npoints),
-            )
-        )
-    first = recs[groups[0][0]][1]
+                k = self.index[law.key()] = len(self.laws)
+                self.laws.append(law)
+            self.fit_cache[pts] = k
+        return k
+
+
+def _variant(g: list[int], recs: Sequence[tuple[Fraction, Trace]], structs: Sequence[Any], chain: _Chain,
+             laws: _LawTable) -> Variant:
+    """One structure's requests with the law of each size, fitted on every recording that has it."""
+    rep = g[0]
+    tokens, owner = structs[rep]
+    cps: list[tuple[Fraction, list[int], Sequence[int]]] = []
+    gaps: dict[str, tuple[Gap, ...]] = {}
+    for j, (x, t) in enumerate(recs):
+        if j in g:
+            cps.append((x, t.requests.sizes, range(len(tokens))))
+            continue
+        cp = chain(rep, j)
+        gaps[size_text(x)] = tuple(gaps_of(cp, len(structs[j][0])))
+        cps.append((x, t.requests.sizes, cp))
+    ops = recs[rep][1].requests.ops
+    law_of = []
+    npoints = []
+    for i, op in enumerate(ops):
+        if op not in (ALLOC, FAILED_ALLOC):
+            law_of.append(-1)
+            npoints.append(0)
+            continue
+        pts = tuple((x, sz[cp[i]]) for x, sz, cp in cps if cp[i] >= 0)
+        law_of.append(laws.law_for(pts))
+        npoints.append(len(pts))
+    req = recs[rep][1].requests
+    return Variant(
+        sizes=tuple(recs[j][0] for j in g),
+        ops=tuple(ops),
+        streams=tuple(req.streams),
+        law=tuple(law_of),
+        owner=tuple(owner),
+        gaps=gaps,
+        points=tuple(npoints),
+    )
+
+
+def _meta(meta: dict[str, Any] | None, recs: Sequence[tuple[Fraction, Trace]], first: Trace) -> dict[str, Any]:
+    """The given metadata, completed with the sources, recorded peaks and workload name."""
     meta = dict(meta or {})
     meta.setdefault("sources", {size_text(x): t.source for x, t in recs})
     peaks = {size_text(x): _recorded_peak(t) for x, t in recs}
     meta.setdefault("recorded_peak_reserved", {k: v for k, v in peaks.items() if v is not None})
     if "workload" not in meta and first.meta.get("workload"):
         meta["workload"] = first.meta["workload"]
-    return TraceSet(
-        sizes=tuple(xs),
-        laws=tuple(laws),
-        variants=tuple(variants),
-        total_memory=first.total_memory,
-        allocator_settings=dict(first.allocator_settings),
-        meta=meta,
-        fallbacks=dict(first.requests.fallbacks),
-    )
+    return meta
 
 
 def _recorded_peak(trace: Trace) -> int | None:

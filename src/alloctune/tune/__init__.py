@@ -1,7 +1,7 @@
 """Tuning the allocator setting for one workload: candidates, the sweep, the store, the answer.
 
 Pure Python over plain data (no torch): the GPU trials come from an `Evaluator`, which in
-the CLI is `alloctune.runner.TrialEvaluator` and in tests a fake. `tune(command, ...)` is
+the CLI is `alloctune.run.runner.TrialEvaluator` and in tests a fake. `tune(command, ...)` is
 the whole thing in one call (`alloctune.api.tune`); see `alloctune.tune.session`.
 """
 

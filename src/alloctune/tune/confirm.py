@@ -28,164 +28,30 @@ With an accurate simulator that is two or three GPU runs after the baseline, sid
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from alloctune.trial import TrialResult
+from alloctune.run.trial import TrialResult
+from alloctune.tune.bracket import Bracket, floor_low, half_width, next_budget, tolerance
 from alloctune.tune.candidates import DEFAULT, Candidate
 from alloctune.tune.executors.base import TrialRequest
+from alloctune.tune.model import align_down, align_up
 from alloctune.tune.objective import CandidateSummary
 from alloctune.tune.throughput import OverheadBound, compare, overhead_bound, rate
-from alloctune.units import MiB, format_mib
+from alloctune.units import format_mib
 
 if TYPE_CHECKING:
-    from alloctune.tune.strategy import Tuner
-
-ALIGN = 2 * MiB
+    from alloctune.tune.model import Sweep
 
 
 class SimulationUnavailable(Exception):
     """The baseline's recording cannot be simulated: the tuner measures every candidate instead."""
 
 
-def _up(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
-
-
-def _down(n: int) -> int:
-    return (n // ALIGN) * ALIGN
-
-
-@dataclass
-class Bracket:
-    """What the GPU showed about one candidate: the smallest pass and the largest failure."""
-
-    est: int | None
-    floor: int | None = None  # simulated min_budget if every untagged workspace could be given up
-    passed: int | None = None
-    failed: int | None = None
-    widen: int = 0
-    anchor: int | None = None  # where the widening steps start (fixed, so the steps double)
-    runs: int = 0
-    lo_tried: bool = False
-
-    def record(self, budget: int, ok: bool) -> None:
-        self.runs += 1
-        if ok:
-            self.passed = budget if self.passed is None else min(self.passed, budget)
-        else:
-            self.failed = budget if self.failed is None else max(self.failed, budget)
-
-    def agrees(self) -> bool | None:
-        """Whether the simulated estimate lies inside the measured bracket (None: not settled)."""
-        if self.est is None or self.passed is None or self.failed is None:
-            return None
-        return self.failed < self.est <= self.passed
-
-
-def tolerance(tuner: "Tuner", around: int) -> int:
-    """How wide a proven bracket may be at `around` bytes: `confirm_rel_tol` of it (2 %: the
-    measured min_budget is then within 2 % of the setting's real need), at least
-    `confirm_abs_tol` (4 MiB: the 2 MiB granularity of a cap makes a narrower one cost runs)."""
-    s = tuner.settings
-    return max(s.confirm_abs_tol, int(s.confirm_rel_tol * around), 2 * ALIGN)
-
-
-def half_width(tuner: "Tuner", around: int) -> int:
-    """How far above / below the estimate the first two runs go (their gap is within `tolerance`)."""
-    return max(ALIGN, tolerance(tuner, around) // 2 - ALIGN)
-
-
-def next_budget(tuner: "Tuner", b: Bracket, budget: int, hint: int | None = None) -> int | None:
-    """The next budget to try for `b`, or None when the bracket is proven (or cannot move).
-
-    First just above the estimate, then just below it (for a program that adapts, just
-    under the optimistic end). When the GPU contradicts: widen away from the tested end in
-    steps that double (`widen_start` of it, then twice that, ...), up to the user's budget
-    or down towards zero; once a pass and a failure are known, bisect (one run when the
-    bracket is within twice the tolerance). `hint` (a re-simulated estimate after a
-    calibration) is tried first when it lies in the range still open.
-    """
-    if b.passed is not None and b.failed is not None:
-        lo, hi = b.failed, b.passed
-        tol = tolerance(tuner, hi)
-        if hi - lo <= tol:
-            return None
-        if hint is not None and lo < hint < hi:  # close in around the re-simulated estimate
-            h = half_width(tuner, hint)
-            for cand in (_down(hint - h), _up(hint + h)):
-                if lo < cand < hi:
-                    return cand
-        if hi - lo <= 2 * tol:  # one run proves it either way: a failure there or a pass there closes the bracket
-            cand = _up(hi - tol)
-            if lo < cand < hi and cand - lo <= tol:
-                return cand
-        mid = _down((lo + hi) // 2)
-        return mid if lo < mid < hi else None
-    center = b.est if b.est is not None else budget
-    h = half_width(tuner, center)
-    if b.passed is None:  # nothing passed yet: go up
-        if b.failed is not None and b.failed >= budget:
-            return None  # fails at the user's budget: infeasible
-        if hint is not None and hint < budget and (b.failed is None or hint > b.failed):
-            return min(budget, _up(hint + half_width(tuner, hint)))
-        if b.failed is None:
-            return min(budget, _up(center + h))
-        if b.anchor is None:  # widen from the tested failure (a range: from its optimistic end up)
-            b.anchor = b.failed if b.floor is not None else max(center, b.failed)
-        base = b.anchor
-        # a range's recorded end (the program giving nothing up) should pass: never step past it
-        ceiling = _up(center + h) if b.floor is not None and _up(center + h) > b.failed else None
-        while True:
-            b.widen += 1
-            nxt = min(budget, _up(base + _step(tuner, base, h, b.widen)))
-            if ceiling is not None:
-                nxt = min(nxt, ceiling)
-            if nxt > b.failed:
-                return nxt
-    # everything so far passed: go down
-    if b.est is None:  # no estimate to widen around: halve (a failure is needed to bisect)
-        nxt = _down(b.passed // 2)
-        return nxt if nxt > 0 else None
-    if b.floor is not None and not b.lo_tried:  # a program that adapts: its real need lies near the optimistic end
-        b.lo_tried = True
-        low = _floor_low(tuner, b)
-        if 0 < low < b.passed:
-            return low
-    if hint is not None and hint < b.passed:
-        cand = _down(hint - half_width(tuner, hint))
-        if 0 < cand < b.passed:
-            return cand
-    first = _down(center - h)
-    if not b.lo_tried and 0 < first < b.passed:
-        b.lo_tried = True
-        return first
-    if b.anchor is None:  # widen from the tested pass once it lies below the estimate
-        b.anchor = min(center, b.passed)
-    base = b.anchor
-    while True:
-        b.widen += 1
-        nxt = _down(base - _step(tuner, base, h, b.widen))
-        if nxt <= 0:
-            nxt = _down(b.passed // 2)
-            return nxt if nxt > 0 else None
-        if nxt < b.passed:
-            return nxt
-
-
-def _floor_low(tuner: "Tuner", b: Bracket) -> int:
-    """The low run around the optimistic end: `floor_margin` under it (`b.floor` must be set)."""
-    return _down(int(b.floor * (1 - tuner.settings.floor_margin)))
-
-
-def _step(tuner: "Tuner", center: int, h: int, k: int) -> int:
-    return max(2 * h, int(center * tuner.settings.widen_start)) << (k - 1)
-
-
 class ConfirmFlow:
     """One run of the flow (module doc) inside a `Tuner`, which owns trials, store and notes."""
 
-    def __init__(self, tuner: "Tuner", baseline: TrialResult, cands: list[Candidate], budget: int):
+    def __init__(self, tuner: "Sweep", baseline: TrialResult, cands: list[Candidate], budget: int):
         self.t = tuner
         self.s = tuner.settings
         self.baseline = baseline
@@ -278,17 +144,17 @@ class ConfirmFlow:
         if top is None:
             return []
         if b.floor is not None:  # from the optimistic end down, one tolerance apart
-            top = min(self.budget, _up(b.floor))
-            budgets, lowest = [top], _floor_low(self.t, b)
+            top = min(self.budget, align_up(b.floor))
+            budgets, lowest = [top], floor_low(self.t, b)
             while len(budgets) < max(2, self.s.opening_probes):
-                nxt = max(_up(budgets[-1] - tolerance(self.t, budgets[-1])), lowest)
+                nxt = max(align_up(budgets[-1] - tolerance(self.t, budgets[-1])), lowest)
                 if nxt >= budgets[-1] or nxt <= 0:
                     break
                 budgets.append(nxt)
             purpose = "best: at the optimistic simulated min_budget"
         else:  # just above and just below the estimate
             budgets = [top]
-            low = _down(b.est - half_width(self.t, b.est)) if b.est is not None and top >= b.est else 0
+            low = align_down(b.est - half_width(self.t, b.est)) if b.est is not None and top >= b.est else 0
             if 0 < low < top:
                 budgets.append(low)
             purpose = "best: just above the simulated min_budget" if b.est is not None else "best: at the budget (not simulated)"
@@ -309,15 +175,15 @@ class ConfirmFlow:
             return []
         lo = b.failed or 0
         if b.floor is not None:
-            lowest = _floor_low(self.t, b)
+            lowest = floor_low(self.t, b)
         elif b.est is not None:
-            lowest = _down(b.est - half_width(self.t, b.est))
+            lowest = align_down(b.est - half_width(self.t, b.est))
         else:
             lowest = 0
         budgets: list[int] = []
         x = b.passed
         while len(budgets) < max(2, self.s.opening_probes) and x > lowest:
-            nxt = _up(x - tolerance(self.t, x))
+            nxt = align_up(x - tolerance(self.t, x))
             if nxt <= lo or nxt >= x:
                 break
             budgets.append(nxt)
@@ -333,7 +199,7 @@ class ConfirmFlow:
         if hint is None:
             return False
         h = half_width(self.t, hint)
-        return budget in (_down(hint - h), _up(hint + h), min(self.budget, _up(hint + h)))
+        return budget in (align_down(hint - h), align_up(hint + h), min(self.budget, align_up(hint + h)))
 
     def _hint_pair(self, c: Candidate, b: Bracket) -> list[int]:
         """Both runs around the re-simulated estimate at once, when it lies inside a tested bracket
@@ -342,7 +208,7 @@ class ConfirmFlow:
         if hint is None or b.passed is None or b.failed is None or not b.failed < hint < b.passed:
             return []
         h = half_width(self.t, hint)
-        pair = [_down(hint - h), _up(hint + h)]
+        pair = [align_down(hint - h), align_up(hint + h)]
         return pair if all(b.failed < x < b.passed for x in pair) and pair[0] < pair[1] else []
 
     def _want_calibration(self) -> bool:
@@ -553,7 +419,7 @@ class ConfirmFlow:
         est = self._latest(c)
         if b.floor is None:
             return est is not None and not b.failed < est <= b.passed
-        return b.passed <= _floor_low(self.t, b) or (b.est is not None and b.failed >= b.est)
+        return b.passed <= floor_low(self.t, b) or (b.est is not None and b.failed >= b.est)
 
     def _likely(self, c: Candidate) -> int | None:
         """Where the candidate's real min_budget most likely lies: the optimistic end when the

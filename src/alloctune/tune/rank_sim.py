@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
-from alloctune.trial import TrialResult
+from alloctune.run.trial import TrialResult
 
 
 def rank_snapshots(trial: TrialResult) -> dict[int, str]:

@@ -51,7 +51,7 @@ def recommend(result: TuneResult) -> Recommendation:
             f"(min_budget {format_mib(best.min_budget or 0)}); leave PYTORCH_CUDA_ALLOC_CONF unset",
             reasons=reasons,
         )
-    from alloctune.shells import env_assignments, render_all
+    from alloctune.config.shells import env_assignments, render_all
 
     lines = render_all(env_assignments(best.candidate.conf, torch=result.baseline.torch_version))
     default = next((s for s in result.summaries if s.candidate.knob == DEFAULT), None)

@@ -22,7 +22,8 @@ from alloctune.progress import Progress, no_progress
 from alloctune.tune.executors.base import Evaluator, Executor
 from alloctune.tune.rank_sim import simulator_for
 from alloctune.tune.recommend import Recommendation, recommend
-from alloctune.tune.strategy import SimulatorFromTrace, TrialRecord, Tuner, TuneResult, TuneSettings
+from alloctune.tune.simulator import SimulatorFromTrace
+from alloctune.tune.strategy import TrialRecord, Tuner, TuneResult, TuneSettings
 
 
 def default_store(command: Sequence[str], budget: int | None) -> Path:
@@ -98,7 +99,7 @@ def prepare(
 
     injected = evaluator is not None  # tests and API users that bring their own runs
     if evaluator is None:
-        from alloctune.runner import resolve_command
+        from alloctune.run.runner import resolve_command
 
         resolve_command(command)  # a missing command is an error before anything is created
     if budget is not None and budget <= 0:
@@ -123,7 +124,7 @@ def prepare(
     trial_store = TrialStore(path, list(command), resume=resume, rotate=store is None)
     moved = trial_store.rotated_to
     if evaluator is None:
-        from alloctune.runner import TrialEvaluator
+        from alloctune.run.runner import TrialEvaluator
 
         evaluator = TrialEvaluator(list(command), path.with_suffix(".d"), timeout=timeout)
     if executor is None and (executor_name is not None or jobs is not None or address is not None):
@@ -144,7 +145,7 @@ def prepare(
         executor=executor,
     )
     if getattr(executor, "side_by_side", False):  # a port the user pinned would be shared by parallel trials
-        from alloctune.ports import shared_port_note
+        from alloctune.run.ports import shared_port_note
 
         note = shared_port_note(command, os.environ)
         if note:

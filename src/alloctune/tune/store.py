@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from alloctune.errors import InputError
-from alloctune.trial import TrialResult
+from alloctune.run.trial import TrialResult
 
 try:  # POSIX
     import fcntl

@@ -27,12 +27,11 @@ timeout counts as "does not complete".
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Sequence
 
 from alloctune.errors import InputError, WorkloadFailed
-from alloctune.trial import TrialResult, raise_for_environment
+from alloctune.run.trial import TrialResult, raise_for_environment
 from alloctune.tune.candidates import (
     GC,
     MAX_SPLIT,
@@ -43,134 +42,21 @@ from alloctune.tune.candidates import (
     split_grid,
 )
 from alloctune.tune.executors.base import Executor, SerialExecutor, TrialRequest
-from alloctune.tune.objective import CandidateSummary, Ranking, rank
-from alloctune.tune.platform import filter_candidates, is_async_backend, this_platform
-from alloctune.schema import schema_id
+from alloctune.tune.model import (  # noqa: F401 (TuneSettings.. re-exported: the sweep's public face)
+    ALIGN,
+    Evaluator,
+    Simulator,
+    TrialCrashed,
+    TrialRecord,
+    TuneResult,
+    TuneSettings,
+    align_down,
+    align_up,
+)
+from alloctune.tune.objective import CandidateSummary, rank
+from alloctune.tune.platform import filter_candidates, is_async_backend
 from alloctune.tune.store import TrialStore, trial_key
-from alloctune.units import MiB, format_mib
-
-ALIGN = 2 * MiB
-
-
-class Evaluator(Protocol):
-    """Runs one trial: the workload under `conf` with a per-process cap of `budget` bytes."""
-
-    def __call__(
-        self, conf: str, budget: int | None, *, repeat: int = 0, record: bool = False, ensure_cap: bool = False
-    ) -> TrialResult: ...
-
-
-class Simulator(Protocol):
-    """Predictions from a recorded trace (the real one wraps `alloctune.sim.sweep`).
-
-    Optional: `calibrate(trial) -> str | None` learns from a capped recorded trial how the
-    program adapts (fallible requests) and says what it learned; `note` says when
-    predictions rest on requests the model could not tag.
-    """
-
-    def estimates(self, confs: Sequence[str]) -> dict[str, int | None]: ...
-
-
-class TrialCrashed(WorkloadFailed):
-    """A trial failed for a reason other than memory: the sweep cannot say anything useful."""
-
-
-@dataclass(frozen=True)
-class TuneSettings:
-    command: tuple[str, ...]
-    budget: int | None = None  # None = the whole card
-    knobs: Mapping[str, Sequence[str]] = field(default_factory=dict)
-    strategy: str = "confirm"  # confirm | exhaustive (alias auto) | grid
-    simulate_first: bool = False  # exhaustive only: rank by simulation, verify the top three
-    repeat: int = 1
-    rel_tol: float = 0.01
-    abs_tol: int = 16 * MiB
-    max_split_points: int = 8
-    verify_top: int = 3
-    sim_margin: float = 0.02  # bracket around a simulated min_budget: ± this fraction
-    platform: str = field(default_factory=this_platform)  # linux | windows: where the setting will be used
-    max_gpu_runs: int = 10  # confirm: GPU runs after the baseline, at most
-    confirm_abs_tol: int = 4 * MiB  # confirm: a proven bracket is within confirm_rel_tol or this
-    widen_start: float = 0.015  # confirm: first widening step when the GPU contradicts, fraction of the estimate
-    floor_margin: float = 0.04  # confirm: the opening runs go this far under the optimistic simulated min_budget
-    confirm_rel_tol: float = 0.02  # confirm: a proven bracket is within this fraction (the 2 % target)
-    opening_probes: int = 3  # confirm: side by side runs around the optimistic end of a simulated range
-    throughput_tolerance: float = 0.03
-    ab_pairs: int = 2  # confirm: A/B repeat pairs at most when throughput might decide
-    throughput_check: str = "auto"  # confirm: auto (measure only what the simulated allocator work cannot rule out) | measure
-    # confirm: the most an allocator driver call costs, 0.1 ms + 2 µs per MiB: above the largest
-    # cudaMalloc / cudaFree / expandable map / unmap measured on an H200 (bench/results/driver_cost.md)
-    driver_call_s: float = 0.0001
-    driver_mib_s: float = 2e-6
-    sync_s: float = 0.02  # confirm: the most one synchronising retry costs (a device sync, cache released)
-
-    def __post_init__(self) -> None:
-        if self.strategy == "auto":
-            object.__setattr__(self, "strategy", "exhaustive")
-        if self.strategy not in ("confirm", "exhaustive", "grid"):
-            raise InputError(f"--strategy {self.strategy!r} is not known: use confirm, exhaustive or grid")
-        if self.platform not in ("linux", "windows"):
-            raise InputError(f"--platform {self.platform!r} is not known: use linux or windows")
-        if self.repeat < 1:
-            raise InputError("--repeat must be at least 1")
-        if self.throughput_check not in ("auto", "measure"):
-            raise InputError(f"--throughput {self.throughput_check!r} is not known: use auto or measure")
-
-
-@dataclass(frozen=True)
-class TrialRecord:
-    """One trial as the sweep used it: the evidence, why it ran, and whether it came from the store."""
-
-    result: TrialResult
-    purpose: str
-    reused: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"purpose": self.purpose, "reused": self.reused, **self.result.to_dict()}
-
-
-@dataclass(frozen=True)
-class TuneResult:
-    settings: TuneSettings
-    budget: int
-    total_memory: int | None
-    baseline: TrialResult
-    grid: SplitGrid
-    summaries: tuple[CandidateSummary, ...]
-    ranking: Ranking
-    trials: tuple[TrialRecord, ...]
-    notes: tuple[str, ...] = ()
-
-    @property
-    def fresh_trials(self) -> int:
-        return sum(1 for t in self.trials if not t.reused)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema": schema_id("tune", 2),
-            "command": list(self.settings.command),
-            "strategy": self.settings.strategy,
-            "platform": self.settings.platform,
-            "gpu_runs_after_baseline": sum(1 for t in self.trials[1:] if not t.reused),
-            "simulate_first": self.settings.simulate_first,
-            "budget": self.budget,
-            "total_memory": self.total_memory,
-            "grid": self.grid.to_dict(),
-            "candidates": [s.to_dict() for s in self.summaries],
-            "ranking": self.ranking.to_dict(),
-            "trials": [t.to_dict() for t in self.trials],
-            "trial_count": len(self.trials),
-            "fresh_trials": self.fresh_trials,
-            "notes": list(self.notes),
-        }
-
-
-def align_down(n: int) -> int:
-    return (n // ALIGN) * ALIGN
-
-
-def align_up(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
+from alloctune.units import format_mib
 
 
 class Tuner:
@@ -509,116 +395,6 @@ def _fmt_budget(budget: int | None) -> str:
     return "no budget" if budget is None else format_mib(budget)
 
 
-class SimulatorFromTrace:
-    """`Simulator` over `alloctune.sim.sweep` for the baseline's recorded trace (pure Python).
-
-    Fallible requests: a recording with stack frames tags cuDNN workspaces at once;
-    `calibrate` learns what replaces them from a capped recorded trial.
-    """
-
-    def __init__(self, baseline: TrialResult, progress: Any = None):
-        from alloctune.progress import no_progress
-        from alloctune.trace import load_trace
-        from alloctune.trace.fallible import model_from_frames, with_fallbacks
-
-        self.progress = progress or no_progress
-        self.progress("loading the baseline's recording")
-
-        self.raw = load_trace(baseline.snapshot)
-        self.model = model_from_frames(self.raw)
-        self.trace = with_fallbacks(self.raw, self.model)
-        self.total_memory = baseline.total_memory
-        self.torch = _minor(baseline.torch_version)
-        self.last = None
-        self._last_asked: tuple[Any, tuple[str, ...]] | None = None  # (trace, confs) that `last` answers
-
-    @property
-    def note(self) -> str | None:
-        from alloctune.trace.fallible import untagged_note
-
-        return untagged_note(self.trace)
-
-    @property
-    def can_learn(self) -> bool:
-        """Whether a capped recording could teach anything: scratch requests no evidence covers yet
-        (a transformer decoder has none, so its capped runs are not recorded)."""
-        return self.note is not None
-
-    def estimates(self, confs: Sequence[str]) -> dict[str, int | None]:
-        from alloctune.sim.sweep import sweep
-
-        self.last = sweep(self.trace, confs, torch=self.torch, total_memory=self.total_memory, progress=self.progress)
-        self._last_asked = (self.trace, tuple(confs))
-        return {c: row.min_budget for c, row in zip(confs, self.last.rows)}
-
-    def floors(self, confs: Sequence[str]) -> dict[str, int | None]:
-        """Each setting's simulated min_budget if the program gave up every workspace-shaped
-        request nothing covers yet (`fallible.optimistic`): the low end of where its real
-        min_budget can lie. Equal to `estimates` when the recording has no such request."""
-        from alloctune.sim.sweep import sweep
-        from alloctune.trace.fallible import optimistic
-
-        low = optimistic(self.trace)
-        if low is self.trace:  # nothing to give up: the estimates, without sweeping again when just asked
-            asked = self._last_asked
-            if self.last is not None and asked is not None and asked[0] is self.trace and asked[1] == tuple(confs):
-                return {c: row.min_budget for c, row in zip(confs, self.last.rows)}
-            return self.estimates(confs)
-        rows = sweep(low, confs, torch=self.torch, total_memory=self.total_memory, progress=self.progress).rows
-        return {c: row.min_budget for c, row in zip(confs, rows)}
-
-    def min_budget(self, conf: str) -> int | None:
-        return self.estimates([conf])[conf]
-
-    @property
-    def gpu_span_s(self) -> float | None:
-        """Seconds from the recording's first allocator event to its last: the part of the run
-        that used the GPU (start-up and imports left out), the base a slowdown is measured on."""
-        times = [e.get("time_us") for e in self.raw.events]
-        times = [t for t in times if isinstance(t, (int, float))]
-        return (max(times) - min(times)) / 1e6 if len(times) > 1 else None
-
-    def activity(self, confs: Sequence[str], budget: int) -> dict[str, Any]:
-        """Each setting's simulated allocator work at `budget` (`throughput.AllocatorActivity`):
-        the only way a setting can change speed, counted instead of measured."""
-        from alloctune.config import AllocatorConfig
-        from alloctune.sim.replay import replay
-        from alloctune.tune.throughput import AllocatorActivity
-
-        out: dict[str, Any] = {}
-        for conf in confs:
-            res = replay(self.trace, AllocatorConfig.parse(conf, self.torch), budget=budget,
-                         total_memory=self.total_memory, torch=self.torch, record_events=False, timeline_points=1)
-            st = res.stats
-            out[conf] = AllocatorActivity(
-                device_calls=int(st.get("num_device_alloc", 0)) + int(st.get("num_device_free", 0)),
-                syncs=int(st.get("num_alloc_retries", 0)) + int(st.get("num_sync_all_streams", 0)),
-                fallbacks=len(res.adapted), completed=res.completed,
-                device_bytes=int(st.get("reserved_bytes.all.allocated", 0)) + int(st.get("reserved_bytes.all.freed", 0)))
-        return out
-
-    def calibrate(self, trial: TrialResult) -> str | None:
-        """Learn fallbacks from a capped recorded trial; a sentence when it taught something."""
-        if not trial.snapshot or trial.budget is None or not trial.num_ooms:
-            return None
-        from alloctune.trace import load_trace
-        from alloctune.trace.fallible import combine, learn_from_calibration, with_fallbacks
-
-        try:
-            capped = load_trace(trial.snapshot)
-            learned = learn_from_calibration(self.raw, capped, cap=trial.budget)
-        except Exception:  # noqa: BLE001 - a calibration that cannot be read or aligned teaches nothing
-            return None
-        if not learned.ladders:
-            return None
-        self.model = combine(learned, self.model)
-        self.trace = with_fallbacks(self.raw, self.model)
-        return (
-            f"calibration: the run of {trial.conf or '(default)'} capped at {format_mib(trial.budget)} showed "
-            f"{len(learned.ladders)} request size(s) falling back to smaller ones; every candidate re-simulated with them"
-        )
-
-
 def _summary(c: Candidate, ok: bool, res: Any, **extra: Any) -> CandidateSummary:
     """A candidate's summary from the trial at its budget (outcome, throughput, peaks)."""
     return CandidateSummary(
@@ -631,15 +407,3 @@ def _summary(c: Candidate, ok: bool, res: Any, **extra: Any) -> CandidateSummary
         peak_allocated=res.peak_allocated,
         **extra,
     )
-
-
-def _minor(version: str | None) -> str:
-    """The `major.minor` whose allocator rules apply: 2.11 when the child did not say, the
-    newest rules we know for a release newer than those."""
-    from alloctune.config.versions import NEWEST, OLDEST, format_version, parse_torch_version
-    from alloctune.errors import InputError
-
-    try:
-        return format_version(parse_torch_version(version or "2.11"))
-    except InputError:
-        return format_version(NEWEST if version and not version.startswith(("0", "1")) else OLDEST)

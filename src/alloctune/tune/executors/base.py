@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Protocol
 
-from alloctune.trial import TrialResult
+from alloctune.run.trial import TrialResult
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 from alloctune.errors import InputError
 from alloctune.tune.executors.base import Executor
-from alloctune.tune.executors.progress import TrialProgress
+from alloctune.progress import TrialProgress
 from alloctune.tune.executors.tasks import DEFAULT_CONTEXT_BYTES
 
 EXECUTORS = ("local", "gpus", "ray")
@@ -92,7 +92,7 @@ def executor_for_sweep(
     spec = TrialSpec.make(command, workdir, torch_version=torch_version)
     progress = None
     if live:
-        from alloctune.tune.executors.progress import LiveTrialTable
+        from alloctune.progress import LiveTrialTable
 
         progress = LiveTrialTable()
     return make_executor(name, SpecRunner(spec), jobs=jobs, address=address, budget_hint=budget, timeout=timeout,

@@ -14,7 +14,7 @@ from alloctune.errors import EnvironmentProblem, InputError
 from alloctune.tune.executors.gpuinfo import GpuInfo, probe
 from alloctune.tune.executors.local import usable_memory
 from alloctune.tune.executors.pool import PoolExecutor, Slot
-from alloctune.tune.executors.progress import TrialProgress
+from alloctune.progress import TrialProgress
 from alloctune.tune.executors.tasks import DEFAULT_CONTEXT_BYTES
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from alloctune.trial import TrialResult
+from alloctune.run.trial import TrialResult
 from alloctune.tune.executors.tasks import TrialTask
 
 _LOG_RE = re.compile(r"trial-(\d+)\.log$")
@@ -57,7 +57,7 @@ class SpecRunner:
         self.spec = spec
 
     def run_task(self, task: TrialTask, env: Mapping[str, str]) -> TrialResult:
-        from alloctune.runner import run_trial
+        from alloctune.run.runner import run_trial
 
         spec, req = self.spec, task.request
         child_env = dict(os.environ)
@@ -83,6 +83,6 @@ class SpecRunner:
 
     def cancel(self) -> None:
         """Stop every trial this process is running (Ctrl-C of a parallel sweep)."""
-        from alloctune.runner import terminate_running
+        from alloctune.run.runner import terminate_running
 
         terminate_running()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from alloctune.trial import TrialResult
+from alloctune.run.trial import TrialResult
 from alloctune.tune.executors.base import Executor, TrialRequest
 from alloctune.tune.store import TrialStore, trial_key
 

@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, runtime_checkable
 
-from alloctune.trial import TrialResult
+from alloctune.run.trial import TrialResult
 from alloctune.tune.executors.base import Evaluator, TrialRequest
 
 # A per-process CUDA context (driver state, cuBLAS/cuDNN handles) costs GPU memory outside the

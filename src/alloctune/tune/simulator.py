@@ -1,0 +1,134 @@
+"""The tune's simulator: predictions from the baseline's recorded trace through `alloctune.sim.sweep`.
+
+Pure Python; the trace, fallible-request and sweep modules are imported on first use, so the
+tune core imports cheaply.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from alloctune.run.trial import TrialResult
+from alloctune.units import format_mib
+
+
+class SimulatorFromTrace:
+    """`Simulator` over `alloctune.sim.sweep` for the baseline's recorded trace (pure Python).
+
+    Fallible requests: a recording with stack frames tags cuDNN workspaces at once;
+    `calibrate` learns what replaces them from a capped recorded trial.
+    """
+
+    def __init__(self, baseline: TrialResult, progress: Any = None):
+        from alloctune.progress import no_progress
+        from alloctune.trace import load_trace
+        from alloctune.trace.fallible import model_from_frames, with_fallbacks
+
+        self.progress = progress or no_progress
+        self.progress("loading the baseline's recording")
+
+        self.raw = load_trace(baseline.snapshot)
+        self.model = model_from_frames(self.raw)
+        self.trace = with_fallbacks(self.raw, self.model)
+        self.total_memory = baseline.total_memory
+        self.torch = _minor(baseline.torch_version)
+        self.last = None
+        self._last_asked: tuple[Any, tuple[str, ...]] | None = None  # (trace, confs) that `last` answers
+
+    @property
+    def note(self) -> str | None:
+        from alloctune.trace.fallible import untagged_note
+
+        return untagged_note(self.trace)
+
+    @property
+    def can_learn(self) -> bool:
+        """Whether a capped recording could teach anything: scratch requests no evidence covers yet
+        (a transformer decoder has none, so its capped runs are not recorded)."""
+        return self.note is not None
+
+    def estimates(self, confs: Sequence[str]) -> dict[str, int | None]:
+        from alloctune.sim.sweep import sweep
+
+        self.last = sweep(self.trace, confs, torch=self.torch, total_memory=self.total_memory, progress=self.progress)
+        self._last_asked = (self.trace, tuple(confs))
+        return {c: row.min_budget for c, row in zip(confs, self.last.rows)}
+
+    def floors(self, confs: Sequence[str]) -> dict[str, int | None]:
+        """Each setting's simulated min_budget if the program gave up every workspace-shaped
+        request nothing covers yet (`fallible.optimistic`): the low end of where its real
+        min_budget can lie. Equal to `estimates` when the recording has no such request."""
+        from alloctune.sim.sweep import sweep
+        from alloctune.trace.fallible import optimistic
+
+        low = optimistic(self.trace)
+        if low is self.trace:  # nothing to give up: the estimates, without sweeping again when just asked
+            asked = self._last_asked
+            if self.last is not None and asked is not None and asked[0] is self.trace and asked[1] == tuple(confs):
+                return {c: row.min_budget for c, row in zip(confs, self.last.rows)}
+            return self.estimates(confs)
+        rows = sweep(low, confs, torch=self.torch, total_memory=self.total_memory, progress=self.progress).rows
+        return {c: row.min_budget for c, row in zip(confs, rows)}
+
+    def min_budget(self, conf: str) -> int | None:
+        return self.estimates([conf])[conf]
+
+    @property
+    def gpu_span_s(self) -> float | None:
+        """Seconds from the recording's first allocator event to its last: the part of the run
+        that used the GPU (start-up and imports left out), the base a slowdown is measured on."""
+        times = [e.get("time_us") for e in self.raw.events]
+        times = [t for t in times if isinstance(t, (int, float))]
+        return (max(times) - min(times)) / 1e6 if len(times) > 1 else None
+
+    def activity(self, confs: Sequence[str], budget: int) -> dict[str, Any]:
+        """Each setting's simulated allocator work at `budget` (`throughput.AllocatorActivity`):
+        the only way a setting can change speed, counted instead of measured."""
+        from alloctune.config import AllocatorConfig
+        from alloctune.sim.replay import replay
+        from alloctune.tune.throughput import AllocatorActivity
+
+        out: dict[str, Any] = {}
+        for conf in confs:
+            res = replay(self.trace, AllocatorConfig.parse(conf, self.torch), budget=budget,
+                         total_memory=self.total_memory, torch=self.torch, record_events=False, timeline_points=1)
+            st = res.stats
+            out[conf] = AllocatorActivity(
+                device_calls=int(st.get("num_device_alloc", 0)) + int(st.get("num_device_free", 0)),
+                syncs=int(st.get("num_alloc_retries", 0)) + int(st.get("num_sync_all_streams", 0)),
+                fallbacks=len(res.adapted), completed=res.completed,
+                device_bytes=int(st.get("reserved_bytes.all.allocated", 0)) + int(st.get("reserved_bytes.all.freed", 0)))
+        return out
+
+    def calibrate(self, trial: TrialResult) -> str | None:
+        """Learn fallbacks from a capped recorded trial; a sentence when it taught something."""
+        if not trial.snapshot or trial.budget is None or not trial.num_ooms:
+            return None
+        from alloctune.trace import load_trace
+        from alloctune.trace.fallible import combine, learn_from_calibration, with_fallbacks
+
+        try:
+            capped = load_trace(trial.snapshot)
+            learned = learn_from_calibration(self.raw, capped, cap=trial.budget)
+        except Exception:  # noqa: BLE001 - a calibration that cannot be read or aligned teaches nothing
+            return None
+        if not learned.ladders:
+            return None
+        self.model = combine(learned, self.model)
+        self.trace = with_fallbacks(self.raw, self.model)
+        return (
+            f"calibration: the run of {trial.conf or '(default)'} capped at {format_mib(trial.budget)} showed "
+            f"{len(learned.ladders)} request size(s) falling back to smaller ones; every candidate re-simulated with them"
+        )
+
+
+def _minor(version: str | None) -> str:
+    """The `major.minor` whose allocator rules apply: 2.11 when the child did not say, the
+    newest rules we know for a release newer than those."""
+    from alloctune.config.versions import NEWEST, OLDEST, format_version, parse_torch_version
+    from alloctune.errors import InputError
+
+    try:
+        return format_version(parse_torch_version(version or "2.11"))
+    except InputError:
+        return format_version(NEWEST if version and not version.startswith(("0", "1")) else OLDEST)
