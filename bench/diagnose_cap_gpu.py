@@ -29,6 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from alloctune.config.standard import STANDARD_CONFS  # noqa: E402
 from alloctune.units import format_mib  # noqa: E402
@@ -186,6 +187,13 @@ def main(argv: list[str]) -> int:
     print(text)
     (OUT / "diagnose_cap.json").write_text(json.dumps({"results": results, "rows": rows}, indent=1, default=str))
     (OUT / "diagnose_cap.md").write_text(text + "\n\n" + "\n".join(LOG) + "\n")
+    from runlog import log_result
+
+    for r in rows:
+        log_result(f"{r['program']} under {r['cap']}: diagnosis {r['verdict']} (budget {r['budget (source)']}), "
+                   f"recommended {r['recommendation']}; served in the replay: {r['serve failed request (sim)']}; "
+                   f"completed for real: {r['complete under the cap (real)']}; plain snapshot: {r['plain snapshot']}",
+                   folder=OUT)
     with tarfile.open(OUT / "cap_snapshots.tar.xz", "w:xz") as tar:
         for r in results:
             p = r["snapshot_run"].get("oom_snapshot")

@@ -106,6 +106,17 @@ tail -5 "$OUT/t/stdout.txt"
         r"""
 tune_ranks "$OUT/ranks_tune" "${LIMIT:-240}" "${LINES:-16}"
 """, 260),
+    "diagnose-cap": Job(
+        "diagnose within a cap (bench/diagnose_cap_gpu.py): four library programs OOM under a cap with "
+        "--on-oom snapshot, diagnosed with no flag, checked by real runs of every standard setting (~2 min)",
+        r"""
+python3 bench/diagnose_cap_gpu.py
+""", 300),
+    "record-stacks": Job(
+        "the recording cost of Python stacks per allocation (bench/record_stacks_cost.py; sequential, ~3 min)",
+        r"""
+python3 bench/record_stacks_cost.py
+""", 300),
     "pytest-gpu": Job(
         "every GPU-marked test (pytest -m gpu)",
         r"""

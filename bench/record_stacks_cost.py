@@ -73,6 +73,12 @@ def main() -> int:
               f"{r['events_with_frames']} |" for r in rows]
     text = "\n".join(lines) + "\n"
     print(text)
+    sys.path.insert(0, str(ROOT / "bench"))
+    from runlog import log_result
+
+    for r in rows:
+        log_result(f"{r['program']}: python stacks {r['python_s']:.2f} s vs none {r['none_s']:.2f} s "
+                   f"(ratio {r['ratio']:.3f}, median of 2 each)", folder=out)
     (out / "record_stacks_cost.md").write_text(text)
     (out / "record_stacks_cost.json").write_text(json.dumps({"schema": "alloctune.bench-record-stacks/1",
                                                              "command": cmd, "rows": rows, "runs": runs}, indent=1))
