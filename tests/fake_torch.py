@@ -146,6 +146,7 @@ def _record_memory_history(enabled="all", context="all", stacks="all", max_entri
     _lazy_init()
     S["history"] = []
     S["max_entries"] = max_entries
+    S["history_args"] = [context, stacks]
 
 
 def _snapshot():

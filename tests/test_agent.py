@@ -272,3 +272,22 @@ def test_record_marks_the_programs_empty_cache_calls(tmp_path, fake_env):
     ops = [op for op in trace.requests.ops]
     assert ops.count(EMPTY_CACHE) == 2
     assert ops.index(EMPTY_CACHE) == 1  # between the two allocations, as called
+
+
+@pytest.mark.parametrize("stacks,expected", [(None, ["alloc", "python"]), ("all", ["alloc", "all"]),
+                                             ("none", [None, "python"])])
+def test_record_keeps_python_frames_unless_told_not_to(tmp_path, fake_env, stacks, expected):
+    """#27.4: a recorded history keeps each allocation's frames (for explain) by default."""
+    cmd = script(tmp_path, """
+        import torch
+        torch.cuda.fake_alloc(1 << 20)
+        print("HISTORY", torch.cuda.fake_state["history_args"])
+    """)
+    res = run_trial(cmd, record=tmp_path / "rec.pickle", stacks=stacks, env=fake_env, capture=tmp_path / "o.log")
+    assert res.outcome == "ok"
+    assert f"HISTORY {expected}" in (tmp_path / "o.log").read_text()
+
+
+def test_unknown_stacks_is_refused(tmp_path, fake_env):
+    with pytest.raises(InputError, match="--stacks 'some'"):
+        run_trial([PY, "-c", "pass"], record=tmp_path / "r.pickle", stacks="some", env=fake_env)

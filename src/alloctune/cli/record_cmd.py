@@ -45,6 +45,10 @@ def register(app: typer.Typer) -> None:
             None, "--device", help="CUDA device the run is measured on (default: current); the trace holds every device"
         ),
         workload: Optional[str] = typer.Option(None, "--workload", help="name in the sidecar (default: file name)"),  # noqa: UP007
+        stacks: str = typer.Option(
+            "python", "--stacks", metavar="python|all|none",
+            help="frames kept with each allocation: python (where the memory goes: alloctune explain), "
+            "all (with C++ frames), none (smallest file)"),
         json_out: bool = typer.Option(False, "--json", help="print the result as JSON"),
     ) -> None:
         """Run CMD with allocator history on and write the trace (a `_dump_snapshot` pickle) and NAME.json.
@@ -56,8 +60,12 @@ def register(app: typer.Typer) -> None:
         """
         from alloctune.run import record as core
 
+        if stacks not in ("python", "all", "none"):
+            from alloctune.errors import InputError
+
+            raise InputError(f"--stacks {stacks!r} is not known: use python, all or none")
         core.check_request(command, out, max_entries, device, _cuda_device_count)
-        kwargs = {"max_entries": max_entries, "device": device, "conf": conf, "workload": workload}
+        kwargs = {"max_entries": max_entries, "device": device, "conf": conf, "workload": workload, "stacks": stacks}
         if size is None:
             rec = core.record(command, out, **kwargs)
             payload = {"schema": SCHEMA, **rec.to_dict(), "max_entries": max_entries, "device": device}

@@ -138,6 +138,7 @@ def record(
     budget: int | None = None,
     size: str | None = None,
     workload: str | None = None,
+    stacks: str | None = None,
 ) -> Recording:
     """Run `command` once with history on; write the busiest process's trace to `out` and its sidecar."""
     from alloctune.run.runner import run_trial
@@ -151,7 +152,7 @@ def record(
     try:
         try:
             result = run_trial(command, record=raw_dir / RAW_NAME, record_max_entries=max_entries, device=device,
-                               conf=conf, budget=budget, env=env)
+                               conf=conf, budget=budget, env=env, stacks=stacks)
         except KeyboardInterrupt:
             # The runner stopped the command (SIGINT, then SIGTERM): the agent dumped on the way out.
             raw = _largest_dump(raw_dir)
@@ -186,6 +187,7 @@ def record(
         "command": list(command),
         "exit_code": result.exit_code,
         "device_name": result.device_name,
+        "stacks": stacks or "python",
     }
     if result.oom_message:
         meta["oom_message"] = result.oom_message

@@ -164,6 +164,7 @@ def run_trial(
     budget: int | None = None,
     record: str | os.PathLike | None = None,
     record_max_entries: int | None = None,
+    stacks: str | None = None,
     device: int | None = None,
     on_oom: str | None = None,
     oom_dir: str | os.PathLike | None = None,
@@ -184,7 +185,8 @@ def run_trial(
     throughput is read from it; `stdout_to_stderr` keeps our stdout clean for `--json`.
     `record`: write the full allocator history there (`{pid}` in the name: one file per
     process; `TrialResult.snapshot` names the busiest process's); `record_max_entries`:
-    events kept (oldest dropped; None = the agent's default, 5,000,000).
+    events kept (oldest dropped; None = the agent's default, 5,000,000); `stacks`: frames kept
+    with each allocation of a recorded history ("python", the agent's default; "all"; "none").
     `device`: the CUDA device the agent measures and caps (None = LOCAL_RANK's or the current).
     `on_oom="snapshot"`: keep a bounded history and dump it into `oom_dir` (default: the
     current directory) as `oom-snapshot.<pid>.pickle` when the allocator runs out of memory.
@@ -193,7 +195,7 @@ def run_trial(
     """
     argv = resolve_command(command)
     conf = applied_conf(conf, torch_version)
-    _check_trial_arguments(on_oom, record_max_entries, device)
+    _check_trial_arguments(on_oom, record_max_entries, device, stacks)
     sweep_stale_trial_dirs()
     trial_dir = Path(tempfile.mkdtemp(prefix=TRIAL_PREFIX))
     watch_r = watch_w = -1
@@ -209,7 +211,7 @@ def run_trial(
         reports_dir.mkdir()
         agent = _agent_settings(reports_dir, conf=conf, budget=budget, ensure_cap=ensure_cap, record=record,
                                 record_max_entries=record_max_entries, on_oom=on_oom, oom_dir=oom_dir,
-                                device=device, watch_r=watch_r)
+                                device=device, watch_r=watch_r, stacks=stacks)
         child_env = build_env(env if env is not None else os.environ, conf=conf, agent=agent, site_dir=site,
                               torch_version=torch_version, command=argv)
         log_path = Path(capture) if capture else None
@@ -245,8 +247,14 @@ def run_trial(
         shutil.rmtree(trial_dir, ignore_errors=True)
 
 
-def _check_trial_arguments(on_oom: str | None, record_max_entries: int | None, device: int | None) -> None:
+STACKS = ("python", "all", "none")
+
+
+def _check_trial_arguments(on_oom: str | None, record_max_entries: int | None, device: int | None,
+                           stacks: str | None = None) -> None:
     """The arguments a user can get wrong, refused before anything starts."""
+    if stacks is not None and stacks not in STACKS:
+        raise InputError(f"--stacks {stacks!r} is not known: use one of {', '.join(STACKS)}")
     if on_oom not in (None, "snapshot"):
         raise InputError(f"--on-oom {on_oom!r} is not known: use --on-oom snapshot")
     if record_max_entries is not None and record_max_entries < 1:
@@ -257,7 +265,8 @@ def _check_trial_arguments(on_oom: str | None, record_max_entries: int | None, d
 
 def _agent_settings(reports_dir: Path, *, conf: str | None, budget: int | None, ensure_cap: bool,
                     record: str | os.PathLike | None, record_max_entries: int | None, on_oom: str | None,
-                    oom_dir: str | os.PathLike | None, device: int | None, watch_r: int) -> dict[str, Any]:
+                    oom_dir: str | os.PathLike | None, device: int | None, watch_r: int,
+                    stacks: str | None = None) -> dict[str, Any]:
     """What the agent inside the child is told (`ALLOCTUNE_AGENT`): where to report, what to apply."""
     agent: dict[str, Any] = {
         "report_dir": str(reports_dir),
@@ -272,6 +281,8 @@ def _agent_settings(reports_dir: Path, *, conf: str | None, budget: int | None, 
     }
     if record_max_entries is not None:
         agent["record_max_entries"] = int(record_max_entries)
+    if stacks is not None:
+        agent["stacks"] = stacks
     agent.update(watch_fd=watch_r, watch_ino=os.fstat(watch_r).st_ino, runner_pid=os.getpid())
     return agent
 
