@@ -11,7 +11,7 @@ import pytest
 
 from alloctune.agent import bootstrap
 from alloctune.errors import InputError
-from alloctune.runner import raise_for_environment, run_trial
+from alloctune.run.runner import raise_for_environment, run_trial
 from fake_torch import install
 
 PY = sys.executable

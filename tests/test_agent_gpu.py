@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from alloctune.runner import run_trial
+from alloctune.run.runner import run_trial
 
 pytestmark = pytest.mark.gpu
 PY = sys.executable

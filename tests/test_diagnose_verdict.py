@@ -214,7 +214,7 @@ def test_diagnosis_round_trip():
 
 
 def test_core_does_not_import_torch():
-    code = ("import sys, alloctune; from alloctune.diagnose import diagnose; import alloctune.shells; "
+    code = ("import sys, alloctune; from alloctune.diagnose import diagnose; import alloctune.config.shells; "
             "diagnose('CUDA out of memory. Tried to allocate 2.00 MiB (GPU 0; 6.00 GiB total capacity; 4.88 GiB already "
             "allocated; 0 bytes free; 4.96 GiB reserved in total by PyTorch)'); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()

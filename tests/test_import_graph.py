@@ -34,8 +34,6 @@ LAYERS: list[set[str]] = [
     {"tune", "diagnosis", "trace_files"},               # tune drives run + sim; core entry points
     {"api", PKG},                                       # the public face (`alloctune/__init__.py` is `alloctune`)
     {"cli", "__main__"},
-    # SHIMS (issue 26): old paths kept for files other sessions own; delete with the shims.
-    {"runner", "shells", "demo"},
 ]
 
 # Known loops and upward imports, each to be removed when fixed (keep this list short).
@@ -44,10 +42,7 @@ KNOWN_MODULE_LOOPS: list[set[str]] = [
     # moving what both need below them, then delete this entry.
     {"alloctune.trace.cache", "alloctune.trace.load"},
 ]
-KNOWN_UPWARD: set[tuple[str, str]] = {
-    # diagnose/fixes.py still imports the `alloctune.shells` shim; it should import alloctune.config.shells.
-    ("diagnose", "shells"),
-}
+KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 
 def module_name(path: Path) -> str:

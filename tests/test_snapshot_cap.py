@@ -153,7 +153,7 @@ def fake_env(tmp_path):
 
 def test_run_with_a_budget_writes_the_cap_into_its_oom_snapshot(tmp_path, fake_env):
     """The whole flow on the fake CUDA: run under a cap, OOM, diagnose the snapshot with no flags."""
-    from alloctune.runner import run_trial
+    from alloctune.run.runner import run_trial
 
     prog = tmp_path / "prog.py"
     prog.write_text(textwrap.dedent("""

@@ -1,7 +1,7 @@
 """Fixes: each one a concrete action whose value is derived from the message's numbers.
 
 A fix carries either an allocator string (`conf`, rendered for bash/PowerShell/cmd/Python through
-`alloctune.shells`), a Python snippet, or a shell command. Knobs that cannot work on the reported
+`alloctune.config.shells`), a Python snippet, or a shell command. Knobs that cannot work on the reported
 platform/backend are kept too, with `works=False` and the reason, so a user who read "set
 expandable_segments" on a forum learns why it does nothing for them.
 """
@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from alloctune import shells
+from alloctune.config import shells
 from alloctune.diagnose import knobs
 from alloctune.diagnose.report import OOMReport
 from alloctune.units import MiB, format_size
