@@ -213,6 +213,48 @@ memory.empty_cache = lambda: None  # nothing is cached: a call releases nothing 
 cuda.empty_cache = memory.empty_cache
 memory._record_memory_history = _record_memory_history
 memory._snapshot = _snapshot
+
+# Autograd's surface the agent watches: grad mode, a module whose call runs the global forward
+# pre-hooks, and backward (Tensor.backward calls torch.autograd.backward, as torch's does).
+_grad = {"on": True}
+is_grad_enabled = lambda: _grad["on"]
+is_inference_mode_enabled = lambda: False
+
+
+def set_grad_enabled(mode):
+    _grad["on"] = bool(mode)
+
+
+class no_grad:
+    def __enter__(self):
+        self.prev = _grad["on"]
+        _grad["on"] = False
+
+    def __exit__(self, *exc):
+        _grad["on"] = self.prev
+
+
+nn = types.ModuleType("torch.nn")
+nn.modules = types.ModuleType("torch.nn.modules")
+nn.modules.module = types.ModuleType("torch.nn.modules.module")
+_pre_hooks = []
+nn.modules.module.register_module_forward_pre_hook = _pre_hooks.append
+
+
+class Module:
+    def __call__(self, *args):
+        for hook in list(_pre_hooks):
+            hook(self, args)
+        return self.forward(*args)
+
+
+nn.Module = Module
+autograd = types.ModuleType("torch.autograd")
+autograd.backward = lambda tensors, *a, **k: None
+autograd.grad = lambda outputs, inputs, *a, **k: None
+_Tensor.backward = lambda self, *a, **k: autograd.backward(self, *a, **k)
+sys.modules.update({"torch.nn": nn, "torch.nn.modules": nn.modules, "torch.nn.modules.module": nn.modules.module,
+                    "torch.autograd": autograd})
 '''
 
 

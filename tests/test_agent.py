@@ -291,3 +291,42 @@ def test_record_keeps_python_frames_unless_told_not_to(tmp_path, fake_env, stack
 def test_unknown_stacks_is_refused(tmp_path, fake_env):
     with pytest.raises(InputError, match="--stacks 'some'"):
         run_trial([PY, "-c", "pass"], record=tmp_path / "r.pickle", stacks="some", env=fake_env)
+
+
+AUTOGRAD_PROGRAM = """
+    import torch
+
+    class Net(torch.nn.Module):
+        def forward(self, x):
+            return torch.empty(1 << 20, device="cuda")
+
+    net = Net()
+    for _ in range(3):
+        y = net(None)
+    if TRAIN:
+        y.backward()
+    with torch.no_grad():
+        net(None)
+    print("GRAD ON AT EXIT", torch.is_grad_enabled())
+"""
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_a_recording_says_whether_autograd_was_on_for_nothing(tmp_path, fake_env, train):
+    """#29.2: module calls with and without grad and backward passes are counted while recording."""
+    cmd = script(tmp_path, AUTOGRAD_PROGRAM.replace("TRAIN", str(train)))
+    res = run_trial(cmd, record=tmp_path / "rec.pickle", env=fake_env, capture=tmp_path / "o.log")
+    assert res.outcome == "ok", (tmp_path / "o.log").read_text()
+    assert res.autograd == {"module_calls_with_grad": 3, "module_calls_without_grad": 1,
+                            "backward_calls": int(train)}
+    assert res.inference_with_grad is (not train) and res.to_dict()["inference_with_grad"] is (not train)
+
+
+def test_no_grad_switch_runs_the_program_with_autograd_off(tmp_path, fake_env):
+    cmd = script(tmp_path, AUTOGRAD_PROGRAM.replace("TRAIN", "False"))
+    res = run_trial(cmd, record=tmp_path / "rec.pickle", no_grad=True, env=fake_env, capture=tmp_path / "o.log")
+    assert res.outcome == "ok" and res.no_grad
+    assert "GRAD ON AT EXIT False" in (tmp_path / "o.log").read_text()
+    assert res.autograd == {"module_calls_with_grad": 0, "module_calls_without_grad": 4, "backward_calls": 0}
+    plain = run_trial(cmd, env=fake_env, capture=tmp_path / "p.log")  # off by default, and not watched
+    assert "GRAD ON AT EXIT True" in (tmp_path / "p.log").read_text() and plain.autograd is None

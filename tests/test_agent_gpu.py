@@ -73,3 +73,23 @@ def test_expandable_is_read_back_and_history_recorded(tmp_path):
 
     trace = load_trace(rec)
     assert len(trace.requests) >= 1
+
+
+def test_inference_with_autograd_on_is_seen_and_no_grad_measured(tmp_path):
+    """#29.2 on real torch: an MLP called with grad on and never backward is flagged; the agent's
+    --no-grad run holds less at the peak (the activations autograd kept are gone)."""
+    cmd = script(tmp_path, """
+        import torch
+        net = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(8)]).cuda()
+        for _ in range(3):
+            net(torch.randn(512, 1024, device="cuda")).sum().item()
+    """)
+    env = dict(os.environ, ALLOCTUNE_STATE_DIR=str(tmp_path))
+    on = run_trial(cmd, record=tmp_path / "on.pickle", capture=tmp_path / "on.log", env=env)
+    assert on.outcome == "ok", (tmp_path / "on.log").read_text()
+    assert on.autograd["backward_calls"] == 0 and on.autograd["module_calls_with_grad"] == 3 * 9
+    assert on.inference_with_grad
+    off = run_trial(cmd, record=tmp_path / "off.pickle", capture=tmp_path / "off.log", env=env, no_grad=True)
+    assert off.outcome == "ok" and off.no_grad and not off.inference_with_grad
+    # with grad on, the 8 layers' inputs (512 x 1024 fp32 = 2 MiB each) stay alive through the forward
+    assert on.peak_allocated - off.peak_allocated >= 6 * 2 * MiB

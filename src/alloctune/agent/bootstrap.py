@@ -156,6 +156,7 @@ class Agent:
         self.oom_snapshot: str | None = None
         self.agent_errors: list[str] = []
         self.empty_cache_calls: list[list[int]] | None = None  # [t0_us, t1_us] per call, when recording
+        self.autograd_counts: dict[str, int] | None = None  # module calls with/without grad, backward calls
         self._written = False
         self._stop = threading.Event()
         self._live_thread: threading.Thread | None = None
@@ -185,10 +186,48 @@ class Agent:
         self.torch = torch
         if self.config.get("record"):
             self._mark_empty_cache(torch)
+            self._watch_autograd(torch)
+        if self.config.get("no_grad"):
+            try:
+                torch.set_grad_enabled(False)  # grad mode is per thread: the program's main thread
+            except Exception as exc:
+                self._note(f"cannot switch autograd off: {exc}")
         try:
             torch.cuda._lazy_call(self._on_cuda_init)
         except Exception as exc:  # a torch without _lazy_call: note it, never break the program
             self._note(f"cannot hook CUDA init: {exc}")
+
+    def _watch_autograd(self, torch) -> None:
+        """Count module calls made with and without autograd, and backward passes (#29.2).
+
+        A program that never runs backward yet calls its modules with grad on keeps every
+        activation alive for a backward that never comes; `torch.no_grad()` would free them.
+        Only while recording: a global forward pre-hook costs each module call a Python call.
+        """
+        counts = {"module_calls_with_grad": 0, "module_calls_without_grad": 0, "backward_calls": 0}
+        try:
+            is_grad = torch.is_grad_enabled
+            in_inference = getattr(torch, "is_inference_mode_enabled", lambda: False)
+
+            def pre_hook(module, args):
+                if is_grad() and not in_inference():
+                    counts["module_calls_with_grad"] += 1
+                else:
+                    counts["module_calls_without_grad"] += 1
+
+            torch.nn.modules.module.register_module_forward_pre_hook(pre_hook)
+            for name in ("backward", "grad"):  # Tensor.backward calls torch.autograd.backward
+                real = getattr(torch.autograd, name)
+
+                def counted(*args, _real=real, **kwargs):
+                    counts["backward_calls"] += 1
+                    return _real(*args, **kwargs)
+
+                counted.__doc__ = real.__doc__
+                setattr(torch.autograd, name, counted)
+            self.autograd_counts = counts
+        except Exception as exc:
+            self._note(f"cannot watch autograd: {exc}")
 
     def _mark_empty_cache(self, torch) -> None:
         """Wrap `torch.cuda.empty_cache` so a recording knows the program's calls exactly:
@@ -492,6 +531,8 @@ class Agent:
             "allocator_settings": None,
             "snapshot": None,
             "oom_snapshot": self.oom_snapshot,
+            "autograd": dict(self.autograd_counts) if self.autograd_counts is not None else None,
+            "no_grad": bool(self.config.get("no_grad")),
             "segment_sizes": None,
             "agent_errors": list(self.agent_errors),
         }

@@ -29,6 +29,9 @@ _DEFAULTS: dict[str, Any] = {
     # Stack frames kept with each allocation of a recorded history: "python" (where the memory goes,
     # `alloctune explain`), "all" (with C++ frames: cuDNN/cuBLAS workspaces), "none" (cheapest).
     "stacks": "python",
+    # Opt-in: run the program with autograd off (torch.set_grad_enabled(False) at torch import, main thread),
+    # to measure what `torch.no_grad()` would save an inference program that never runs backward.
+    "no_grad": False,
     "live": True,
     "live_interval": 1.0,
     "state_dir": None,  # default $ALLOCTUNE_STATE_DIR or ~/.cache/alloctune/live

@@ -32,6 +32,10 @@ def register(app: typer.Typer) -> None:
         ),
         timeout: Optional[float] = typer.Option(
             None, "--timeout", metavar="SECONDS", help="Kill the command (its whole group) after S s."),
+        no_grad: bool = typer.Option(
+            False, "--no-grad",
+            help="Run the program with autograd off (measures what torch.no_grad() would save an inference "
+            "program; a program that trains will fail)."),
         json_out: bool = typer.Option(False, "--json", help="Print the trial as JSON (the command's stdout goes to stderr)."),
     ) -> None:
         """Run a command with the agent inside: budget, optional history, a report of what the allocator did.
@@ -55,6 +59,7 @@ def register(app: typer.Typer) -> None:
             on_oom=on_oom,
             timeout=timeout,
             stdout_to_stderr=json_out,
+            no_grad=no_grad,
         )
         raise_for_environment(result)
         if json_out:
@@ -119,6 +124,16 @@ def render_trial(result: Any) -> None:
         t.add_row("OOM snapshot", result.oom_snapshot)
         # the snapshot carries the budget: diagnosing it needs no flag
         t.add_row("next", f"alloctune diagnose --snapshot {shlex.quote(str(result.oom_snapshot))}")
+    if result.no_grad:
+        t.add_row("autograd", "switched off by the agent (--no-grad)")
+    elif result.autograd is not None:
+        a = result.autograd
+        line = (f"{a.get('module_calls_with_grad', 0)} module calls with grad, "
+                f"{a.get('module_calls_without_grad', 0)} without, {a.get('backward_calls', 0)} backward")
+        if result.inference_with_grad:
+            line += ("; nothing ran backward, so the activations autograd kept were never needed: "
+                     "torch.no_grad() would free them (measure it: alloctune run --no-grad ...)")
+        t.add_row("autograd", line)
     if result.processes > 1:
         t.add_row("processes", f"{result.processes} (figures from the one with the highest peak reserved)")
     err_console.print(t)

@@ -188,6 +188,7 @@ def record(
         "exit_code": result.exit_code,
         "device_name": result.device_name,
         "stacks": stacks or "python",
+        "autograd": result.autograd,
     }
     if result.oom_message:
         meta["oom_message"] = result.oom_message

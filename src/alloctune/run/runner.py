@@ -165,6 +165,7 @@ def run_trial(
     record: str | os.PathLike | None = None,
     record_max_entries: int | None = None,
     stacks: str | None = None,
+    no_grad: bool = False,
     device: int | None = None,
     on_oom: str | None = None,
     oom_dir: str | os.PathLike | None = None,
@@ -187,6 +188,8 @@ def run_trial(
     process; `TrialResult.snapshot` names the busiest process's); `record_max_entries`:
     events kept (oldest dropped; None = the agent's default, 5,000,000); `stacks`: frames kept
     with each allocation of a recorded history ("python", the agent's default; "all"; "none").
+    `no_grad`: the agent switches autograd off in the program (opt-in; measures what
+    `torch.no_grad()` would save an inference program; a program that trains then fails).
     `device`: the CUDA device the agent measures and caps (None = LOCAL_RANK's or the current).
     `on_oom="snapshot"`: keep a bounded history and dump it into `oom_dir` (default: the
     current directory) as `oom-snapshot.<pid>.pickle` when the allocator runs out of memory.
@@ -211,7 +214,7 @@ def run_trial(
         reports_dir.mkdir()
         agent = _agent_settings(reports_dir, conf=conf, budget=budget, ensure_cap=ensure_cap, record=record,
                                 record_max_entries=record_max_entries, on_oom=on_oom, oom_dir=oom_dir,
-                                device=device, watch_r=watch_r, stacks=stacks)
+                                device=device, watch_r=watch_r, stacks=stacks, no_grad=no_grad)
         child_env = build_env(env if env is not None else os.environ, conf=conf, agent=agent, site_dir=site,
                               torch_version=torch_version, command=argv)
         log_path = Path(capture) if capture else None
@@ -266,7 +269,7 @@ def _check_trial_arguments(on_oom: str | None, record_max_entries: int | None, d
 def _agent_settings(reports_dir: Path, *, conf: str | None, budget: int | None, ensure_cap: bool,
                     record: str | os.PathLike | None, record_max_entries: int | None, on_oom: str | None,
                     oom_dir: str | os.PathLike | None, device: int | None, watch_r: int,
-                    stacks: str | None = None) -> dict[str, Any]:
+                    stacks: str | None = None, no_grad: bool = False) -> dict[str, Any]:
     """What the agent inside the child is told (`ALLOCTUNE_AGENT`): where to report, what to apply."""
     agent: dict[str, Any] = {
         "report_dir": str(reports_dir),
@@ -283,6 +286,8 @@ def _agent_settings(reports_dir: Path, *, conf: str | None, budget: int | None, 
         agent["record_max_entries"] = int(record_max_entries)
     if stacks is not None:
         agent["stacks"] = stacks
+    if no_grad:
+        agent["no_grad"] = True
     agent.update(watch_fd=watch_r, watch_ino=os.fstat(watch_r).st_ino, runner_pid=os.getpid())
     return agent
 
@@ -389,6 +394,8 @@ def _result(
         repeat=repeat,
         log=str(log_path) if log_path else None,
         ranks=tuple(r.to_dict() for r in summarize_ranks(reports)),
+        autograd=main.get("autograd"),
+        no_grad=bool(main.get("no_grad")),
     )
 
 

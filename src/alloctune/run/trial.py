@@ -47,6 +47,15 @@ class TrialResult:
     repeat: int = 0
     log: str | None = None
     ranks: tuple[dict[str, Any], ...] = ()  # multi-process jobs: one `ranks.RankSummary.to_dict()` per rank
+    # Recorded runs: module calls made with / without autograd and backward passes (the busiest process's).
+    autograd: dict[str, int] | None = None
+    no_grad: bool = False  # the agent ran the program with autograd off (opt-in)
+
+    @property
+    def inference_with_grad(self) -> bool:
+        """Modules were called with autograd on, yet nothing ever ran backward: activations kept for nothing."""
+        a = self.autograd or {}
+        return a.get("module_calls_with_grad", 0) > 0 and a.get("backward_calls", 0) == 0
 
     @property
     def passed(self) -> bool:
@@ -66,6 +75,7 @@ class TrialResult:
         data["warnings"] = list(self.warnings)
         data["ranks"] = [dict(r) for r in self.ranks]
         data["utilization"] = self.utilization
+        data["inference_with_grad"] = self.inference_with_grad
         data["schema"] = RESULT_SCHEMA
         return data
 
