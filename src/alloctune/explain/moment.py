@@ -1,0 +1,221 @@
+"""The moment `explain` looks at, and the allocator's memory map there.
+
+The moment is a point between two requests: "after request m". By default it is the peak
+of reserved memory as the recording's own segment events give it; within the stretch of
+requests where reserved stays at that peak, the point where the program holds the most live
+bytes (that is what the peak had to hold). A recording that ends in an OOM is looked at
+where the failed request met the allocator (before it). `at` picks an event index of the
+recording, or a time (`"12.5s"`, seconds after its first event).
+
+The map comes from the exact simulator replaying the recording under the settings it ran
+with (`sim.replay.state_at`); it is checked against the recording (reserved bytes at the
+moment from the recorded segment events, live requested bytes from the request stream) and,
+when the simulation does not reproduce the recording and the raw events are at hand, taken
+from the recorded addresses instead (`diagnose.memory_map.replay_history`, the map
+`diagnose --snapshot` reads). Either way it is a `diagnose.snapshot_model.MemoryMap`.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from alloctune.diagnose.snapshot_model import BlockView, MemoryMap, SegmentView
+from alloctune.errors import TraceError
+from alloctune.trace.model import FAILED_ALLOC, Trace, reserved_delta
+
+
+@dataclass(frozen=True)
+class Moment:
+    """After request `after` (-1: before the first). `event` is the recording's event index."""
+
+    after: int
+    event: int
+    reason: str  # "peak" | "oom" | "at"
+    reserved: int  # recorded reserved bytes at the moment
+    time_us: int | None = None
+
+
+def reserved_after(trace: Trace) -> list[int]:
+    """Recorded reserved bytes after each request (from the segment events' request indices)."""
+    n = len(trace.requests)
+    out = [0] * n
+    seg = trace.segment_events
+    k, cur = 0, 0
+    for r in range(n):
+        while k < len(seg) and seg[k].request_index <= r:
+            cur += reserved_delta(seg[k])
+            k += 1
+        out[r] = cur
+    return out
+
+
+def ends_in_oom(trace: Trace) -> int | None:
+    """The request index of the OOM a recording ends in, or None.
+
+    "Ends in" = the run record says the outcome was an OOM (the last failed request), or,
+    without a record, the last failed request lies in the final 1 % of the requests (a capped
+    run whose cuDNN fell back and went on is not an OOM ending).
+    """
+    ops = trace.requests.ops
+    last = next((r for r in range(len(ops) - 1, -1, -1) if ops[r] == FAILED_ALLOC), None)
+    if last is None:
+        return None
+    outcome = (trace.meta or {}).get("outcome")
+    if outcome == "oom":
+        return last
+    if outcome is None and last >= len(ops) - max(1, len(ops) // 100):
+        return last
+    return None
+
+
+def pick_moment(trace: Trace, live_before: Sequence[int], at: Any = None) -> Moment:
+    """The moment to explain (module doc). `live_before[i]`: live requested bytes before request i."""
+    req = trace.requests
+    n = len(req)
+    if n == 0:
+        raise TraceError(f"{trace.source}: the recording holds no requests; nothing to explain")
+    res = reserved_after(trace)
+    evi = req.event_index
+    if at is not None:
+        event = _event_of(trace, at)
+        m = bisect.bisect_right(evi, event) - 1
+        return Moment(m, event, "at", res[m] if m >= 0 else 0, _time_of(trace, event))
+    oom = ends_in_oom(trace)
+    if oom is not None:
+        m = oom - 1
+        return Moment(m, evi[oom], "oom", res[m] if m >= 0 else 0, _time_of(trace, evi[oom]))
+    peak = max(res)
+    m = best = -1
+    r = 0
+    while r < n:  # every stretch at the peak; the point holding the most live bytes
+        if res[r] == peak:
+            if best < 0 or live_before[r + 1] > live_before[best + 1]:
+                best = r
+        r += 1
+    m = best
+    return Moment(m, evi[m], "peak", peak, _time_of(trace, evi[m]))
+
+
+def _event_of(trace: Trace, at: Any) -> int:
+    """An event index from `at`: an int (event index) or a time in seconds (`"12.5s"`)."""
+    if isinstance(at, str) and at.strip().endswith("s"):
+        try:
+            secs = float(at.strip()[:-1])
+        except ValueError:
+            raise TraceError(f"--at {at!r}: expected an event index or a time like 12.5s") from None
+        times = _times(trace)
+        if not times:
+            raise TraceError(f"{trace.source}: the recording keeps no event times (a compact trace); "
+                             "give --at an event index instead")
+        t = times[0] + int(secs * 1e6)
+        return max(0, bisect.bisect_right(times, t) - 1)
+    try:
+        event = int(at)
+    except (TypeError, ValueError):
+        raise TraceError(f"--at {at!r}: expected an event index or a time like 12.5s") from None
+    last = trace.requests.event_index[-1]
+    if not 0 <= event <= last:
+        raise TraceError(f"--at {event}: the recording's events run from 0 to {last}")
+    return event
+
+
+def _times(trace: Trace) -> list[int]:
+    try:
+        evs = trace.events
+        if not evs:
+            return []
+        return [int(e.get("time_us", 0) or 0) for e in evs]
+    except (TraceError, OSError):
+        return []
+
+
+def _time_of(trace: Trace, event: int) -> int | None:
+    evs = trace.events
+    if not isinstance(evs, list) or not evs:
+        return None  # lazily loaded raw events (a cached snapshot): not worth a load for a timestamp
+    if 0 <= event < len(evs):
+        t = evs[event].get("time_us")
+        return int(t) if isinstance(t, int) else None
+    return None
+
+
+def sim_settings(trace: Trace) -> Any:
+    """The settings the recording ran with, for the simulator."""
+    from alloctune.sim.settings import SimSettings
+
+    torch = (trace.meta or {}).get("torch")
+    try:
+        return SimSettings.from_allocator_settings(trace.allocator_settings or {}, torch if isinstance(torch, str) else None)
+    except (ValueError, TypeError):
+        return SimSettings.from_allocator_settings(trace.allocator_settings or {})
+
+
+def recorded_budget(trace: Trace) -> int | None:
+    cap = (trace.meta or {}).get("cap")
+    return int(cap) if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
+
+
+def map_at(trace: Trace, moment: Moment) -> tuple[MemoryMap, str]:
+    """The memory map after request `moment.after`, and where it came from."""
+    from alloctune.sim.replay import state_at
+
+    alloc = state_at(trace, sim_settings(trace), moment.after + 1, budget=recorded_budget(trace))
+    segments = []
+    for s in alloc.segment_table():
+        blocks = tuple(BlockView(b["address"], b["size"], b["state"] == "active_allocated", b["requested_size"])
+                       for b in s["blocks"])
+        segments.append(SegmentView(s["address"], s["total_size"], s["stream"], s["segment_type"],
+                                    s["is_expandable"], blocks))
+    mm = MemoryMap(moment.event, tuple(segments))
+    if mm.reserved == moment.reserved:
+        return mm, "simulated (exact replay; reserved matches the recording)"
+    recorded = _recorded_map(trace, moment)
+    if recorded is not None:
+        return recorded, "recorded addresses (the simulation differed from the recording here)"
+    raise TraceError(
+        f"{trace.source}: the simulated allocator holds {mm.reserved} bytes at request {moment.after}, the recording "
+        f"{moment.reserved}; explain needs the original snapshot (with its events) to map this moment"
+    )
+
+
+def _recorded_map(trace: Trace, moment: Moment) -> MemoryMap | None:
+    """The map from the recorded addresses (raw events), or None without them."""
+    from alloctune.diagnose.memory_map import replay_history
+
+    try:
+        events = trace.events
+        if not events:
+            return None
+        events = list(events)
+    except (TraceError, OSError):
+        return None
+    nxt = moment.event + 1
+    rep = replay_history(events, trace.allocator_settings, capture=[nxt])
+    return rep.maps.get(nxt)
+
+
+def overhead(mm: MemoryMap) -> tuple[int, int, int]:
+    """(allocated, cached_free, inactive_split): free bytes of segments with no live block are
+    cached; free bytes beside live blocks are inactive split remainders (PyTorch's
+    `inactive_split_bytes`)."""
+    allocated = cached = split = 0
+    for s in mm.segments:
+        live = 0
+        free = 0
+        for b in s.blocks:
+            if b.allocated:
+                live += b.size
+            else:
+                free += b.size
+        allocated += live
+        if live:
+            split += free
+        else:
+            cached += free
+    return allocated, cached, split
+
+
+def live_requested(mm: MemoryMap) -> int:
+    return sum(b.requested for s in mm.segments for b in s.blocks if b.allocated)

@@ -1,0 +1,134 @@
+"""Repetitions (training steps, loop iterations, decode steps, service calls) found in the
+recording itself.
+
+A program that repeats work allocates the same things in the same order each time, so some
+allocation recurs once per repetition at a steady rhythm. Each allocation gets a key (its
+stack id when the recording has stacks, else its requested size); a key is a candidate
+*anchor* when it recurs at least 3 times, its occurrences span at least half the
+allocations, and at least 75 % of the gaps between them (counted in allocations) are within
+5 % of the median gap. The anchor with the fewest occurrences is the coarsest rhythm (one
+step rather than one layer); among those, the one that occurs where the program holds the
+least memory is the step's start (the floor between steps). Repetition k runs from the
+anchor's k-th occurrence to the next (the last one to the end of the recording); what comes
+before the first is set-up (building the model, loading weights).
+
+Callers may pass the boundaries themselves (an agent that marks steps), as request indices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from alloctune.trace.model import ALLOC, FREE, RequestStream
+
+MIN_REPEATS = 3
+MIN_COVERAGE = 0.5
+REGULAR_SHARE = 0.75
+GAP_TOLERANCE = 0.05
+
+
+@dataclass(frozen=True)
+class Repeats:
+    """Repetition boundaries as request indices (repetition k = [starts[k], starts[k+1]))."""
+
+    starts: tuple[int, ...]
+    end: int  # one past the last request
+    how: str  # how they were found
+    anchor: str | None = None  # the recurring allocation that marks them
+
+    @property
+    def count(self) -> int:
+        return len(self.starts)
+
+    def index_of(self, request_index: int) -> int:
+        """The repetition a request belongs to (-1: set-up before the first)."""
+        import bisect
+
+        return bisect.bisect_right(self.starts, request_index) - 1
+
+    def end_of(self, k: int) -> int:
+        """First request index after repetition k."""
+        return self.starts[k + 1] if k + 1 < len(self.starts) else self.end
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "starts": list(self.starts), "how": self.how, "anchor": self.anchor}
+
+
+NONE = Repeats((), 0, "no repeating allocation pattern found")
+
+
+def find_repeats(req: RequestStream, live_bytes: Sequence[int] | None = None) -> Repeats:
+    """The repetitions of a request stream (module doc). `live_bytes[i]` = live requested bytes
+    before request i (computed when not given)."""
+    ops, sizes = req.ops, req.sizes
+    ids = req.stack_ids if req.stack_table is not None and req.stack_table.dropped is None else None
+    use_stacks = ids is not None
+    positions: dict[int, list[int]] = {}
+    alloc_reqs: list[int] = []
+    for r, op in enumerate(ops):
+        if op == ALLOC:
+            key = ids[r] if use_stacks else sizes[r]
+            if use_stacks and key < 0:
+                key = -1 - sizes[r]  # no frames (backward thread): key by size, kept apart from stack ids
+            lst = positions.get(key)
+            if lst is None:
+                positions[key] = [len(alloc_reqs)]
+            else:
+                lst.append(len(alloc_reqs))
+            alloc_reqs.append(r)
+    n_alloc = len(alloc_reqs)
+    if n_alloc < 2 * MIN_REPEATS:
+        return Repeats((), len(ops), NONE.how)
+    if live_bytes is None:
+        live_bytes = live_before(req)
+    best: tuple[int, int, Any, list[int]] | None = None
+    for key, pos in positions.items():
+        c = len(pos)
+        if c < MIN_REPEATS or c > n_alloc // 2:
+            continue
+        if (pos[-1] - pos[0]) < MIN_COVERAGE * n_alloc:
+            continue
+        gaps = sorted(b - a for a, b in zip(pos, pos[1:]))
+        med = gaps[len(gaps) // 2]
+        if med < 2:
+            continue
+        tol = max(1, int(med * GAP_TOLERANCE))
+        regular = sum(1 for g in gaps if abs(g - med) <= tol)
+        if regular < REGULAR_SHARE * len(gaps):
+            continue
+        floor = sum(live_bytes[alloc_reqs[p]] for p in pos) // c
+        cand = (c, floor, key, pos)
+        if best is None or (c, floor) < (best[0], best[1]):
+            best = cand
+    if best is None:
+        return Repeats((), len(ops), NONE.how)
+    c, _, key, pos = best
+    starts = tuple(alloc_reqs[p] for p in pos)
+    if use_stacks and key >= 0:
+        anchor = f"stack {key}"
+    else:
+        anchor = f"allocation of {key if not use_stacks else -1 - key} bytes"
+    return Repeats(starts, len(ops), f"an allocation that recurs {c} times at a steady rhythm ({anchor})", anchor)
+
+
+def from_marks(req: RequestStream, marks: Sequence[int]) -> Repeats:
+    """Repetitions given by the caller (request indices where each starts)."""
+    starts = tuple(sorted({int(m) for m in marks if 0 <= int(m) < len(req)}))
+    return Repeats(starts, len(req), "marked by the caller")
+
+
+def live_before(req: RequestStream) -> list[int]:
+    """Live requested bytes before each request (length len(req) + 1: the last is after all)."""
+    size_of: dict[int, int] = {}
+    out = [0] * (len(req) + 1)
+    live = 0
+    for i, (op, size, rid) in enumerate(zip(req.ops, req.sizes, req.rids)):
+        out[i] = live
+        if op == ALLOC:
+            size_of[rid] = size
+            live += size
+        elif op == FREE:
+            live -= size_of.pop(rid, 0)
+    out[len(req)] = live
+    return out
