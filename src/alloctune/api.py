@@ -27,7 +27,8 @@ from alloctune.simulation import simulate
 from alloctune.trace_files import convert_trace, trace_info
 
 __all__ = [
-    "ApiUnavailable", "check_setting", "convert_trace", "diagnose", "diagnose_all", "diagnose_snapshot", "plan",
+    "ApiUnavailable", "check_setting", "convert_trace", "diagnose", "diagnose_all", "diagnose_snapshot", "explain",
+    "plan",
     "record", "simulate", "trace_info", "tune",
 ]
 
@@ -90,3 +91,15 @@ def record(*args: Any, **kwargs: Any) -> Any:
 def plan(*args: Any, **kwargs: Any) -> Any:
     """Answer sizing questions from recordings at several input sizes; see `alloctune.plan.plan`."""
     return _provided("plan")(*args, **kwargs)
+
+
+def explain(recording: Any, *, against: Any = None, **kwargs: Any) -> Any:
+    """Where the memory goes at the peak / OOM / `at` of a recording (`alloctune explain`): an
+    `Explanation` (`.to_dict()`: schema `alloctune.explain/1`); with `against`, a `Comparison`
+    splitting the gap in peak reserved exactly by category and site. See `alloctune.explain.api`."""
+    from alloctune.explain import api as _explain_api
+
+    if against is not None:
+        keep = {k: v for k, v in kwargs.items() if k in ("group", "top", "device")}
+        return _explain_api.explain_against(recording, against, **keep)
+    return _explain_api.explain(recording, **kwargs)

@@ -128,10 +128,16 @@ def analyse(trace: Trace, group: str = "line", repeat_marks: Sequence[int] | Non
         lib_of.append(lib)
     outlived = [False] * len(life.alloc)
     starts = rep.starts
-    if starts:
+    if len(starts) >= 2:
+        # outlived: still live when its repetition has ended and a whole repetition's length after it
+        # was made (gradients that live from backward to the next zero_grad do not; kept results do)
         for k, a in enumerate(life.alloc):
             j = bisect.bisect_right(starts, a) - 1
-            if j >= 0 and j + 1 < len(starts) and life.free[k] > starts[j + 1]:
+            if j < 0:
+                continue
+            end = rep.end_of(j)
+            period = (end if j + 1 < len(starts) else starts[j]) - starts[j if j + 1 < len(starts) else j - 1]
+            if life.free[k] > end and life.free[k] > a + period or (j + 1 == len(starts) and life.free[k] > a + period):
                 outlived[k] = True
     growth = _growth(life, rep, site_of, outlived)
     return Analysis(trace, life, lb, rep, site_of, labels, [None] * len(labels), lib_of,
@@ -246,6 +252,7 @@ def _categorise(an: Analysis, live: list[int], m: int) -> tuple[dict[int, str], 
         counts = sorted(per_rep.get(j, 0) for j in range(rep.count - 1))  # full repetitions only
         training = bool(counts) and counts[len(counts) // 2] >= len(params) // 2
     growing_sites = {s for s, (g, _) in an.growth.items() if g}
+    last_rep = rep.starts[-1] if rep.starts else n
     grads_left = Counter(param_sizes) if training else Counter()
     cats: dict[int, str] = {}
     hows: dict[str, set[str]] = defaultdict(set)
@@ -261,10 +268,11 @@ def _categorise(an: Analysis, live: list[int], m: int) -> tuple[dict[int, str], 
             c, how = "optimizer_state", "stack: torch/optim, held past its repetition"
         elif not has_stacks and life.alloc[k] < first and held[k]:
             c, how = "model_state", "no stacks: made before the first repetition and held to the end"
-        elif (not has_stacks and size in param_set and held[k] and life.alloc[k] >= first
-              and (training or rep.count >= 2)):
-            c, how = "optimizer_state", "no stacks: parameter-sized, made in a repetition, held to the end"
-        elif training and size in param_set and grads_left[size] > 0 and (not has_stacks or sid < 0) and not held[k]:
+        elif (not has_stacks and training and size in param_set and held[k] and first <= life.alloc[k] < last_rep):
+            c, how = "optimizer_state", ("no stacks: parameter-sized, made in a repetition before the last, "
+                                         "held to the end")
+        elif training and size in param_set and grads_left[size] > 0 and (has_stacks and sid < 0 or (
+                not has_stacks and (not held[k] or life.alloc[k] >= last_rep))):
             grads_left[size] -= 1
             c = "gradients"
             how = ("no Python frames (autograd's backward thread), parameter-sized, one per parameter" if has_stacks

@@ -7,8 +7,8 @@ stack id when the recording has stacks, else its requested size); a key is a can
 *anchor* when it recurs at least 3 times, its occurrences span at least half the
 allocations, and at least 75 % of the gaps between them (counted in allocations) are within
 5 % of the median gap. The anchor with the fewest occurrences is the coarsest rhythm (one
-step rather than one layer); among those, the one that occurs where the program holds the
-least memory is the step's start (the floor between steps). Repetition k runs from the
+step rather than one layer); among those, the one that comes first in the recording is the
+step's start (the first thing the loop allocates, e.g. its input batch). Repetition k runs from the
 anchor's k-th occurrence to the next (the last one to the end of the recording); what comes
 before the first is set-up (building the model, loading weights).
 
@@ -97,9 +97,8 @@ def find_repeats(req: RequestStream, live_bytes: Sequence[int] | None = None) ->
         regular = sum(1 for g in gaps if abs(g - med) <= tol)
         if regular < REGULAR_SHARE * len(gaps):
             continue
-        floor = sum(live_bytes[alloc_reqs[p]] for p in pos) // c
-        cand = (c, floor, key, pos)
-        if best is None or (c, floor) < (best[0], best[1]):
+        cand = (c, pos[0], key, pos)
+        if best is None or (c, pos[0]) < (best[0], best[1]):
             best = cand
     if best is None:
         return Repeats((), len(ops), NONE.how)

@@ -1,0 +1,91 @@
+"""`explain` and `explain_against`: load, analyse, add what-ifs; plain data out."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any, Sequence
+
+from alloctune.explain.core import TOP_SITES, analyse, explain_trace
+from alloctune.explain.model import CATEGORIES, OVERHEAD, Comparison, Explanation, Site
+from alloctune.progress import Progress, no_progress
+from alloctune.trace.model import Trace
+
+
+def _load(recording: str | Path | Trace, device: int | None) -> Trace:
+    if isinstance(recording, Trace):
+        return recording
+    from alloctune.trace import load_trace
+
+    return load_trace(recording, device)
+
+
+def explain(
+    recording: str | Path | Trace,
+    *,
+    at: Any = None,
+    group: str = "line",
+    top: int = TOP_SITES,
+    what_if: bool = True,
+    what_if_dir: str | Path | None = None,
+    device: int | None = None,
+    repeats: Sequence[int] | None = None,
+    progress: Progress = no_progress,
+) -> Explanation:
+    """Where the memory goes at one moment of a recording (`alloctune explain`).
+
+    `at`: an event index or a time like "12.5s" (default: the OOM the recording ends in, else
+    the peak of reserved memory); `group`: line | function | file | module; `repeats`: request
+    indices where repetitions start (default: found in the recording); `what_if`: simulate the
+    min budget with each kept site freed (`what_if_dir`: also write the rewritten recordings).
+    """
+    progress("loading", 0, 3)
+    trace = _load(recording, device)
+    progress("analysing", 1, 3)
+    an = analyse(trace, group, repeats)
+    ex = explain_trace(trace, at=at, group=group, top=top, analysis=an)
+    if what_if:
+        from alloctune.explain.what_if import what_ifs
+
+        progress("simulating what-ifs", 2, 3)
+        ex = what_ifs(an, ex, source_arg=str(recording if not isinstance(recording, Trace) else trace.source),
+                      out_dir=what_if_dir)
+    progress("done", 3, 3)
+    return ex
+
+
+def explain_against(
+    recording: str | Path | Trace,
+    against: str | Path | Trace,
+    *,
+    group: str = "line",
+    top: int = TOP_SITES,
+    device: int | None = None,
+) -> Comparison:
+    """`explain B --against A`: B's peak reserved minus A's, split exactly by category and by site
+    (site deltas of live requested bytes plus the overhead deltas make the gap)."""
+    b = explain(recording, group=group, top=1 << 30, what_if=False, device=device)
+    a = explain(against, group=group, top=1 << 30, what_if=False, device=device)
+    gap = b.reserved - a.reserved
+    cat = {c: b.category(c) - a.category(c) for c in CATEGORIES}
+    a_sites = {s.site: s.bytes for s in a.sites}
+    rows = [Site(**{**s.__dict__, "delta": s.bytes - a_sites.get(s.site, 0)}) for s in b.sites]
+    only_a = tuple(sorted(((s, -v) for s, v in a_sites.items() if s not in {r.site for r in rows}),
+                          key=lambda x: x[1]))
+    total = sum(r.delta for r in rows) + sum(v for _, v in only_a) + sum(cat[c] for c in OVERHEAD)
+    if total != gap or sum(cat.values()) != gap:
+        from alloctune.errors import TraceError
+
+        raise TraceError(f"internal check failed: the deltas sum to {total}, the gap is {gap}")
+    rows.sort(key=lambda r: -abs(r.delta or 0))
+    if len(rows) > top:
+        rest = rows[top:]
+        rows = rows[:top]
+        cats: Counter = Counter()
+        for r in rest:
+            cats.update(r.categories)
+        rows.append(Site(f"({len(rest)} other sites)", None, sum(r.bytes for r in rest), sum(r.blocks for r in rest),
+                         sum(r.outlived_bytes for r in rest), False, sum(r.growing_bytes for r in rest), 0, dict(cats),
+                         delta=sum(r.delta or 0 for r in rest)))
+    b_small = Explanation(**{**b.__dict__, "sites": tuple(rows)})
+    return Comparison(b_small, a, gap, cat, tuple(rows), only_a)
