@@ -1,0 +1,203 @@
+"""`alloctune explain`: conservation on real recordings, and numbers checked against facts that
+synthetic programs know by construction (tests/explain_programs.py), never against explain's own output."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from alloctune.explain import CATEGORIES, explain
+from alloctune.explain.core import analyse, explain_trace
+from alloctune.trace import load_trace
+from alloctune.trace.compact import save_compact
+from alloctune.trace.load import trace_from_snapshot
+from explain_programs import training_loop, write
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = sorted((REPO / "src" / "alloctune" / "data" / "traces").glob("*.atrace"))
+
+
+def _conserves(ex) -> None:
+    cats = {c.name: c.bytes for c in ex.categories}
+    assert list(cats) == list(CATEGORIES)
+    assert all(v >= 0 for v in cats.values()), cats
+    assert sum(cats.values()) == ex.moment["reserved"]
+    assert cats["rounding"] == ex.moment["allocated"] - ex.moment["requested"]
+    assert sum(s.bytes for s in ex.sites) == ex.moment["requested"]
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_categories_sum_to_reserved_on_shipped_compact_traces(path):
+    trace = load_trace(path)
+    ex = explain_trace(trace)
+    _conserves(ex)
+    # the moment is the recorded peak (or the OOM the recording ends in)
+    from alloctune.trace.model import peak_reserved
+
+    if ex.moment["reason"] == "peak":
+        assert ex.moment["reserved"] == peak_reserved(trace.segment_events)
+
+
+def _shared(traces_dir, names):
+    out = []
+    for n in names:
+        p = traces_dir / n
+        if not p.exists():
+            pytest.skip(f"{p} missing")
+        out.append(p)
+    return out
+
+
+RVC = [f"rvc_ec{e}/{c}.pickle.xz" for e in (0, 1) for c in (
+    "default", "default_cap85", "default_cap95", "expandable", "expandable_cap85", "expandable_cap95",
+    "gc07_split256_cap115a", "max_split_128", "max_split_512", "roundup4", "roundup_intervals")]
+
+
+@pytest.mark.parametrize("name", RVC)
+def test_categories_sum_to_reserved_on_shared_h200_recordings(traces_dir, name):
+    (path,) = _shared(traces_dir, [name])
+    ex = explain_trace(load_trace(path))
+    _conserves(ex)
+
+
+def test_an_oom_recording_is_explained_where_the_failed_request_met_the_allocator(traces_dir):
+    (path,) = _shared(traces_dir, ["llm/default_cap85.pickle.xz"])
+    trace = load_trace(path)
+    if trace.meta.get("outcome") != "oom":
+        pytest.skip("this recording did not end in an OOM")
+    ex = explain_trace(trace)
+    _conserves(ex)
+    assert ex.moment["reason"] == "oom"
+
+
+def test_rvc_chunks_are_the_repetitions(traces_dir):
+    (path,) = _shared(traces_dir, ["rvc_ec0/default.pickle.xz"])
+    an = analyse(load_trace(path))
+    assert an.repeats.count == 16  # 16 chunks (README of the shared traces)
+
+
+# ---- a training loop with AdamW that keeps each step's logits, and its leak-free twin -----------
+
+@pytest.fixture(scope="module")
+def leak(tmp_path_factory):
+    d = tmp_path_factory.mktemp("explain")
+    snap, facts = training_loop(keep_logits=True)
+    twin, twin_facts = training_loop(keep_logits=False)
+    return write(snap, d / "leak.pickle"), facts, write(twin, d / "twin.pickle"), twin_facts, d
+
+
+def test_model_gradient_and_optimizer_bytes_match_the_program(leak):
+    path, facts, twin, _, _ = leak
+    for p in (path, twin):
+        ex = explain(p, what_if=False)
+        _conserves(ex)
+        assert ex.category("model_state") == facts.param_bytes
+        assert ex.category("optimizer_state") == facts.optimizer_bytes
+        assert ex.category("gradients") == facts.param_bytes  # the peak is in backward/step: every gradient live
+
+
+def test_the_leak_line_grows_by_the_kept_tensor_per_step(leak):
+    path, facts, twin, _, _ = leak
+    ex = explain(path, what_if=False)
+    top = max(ex.sites, key=lambda s: s.growing_bytes)
+    assert top.site.startswith("/home/user/project/train.py:22")
+    assert top.library_frame.startswith("torch/nn/modules/linear.py")
+    assert top.growing and top.bytes_per_repeat == facts.kept_per_step
+    # at the peak (inside the last step) the list holds every earlier step's logits
+    assert top.growing_bytes == facts.kept_at_end - facts.kept_per_step
+    assert ex.category("growing") == top.growing_bytes
+    assert not any(s.growing for s in explain(twin, what_if=False).sites)
+
+
+def test_freeing_the_leak_costs_what_the_leak_free_program_needs(leak):
+    from alloctune.sim.sweep import sweep
+
+    path, facts, twin, _, d = leak
+    ex = explain(path, what_if_dir=d / "wi")
+    site = next(s for s in ex.sites if s.growing)
+    twin_min = sweep(load_trace(twin), [""], find_min=True).rows[0].min_budget
+    assert site.min_budget_if_freed is not None
+    assert abs(site.min_budget_if_freed - twin_min) <= 0.02 * twin_min
+    assert ex.min_budget > site.min_budget_if_freed
+    # the command reproduces the number
+    w = next(w for w in ex.what_if if site.site in w.what)
+    written = Path(w.command.splitlines()[-1].split()[2])
+    assert written.is_file()
+    again = sweep(load_trace(written), [""], find_min=True).rows[0].min_budget
+    assert again == site.min_budget_if_freed
+
+
+def test_against_splits_the_gap_exactly_and_names_the_leak(leak):
+    from alloctune import api
+
+    path, _, twin, _, _ = leak
+    cmp = api.explain(path, against=twin)
+    assert cmp.gap == cmp.this.reserved - cmp.other.reserved
+    assert sum(cmp.categories.values()) == cmp.gap
+    overhead = sum(cmp.categories[c] for c in ("cached_free", "inactive_split", "rounding"))
+    assert sum(s.delta for s in cmp.sites) + sum(d for _, d in cmp.other_only) + overhead == cmp.gap
+    best = max(cmp.sites, key=lambda s: s.delta)
+    assert best.site.startswith("/home/user/project/train.py:22")
+
+
+def test_without_stacks_categories_come_from_lifetimes(tmp_path):
+    snap, facts = training_loop(keep_logits=True, stacks=False)
+    ex = explain(write(snap, tmp_path / "nostack.pickle"), what_if=False)
+    _conserves(ex)
+    assert ex.stacks == "none"
+    assert ex.category("model_state") == facts.param_bytes
+    assert ex.category("optimizer_state") == facts.optimizer_bytes
+    assert ex.category("gradients") == facts.param_bytes
+    assert ex.category("growing") == facts.kept_at_end - facts.kept_per_step
+    top = max(ex.sites, key=lambda s: s.growing_bytes)
+    assert top.bytes_per_repeat == facts.kept_per_step
+
+
+def test_grouping_by_file_merges_the_lines(leak):
+    path = leak[0]
+    by_line = explain(path, what_if=False)
+    by_file = explain(path, what_if=False, group="file")
+    assert sum(s.bytes for s in by_file.sites) == sum(s.bytes for s in by_line.sites)
+    assert "/home/user/project/train.py" in {s.site for s in by_file.sites}
+    assert len(by_file.sites) < len(by_line.sites)
+
+
+def test_the_compact_trace_keeps_the_site_table(leak, tmp_path):
+    path = leak[0]
+    trace = load_trace(path)
+    assert trace.requests.stack_table is not None and trace.requests.stack_table.stacks
+    out = tmp_path / "leak.atrace"
+    save_compact(trace, out)
+    again = load_trace(out)
+    assert again.requests.stack_ids == trace.requests.stack_ids
+    assert again.requests.stack_table.frames == trace.requests.stack_table.frames
+    a, b = explain(path, what_if=False).to_dict(), explain(out, what_if=False).to_dict()
+    assert a["categories"] == b["categories"] and a["sites"] == b["sites"]
+
+
+def test_at_an_event_index(leak):
+    path = leak[0]
+    ex = explain(path, what_if=False, at=40)
+    _conserves(ex)
+    assert ex.moment["reason"] == "at" and ex.moment["event"] == 40
+
+
+def test_json_schema_fields(leak, capsys):
+    from cli_run import run_cli
+
+    code, out, err = run_cli(capsys, "explain", str(leak[0]), "--json", "--no-what-if")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["schema"] == "alloctune.explain/1"
+    assert set(d["moment"]) >= {"event", "time", "reserved", "allocated"}
+    assert [c["name"] for c in d["categories"]] == list(CATEGORIES)
+    assert all(set(c) >= {"name", "bytes", "how"} for c in d["categories"])
+    assert set(d["overhead"]) == {"cached_free", "inactive_split", "rounding"}
+    for s in d["sites"]:
+        assert set(s) >= {"site", "library_frame", "bytes", "blocks", "growing", "growing_bytes", "bytes_per_repeat",
+                          "min_budget_if_freed"}
+    code, out, _ = run_cli(capsys, "explain", str(leak[0]), "--against", str(leak[2]), "--json")
+    d = json.loads(out)
+    assert code == 0 and "gap" in d and all("delta" in s for s in d["sites"])
