@@ -113,6 +113,8 @@ def training_loop(steps: int = 8, keep_logits: bool = True, stacks: bool = True,
         h1 = rec.malloc(16 * MiB, s(LINEAR))
         h2 = rec.malloc(24 * MiB + 4096, s(LINEAR))
         out = rec.malloc(logits, s(LINEAR))
+        if keep_logits:
+            kept.append(out)  # right after the forward, as a metrics list does
         loss = rec.malloc(512, s(LOSS))
         # backward: parameter-sized gradients and activation gradients, no Python frames
         ga = rec.malloc(24 * MiB + 4096, BACKWARD)
@@ -129,9 +131,7 @@ def training_loop(steps: int = 8, keep_logits: bool = True, stacks: bool = True,
         tmp = rec.malloc(40 * MiB, s(ADAMW_TMP))
         rec.free(tmp)
         rec.free(x)
-        if keep_logits:
-            kept.append(out)
-        else:
+        if not keep_logits:
             rec.free(out)
     facts.optimizer_bytes = 2 * sum(params)
     facts.kept_per_step = logits if keep_logits else 0

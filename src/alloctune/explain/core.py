@@ -140,6 +140,13 @@ def analyse(trace: Trace, group: str = "line", repeat_marks: Sequence[int] | Non
             if life.free[k] > end and life.free[k] > a + period or (j + 1 == len(starts) and life.free[k] > a + period):
                 outlived[k] = True
     growth = _growth(life, rep, site_of, outlived)
+    if starts:
+        # the last repetition has no successor to outlive: a block a growing site made there and the
+        # program still held at the end is kept like its predecessors
+        grow = {s for s, (g, _) in growth.items() if g}
+        for k, a in enumerate(life.alloc):
+            if a >= starts[-1] and life.free[k] >= life.n and site_of[k] in grow:
+                outlived[k] = True
     return Analysis(trace, life, lb, rep, site_of, labels, [None] * len(labels), lib_of,
                     "none" if table is None else "python", outlived, growth, infos, group)
 

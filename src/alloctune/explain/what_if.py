@@ -47,6 +47,8 @@ def free_at_repeat_end(an: Analysis, sites: Iterable[int]) -> Trace:
     for k, s in enumerate(an.site_of):
         if s in wanted and an.outlived[k]:
             j = bisect.bisect_right(starts, life.alloc[k]) - 1
+            if j + 1 >= len(starts):
+                continue  # made in the last repetition: it ends with the recording
             moved.setdefault(starts[j + 1], []).append(k)
             moved_rids.add(rid_of_k[k])
     out = RequestStream()
