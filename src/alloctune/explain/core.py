@@ -245,7 +245,10 @@ def _categorise(an: Analysis, live: list[int], m: int) -> tuple[dict[int, str], 
     first = rep.starts[0] if rep.starts else n
     infos = an.flags
     has_stacks = an.stacks == "python"
-    held = [life.free[k] >= n for k in range(len(life.alloc))]
+    # held for good: still live when the program made its last allocation (a tear-down that frees
+    # the model after the work does not make the parameters short-lived)
+    last_alloc = life.alloc[-1] if life.alloc else 0
+    held = [life.free[k] > last_alloc for k in range(len(life.alloc))]
     # parameters: with stacks, what module construction made; without, what set-up made and held
     params = [k for k in range(len(life.alloc)) if life.alloc[k] < first and held[k]
               and (not has_stacks or (life.stack[k] >= 0 and infos[life.stack[k]].construction))]

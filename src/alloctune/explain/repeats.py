@@ -26,6 +26,8 @@ MIN_REPEATS = 3
 MIN_COVERAGE = 0.5
 REGULAR_SHARE = 0.75
 GAP_TOLERANCE = 0.05
+EVEN_SHARE = 0.75
+VALLEY_TOLERANCE = 0.05
 
 
 @dataclass(frozen=True)
@@ -97,11 +99,13 @@ def find_repeats(req: RequestStream, live_bytes: Sequence[int] | None = None) ->
         regular = sum(1 for g in gaps if abs(g - med) <= tol)
         if regular < REGULAR_SHARE * len(gaps):
             continue
+        if med * (c - 1) < EVEN_SHARE * (pos[-1] - pos[0]):
+            continue  # bursts (one layer's op, a few times per step), not a rhythm across the run
         cand = (c, pos[0], key, pos)
         if best is None or (c, pos[0]) < (best[0], best[1]):
             best = cand
     if best is None:
-        return Repeats((), len(ops), NONE.how)
+        return _valleys(req, live_bytes)
     c, _, key, pos = best
     starts = tuple(alloc_reqs[p] for p in pos)
     if use_stacks and key >= 0:
@@ -109,6 +113,50 @@ def find_repeats(req: RequestStream, live_bytes: Sequence[int] | None = None) ->
     else:
         anchor = f"allocation of {key if not use_stacks else -1 - key} bytes"
     return Repeats(starts, len(ops), f"an allocation that recurs {c} times at a steady rhythm ({anchor})", anchor)
+
+
+def _valleys(req: RequestStream, live: Sequence[int]) -> Repeats:
+    """Repetitions from the live-bytes profile, when no allocation recurs at a steady rhythm (shapes
+    change every step, the recording has no stacks): a repetition returns to the program's floor
+    (what it holds for good: parameters, optimizer state, kept results, so the floor may rise),
+    i.e. live bytes within 5 % of the rest of the run's range above the lowest level the rest of
+    the run reaches. Each stretch at the floor ends a repetition; the next starts at its lowest point."""
+    total = len(req)
+    ops = req.ops
+    # the run's work ends at its last allocation: what follows is tear-down (frees only), whose
+    # empty floor says nothing about the program's floor while it worked
+    n = next((r for r in range(total - 1, -1, -1) if ops[r] == ALLOC), -1) + 1
+    if n < 2 * MIN_REPEATS:
+        return Repeats((), total, NONE.how)
+    suffix_min = [0] * (n + 1)
+    m = live[n]
+    for i in range(n, -1, -1):
+        m = min(m, live[i])
+        suffix_min[i] = m
+    top = max(live[:n])
+    starts: list[int] = []
+    i = 0
+    while i < n:
+        tol = max(1, int((top - suffix_min[i]) * VALLEY_TOLERANCE))
+        if live[i] <= suffix_min[i] + tol:
+            j, low = i, i
+            while j < n and live[j] <= suffix_min[j] + max(1, int((top - suffix_min[j]) * VALLEY_TOLERANCE)):
+                if live[j] <= live[low]:
+                    low = j
+                j += 1
+            if j < n:  # the run leaves the floor again: a repetition starts at the valley's lowest point
+                k = low if i > 0 else j - 1  # (the set-up's stretch is lowest at the empty start: its end)
+                while k < n and ops[k] != ALLOC:
+                    k += 1
+                if k < n:
+                    starts.append(k)
+            i = j
+        else:
+            i += 1
+    if len(starts) < MIN_REPEATS:
+        return Repeats((), total, NONE.how)
+    return Repeats(tuple(starts), total, f"live bytes return to the program's floor {len(starts)} times "
+                   "(no allocation recurs at a steady rhythm)", "floor of live bytes")
 
 
 def from_marks(req: RequestStream, marks: Sequence[int]) -> Repeats:
