@@ -12,7 +12,6 @@ from alloctune.explain import CATEGORIES, explain
 from alloctune.explain.core import analyse, explain_trace
 from alloctune.trace import load_trace
 from alloctune.trace.compact import save_compact
-from alloctune.trace.load import trace_from_snapshot
 from explain_programs import training_loop, write
 
 REPO = Path(__file__).resolve().parents[1]
@@ -201,3 +200,37 @@ def test_json_schema_fields(leak, capsys):
     code, out, _ = run_cli(capsys, "explain", str(leak[0]), "--against", str(leak[2]), "--json")
     d = json.loads(out)
     assert code == 0 and "gap" in d and all("delta" in s for s in d["sites"])
+
+
+# ---- the allocator's totals against what torch itself reported at the end of the real runs ----
+
+@pytest.mark.parametrize("name", RVC + ["llm/default.pickle.xz", "llm/default_cap85.pickle.xz"])
+def test_totals_at_the_end_match_torchs_own_memory_stats(traces_dir, name):
+    """The sidecar's `stats` are torch.cuda.memory_stats() read by the recording process after
+    its last event: reserved, allocated, requested and inactive_split_bytes must all agree."""
+    (path,) = _shared(traces_dir, [name])
+    trace = load_trace(path)
+    stats = trace.meta["stats"]
+    last = trace.requests.event_index[-1]
+    ex = explain_trace(trace, at=last)
+    _conserves(ex)
+    assert ex.moment["reserved"] == stats["reserved_bytes.all.current"]
+    assert ex.moment["allocated"] == stats["allocated_bytes.all.current"]
+    assert ex.moment["requested"] == stats["requested_bytes.all.current"]
+    assert ex.category("inactive_split") == stats["inactive_split_bytes.all.current"]
+
+
+def test_the_totals_and_the_full_map_agree(traces_dir):
+    """Two paths to the state at a moment (the native core's statistics, the Python model's map)."""
+    from alloctune.diagnose.memory_map import map_after_request, totals_after_request
+    from alloctune.explain.moment import pick_moment
+    from alloctune.explain.repeats import live_before
+
+    (path,) = _shared(traces_dir, ["rvc_ec1/default.pickle.xz"])
+    trace = load_trace(path)
+    mo = pick_moment(trace, live_before(trace.requests))
+    tot, _ = totals_after_request(trace, mo.after, mo.reserved, mo.event)
+    mm, _ = map_after_request(trace, mo.after, mo.reserved, mo.event)
+    assert (tot.reserved, tot.allocated) == (mm.reserved, mm.allocated)
+    assert tot.requested == sum(b.requested for s in mm.segments for b in s.blocks if b.allocated)
+    assert tot.inactive_split == sum(s.free for s in mm.segments if s.live_blocks)

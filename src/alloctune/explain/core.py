@@ -29,7 +29,7 @@ from typing import Any, Sequence
 from alloctune.errors import TraceError
 from alloctune.explain import sites as sitemod
 from alloctune.explain.model import CATEGORIES, Category, Explanation, Site
-from alloctune.explain.moment import Moment, live_requested, map_at, overhead, pick_moment
+from alloctune.explain.moment import pick_moment, totals_at
 from alloctune.explain.repeats import Repeats, find_repeats, from_marks, live_before
 from alloctune.trace.model import ALLOC, FREE, Trace
 from alloctune.units import format_size
@@ -193,17 +193,17 @@ def explain_trace(trace: Trace, *, at: Any = None, group: str = "line", top: int
     an = analysis or analyse(trace, group, repeat_marks)
     life, rep = an.life, an.repeats
     moment = pick_moment(trace, an.live_before, at)
-    mm, map_source = map_at(trace, moment)
+    tot, map_source = totals_at(trace, moment)
     m = moment.after
     live = [k for k in range(len(life.alloc)) if life.alloc[k] <= m < life.free[k]]
     req_live = sum(life.size[k] for k in live)
-    if req_live != live_requested(mm):
+    if req_live != tot.requested:
         raise TraceError(f"{trace.source}: internal check failed: {req_live} live requested bytes in the request stream, "
-                         f"{live_requested(mm)} in the memory map at request {m}")
-    allocated, cached, split = overhead(mm)
-    if mm.reserved != moment.reserved:
-        raise TraceError(f"{trace.source}: internal check failed: the map holds {mm.reserved} reserved bytes, the "
-                         f"recording {moment.reserved}")
+                         f"{tot.requested} in the allocator at request {m}")
+    if tot.reserved != moment.reserved:
+        raise TraceError(f"{trace.source}: internal check failed: the allocator holds {tot.reserved} reserved bytes, "
+                         f"the recording {moment.reserved}")
+    allocated, cached, split = tot.allocated, tot.cached_free, tot.inactive_split
     cats, hows = _categorise(an, live, m)
     by_cat: dict[str, list[int]] = {c: [0, 0] for c in CATEGORIES}
     for k in live:
@@ -211,20 +211,21 @@ def explain_trace(trace: Trace, *, at: Any = None, group: str = "line", top: int
         by_cat[c][0] += life.size[k]
         by_cat[c][1] += 1
     by_cat["rounding"] = [allocated - req_live, 0]
-    by_cat["cached_free"] = [cached, sum(1 for s in mm.segments if not any(b.allocated for b in s.blocks))]
-    by_cat["inactive_split"] = [split, sum(1 for s in mm.segments if any(b.allocated for b in s.blocks)
-                                           for b in s.blocks if not b.allocated)]
+    by_cat["cached_free"] = [cached, 0]
+    by_cat["inactive_split"] = [split, 0]
     hows.setdefault("rounding", "allocated minus requested bytes of the live blocks (512-byte rounding, "
                                 "power-of-two divisions, remainders too small to split)")
-    hows.setdefault("cached_free", "free bytes of segments with no live block (empty_cache() would release them)")
-    hows.setdefault("inactive_split", "free bytes inside segments that live blocks keep (split remainders)")
+    hows.setdefault("cached_free", "reserved bytes neither allocated nor split remainders: whole free segments "
+                                   "(empty_cache() would release them)")
+    hows.setdefault("inactive_split", "free blocks split off the blocks of their segment (PyTorch's "
+                                      "inactive_split_bytes): remainders that live blocks keep from going back")
     categories = tuple(Category(c, by_cat[c][0], by_cat[c][1], hows.get(c, "no block at the moment")) for c in CATEGORIES)
     total = sum(c.bytes for c in categories)
-    if total != mm.reserved:
-        raise TraceError(f"{trace.source}: internal check failed: categories sum to {total}, reserved is {mm.reserved}")
+    if total != tot.reserved:
+        raise TraceError(f"{trace.source}: internal check failed: categories sum to {total}, reserved is {tot.reserved}")
     site_rows = _sites(an, live, m, cats, top)
     moment_d = {"event": moment.event, "request": moment.after, "time": moment.time_us, "reason": moment.reason,
-                "reserved": mm.reserved, "allocated": allocated, "requested": req_live}
+                "reserved": tot.reserved, "allocated": allocated, "requested": req_live}
     notes = []
     if an.stacks == "none":
         notes.append("the recording has no Python stacks: sites are allocation sizes and categories come from "

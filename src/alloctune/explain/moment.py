@@ -7,12 +7,13 @@ bytes (that is what the peak had to hold). A recording that ends in an OOM is lo
 where the failed request met the allocator (before it). `at` picks an event index of the
 recording, or a time (`"12.5s"`, seconds after its first event).
 
-The map comes from the exact simulator replaying the recording under the settings it ran
-with (`sim.replay.state_at`); it is checked against the recording (reserved bytes at the
-moment from the recorded segment events, live requested bytes from the request stream) and,
-when the simulation does not reproduce the recording and the raw events are at hand, taken
-from the recorded addresses instead (`diagnose.memory_map.replay_history`, the map
-`diagnose --snapshot` reads). Either way it is a `diagnose.snapshot_model.MemoryMap`.
+The allocator's state there comes from one place, `diagnose.memory_map`: its totals
+(`totals_after_request`: the exact simulator's statistics after replaying the requests up to
+the moment, the native core when built) and its full map (`map_after_request`, for views that
+draw segments). Both are checked against the recording (reserved bytes from the recorded
+segment events, live requested bytes from the request stream) and fall back to the recorded
+addresses (`replay_history`, the map `diagnose --snapshot` reads) when the simulation does not
+reproduce the recording and the raw events are at hand.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import bisect
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from alloctune.diagnose.snapshot_model import BlockView, MemoryMap, SegmentView
+from alloctune.diagnose.snapshot_model import MemoryMap
 from alloctune.errors import TraceError
 from alloctune.trace.model import FAILED_ALLOC, Trace, reserved_delta
 
@@ -141,59 +142,18 @@ def _time_of(trace: Trace, event: int) -> int | None:
     return None
 
 
-def sim_settings(trace: Trace) -> Any:
-    """The settings the recording ran with, for the simulator."""
-    from alloctune.sim.settings import SimSettings
+def totals_at(trace: Trace, moment: Moment) -> tuple[Any, str]:
+    """The allocator's totals after request `moment.after` (`diagnose.memory_map.MomentTotals`)."""
+    from alloctune.diagnose.memory_map import totals_after_request
 
-    torch = (trace.meta or {}).get("torch")
-    try:
-        return SimSettings.from_allocator_settings(trace.allocator_settings or {}, torch if isinstance(torch, str) else None)
-    except (ValueError, TypeError):
-        return SimSettings.from_allocator_settings(trace.allocator_settings or {})
-
-
-def recorded_budget(trace: Trace) -> int | None:
-    cap = (trace.meta or {}).get("cap")
-    return int(cap) if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
+    return totals_after_request(trace, moment.after, moment.reserved, moment.event)
 
 
 def map_at(trace: Trace, moment: Moment) -> tuple[MemoryMap, str]:
-    """The memory map after request `moment.after`, and where it came from."""
-    from alloctune.sim.replay import state_at
+    """The memory map after request `moment.after` (the one place: `diagnose.memory_map`)."""
+    from alloctune.diagnose.memory_map import map_after_request
 
-    alloc = state_at(trace, sim_settings(trace), moment.after + 1, budget=recorded_budget(trace))
-    segments = []
-    for s in alloc.segment_table():
-        blocks = tuple(BlockView(b["address"], b["size"], b["state"] == "active_allocated", b["requested_size"])
-                       for b in s["blocks"])
-        segments.append(SegmentView(s["address"], s["total_size"], s["stream"], s["segment_type"],
-                                    s["is_expandable"], blocks))
-    mm = MemoryMap(moment.event, tuple(segments))
-    if mm.reserved == moment.reserved:
-        return mm, "simulated (exact replay; reserved matches the recording)"
-    recorded = _recorded_map(trace, moment)
-    if recorded is not None:
-        return recorded, "recorded addresses (the simulation differed from the recording here)"
-    raise TraceError(
-        f"{trace.source}: the simulated allocator holds {mm.reserved} bytes at request {moment.after}, the recording "
-        f"{moment.reserved}; explain needs the original snapshot (with its events) to map this moment"
-    )
-
-
-def _recorded_map(trace: Trace, moment: Moment) -> MemoryMap | None:
-    """The map from the recorded addresses (raw events), or None without them."""
-    from alloctune.diagnose.memory_map import replay_history
-
-    try:
-        events = trace.events
-        if not events:
-            return None
-        events = list(events)
-    except (TraceError, OSError):
-        return None
-    nxt = moment.event + 1
-    rep = replay_history(events, trace.allocator_settings, capture=[nxt])
-    return rep.maps.get(nxt)
+    return map_after_request(trace, moment.after, moment.reserved, moment.event)
 
 
 def overhead(mm: MemoryMap) -> tuple[int, int, int]:

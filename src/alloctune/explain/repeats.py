@@ -17,7 +17,7 @@ Callers may pass the boundaries themselves (an agent that marks steps), as reque
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from alloctune.trace.model import ALLOC, FREE, RequestStream
