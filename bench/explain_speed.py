@@ -1,9 +1,9 @@
 """How fast `explain` is on a 1 M-request compact trace with stacks (goal: < 10 s on a 2-core machine).
 
-The trace is a synthetic training loop (tests/explain_programs.py) run for enough steps to make
+The trace is a synthetic training loop (very regular, so its xz file is tiny) (tests/explain_programs.py) run for enough steps to make
 >= 1 M requests, written as a compact trace with its stack table. Timed: the load, explain
 without what-ifs, and explain with them (each what-if is one min-budget bisection of the
-rewritten trace). Prints a table and appends it with the exact command to
+rewritten trace); and, for real data, the shipped llm_h200.atrace (a real recording without stacks). Prints a table and appends it with the exact command to
 bench/results/explain_speed.md (indexed from bench/results/RESULTS.md).
 
     PYTHONPATH=src python bench/explain_speed.py [--requests 1000000]
@@ -53,6 +53,13 @@ def main() -> None:
         t = time.perf_counter()
         exw = explain(tr, what_if=True)
         whatif_s = time.perf_counter() - t
+    real = HERE.parent / "src" / "alloctune" / "data" / "traces" / "llm_h200.atrace"
+    t = time.perf_counter()
+    rt = load_trace(real)
+    real_load = time.perf_counter() - t
+    t = time.perf_counter()
+    explain(rt, what_if=False)
+    real_explain = time.perf_counter() - t
     rows = [
         ("requests", f"{n}"),
         ("compact file (xz)", f"{size / 1e3:.1f} kB"),
@@ -61,6 +68,8 @@ def main() -> None:
         ("load + explain", f"{load_s + explain_s:.2f} s"),
         ("explain with what-ifs", f"{whatif_s:.2f} s ({len(exw.what_if)} what-ifs)"),
         ("repetitions found", f"{ex.repeats['count']}"),
+        (f"real: {real.name} ({len(rt.requests)} requests, no stacks) load", f"{real_load:.2f} s"),
+        (f"real: {real.name} explain (no what-ifs)", f"{real_explain:.2f} s"),
     ]
     width = max(len(k) for k, _ in rows)
     table = "\n".join(f"| {k:<{width}} | {v} |" for k, v in rows)

@@ -234,3 +234,10 @@ def test_the_totals_and_the_full_map_agree(traces_dir):
     assert (tot.reserved, tot.allocated) == (mm.reserved, mm.allocated)
     assert tot.requested == sum(b.requested for s in mm.segments for b in s.blocks if b.allocated)
     assert tot.inactive_split == sum(s.free for s in mm.segments if s.live_blocks)
+
+
+def test_at_a_time_in_seconds(leak):
+    path = leak[0]
+    ex = explain(path, what_if=False, at="0.0003s")  # the synthetic events are 3 µs apart
+    _conserves(ex)
+    assert ex.moment["reason"] == "at" and 95 <= ex.moment["event"] <= 100
