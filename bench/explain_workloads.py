@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 
 PROGRAMS = ("train_leak", "train_clean", "convnext_leak", "convnext_clean", "llama_generate")
+DEVICE = "cuda"  # --device cpu --smoke runs the program bodies without recording (a check of the script itself)
+SMOKE = False
 
 
 def _round512(n: int) -> int:
@@ -40,7 +42,7 @@ def _storage_bytes(tensors) -> int:
     """Unique storages on the GPU, each rounded up to 512 B (what the allocator hands out)."""
     seen = {}
     for t in tensors:
-        if t is None or not t.is_cuda:
+        if t is None or t.device.type != DEVICE:
             continue
         st = t.untyped_storage()
         seen[st.data_ptr()] = st.nbytes()
@@ -64,11 +66,13 @@ def train(keep: bool, steps: int = 30) -> dict:
     from torch import nn
 
     torch.manual_seed(0)
-    dev = "cuda"
+    dev = DEVICE
+    steps = 3 if SMOKE else steps
     model = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.LayerNorm(4096), nn.Linear(4096, 4096), nn.GELU(),
                           nn.Linear(4096, 8192)).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     kept = []
+    held: list[int] = []  # bytes the list holds after each step
     per_step = 0
     for step in range(steps):
         x = torch.randn(64, 1024, device=dev)
@@ -78,15 +82,16 @@ def train(keep: bool, steps: int = 30) -> dict:
         if keep:
             kept.append(logits.detach())  # the leak (a view: the storage was allocated on the line above)
             per_step = logits.untyped_storage().nbytes()
+            held.append(_storage_bytes(kept))
         loss = nn.functional.cross_entropy(logits, y)
         loss.backward()
         opt.step()
         loss.item()
         del logits, loss
-    torch.cuda.synchronize()
+    _sync()
     state = [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
     return {"param_bytes": _model_bytes(model), "optimizer_bytes": _storage_bytes(state),
-            "kept_bytes": _storage_bytes(kept), "kept_bytes_per_step": per_step, "steps": steps,
+            "kept_bytes": _storage_bytes(kept), "kept_bytes_per_step": per_step, "kept_after_step": held, "steps": steps,
             "kept_line": _line_of("# KEPT-LINE") if keep else None}
 
 
@@ -104,20 +109,24 @@ def convnext(keep: bool, steps: int = 24) -> dict:
 
         model = torchvision.models.convnext_tiny(weights=None)
         maker = "torchvision convnext_tiny"
-    model = model.cuda().eval()
+    model = model.to(DEVICE).eval()
+    steps = 2 if SMOKE else steps
     feats = []
+    held: list[int] = []
     per_step = 0
     with torch.no_grad():
         for step in range(steps):
-            x = torch.randn(16, 3, 224, 224, device="cuda")
+            x = torch.randn(2 if SMOKE else 16, 3, 224, 224, device=DEVICE)
             f = model.forward_features(x) if hasattr(model, "forward_features") else model.features(x)  # KEPT-FEATURES
             if keep:
                 feats.append(f)  # the leak
                 per_step = f.untyped_storage().nbytes()
+                held.append(_storage_bytes(feats))
             del f, x
-    torch.cuda.synchronize()
+    _sync()
     return {"model": maker, "param_bytes": _model_bytes(model), "optimizer_bytes": 0,
-            "kept_bytes": _storage_bytes(feats), "kept_bytes_per_step": per_step, "steps": steps,
+            "kept_bytes": _storage_bytes(feats), "kept_bytes_per_step": per_step, "kept_after_step": held,
+            "steps": steps,
             "kept_line": _line_of("# KEPT-FEATURES") if keep else None}
 
 
@@ -128,35 +137,58 @@ def llama() -> dict:
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
                       num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=4096)
-    model = LlamaForCausalLM(cfg).to(device="cuda", dtype=torch.float16).eval()
+    if SMOKE:
+        cfg.num_hidden_layers = 2
+    dtype = torch.float16 if DEVICE == "cuda" else torch.float32
+    model = LlamaForCausalLM(cfg).to(device=DEVICE, dtype=dtype).eval()
     with torch.no_grad():
-        for n in (128, 512, 1024):
-            ids = torch.randint(0, 32000, (2, n), device="cuda")
-            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, do_sample=False,
-                           pad_token_id=0)
-    torch.cuda.synchronize()
+        for n in ((16,) if SMOKE else (128, 512, 1024)):
+            ids = torch.randint(0, 32000, (2, n), device=DEVICE)
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4 if SMOKE else 32,
+                           do_sample=False, pad_token_id=0)
+    _sync()
     return {"param_bytes": _model_bytes(model), "optimizer_bytes": 0, "kept_bytes": 0, "kept_bytes_per_step": 0}
+
+
+def _sync() -> None:
+    import torch
+
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
 
 
 def run_one(name: str, out: Path) -> None:
     import torch
 
-    torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
+    record = DEVICE == "cuda"
+    if record:
+        torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
     t = time.time()
     facts = {"train_leak": lambda: train(True), "train_clean": lambda: train(False),
              "convnext_leak": lambda: convnext(True), "convnext_clean": lambda: convnext(False),
              "llama_generate": llama}[name]()
     facts.update(program=name, wall_s=round(time.time() - t, 2), torch=torch.__version__, file=__file__)
-    torch.cuda.memory._dump_snapshot(str(out / f"{name}.pickle"))
-    torch.cuda.memory._record_memory_history(enabled=None)
+    if record:
+        torch.cuda.memory._dump_snapshot(str(out / f"{name}.pickle"))
+        torch.cuda.memory._record_memory_history(enabled=None)
     (out / f"{name}.facts.json").write_text(json.dumps(facts, indent=1))
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "explain_workloads"))
     ap.add_argument("--program", choices=PROGRAMS)
+    ap.add_argument("--device", default="cuda", help="cpu: run the bodies without recording (with --smoke)")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes: a check that the script runs")
     args = ap.parse_args()
+    global DEVICE, SMOKE
+    DEVICE, SMOKE = args.device, args.smoke
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.program:
@@ -164,7 +196,11 @@ def main() -> None:
         return
     for name in PROGRAMS:  # a fresh process each: every recording starts at an empty allocator
         t = time.time()
-        subprocess.run([sys.executable, __file__, "--out", str(out), "--program", name], check=True)
+        extra = ["--device", DEVICE] + (["--smoke"] if SMOKE else [])
+        if name.startswith("convnext") and DEVICE != "cuda" and not _has("timm") and not _has("torchvision"):
+            print(f"{name}: skipped (neither timm nor torchvision here)")
+            continue
+        subprocess.run([sys.executable, __file__, "--out", str(out), "--program", name, *extra], check=True)
         print(f"{name}: {time.time() - t:.1f} s", flush=True)
 
 
