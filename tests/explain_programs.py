@@ -43,6 +43,7 @@ class Facts:
     optimizer_bytes: int = 0
     kept_per_step: int = 0
     kept_at_end: int = 0
+    kept_after_step: list[int] = field(default_factory=list)  # bytes the list holds once each step appended
     steps: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -95,9 +96,11 @@ MiB = 1 << 20
 
 def training_loop(steps: int = 8, keep_logits: bool = True, stacks: bool = True,
                   params: tuple[int, ...] = (40 * MiB, 40 * MiB, 4 * MiB + 1000, 12345), batch: int = 6 * MiB + 512,
-                  logits: int = 3 * MiB + 2048) -> tuple[dict[str, Any], Facts]:
+                  logits: int = 3 * MiB + 2048, vary: bool = False) -> tuple[dict[str, Any], Facts]:
     """A training loop with AdamW (2 state tensors per parameter, made in the first step) whose
-    `logits` are appended to a list every step when `keep_logits` (else freed at the step's end)."""
+    `logits` are appended to a list every step when `keep_logits` (else freed at the step's end).
+    `vary`: every step has its own batch size (activations and logits scale with it) and makes
+    0-3 extra temporaries, as a loop over documents of uneven length does."""
     rec = Recorder()
     s = (lambda f: f) if stacks else (lambda f: [])
     facts = Facts(param_bytes=sum(params), steps=steps)
@@ -105,19 +108,25 @@ def training_loop(steps: int = 8, keep_logits: bool = True, stacks: bool = True,
     grads: list[int] = []
     state: list[int] = []
     kept: list[int] = []
+    kept_bytes = 0
     for step in range(steps):
-        x = rec.malloc(batch, s(INPUT))
+        scale = (1 + (step * 7) % 5) / 3 if vary else 1.0
+        x = rec.malloc(int(batch * scale), s(INPUT))
         for g in grads:  # zero_grad(set_to_none=True)
             rec.free(g)
         grads = []
-        h1 = rec.malloc(16 * MiB, s(LINEAR))
-        h2 = rec.malloc(24 * MiB + 4096, s(LINEAR))
-        out = rec.malloc(logits, s(LINEAR))
+        h1 = rec.malloc(int(16 * MiB * scale), s(LINEAR))
+        h2 = rec.malloc(int((24 * MiB + 4096) * scale), s(LINEAR))
+        for _ in range((step * 5) % 4 if vary else 0):
+            rec.free(rec.malloc(int(2 * MiB * scale), s(LINEAR)))
+        out = rec.malloc(int(logits * scale), s(LINEAR))
         if keep_logits:
             kept.append(out)  # right after the forward, as a metrics list does
+            kept_bytes += int(logits * scale)
+            facts.kept_after_step.append(kept_bytes)
         loss = rec.malloc(512, s(LOSS))
         # backward: parameter-sized gradients and activation gradients, no Python frames
-        ga = rec.malloc(24 * MiB + 4096, BACKWARD)
+        ga = rec.malloc(int((24 * MiB + 4096) * scale), BACKWARD)
         for p in reversed(params):
             grads.append(rec.malloc(p, BACKWARD))
         rec.free(ga)
@@ -135,7 +144,7 @@ def training_loop(steps: int = 8, keep_logits: bool = True, stacks: bool = True,
             rec.free(out)
     facts.optimizer_bytes = 2 * sum(params)
     facts.kept_per_step = logits if keep_logits else 0
-    facts.kept_at_end = len(kept) * logits
+    facts.kept_at_end = kept_bytes
     facts.extra = {"handles": len(p_handles)}
     return rec.snapshot(), facts
 

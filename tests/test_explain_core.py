@@ -241,3 +241,16 @@ def test_at_a_time_in_seconds(leak):
     ex = explain(path, what_if=False, at="0.0003s")  # the synthetic events are 3 µs apart
     _conserves(ex)
     assert ex.moment["reason"] == "at" and 95 <= ex.moment["event"] <= 100
+
+
+def test_steps_of_varying_shape_are_found_from_stacks(tmp_path):
+    snap, facts = training_loop(steps=10, keep_logits=True, vary=True)
+    ex = explain(write(snap, tmp_path / "vary.pickle"), what_if=False)
+    _conserves(ex)
+    assert ex.repeats["count"] == facts.steps
+    assert ex.category("model_state") == facts.param_bytes
+    assert ex.category("optimizer_state") == facts.optimizer_bytes
+    top = max(ex.sites, key=lambda s: s.growing_bytes)
+    assert top.site.startswith("/home/user/project/train.py:22") and top.growing
+    assert top.growing_bytes in facts.kept_after_step  # what the list held at the moment
+    assert ex.repeats["starts"][0] == 4  # the loop's first allocation (after the 4 parameters)

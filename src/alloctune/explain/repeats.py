@@ -6,8 +6,10 @@ allocation recurs once per repetition at a steady rhythm. Each allocation gets a
 stack id when the recording has stacks, else its requested size); a key is a candidate
 *anchor* when it recurs at least 3 times, its occurrences span at least half the
 allocations, and at least 75 % of the gaps between them (counted in allocations) are within
-5 % of the median gap. The anchor with the fewest occurrences is the coarsest rhythm (one
-step rather than one layer); among those, the one that comes first in the recording is the
+5 % of the median gap (25 % for a stack: a call path is specific enough to allow a loop over
+inputs of changing shape, whose first line recurs once per step while the number of allocations
+between changes a little), and they are spread evenly over the span (not bursts). The anchor with the fewest
+occurrences is the coarsest rhythm (one step rather than one layer); among those, the one that comes first in the recording is the
 step's start (the first thing the loop allocates, e.g. its input batch). Repetition k runs from the
 anchor's k-th occurrence to the next (the last one to the end of the recording); what comes
 before the first is set-up (building the model, loading weights).
@@ -26,6 +28,7 @@ MIN_REPEATS = 3
 MIN_COVERAGE = 0.5
 REGULAR_SHARE = 0.75
 GAP_TOLERANCE = 0.05
+LOOSE_GAP_TOLERANCE = 0.25
 EVEN_SHARE = 0.75
 VALLEY_TOLERANCE = 0.05
 
@@ -84,7 +87,28 @@ def find_repeats(req: RequestStream, live_bytes: Sequence[int] | None = None) ->
         return Repeats((), len(ops), NONE.how)
     if live_bytes is None:
         live_bytes = live_before(req)
-    best: tuple[int, int, Any, list[int]] | None = None
+    best = None
+    if use_stacks:
+        # a call path is specific enough to allow a loop over inputs of changing shape: its first
+        # line recurs once per step, the number of allocations between changes a little
+        best = _anchor({k: v for k, v in positions.items() if k >= 0}, n_alloc, LOOSE_GAP_TOLERANCE)
+    if best is None:
+        best = _anchor(positions, n_alloc, GAP_TOLERANCE)
+    if best is None:
+        return _valleys(req, live_bytes)
+    c, _, key, pos = best
+    starts = tuple(alloc_reqs[p] for p in pos)
+    if use_stacks and key >= 0:
+        anchor = f"stack {key}"
+    else:
+        anchor = f"allocation of {key if not use_stacks else -1 - key} bytes"
+    return Repeats(starts, len(ops), f"an allocation that recurs {c} times at a steady rhythm ({anchor})", anchor)
+
+
+def _anchor(positions: dict[int, list[int]], n_alloc: int, tolerance: float) -> tuple[int, int, int, list[int]] | None:
+    """The recurring key with the fewest occurrences that marks a steady rhythm (module doc):
+    (count, first position, key, positions), or None."""
+    best: tuple[int, int, int, list[int]] | None = None
     for key, pos in positions.items():
         c = len(pos)
         if c < MIN_REPEATS or c > n_alloc // 2:
@@ -95,24 +119,15 @@ def find_repeats(req: RequestStream, live_bytes: Sequence[int] | None = None) ->
         med = gaps[len(gaps) // 2]
         if med < 2:
             continue
-        tol = max(1, int(med * GAP_TOLERANCE))
+        tol = max(1, int(med * tolerance))
         regular = sum(1 for g in gaps if abs(g - med) <= tol)
         if regular < REGULAR_SHARE * len(gaps):
             continue
         if med * (c - 1) < EVEN_SHARE * (pos[-1] - pos[0]):
             continue  # bursts (one layer's op, a few times per step), not a rhythm across the run
-        cand = (c, pos[0], key, pos)
         if best is None or (c, pos[0]) < (best[0], best[1]):
-            best = cand
-    if best is None:
-        return _valleys(req, live_bytes)
-    c, _, key, pos = best
-    starts = tuple(alloc_reqs[p] for p in pos)
-    if use_stacks and key >= 0:
-        anchor = f"stack {key}"
-    else:
-        anchor = f"allocation of {key if not use_stacks else -1 - key} bytes"
-    return Repeats(starts, len(ops), f"an allocation that recurs {c} times at a steady rhythm ({anchor})", anchor)
+            best = (c, pos[0], key, pos)
+    return best
 
 
 def _valleys(req: RequestStream, live: Sequence[int]) -> Repeats:
