@@ -109,9 +109,10 @@ def analyse(trace: Trace, group: str = "line", repeat_marks: Sequence[int] | Non
     labels: list[str] = []
     site_of: list[int] = []
     lib_of: list[str | None] = []
+    size_label = _size_labels(life.size) if table is None else {}
     for k, sid in enumerate(life.stack):
         if table is None:
-            label = f"{sitemod.NO_STACKS} {life.size[k]} B ({format_size(life.size[k])}) requests"
+            label = size_label[life.size[k]]
             lib = None
         elif sid < 0:
             label, lib = sitemod.NO_FRAMES, None
@@ -149,6 +150,22 @@ def analyse(trace: Trace, group: str = "line", repeat_marks: Sequence[int] | Non
                 outlived[k] = True
     return Analysis(trace, life, lb, rep, site_of, labels, [None] * len(labels), lib_of,
                     "none" if table is None else "python", outlived, growth, infos, group)
+
+
+MAX_SIZE_SITES = 10_000
+
+
+def _size_labels(sizes: Sequence[int]) -> dict[int, str]:
+    """Site labels of a recording without stacks: the request size, or its power-of-two class when
+    there are more than `MAX_SIZE_SITES` distinct sizes (a KV cache that grows by one token a step)."""
+    distinct = set(sizes)
+    if len(distinct) <= MAX_SIZE_SITES:
+        return {s: f"{sitemod.NO_STACKS} {s} B ({format_size(s)}) requests" for s in distinct}
+    out = {}
+    for s in distinct:
+        lo = 1 << max(0, s.bit_length() - 1)
+        out[s] = f"{sitemod.NO_STACKS} requests of {format_size(lo)} to {format_size(2 * lo)}"
+    return out
 
 
 def _growth(life: Lifetimes, rep: Repeats, site_of: list[int], outlived: list[bool]) -> dict[int, tuple[bool, int]]:
