@@ -96,11 +96,13 @@ MiB = 1 << 20
 
 def training_loop(steps: int = 8, keep_logits: bool = True, stacks: bool = True,
                   params: tuple[int, ...] = (40 * MiB, 40 * MiB, 4 * MiB + 1000, 12345), batch: int = 6 * MiB + 512,
-                  logits: int = 3 * MiB + 2048, vary: bool = False) -> tuple[dict[str, Any], Facts]:
+                  logits: int = 3 * MiB + 2048, vary: bool = False,
+                  make_logits: bool = True) -> tuple[dict[str, Any], Facts]:
     """A training loop with AdamW (2 state tensors per parameter, made in the first step) whose
     `logits` are appended to a list every step when `keep_logits` (else freed at the step's end).
     `vary`: every step has its own batch size (activations and logits scale with it) and makes
-    0-3 extra temporaries, as a loop over documents of uneven length does."""
+    0-3 extra temporaries, as a loop over documents of uneven length does. `make_logits=False`:
+    the program that never allocates the logits at all (what "without the growth" means)."""
     rec = Recorder()
     s = (lambda f: f) if stacks else (lambda f: [])
     facts = Facts(param_bytes=sum(params), steps=steps)
@@ -119,8 +121,8 @@ def training_loop(steps: int = 8, keep_logits: bool = True, stacks: bool = True,
         h2 = rec.malloc(int((24 * MiB + 4096) * scale), s(LINEAR))
         for _ in range((step * 5) % 4 if vary else 0):
             rec.free(rec.malloc(int(2 * MiB * scale), s(LINEAR)))
-        out = rec.malloc(int(logits * scale), s(LINEAR))
-        if keep_logits:
+        out = rec.malloc(int(logits * scale), s(LINEAR)) if make_logits else None
+        if keep_logits and out is not None:
             kept.append(out)  # right after the forward, as a metrics list does
             kept_bytes += int(logits * scale)
             facts.kept_after_step.append(kept_bytes)
@@ -140,7 +142,7 @@ def training_loop(steps: int = 8, keep_logits: bool = True, stacks: bool = True,
         tmp = rec.malloc(40 * MiB, s(ADAMW_TMP))
         rec.free(tmp)
         rec.free(x)
-        if not keep_logits:
+        if not keep_logits and out is not None:
             rec.free(out)
     facts.optimizer_bytes = 2 * sum(params)
     facts.kept_per_step = logits if keep_logits else 0
