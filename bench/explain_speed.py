@@ -42,6 +42,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "big.atrace"
         size = save_compact(trace, path)
+        import copy
+
+        bare = copy.copy(trace)
+        bare.requests = copy.copy(trace.requests)
+        bare.requests.stack_ids, bare.requests.stack_table = None, None
+        size_bare = save_compact(bare, Path(d) / "bare.atrace")
+        vsnap, _ = training_loop(steps=5000, keep_logits=True, logits=8192, vary=True)
+        vtrace = trace_from_snapshot(vsnap, source="vary")
+        vsize = save_compact(vtrace, Path(d) / "vary.atrace")
+        vbare = copy.copy(vtrace)
+        vbare.requests = copy.copy(vtrace.requests)
+        vbare.requests.stack_ids, vbare.requests.stack_table = None, None
+        vsize_bare = save_compact(vbare, Path(d) / "vary_bare.atrace")
+        del vsnap, vtrace, vbare, bare
         build = time.perf_counter() - t0
         del snap, trace
         t = time.perf_counter()
@@ -62,7 +76,9 @@ def main() -> None:
     real_explain = time.perf_counter() - t
     rows = [
         ("requests", f"{n}"),
-        ("compact file (xz)", f"{size / 1e3:.1f} kB"),
+        ("compact file (xz), with / without the stack table", f"{size / 1e3:.1f} kB / {size_bare / 1e3:.1f} kB"),
+        ("varying shapes, 5000 steps: with / without the stack table",
+         f"{vsize / 1e3:.1f} kB / {vsize_bare / 1e3:.1f} kB"),
         ("load", f"{load_s:.2f} s"),
         ("explain (no what-ifs)", f"{explain_s:.2f} s"),
         ("load + explain", f"{load_s + explain_s:.2f} s"),
