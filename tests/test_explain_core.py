@@ -12,7 +12,7 @@ from alloctune.explain import CATEGORIES, explain
 from alloctune.explain.core import analyse, explain_trace
 from alloctune.trace import load_trace
 from alloctune.trace.compact import save_compact
-from explain_programs import training_loop, write
+from explain_programs import MiB, training_loop, write
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted((REPO / "src" / "alloctune" / "data" / "traces").glob("*.atrace"))
@@ -268,3 +268,27 @@ def test_without_the_growth_is_the_program_that_never_made_it(leak, tmp_path):
     want = sweep(load_trace(write(never, tmp_path / "never.pickle")), [""], find_min=True).rows[0].min_budget
     assert site.min_budget_without_growth is not None
     assert abs(site.min_budget_without_growth - want) <= 0.02 * want
+
+
+def test_against_a_larger_input_without_stacks_names_the_requests_that_grew(tmp_path):
+    """Two runs of one program at two input sizes, no stacks: sizes differ, so the requests are
+    paired as `plan` pairs them and the gap lands on the site of the kept logits."""
+    from alloctune import api
+
+    small, fa = training_loop(keep_logits=True, stacks=False)
+    big, fb = training_loop(keep_logits=True, stacks=False, logits=2 * (3 * MiB + 2048))
+    cmp = api.explain(write(big, tmp_path / "big.pickle"), against=write(small, tmp_path / "small.pickle"))
+    assert sum(cmp.categories.values()) == cmp.gap
+    best = max(cmp.sites, key=lambda s: s.delta)
+    assert f" {3 * MiB + 2048} B " in best.site  # named by the smaller run's request size
+    assert best.delta == fb.kept_at_end - fa.kept_at_end
+
+
+def test_against_another_program_keeps_each_side_its_own_sites(tmp_path):
+    from alloctune import api
+
+    a, _ = training_loop(keep_logits=True, stacks=False)
+    b, _ = training_loop(keep_logits=True, stacks=False, steps=3, params=(8 * MiB,))
+    cmp = api.explain(write(b, tmp_path / "b.pickle"), against=write(a, tmp_path / "a.pickle"))
+    overhead = sum(cmp.categories[c] for c in ("cached_free", "inactive_split", "rounding"))
+    assert sum(s.delta for s in cmp.sites) + sum(d for _, d in cmp.other_only) + overhead == cmp.gap

@@ -54,6 +54,31 @@ def explain(
     return ex
 
 
+def aligned_labels(this: Trace, other: Trace, group: str = "line") -> list[str] | None:
+    """Without stacks on both sides, sites are request sizes, which differ between two runs at
+    different input sizes: name each allocation of `this` by the site of its counterpart in
+    `other` instead, pairing the two request streams as `plan` does (`plan.align`), so a site's
+    delta says how the same requests grew. None when the streams do not pair (other programs)."""
+    from alloctune.explain.core import analyse as _analyse
+    from alloctune.plan.align import pair, structure
+    from alloctune.trace.model import ALLOC
+
+    oa = _analyse(other, group)
+    pairing = pair(structure(this.requests), structure(other.requests))
+    if pairing.aligned < 0.5 * len(this.requests):
+        return None
+    k_of = {r: k for k, r in enumerate(oa.life.alloc)}
+    labels = []
+    ops, cp = this.requests.ops, pairing.counterpart
+    for r, op in enumerate(ops):
+        if op != ALLOC:
+            continue
+        j = cp[r]
+        k = k_of.get(j) if j >= 0 else None
+        labels.append(oa.labels[oa.site_of[k]] if k is not None else "(no counterpart in the other recording)")
+    return labels
+
+
 def explain_against(
     recording: str | Path | Trace,
     against: str | Path | Trace,
@@ -64,8 +89,16 @@ def explain_against(
 ) -> Comparison:
     """`explain B --against A`: B's peak reserved minus A's, split exactly by category and by site
     (site deltas of live requested bytes plus the overhead deltas make the gap)."""
-    b = explain(recording, group=group, top=1 << 30, what_if=False, device=device)
-    a = explain(against, group=group, top=1 << 30, what_if=False, device=device)
+    tb, ta = _load(recording, device), _load(against, device)
+    a = explain(ta, group=group, top=1 << 30, what_if=False)
+    labels = None
+    if ta.requests.stack_table is None or tb.requests.stack_table is None:
+        labels = aligned_labels(tb, ta, group)
+    if labels is None:
+        b = explain(tb, group=group, top=1 << 30, what_if=False)
+    else:
+        an = analyse(tb, group, site_labels=labels)
+        b = explain_trace(tb, group=group, top=1 << 30, analysis=an)
     gap = b.reserved - a.reserved
     cat = {c: b.category(c) - a.category(c) for c in CATEGORIES}
     a_sites = {s.site: s.bytes for s in a.sites}

@@ -91,8 +91,12 @@ class Analysis:
     group: str = "line"
 
 
-def analyse(trace: Trace, group: str = "line", repeat_marks: Sequence[int] | None = None) -> Analysis:
-    """Lifetimes, repetitions, sites and growth of a whole recording (independent of the moment)."""
+def analyse(trace: Trace, group: str = "line", repeat_marks: Sequence[int] | None = None,
+            site_labels: Sequence[str] | None = None) -> Analysis:
+    """Lifetimes, repetitions, sites and growth of a whole recording (independent of the moment).
+
+    `site_labels`: one label per allocation (in order) that replaces the recording's own sites
+    (`--against` names a recording's allocations by their counterparts in the other one)."""
     if group not in sitemod.GROUPS:
         raise TraceError(f"--group {group!r}: choose one of {', '.join(sitemod.GROUPS)}")
     req = trace.requests
@@ -110,8 +114,13 @@ def analyse(trace: Trace, group: str = "line", repeat_marks: Sequence[int] | Non
     site_of: list[int] = []
     lib_of: list[str | None] = []
     size_label = _size_labels(life.size) if table is None else {}
+    if site_labels is not None and len(site_labels) != len(life.alloc):
+        raise ValueError("site_labels needs one label per allocation")
     for k, sid in enumerate(life.stack):
-        if table is None:
+        if site_labels is not None:
+            label = site_labels[k]
+            lib = stack_libs[sid] if table is not None and sid >= 0 else None
+        elif table is None:
             label = size_label[life.size[k]]
             lib = None
         elif sid < 0:
