@@ -292,3 +292,24 @@ def test_against_another_program_keeps_each_side_its_own_sites(tmp_path):
     cmp = api.explain(write(b, tmp_path / "b.pickle"), against=write(a, tmp_path / "a.pickle"))
     overhead = sum(cmp.categories[c] for c in ("cached_free", "inactive_split", "rounding"))
     assert sum(s.delta for s in cmp.sites) + sum(d for _, d in cmp.other_only) + overhead == cmp.gap
+
+
+def test_ranks_side_by_side_show_the_leaking_rank(tmp_path, capsys):
+    """Rank 0 keeps its logits, rank 1 does not: the spread is on the leak line, by exactly what rank 0 keeps."""
+    from cli_run import run_cli
+
+    r0, f0 = training_loop(keep_logits=True)
+    r1, _ = training_loop(keep_logits=False)
+    p0, p1 = write(r0, tmp_path / "job.rank0.pickle"), write(r1, tmp_path / "job.rank1.pickle")
+    code, out, err = run_cli(capsys, "explain", str(p1), str(p0), "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["schema"] == "alloctune.explain-ranks/1" and d["ranks"] == [0, 1]
+    for e in d["explanations"]:
+        assert sum(c["bytes"] for c in e["categories"]) == e["moment"]["reserved"]
+    top = d["sites"][0]
+    assert top["site"].startswith("/home/user/project/train.py:22")
+    growing = next(c for c in d["categories"] if c["name"] == "growing")
+    assert growing["bytes"] == [f0.kept_at_end, 0]
+    code, _, err = run_cli(capsys, "explain", str(p0), str(p1), "--against", str(p1))
+    assert code == 2 and err.count("\n") == 1

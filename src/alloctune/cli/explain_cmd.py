@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -11,7 +11,9 @@ import typer
 def register(app: typer.Typer) -> None:
     @app.command("explain")
     def explain(
-        recording: Path = typer.Argument(..., metavar="RECORDING", help="Snapshot (.pickle[.gz|.xz]) or compact trace."),
+        recordings: List[Path] = typer.Argument(
+            ..., metavar="RECORDING...",
+            help="Snapshot (.pickle[.gz|.xz]) or compact trace; several: the ranks of one job (NAME.rankN.pickle)."),
         against: Optional[Path] = typer.Option(
             None, "--against", metavar="RECORDING", help="Split the gap in peak reserved to this recording by site and category."),
         at: Optional[str] = typer.Option(
@@ -28,14 +30,26 @@ def register(app: typer.Typer) -> None:
         library frame), growth per repetition, and simulated what-ifs."""
         from alloctune import api
         from alloctune.cli.progress import progress_on_stderr
+        from alloctune.errors import InputError
+
+        if len(recordings) > 1:
+            if against is not None or at is not None:
+                raise InputError("--against and --at take one recording; several recordings are the ranks of one job")
+            imb = api.explain(recordings, group=group, top=top)
+            if json_out:
+                from alloctune.cli.common import print_json
+
+                print_json(imb.to_dict())
+            else:
+                _render_ranks(imb)
+            return
+        recording = recordings[0]
 
         at_value: object = at
         if at is not None and not at.strip().endswith("s"):
             try:
                 at_value = int(at)
             except ValueError:
-                from alloctune.errors import InputError
-
                 raise InputError(f"--at {at!r}: expected an event index or a time like 12.5s") from None
         if against is not None:
             cmp = api.explain(recording, against=against, group=group, top=top, device=device)
@@ -102,3 +116,20 @@ def _render_against(cmp) -> None:  # cmp: Comparison
         console.print(f"  {_fmt(s.delta):>12}  {s.site}", markup=False, soft_wrap=True)
     for site, d in cmp.other_only:
         console.print(f"  {_fmt(d):>12}  {site} (only in {cmp.other.source})", markup=False, soft_wrap=True)
+
+
+def _render_ranks(imb) -> None:  # imb: RankImbalance
+    from alloctune.cli.render import console
+
+    heads = "  ".join(f"{'rank ' + str(r):>12}" for r in imb.ranks)
+    console.print(f"{'':<16} {heads}  {'spread':>12}", markup=False)
+    console.print(f"{'reserved':<16} " + "  ".join(f"{_fmt(e.reserved):>12}" for e in imb.explanations)
+                  + f"  {_fmt(max(e.reserved for e in imb.explanations) - min(e.reserved for e in imb.explanations)):>12}",
+                  markup=False)
+    for name, vals in imb.categories.items():
+        console.print(f"{name:<16} " + "  ".join(f"{_fmt(v):>12}" for v in vals) + f"  {_fmt(max(vals) - min(vals)):>12}",
+                      markup=False)
+    console.print("sites (largest spread first):", markup=False)
+    for site, vals in imb.sites:
+        console.print("  " + "  ".join(f"{_fmt(v):>12}" for v in vals) + f"  {_fmt(max(vals) - min(vals)):>12}  {site}",
+                      markup=False, soft_wrap=True)

@@ -122,3 +122,37 @@ def explain_against(
                          delta=sum(r.delta or 0 for r in rest)))
     b_small = Explanation(**{**b.__dict__, "sites": tuple(rows)})
     return Comparison(b_small, a, gap, cat, tuple(rows), only_a)
+
+
+def rank_of(path: str | Path, default: int) -> int:
+    """The rank a recording's name carries (`NAME.rank3.pickle`, as the agent writes them), else `default`."""
+    import re
+
+    m = re.search(r"\.rank(\d+)(?:\.|$)", Path(str(path)).name)
+    return int(m.group(1)) if m else default
+
+
+def explain_ranks(recordings: Sequence[str | Path | Trace], *, group: str = "line", top: int = TOP_SITES,
+                  device: int | None = None) -> "RankImbalance":
+    """Each rank of one program explained at its own peak, and the imbalance by category and site."""
+    from alloctune.errors import InputError
+    from alloctune.explain.model import RankImbalance
+
+    if len(recordings) < 2:
+        raise InputError("explaining ranks needs two recordings or more (one per rank)")
+    ranked = sorted(((rank_of(r if not isinstance(r, Trace) else r.source, i), r)
+                     for i, r in enumerate(recordings)), key=lambda x: x[0])
+    ranks = tuple(r for r, _ in ranked)
+    if len(set(ranks)) != len(ranks):
+        raise InputError(f"two recordings name the same rank ({sorted(ranks)}); give one per rank")
+    exs = tuple(explain(rec, group=group, top=1 << 30, what_if=False, device=device) for _, rec in ranked)
+    cats = {c: [e.category(c) for e in exs] for c in CATEGORIES}
+    per_site: dict[str, list[int]] = {}
+    for i, e in enumerate(exs):
+        for s in e.sites:
+            per_site.setdefault(s.site, [0] * len(exs))[i] += s.bytes
+    order = sorted(per_site.items(), key=lambda kv: (-(max(kv[1]) - min(kv[1])), kv[0]))
+    if len(order) > top:
+        rest = order[top:]
+        order = order[:top] + [(f"({len(rest)} other sites)", [sum(v[i] for _, v in rest) for i in range(len(exs))])]
+    return RankImbalance(ranks, exs, cats, tuple(order))

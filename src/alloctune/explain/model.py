@@ -122,3 +122,26 @@ class Comparison:
         d["sites"] = [s.to_dict() for s in self.sites]
         d["sites_only_against"] = [{"site": s, "delta": b} for s, b in self.other_only]
         return d
+
+
+@dataclass(frozen=True)
+class RankImbalance:
+    """One program's ranks side by side (a torchrun recording set): each rank explained at its own
+    peak, and per category and per site the bytes of every rank and the spread (max - min)."""
+
+    ranks: tuple[int, ...]
+    explanations: tuple[Explanation, ...]
+    categories: dict[str, list[int]]  # name -> bytes per rank (rank order)
+    sites: tuple[tuple[str, list[int]], ...]  # (site, bytes per rank), largest spread first
+
+    def to_dict(self) -> dict[str, Any]:
+        reserved = [e.reserved for e in self.explanations]
+        return {
+            "schema": schema_id("explain-ranks"),
+            "ranks": list(self.ranks),
+            "reserved": reserved,
+            "reserved_spread": max(reserved) - min(reserved),
+            "categories": [{"name": n, "bytes": v, "spread": max(v) - min(v)} for n, v in self.categories.items()],
+            "sites": [{"site": s, "bytes": v, "spread": max(v) - min(v)} for s, v in self.sites],
+            "explanations": [e.to_dict() for e in self.explanations],
+        }
