@@ -23,6 +23,8 @@ def register(app: typer.Typer) -> None:
         what_if: bool = typer.Option(True, "--what-if/--no-what-if", help="Simulate the min budget with each kept site freed."),
         what_if_dir: Optional[Path] = typer.Option(
             None, "--what-if-dir", metavar="DIR", help="Write each what-if's rewritten recording here (for alloctune simulate)."),
+        html_out: Optional[Path] = typer.Option(
+            None, "--html", metavar="FILE", help="Also write a self-contained report page (inline SVG, no network)."),
         device: Optional[int] = typer.Option(None, "--device", "-d", metavar="N", help="Device index (needed if several recorded)."),
         json_out: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
     ) -> None:
@@ -62,7 +64,7 @@ def register(app: typer.Typer) -> None:
             return
         with progress_on_stderr(quiet=json_out) as progress:
             ex = api.explain(recording, at=at_value, group=group, top=top, what_if=what_if, what_if_dir=what_if_dir,
-                             device=device, progress=progress)
+                             device=device, html=html_out, progress=progress)
         if json_out:
             from alloctune.cli.common import print_json
 
