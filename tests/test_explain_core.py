@@ -313,3 +313,20 @@ def test_ranks_side_by_side_show_the_leaking_rank(tmp_path, capsys):
     assert growing["bytes"] == [f0.kept_at_end, 0]
     code, _, err = run_cli(capsys, "explain", str(p0), str(p1), "--against", str(p1))
     assert code == 2 and err.count("\n") == 1
+
+
+def test_without_its_run_record_the_recorded_addresses_map_the_moment(traces_dir, tmp_path):
+    """A capped run whose cap is unknown (no sidecar): the simulation cannot reproduce it, so the
+    state comes from the recorded addresses, and still conserves and names the OOM."""
+    import shutil
+
+    (path,) = _shared(traces_dir, ["rvc_ec1/gc07_split256_cap115a.pickle.xz"])
+    bare = tmp_path / "x.pickle.xz"
+    shutil.copy(path, bare)
+    with_record = explain_trace(load_trace(path))
+    ex = explain_trace(load_trace(bare))
+    _conserves(ex)
+    assert ex.map_source.startswith("recorded addresses")
+    assert ex.moment["reserved"] == with_record.moment["reserved"]
+    assert [c.bytes for c in ex.categories if c.name in ("cached_free", "rounding")] == \
+        [c.bytes for c in with_record.categories if c.name in ("cached_free", "rounding")]

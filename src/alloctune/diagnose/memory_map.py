@@ -424,7 +424,7 @@ def map_after_request(trace: Any, after: int, recorded_reserved: int | None = No
         events = list(trace.events) if trace.events else []
     except (TraceError, OSError):
         events = []
-    if events and 0 <= event_index < len(events):
+    if events and -1 <= event_index < len(events):
         nxt = event_index + 1
         rec = replay_history(events, trace.allocator_settings, capture=[nxt]).maps.get(nxt)
         if rec is not None and rec.reserved == recorded_reserved:

@@ -146,14 +146,20 @@ def totals_at(trace: Trace, moment: Moment) -> tuple[Any, str]:
     """The allocator's totals after request `moment.after` (`diagnose.memory_map.MomentTotals`)."""
     from alloctune.diagnose.memory_map import totals_after_request
 
-    return totals_after_request(trace, moment.after, moment.reserved, moment.event)
+    return totals_after_request(trace, moment.after, moment.reserved, _event_after(trace, moment))
 
 
 def map_at(trace: Trace, moment: Moment) -> tuple[MemoryMap, str]:
     """The memory map after request `moment.after` (the one place: `diagnose.memory_map`)."""
     from alloctune.diagnose.memory_map import map_after_request
 
-    return map_after_request(trace, moment.after, moment.reserved, moment.event)
+    return map_after_request(trace, moment.after, moment.reserved, _event_after(trace, moment))
+
+
+def _event_after(trace: Trace, moment: Moment) -> int:
+    """The recording's event of request `moment.after` (the map is taken right after it; at an OOM
+    `moment.event` is the failed request's, whose release burst comes before it)."""
+    return trace.requests.event_index[moment.after] if moment.after >= 0 else -1
 
 
 def overhead(mm: MemoryMap) -> tuple[int, int, int]:
