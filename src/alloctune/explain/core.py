@@ -266,7 +266,14 @@ def explain_trace(trace: Trace, *, at: Any = None, group: str = "line", top: int
     )
 
 
-def _categorise(an: Analysis, live: list[int], m: int) -> tuple[dict[int, str], dict[str, str]]:
+def block_categories(an: Analysis) -> dict[int, str]:
+    """The category of every allocation of the run (for charts over time): the moment's rules,
+    except that gradients are not limited to one per parameter (each step makes its own)."""
+    return _categorise(an, list(range(len(an.life.alloc))), -1, one_per_param=False)[0]
+
+
+def _categorise(an: Analysis, live: list[int], m: int,
+                one_per_param: bool = True) -> tuple[dict[int, str], dict[str, str]]:
     life, rep = an.life, an.repeats
     n = life.n
     first = rep.starts[0] if rep.starts else n
@@ -308,7 +315,7 @@ def _categorise(an: Analysis, live: list[int], m: int) -> tuple[dict[int, str], 
         elif (not has_stacks and training and size in param_set and held[k] and first <= life.alloc[k] < last_rep):
             c, how = "optimizer_state", ("no stacks: parameter-sized, made in a repetition before the last, "
                                          "held to the end")
-        elif training and size in param_set and grads_left[size] > 0 and (has_stacks and sid < 0 or (
+        elif training and size in param_set and (grads_left[size] > 0 or not one_per_param) and (has_stacks and sid < 0 or (
                 not has_stacks and (not held[k] or life.alloc[k] >= last_rep))):
             grads_left[size] -= 1
             c = "gradients"

@@ -2,7 +2,8 @@
 
 Inline SVG and a few lines of script, nothing fetched: reserved and live bytes over the run with
 the moment marked, the top sites' live bytes over the run (click a site to highlight its line),
-the categories at the moment as one stacked bar, the segment map at the moment, and the site and
+the categories at the moment as one stacked bar, live bytes by category over the run (stacked) under
+the recorded reserved line, the segment map at the moment, and the site and
 what-if tables. Hover any mark for its numbers. Pure Python string building (no plotting library).
 """
 
@@ -13,8 +14,8 @@ import html
 import json
 from typing import Any, Sequence
 
-from alloctune.explain.core import Analysis
-from alloctune.explain.model import Explanation
+from alloctune.explain.core import Analysis, block_categories
+from alloctune.explain.model import CATEGORIES, OVERHEAD, Explanation
 from alloctune.explain.moment import reserved_after
 from alloctune.units import format_size
 
@@ -60,21 +61,41 @@ def render(an: Analysis, ex: Explanation) -> str:
     n = len(trace.requests)
     bounds = _bounds(n)
     res = reserved_after(trace)
-    lb = an.live_before
     # per bucket: the highest reserved and live bytes in it (a peak never disappears when downsampled)
     res_pts = [max(res[a:b]) if b > a else 0 for a, b in zip(bounds, bounds[1:])]
-    live_pts = [max(lb[a:b]) if b > a else 0 for a, b in zip(bounds, bounds[1:])]
     ymax = max(max(res_pts, default=1), 1)
     x0, y0, w, h = PAD_L, H - PAD_B, W - PAD_L - 20, H - PAD_B - 20
     xs = [x0 + w * (a / max(1, n)) for a in bounds[:-1]]
     sy = [y0 - h * v / ymax for v in res_pts]
-    ly = [y0 - h * v / ymax for v in live_pts]
     mx = x0 + w * (ex.moment["request"] + 1) / max(1, n)
     chart1 = _axis(ymax, n, x0, y0, w, h, mx)
-    chart1.append(f'<polyline fill="none" stroke="#4e79a7" stroke-width="1.5" points="{_poly(xs, sy)}">'
-                  f'<title>reserved (recorded)</title></polyline>')
-    chart1.append(f'<polyline fill="none" stroke="#59a14f" stroke-width="1.5" points="{_poly(xs, ly)}">'
-                  f'<title>live requested bytes</title></polyline>')
+    # live bytes by category, stacked, at each bucket boundary; the allocator's overhead on top up to reserved
+    cats = block_categories(an)
+    order = [c for c in CATEGORIES if c not in OVERHEAD]
+    cdiff = {c: [0] * (len(bounds) + 1) for c in order}
+    for k in range(len(life.alloc)):
+        lo = bisect.bisect_right(bounds, life.alloc[k])
+        hi = bisect.bisect_right(bounds, life.free[k])
+        if lo < hi:
+            d = cdiff[cats[k]]
+            d[lo] += life.size[k]
+            d[hi] -= life.size[k]
+    base = [0] * (len(bounds) - 1)
+    for c in order:
+        acc, top_pts = 0, []
+        for j in range(len(bounds) - 1):
+            acc += cdiff[c][j]
+            top_pts.append(base[j] + acc)
+        if any(t != b for t, b in zip(top_pts, base)):
+            upper = [y0 - h * v / ymax for v in top_pts]
+            lower = [y0 - h * v / ymax for v in base]
+            pts = _poly(xs, upper) + " " + _poly(xs[::-1], lower[::-1])
+            chart1.append(f'<polygon points="{pts}" fill="{COLORS[c]}" fill-opacity="0.75" stroke="none">'
+                          f'<title>{c} (live bytes)</title></polygon>')
+        base = top_pts
+    chart1.append(f'<polyline fill="none" stroke="#333" stroke-width="1.2" points="{_poly(xs, sy)}">'
+                  f'<title>reserved (recorded): the gap above the stacked areas is the allocator overhead '
+                  f'(cached free, inactive split, rounding)</title></polyline>')
     chart1.append(f'<circle cx="{mx:.1f}" cy="{y0 - h * ex.reserved / ymax:.1f}" r="4" fill="#d00">'
                   f'<title>{ex.moment["reason"]}: reserved {html.escape(format_size(ex.reserved))} at event '
                   f'{ex.moment["event"]}</title></circle>')
@@ -187,7 +208,7 @@ td.r,th.r{{text-align:right;white-space:nowrap}} .note{{color:#666;font-size:12p
 Min budget of the recording as it ran: {min_budget}.</p>
 <h2>Categories at the moment (they sum to reserved memory)</h2>
 <svg width="{W}" height="54" role="img" aria-label="categories">{bar}</svg><div>{legend}</div>
-<h2>Reserved (blue) and live requested bytes (green) over the run</h2>
+<h2>Over the run: live bytes by category (stacked) and reserved (line); the moment in red</h2>
 <svg width="{W}" height="{H}" role="img" aria-label="reserved over time">{chart1}</svg>
 <h2>Top sites: live bytes over the run (click a site or its row to highlight it)</h2>
 <svg id="sites" width="{W}" height="{H}" role="img" aria-label="sites over time">{chart2}</svg>
