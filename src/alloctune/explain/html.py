@@ -63,33 +63,42 @@ def render(an: Analysis, ex: Explanation) -> str:
     res = reserved_after(trace)
     # per bucket: the highest reserved and live bytes in it (a peak never disappears when downsampled)
     res_pts = [max(res[a:b]) if b > a else 0 for a, b in zip(bounds, bounds[1:])]
+    # live bytes are sampled where each bucket holds the most (a downsampled peak stays a peak); the
+    # moment's bucket is sampled at the moment itself
+    lb = an.live_before
+    points = [max(range(a + 1, b + 1), key=lambda i: lb[i]) if b > a else a for a, b in zip(bounds, bounds[1:])]
+    at = ex.moment["request"] + 1
+    jm = min(len(points) - 1, max(0, bisect.bisect_right(bounds, at) - 1))
+    points[jm] = at
+    points = sorted(points)
     ymax = max(max(res_pts, default=1), 1)
     x0, y0, w, h = PAD_L, H - PAD_B, W - PAD_L - 20, H - PAD_B - 20
     xs = [x0 + w * (a / max(1, n)) for a in bounds[:-1]]
+    pxs = [x0 + w * (p / max(1, n)) for p in points]
     sy = [y0 - h * v / ymax for v in res_pts]
     mx = x0 + w * (ex.moment["request"] + 1) / max(1, n)
     chart1 = _axis(ymax, n, x0, y0, w, h, mx)
     # live bytes by category, stacked, at each bucket boundary; the allocator's overhead on top up to reserved
     cats = block_categories(an)
     order = [c for c in CATEGORIES if c not in OVERHEAD]
-    cdiff = {c: [0] * (len(bounds) + 1) for c in order}
+    cdiff = {c: [0] * (len(points) + 1) for c in order}
     for k in range(len(life.alloc)):
-        lo = bisect.bisect_right(bounds, life.alloc[k])
-        hi = bisect.bisect_right(bounds, life.free[k])
+        lo = bisect.bisect_right(points, life.alloc[k])
+        hi = bisect.bisect_right(points, life.free[k])
         if lo < hi:
             d = cdiff[cats[k]]
             d[lo] += life.size[k]
             d[hi] -= life.size[k]
-    base = [0] * (len(bounds) - 1)
+    base = [0] * len(points)
     for c in order:
         acc, top_pts = 0, []
-        for j in range(len(bounds) - 1):
+        for j in range(len(points)):
             acc += cdiff[c][j]
             top_pts.append(base[j] + acc)
         if any(t != b for t, b in zip(top_pts, base)):
             upper = [y0 - h * v / ymax for v in top_pts]
             lower = [y0 - h * v / ymax for v in base]
-            pts = _poly(xs, upper) + " " + _poly(xs[::-1], lower[::-1])
+            pts = _poly(pxs, upper) + " " + _poly(pxs[::-1], lower[::-1])
             chart1.append(f'<polygon points="{pts}" fill="{COLORS[c]}" fill-opacity="0.75" stroke="none">'
                           f'<title>{c} (live bytes)</title></polygon>')
         base = top_pts
@@ -103,20 +112,20 @@ def render(an: Analysis, ex: Explanation) -> str:
     label_id = {lab: i for i, lab in enumerate(an.labels)}
     top = [s for s in ex.sites if s.site in label_id][:TOP_SERIES]
     idx = {label_id[s.site]: j for j, s in enumerate(top)}
-    diff = [[0] * (len(bounds) + 1) for _ in top]
+    diff = [[0] * (len(points) + 1) for _ in top]
     for k, site in enumerate(an.site_of):
         j = idx.get(site)
         if j is None:
             continue
-        lo = bisect.bisect_right(bounds, life.alloc[k])
-        hi = bisect.bisect_right(bounds, life.free[k])
+        lo = bisect.bisect_right(points, life.alloc[k])
+        hi = bisect.bisect_right(points, life.free[k])
         if lo < hi:
             diff[j][lo] += life.size[k]
             diff[j][hi] -= life.size[k]
     series = []
     for d in diff:
         acc, pts = 0, []
-        for v in d[:len(bounds) - 1]:
+        for v in d[:len(points)]:
             acc += v
             pts.append(acc)
         series.append(pts)
@@ -125,7 +134,7 @@ def render(an: Analysis, ex: Explanation) -> str:
     for j, (s, pts) in enumerate(zip(top, series)):
         ys = [y0 - h * v / smax for v in pts]
         chart2.append(f'<polyline class="site s{j}" data-site="{j}" fill="none" stroke="{SITE_COLORS[j % len(SITE_COLORS)]}" '
-                      f'stroke-width="1.5" points="{_poly(xs, ys)}"><title>{html.escape(s.site)}</title></polyline>')
+                      f'stroke-width="1.5" points="{_poly(pxs, ys)}"><title>{html.escape(s.site)}</title></polyline>')
     # categories at the moment: one stacked bar
     bar, x = [], 0.0
     for c in ex.categories:
