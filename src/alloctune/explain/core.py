@@ -179,37 +179,43 @@ def _size_labels(sizes: Sequence[int]) -> dict[int, str]:
 
 def _growth(life: Lifetimes, rep: Repeats, site_of: list[int], outlived: list[bool]) -> dict[int, tuple[bool, int]]:
     """Per site with blocks that outlived their repetition: whether its floor (live bytes at each
-    repetition start after the first) rises across the run, and by how much per repetition."""
+    repetition start after the first) rises across the run, and by how much per repetition.
+
+    Sparse: each site keeps only the boundaries where its floor changes (memory in the number of
+    blocks, not sites x repetitions, which a hostile recording could make enormous)."""
     starts = rep.starts
     nb = len(starts)
     if nb < 3:
         return {}
     cand = {site_of[k] for k, o in enumerate(outlived) if o}
-    diff: dict[int, list[int]] = {s: [0] * (nb + 1) for s in cand}
+    changes: dict[int, dict[int, int]] = {s: {} for s in cand}
     for k, s in enumerate(site_of):
         if s not in cand:
             continue
         lo = bisect.bisect_right(starts, life.alloc[k])
         hi = bisect.bisect_right(starts, life.free[k])
         if lo < hi:
-            d = diff[s]
-            d[lo] += life.size[k]
-            d[hi] -= life.size[k]
+            d = changes[s]
+            d[lo] = d.get(lo, 0) + life.size[k]
+            d[hi] = d.get(hi, 0) - life.size[k]
+    m = nb - 1  # floors at boundaries 1 .. nb-1 (after the first repetition began)
     out: dict[int, tuple[bool, int]] = {}
-    for s, d in diff.items():
-        floors = []
-        acc = 0
-        for j in range(nb):
-            acc += d[j]
-            floors.append(acc)
-        fl = floors[1:]  # boundaries after the first repetition began
-        m = len(fl)
-        ups = sum(1 for x, y in zip(fl, fl[1:]) if y > x)
-        rise = sum(y - x for x, y in zip(fl, fl[1:]) if y > x)
-        fall = sum(x - y for x, y in zip(fl, fl[1:]) if y < x)
+    for s, d in changes.items():
+        first = sum(v for j, v in d.items() if j <= 1)  # floor at boundary 1
+        acc = first
+        ups = rise = fall = 0
+        for j in sorted(x for x in d if 1 < x < nb):
+            v = d[j]
+            if v > 0:
+                ups += 1
+                rise += v
+            elif v < 0:
+                fall -= v
+            acc += v
+        last = acc
         # a rising floor, not a sawtooth (a cache refilled each epoch falls back as far as it rose)
-        grows = fl[-1] > fl[0] and ups >= max(1, (m - 1) // 2) and fall * 10 <= rise
-        out[s] = (grows, (fl[-1] - fl[0]) // (m - 1) if grows else 0)
+        grows = last > first and ups >= max(1, (m - 1) // 2) and fall * 10 <= rise
+        out[s] = (grows, (last - first) // (m - 1) if grows else 0)
     return out
 
 
