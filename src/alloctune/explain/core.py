@@ -11,8 +11,9 @@ How a block's category is decided (each category's `how` says which rules fired)
 * with stacks: module construction / `.to()` frames -> model_state; frames in `torch/optim`
   and held past the repetition -> optimizer_state; no Python frames at all (autograd's
   backward thread) and the size of a parameter -> gradients (one per parameter);
-* without stacks (from lifetimes): made before the first repetition and held to the end ->
-  model_state; parameter-sized, made in a repetition and held to the end -> optimizer_state;
+* without stacks (from lifetimes): made before the first repetition and held to the end of the
+  work (its last allocation) -> model_state; parameter-sized, made in a repetition before the last
+  and held to the end -> optimizer_state;
   parameter-sized, made in a repetition, not held to the end, one per parameter, when every
   repetition makes about one such block per parameter (a training step) -> gradients;
 * either way: a block of a growing site that outlived the repetition that made it -> growing;

@@ -177,7 +177,9 @@ def _segments(an: Analysis, ex: Explanation) -> str:
     from alloctune.errors import TraceError
 
     try:
-        mm, _ = map_after_request(an.trace, ex.moment["request"], ex.moment["reserved"], ex.moment["event"])
+        after = ex.moment["request"]
+        event = an.trace.requests.event_index[after] if after >= 0 else -1  # right after that request
+        mm, _ = map_after_request(an.trace, after, ex.moment["reserved"], event)
     except TraceError:
         return "<p>(the segment map is not available for this moment)</p>"
     total = max(1, mm.reserved)

@@ -160,28 +160,3 @@ def _event_after(trace: Trace, moment: Moment) -> int:
     """The recording's event of request `moment.after` (the map is taken right after it; at an OOM
     `moment.event` is the failed request's, whose release burst comes before it)."""
     return trace.requests.event_index[moment.after] if moment.after >= 0 else -1
-
-
-def overhead(mm: MemoryMap) -> tuple[int, int, int]:
-    """(allocated, cached_free, inactive_split): free bytes of segments with no live block are
-    cached; free bytes beside live blocks are inactive split remainders (PyTorch's
-    `inactive_split_bytes`)."""
-    allocated = cached = split = 0
-    for s in mm.segments:
-        live = 0
-        free = 0
-        for b in s.blocks:
-            if b.allocated:
-                live += b.size
-            else:
-                free += b.size
-        allocated += live
-        if live:
-            split += free
-        else:
-            cached += free
-    return allocated, cached, split
-
-
-def live_requested(mm: MemoryMap) -> int:
-    return sum(b.requested for s in mm.segments for b in s.blocks if b.allocated)
