@@ -27,8 +27,8 @@ from alloctune.sim.simulate import simulate
 from alloctune.trace_files import convert_trace, trace_info
 
 __all__ = [
-    "ApiUnavailable", "check_setting", "convert_trace", "diagnose", "diagnose_all", "diagnose_snapshot", "plan",
-    "installed_versions", "record", "simulate", "trace_info", "tune",
+    "ApiUnavailable", "check_setting", "convert_trace", "diagnose", "diagnose_all", "diagnose_snapshot", "explain",
+    "installed_versions", "plan", "record", "simulate", "trace_info", "tune",
 ]
 
 # name -> (module, function) of the entry points other packages provide
@@ -115,3 +115,22 @@ def installed_versions() -> dict[str, Any]:
         "platform": platform.system().lower(),
         "torch": torch,
     }
+
+
+def explain(recording: Any, *, against: Any = None, **kwargs: Any) -> Any:
+    """Where the memory goes at the peak / OOM / `at` of a recording (`alloctune explain`): an
+    `Explanation` (`.to_dict()`: schema `alloctune.explain/1`); with `against`, a `Comparison`
+    splitting the gap in peak reserved exactly by category and site; a list of recordings (the ranks
+    of one job, `NAME.rankN.pickle`): a `RankImbalance`. See `alloctune.explain.api`."""
+    from alloctune.explain import api as _explain_api
+
+    if isinstance(recording, (list, tuple)):  # the ranks of one job
+        if len(recording) == 1:
+            recording = recording[0]
+        else:
+            keep = {k: v for k, v in kwargs.items() if k in ("group", "top", "device")}
+            return _explain_api.explain_ranks(recording, **keep)
+    if against is not None:
+        keep = {k: v for k, v in kwargs.items() if k in ("group", "top", "device")}
+        return _explain_api.explain_against(recording, against, **keep)
+    return _explain_api.explain(recording, **kwargs)

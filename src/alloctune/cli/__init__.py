@@ -58,6 +58,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "run_cmd",
     "tune_cmd",
     "plan_cmd",
+    "explain_cmd",
 )
 
 for _name in _COMMAND_MODULES:

@@ -329,3 +329,107 @@ def verify_against_segments(replayed: MemoryMap, recorded: MemoryMap) -> list[st
     return problems
 
 
+# --------------------------------------------------------------------------------------------
+# The map after any request of a loaded trace (explain; additive: the functions above are unchanged).
+
+
+@dataclass(frozen=True)
+class MomentTotals:
+    """The allocator's totals after one request: what `explain`'s overhead categories are read from.
+
+    `inactive_split` is PyTorch's `inactive_split_bytes` (free blocks that are split off a
+    segment's other blocks, mapped or not); `cached_free` the rest of the free reserved bytes
+    (whole free segments, which `empty_cache()` would release)."""
+
+    reserved: int
+    allocated: int
+    requested: int
+    inactive_split: int
+
+    @property
+    def cached_free(self) -> int:
+        return self.reserved - self.allocated - self.inactive_split
+
+
+def _settings_and_budget(trace: Any) -> tuple[SimSettings, int | None]:
+    meta = getattr(trace, "meta", None) or {}
+    torch = meta.get("torch")
+    try:
+        settings = SimSettings.from_allocator_settings(trace.allocator_settings or {},
+                                                       torch if isinstance(torch, str) else None)
+    except (ValueError, TypeError):
+        settings = SimSettings.from_allocator_settings(trace.allocator_settings or {})
+    cap = meta.get("cap")
+    budget = int(cap) if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
+    return settings, budget
+
+
+def totals_after_request(trace: Any, after: int, recorded_reserved: int | None = None,
+                         event_index: int = -1) -> tuple[MomentTotals, str]:
+    """The allocator's totals after request `after` of a `Trace`, and where they came from.
+
+    The exact simulator replays the requests up to and including `after` under the settings the
+    recording ran with (the native core when built: ~1 M requests in well under a second) and its
+    statistics are read; when they hold other than `recorded_reserved` bytes, the totals are read
+    off `map_after_request`'s map instead (the recorded addresses). Additive: for `explain`.
+    """
+    from dataclasses import replace as _replace
+
+    from alloctune.sim.replay import replay
+    from alloctune.trace.model import RequestStream
+
+    settings, budget = _settings_and_budget(trace)
+    req = trace.requests
+    k = after + 1
+    head = RequestStream(req.ops[:k], req.sizes[:k], req.rids[:k], req.streams[:k], req.event_index[:k],
+                         {i: v for i, v in req.fallbacks.items() if i < k})
+    res = replay(_replace(trace, requests=head, events=[]), settings, budget=budget, record_events=False,
+                 timeline_points=1, stop_at_oom=False)
+    st = res.stats
+    got = MomentTotals(int(st["reserved_bytes.all.current"]), int(st["allocated_bytes.all.current"]),
+                       int(st["requested_bytes.all.current"]), int(st["inactive_split_bytes.all.current"]))
+    if recorded_reserved is None or got.reserved == recorded_reserved:
+        return got, "simulated (exact replay; reserved matches the recording)"
+    mm, source = map_after_request(trace, after, recorded_reserved, event_index)
+    allocated = sum(s.allocated for s in mm.segments)
+    split = sum(s.free for s in mm.segments if s.live_blocks)
+    requested = sum(b.requested for s in mm.segments for b in s.blocks if b.allocated)
+    return MomentTotals(mm.reserved, allocated, requested, split), source
+
+
+def map_after_request(trace: Any, after: int, recorded_reserved: int | None = None,
+                      event_index: int = -1) -> tuple[MemoryMap, str]:
+    """The memory map after request `after` of a `Trace` (-1: before the first), and its source.
+
+    A compact trace keeps no block addresses, so the map comes from the exact simulator replaying
+    the recording under the settings it ran with (`sim.replay.state_at`); when that replay holds
+    other than `recorded_reserved` bytes there and the trace still has its raw events, the map is
+    rebuilt from the recorded addresses instead (`replay_history`, the map `diagnose --snapshot`
+    reads). Raises `TraceError` when neither gives the recorded state.
+    """
+    from alloctune.sim.replay import state_at
+
+    settings, budget = _settings_and_budget(trace)
+    alloc = state_at(trace, settings, after + 1, budget=budget)
+    segments = []
+    for seg in alloc.segment_table():
+        blocks = tuple(BlockView(b["address"], b["size"], b["state"] == "active_allocated", b["requested_size"])
+                       for b in seg["blocks"])
+        segments.append(SegmentView(seg["address"], seg["total_size"], seg["stream"], seg["segment_type"],
+                                    seg["is_expandable"], blocks))
+    mm = MemoryMap(event_index, tuple(segments))
+    if recorded_reserved is None or mm.reserved == recorded_reserved:
+        return mm, "simulated (exact replay; reserved matches the recording)"
+    try:
+        events = list(trace.events) if trace.events else []
+    except (TraceError, OSError):
+        events = []
+    if events and -1 <= event_index < len(events):
+        nxt = event_index + 1
+        rec = replay_history(events, trace.allocator_settings, capture=[nxt]).maps.get(nxt)
+        if rec is not None and rec.reserved == recorded_reserved:
+            return MemoryMap(event_index, rec.segments), "recorded addresses (the simulation differed here)"
+    raise TraceError(
+        f"{trace.source}: the simulated allocator holds {mm.reserved} bytes after request {after}, the recording "
+        f"{recorded_reserved}; the original snapshot (with its events) is needed to map this moment"
+    )

@@ -28,7 +28,9 @@ from typing import Any
 
 from alloctune.errors import TraceError
 from alloctune.trace.limits import Limits
-from alloctune.trace.model import ALLOC, FREE, RequestStream, SegmentEvent, Trace
+from alloctune.trace.model import (
+    ALLOC, FREE, MAX_FRAMES, MAX_FRAMES_PER_STACK, MAX_STACKS, RequestStream, SegmentEvent, StackTable, Trace,
+)
 from alloctune.trace.validate import check_fallbacks, check_trace
 
 SCHEMA = 2
@@ -107,6 +109,7 @@ def to_compact_dict(trace: Trace) -> dict[str, Any]:
             "event_index_delta": _deltas(req.event_index),
             **({"fallbacks": {str(k): list(v) for k, v in sorted(req.fallbacks.items())}} if req.fallbacks else {}),
         },
+        **({"stacks": _stacks_dict(req)} if req.stack_table is not None else {}),
         "segment_events": {
             "action": [e.action for e in seg],
             "addr": [e.addr for e in seg],
@@ -166,6 +169,8 @@ def from_compact_dict(d: dict[str, Any], *, source: str = "<compact>") -> Trace:
         fallbacks = {int(k): tuple(int(x) for x in v) for k, v in (r.get("fallbacks") or {}).items()}
         req = RequestStream(ops=ops, sizes=sizes, rids=rids, streams=streams, event_index=event_index,
                             fallbacks=fallbacks)
+        if d.get("stacks") is not None:
+            req.stack_table, req.stack_ids = _stacks_from_dict(d["stacks"], ops)
         total = d.get("total_memory")
         trace = Trace(
             source=str(d.get("source") or source),
@@ -182,6 +187,52 @@ def from_compact_dict(d: dict[str, Any], *, source: str = "<compact>") -> Trace:
     check_trace(trace, source)
     check_fallbacks(trace.requests.fallbacks, len(trace.requests), source)
     return trace
+
+
+def _stacks_dict(req: RequestStream) -> dict[str, Any]:
+    """The stack table (schema 2, optional key `stacks`): frames once as [filename, line, function],
+    stacks as lists of frame ids (innermost first), and one stack id per ALLOC request in order."""
+    t = req.stack_table
+    assert t is not None
+    ids = req.stack_ids or [-1] * len(req.ops)
+    return {
+        "frames": [list(f) for f in t.frames],
+        "stacks": [list(s) for s in t.stacks],
+        "alloc_stack": [sid for op, sid in zip(req.ops, ids) if op == ALLOC],
+        "dropped": t.dropped,
+    }
+
+
+def _stacks_from_dict(d: Any, ops: list[int]) -> tuple[StackTable, list[int]]:
+    """Read `_stacks_dict`'s output back, every index checked (a damaged table is a `ValueError`)."""
+    if not isinstance(d, dict):
+        raise ValueError("the stack table is not an object")
+    raw_frames, raw_stacks, per_alloc = d.get("frames"), d.get("stacks"), d.get("alloc_stack")
+    if not (isinstance(raw_frames, list) and isinstance(raw_stacks, list) and isinstance(per_alloc, list)):
+        raise ValueError("the stack table's frames, stacks and alloc_stack must be lists")
+    if len(raw_frames) > MAX_FRAMES or len(raw_stacks) > MAX_STACKS:
+        raise ValueError("the stack table is larger than alloctune keeps")
+    frames = []
+    for f in raw_frames:
+        if not (isinstance(f, list) and len(f) == 3 and type(f[0]) is str and type(f[1]) is int and type(f[2]) is str):
+            raise ValueError("a frame of the stack table is not [filename, line, function]")
+        frames.append((f[0], f[1], f[2]))
+    nf = len(frames)
+    stacks = []
+    for st in raw_stacks:
+        if not (isinstance(st, list) and len(st) <= MAX_FRAMES_PER_STACK
+                and all(type(x) is int and 0 <= x < nf for x in st)):
+            raise ValueError("a stack of the stack table names frames that do not exist")
+        stacks.append(tuple(st))
+    ns = len(stacks)
+    allocs = [r for r, op in enumerate(ops) if op == ALLOC]
+    if len(per_alloc) != len(allocs) or not all(type(x) is int and -1 <= x < ns for x in per_alloc):
+        raise ValueError("alloc_stack does not give one valid stack id per allocation")
+    ids = [-1] * len(ops)
+    for r, sid in zip(allocs, per_alloc):
+        ids[r] = sid
+    dropped = d.get("dropped")
+    return StackTable(frames, stacks, dropped if isinstance(dropped, str) else None), ids
 
 
 def _count(value: Any) -> int:

@@ -19,6 +19,29 @@ FAILED_ALLOC = 3  # a request that raised OOM on the GPU (recorded `oom` event);
 OP_NAMES = {ALLOC: "alloc", FREE: "free", EMPTY_CACHE: "empty_cache", FAILED_ALLOC: "failed_alloc"}
 
 
+# Bounds on the stack table one recording may carry (hostile recordings: enormous frame lists,
+# millions of distinct stacks). Beyond them the table is dropped and `StackTable.dropped` says why.
+MAX_FRAMES_PER_STACK = 1024
+MAX_STACKS = 200_000
+MAX_FRAMES = 1_000_000
+
+
+@dataclass
+class StackTable:
+    """The Python stacks of a recording's allocations, each frame and each stack stored once.
+
+    `frames[i]` = (filename, line, function); `stacks[j]` = frame ids, innermost first (as
+    torch records them). A request's stack id indexes `stacks`; -1 = no stack (not an ALLOC,
+    or an allocation made with no Python frames, e.g. by autograd's backward thread).
+    `dropped`: why a recording's stacks were not kept (malformed or beyond the bounds above);
+    the stack ids are then all -1 and `explain` says so instead of guessing sites.
+    """
+
+    frames: list[tuple[str, int, str]] = field(default_factory=list)
+    stacks: list[tuple[int, ...]] = field(default_factory=list)
+    dropped: str | None = None
+
+
 @dataclass
 class RequestStream:
     """The program's requests in order, one column per field (all lists have equal length).
@@ -35,6 +58,10 @@ class RequestStream:
     # Fallible requests (a cuDNN/cuBLAS workspace, say): request index -> the smaller sizes the
     # program asks for instead, in order, when this request fails. Empty = every failure is fatal.
     fallbacks: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    # Python stacks (recordings made with stacks): one stack id per request into `stack_table`
+    # (-1: none). None when the recording kept no frames at all.
+    stack_ids: list[int] | None = None
+    stack_table: StackTable | None = None
 
     def append(self, op: int, size: int, rid: int, stream: int, event_index: int) -> None:
         self.ops.append(op)

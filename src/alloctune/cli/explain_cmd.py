@@ -1,0 +1,137 @@
+"""`alloctune explain REC [--against A]`: where the memory goes at the peak (or OOM, or --at)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("explain")
+    def explain(
+        recordings: List[Path] = typer.Argument(
+            ..., metavar="RECORDING...",
+            help="Snapshot (.pickle[.gz|.xz]) or compact trace; several: the ranks of one job (NAME.rankN.pickle)."),
+        against: Optional[Path] = typer.Option(
+            None, "--against", metavar="RECORDING", help="Split the gap in peak reserved to this recording by site and category."),
+        at: Optional[str] = typer.Option(
+            None, "--at", metavar="EVENT|SECONDSs", help="Event index, or a time like 12.5s (default: OOM, else peak reserved)."),
+        group: str = typer.Option("line", "--group", metavar="line|function|file|module", help="How sites are grouped."),
+        top: int = typer.Option(20, "--top", metavar="N", help="Sites listed (the rest are summed in one row)."),
+        what_if: bool = typer.Option(True, "--what-if/--no-what-if", help="Simulate the min budget with each kept site freed."),
+        what_if_dir: Optional[Path] = typer.Option(
+            None, "--what-if-dir", metavar="DIR", help="Write each what-if's rewritten recording here (for alloctune simulate)."),
+        html_out: Optional[Path] = typer.Option(
+            None, "--html", metavar="FILE", help="Also write a self-contained report page (inline SVG, no network)."),
+        device: Optional[int] = typer.Option(None, "--device", "-d", metavar="N", help="Device index (needed if several recorded)."),
+        json_out: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
+    ) -> None:
+        """Where the memory goes: categories that sum exactly to reserved memory, sites (your line and the
+        library frame), growth per repetition, and simulated what-ifs."""
+        from alloctune import api
+        from alloctune.cli.progress import progress_on_stderr
+        from alloctune.errors import InputError
+
+        if len(recordings) > 1:
+            if against is not None or at is not None:
+                raise InputError("--against and --at take one recording; several recordings are the ranks of one job")
+            imb = api.explain(recordings, group=group, top=top)
+            if json_out:
+                from alloctune.cli.common import print_json
+
+                print_json(imb.to_dict())
+            else:
+                _render_ranks(imb)
+            return
+        recording = recordings[0]
+
+        at_value: object = at
+        if at is not None and not at.strip().endswith("s"):
+            try:
+                at_value = int(at)
+            except ValueError:
+                raise InputError(f"--at {at!r}: expected an event index or a time like 12.5s") from None
+        if against is not None:
+            cmp = api.explain(recording, against=against, group=group, top=top, device=device)
+            if json_out:
+                from alloctune.cli.common import print_json
+
+                print_json(cmp.to_dict())
+            else:
+                _render_against(cmp)
+            return
+        with progress_on_stderr(quiet=json_out) as progress:
+            ex = api.explain(recording, at=at_value, group=group, top=top, what_if=what_if, what_if_dir=what_if_dir,
+                             device=device, html=html_out, progress=progress)
+        if json_out:
+            from alloctune.cli.common import print_json
+
+            print_json(ex.to_dict())
+        else:
+            _render(ex)
+
+
+def _fmt(n: int | None) -> str:
+    from alloctune.units import format_size
+
+    return "-" if n is None else format_size(n) if n >= 0 else "-" + format_size(-n)
+
+
+def _render(ex) -> None:  # ex: Explanation
+    from alloctune.cli.render import console
+
+    mo = ex.moment
+    console.print(f"{ex.source}: {mo['reason']} at event {mo['event']}: reserved {_fmt(mo['reserved'])}, "
+                  f"allocated {_fmt(mo['allocated'])}", markup=False)
+    for c in ex.categories:
+        share = 100.0 * c.bytes / ex.reserved if ex.reserved else 0.0
+        console.print(f"  {c.name:<16} {_fmt(c.bytes):>12} {share:5.1f} %  {c.how}", markup=False, soft_wrap=True)
+    console.print(f"repetitions: {ex.repeats['count']} ({ex.repeats['how']})", markup=False)
+    console.print("sites (live bytes at the moment; kept = outlived its repetition):", markup=False)
+    for s in ex.sites:
+        grow = f", grows {_fmt(s.bytes_per_repeat)}/repetition" if s.growing else ""
+        freed = f", min budget if freed {_fmt(s.min_budget_if_freed)}" if s.min_budget_if_freed is not None else ""
+        if s.min_budget_without_growth is not None:
+            freed += f", without it {_fmt(s.min_budget_without_growth)}"
+        lib = f"  [{s.library_frame}]" if s.library_frame else ""
+        console.print(f"  {_fmt(s.bytes):>12} in {s.blocks} blocks, kept {_fmt(s.outlived_bytes)}{grow}{freed}  "
+                      f"{s.site}{lib}", markup=False, soft_wrap=True)
+    if ex.min_budget is not None:
+        console.print(f"min budget of the recording as it ran: {_fmt(ex.min_budget)}", markup=False)
+    for w in ex.what_if:
+        console.print(f"  what if: {w.what}: {_fmt(w.min_budget)} (saves {_fmt(w.saves)})", markup=False, soft_wrap=True)
+        console.print(f"    {w.command.splitlines()[-1]}", markup=False, soft_wrap=True)
+    for note in ex.notes:
+        console.print(f"note: {note}", markup=False, soft_wrap=True)
+
+
+def _render_against(cmp) -> None:  # cmp: Comparison
+    from alloctune.cli.render import console
+
+    console.print(f"{cmp.this.source} vs {cmp.other.source}: peak reserved gap {_fmt(cmp.gap)}", markup=False)
+    for name, d in cmp.categories.items():
+        console.print(f"  {name:<16} {_fmt(d):>12}", markup=False)
+    console.print("sites (delta of live bytes at the two peaks):", markup=False)
+    for s in cmp.sites:
+        console.print(f"  {_fmt(s.delta):>12}  {s.site}", markup=False, soft_wrap=True)
+    for site, d in cmp.other_only:
+        console.print(f"  {_fmt(d):>12}  {site} (only in {cmp.other.source})", markup=False, soft_wrap=True)
+
+
+def _render_ranks(imb) -> None:  # imb: RankImbalance
+    from alloctune.cli.render import console
+
+    heads = "  ".join(f"{'rank ' + str(r):>12}" for r in imb.ranks)
+    console.print(f"{'':<16} {heads}  {'spread':>12}", markup=False)
+    console.print(f"{'reserved':<16} " + "  ".join(f"{_fmt(e.reserved):>12}" for e in imb.explanations)
+                  + f"  {_fmt(max(e.reserved for e in imb.explanations) - min(e.reserved for e in imb.explanations)):>12}",
+                  markup=False)
+    for name, vals in imb.categories.items():
+        console.print(f"{name:<16} " + "  ".join(f"{_fmt(v):>12}" for v in vals) + f"  {_fmt(max(vals) - min(vals)):>12}",
+                      markup=False)
+    console.print("sites (largest spread first):", markup=False)
+    for site, vals in imb.sites:
+        console.print("  " + "  ".join(f"{_fmt(v):>12}" for v in vals) + f"  {_fmt(max(vals) - min(vals)):>12}  {site}",
+                      markup=False, soft_wrap=True)

@@ -1,0 +1,147 @@
+"""Plain data of an explanation (`alloctune.explain/1`): frozen dataclasses with `to_dict`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from alloctune.schema import schema_id
+
+SCHEMA = schema_id("explain")
+CATEGORIES = ("model_state", "gradients", "optimizer_state", "activations", "growing",
+              "cached_free", "inactive_split", "rounding")
+OVERHEAD = ("cached_free", "inactive_split", "rounding")
+
+
+@dataclass(frozen=True)
+class Category:
+    name: str
+    bytes: int
+    blocks: int
+    how: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class WhatIfResult:
+    """A simulated counterfactual: the min budget of the transformed recording."""
+
+    what: str
+    min_budget: int | None
+    saves: int | None  # the recording's own min budget minus this one
+    command: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Site:
+    site: str
+    library_frame: str | None
+    bytes: int  # live requested bytes at the moment
+    blocks: int
+    outlived_bytes: int  # of those, in blocks that outlived the repetition that made them
+    growing: bool
+    growing_bytes: int
+    bytes_per_repeat: int
+    categories: dict[str, int] = field(default_factory=dict)
+    min_budget_if_freed: int | None = None
+    what_if_command: str | None = None
+    min_budget_without_growth: int | None = None  # growing sites: as if the kept blocks were never made
+    delta: int | None = None  # with --against: bytes here minus bytes in the other recording
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        if self.delta is None:
+            d.pop("delta")
+        return d
+
+
+@dataclass(frozen=True)
+class Explanation:
+    source: str
+    moment: dict[str, Any]  # event, time, reserved, allocated, request, reason
+    categories: tuple[Category, ...]
+    overhead: dict[str, int]
+    sites: tuple[Site, ...]
+    sites_total: int  # distinct sites with live bytes (the list may be cut to `top`)
+    group: str
+    stacks: str  # "python" | "none" | why they were dropped
+    repeats: dict[str, Any]
+    map_source: str
+    what_if: tuple[WhatIfResult, ...] = ()
+    min_budget: int | None = None  # the recording's own min budget (what-ifs compare with it)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def reserved(self) -> int:
+        return int(self.moment["reserved"])
+
+    def category(self, name: str) -> int:
+        return next(c.bytes for c in self.categories if c.name == name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "source": self.source,
+            "moment": dict(self.moment),
+            "categories": [c.to_dict() for c in self.categories],
+            "overhead": dict(self.overhead),
+            "sites": [s.to_dict() for s in self.sites],
+            "sites_total": self.sites_total,
+            "group": self.group,
+            "stacks": self.stacks,
+            "repeats": dict(self.repeats),
+            "map_source": self.map_source,
+            "min_budget": self.min_budget,
+            "what_if": [w.to_dict() for w in self.what_if],
+            "notes": list(self.notes),
+        }
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """`explain B --against A`: B's peak minus A's, split by category and by site, exactly."""
+
+    this: Explanation
+    other: Explanation
+    gap: int
+    categories: dict[str, int]  # delta per category (sums to gap)
+    sites: tuple[Site, ...]  # B's sites with `delta` (site deltas + overhead deltas = gap)
+    other_only: tuple[tuple[str, int], ...]  # sites only in A, with their (negative) delta
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self.this.to_dict()
+        d["against"] = {"source": self.other.source, "moment": dict(self.other.moment),
+                        "categories": [c.to_dict() for c in self.other.categories]}
+        d["gap"] = self.gap
+        d["category_delta"] = dict(self.categories)
+        d["sites"] = [s.to_dict() for s in self.sites]
+        d["sites_only_against"] = [{"site": s, "delta": b} for s, b in self.other_only]
+        return d
+
+
+@dataclass(frozen=True)
+class RankImbalance:
+    """One program's ranks side by side (a torchrun recording set): each rank explained at its own
+    peak, and per category and per site the bytes of every rank and the spread (max - min)."""
+
+    ranks: tuple[int, ...]
+    explanations: tuple[Explanation, ...]
+    categories: dict[str, list[int]]  # name -> bytes per rank (rank order)
+    sites: tuple[tuple[str, list[int]], ...]  # (site, bytes per rank), largest spread first
+
+    def to_dict(self) -> dict[str, Any]:
+        reserved = [e.reserved for e in self.explanations]
+        return {
+            "schema": schema_id("explain-ranks"),
+            "ranks": list(self.ranks),
+            "reserved": reserved,
+            "reserved_spread": max(reserved) - min(reserved),
+            "categories": [{"name": n, "bytes": v, "spread": max(v) - min(v)} for n, v in self.categories.items()],
+            "sites": [{"site": s, "bytes": v, "spread": max(v) - min(v)} for s, v in self.sites],
+            "explanations": [e.to_dict() for e in self.explanations],
+        }

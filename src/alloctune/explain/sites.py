@@ -1,0 +1,140 @@
+"""Sites: where in the program an allocation was made, read from its Python stack.
+
+A site is the user's line (the innermost frame outside torch, the standard library and
+installed packages) together with the innermost library frame (`timm/models/convnext.py:88`),
+because one user line (`out = model(x)`) allocates through many library lines and a user
+acts on the line they wrote. An allocation with no Python frames in a recording that kept
+stacks was made by a thread with no Python code: autograd's backward engine.
+
+`--group line|function|file|module` coarsens the user's side of the site only.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+from alloctune.trace.model import StackTable
+
+GROUPS = ("line", "function", "file", "module")
+NO_FRAMES = "(no Python frames: autograd backward)"
+NO_STACKS = "(recording has no stacks)"
+SETUP_FRAMES = "(library code only)"
+
+_LIB_MARKERS = ("/site-packages/", "/dist-packages/", "/lib/python3", "/lib64/python3")
+_TORCH = re.compile(r"(^|/)torch/")
+
+
+def is_library(filename: str) -> bool:
+    """Whether a frame belongs to torch, the standard library or an installed package."""
+    if not filename or filename.startswith("<"):
+        return True  # <frozen importlib...>, <string>: not a line a user can edit
+    f = filename.replace("\\", "/")
+    return any(m in f for m in _LIB_MARKERS) or bool(_TORCH.search(f))
+
+
+def short_path(filename: str) -> str:
+    """A library path from its package on (`timm/models/convnext.py`); a user path as given."""
+    f = filename.replace("\\", "/")
+    for m in ("/site-packages/", "/dist-packages/"):
+        k = f.rfind(m)
+        if k >= 0:
+            return f[k + len(m):]
+    m = _TORCH.search(f)
+    if m:
+        return f[m.start() + (1 if f[m.start()] == "/" else 0):]
+    return f
+
+
+def module_name(filename: str) -> str:
+    """The dotted module a file is (`timm.models.convnext`; a user script: its stem)."""
+    p = short_path(filename)
+    if p.endswith(".py"):
+        p = p[:-3]
+    p = p.lstrip("/")
+    parts = [x for x in p.split("/") if x]
+    if not parts:
+        return filename
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts = parts[:-1]
+    if not is_library(filename):
+        return parts[-1]
+    return ".".join(parts)
+
+
+@dataclass(frozen=True)
+class SiteInfo:
+    """The user's frame and the innermost library frame of one stack (frame ids, -1: none)."""
+
+    user: int
+    library: int
+    optimizer: bool  # a frame in torch/optim: the optimizer made it
+    construction: bool  # module construction / .to() / .cuda() / parameter init
+
+
+_CONSTRUCT_FUNCS = frozenset({"_apply", "to", "cuda", "__init__", "reset_parameters", "_load_from_state_dict",
+                              "load_state_dict", "register_buffer", "register_parameter", "from_config",
+                              "_init_weights", "init_weights", "post_init", "_materialize", "to_empty"})
+
+
+def site_infos(table: StackTable) -> list[SiteInfo]:
+    """One `SiteInfo` per stack of the table."""
+    frames = table.frames
+    lib = [is_library(f[0]) for f in frames]
+    norm = [f[0].replace("\\", "/") for f in frames]
+    out = []
+    for st in table.stacks:
+        user = next((fid for fid in st if not lib[fid]), -1)
+        library = st[0] if st and lib[st[0]] else -1
+        optimizer = any("torch/optim/" in norm[fid] for fid in st)
+        construction = any(
+            ("torch/nn/modules/module.py" in norm[fid] and frames[fid][2] in _CONSTRUCT_FUNCS)
+            or "torch/nn/init.py" in norm[fid] or "torch/nn/parameter.py" in norm[fid]
+            or (frames[fid][2] in _CONSTRUCT_FUNCS and lib[fid] and frames[fid][2] != "to")
+            for fid in st
+        )
+        out.append(SiteInfo(user, library, optimizer, construction))
+    return out
+
+
+def frame_label(frame: tuple[str, int, str], group: str) -> str:
+    """How a user frame reads at a grouping level."""
+    filename, line, func = frame
+    if group == "line":
+        return f"{short_path(filename)}:{line} ({func})"
+    if group == "function":
+        return f"{short_path(filename)}:{func}"
+    if group == "file":
+        return short_path(filename)
+    return module_name(filename)
+
+
+def library_label(frame: tuple[str, int, str] | None) -> str | None:
+    if frame is None:
+        return None
+    return f"{short_path(frame[0])}:{frame[1]} ({frame[2]})"
+
+
+def site_keys(table: StackTable | None, infos: Sequence[SiteInfo], group: str) -> tuple[list[str], list[str | None]]:
+    """Per stack id: the site label (the user frame at `group` level) and the library frame beside it.
+
+    A stack with no user frame (only library code: e.g. a lazily built CUDA context) is
+    labelled by its innermost library frame instead.
+    """
+    if group not in GROUPS:
+        raise ValueError(group)
+    if table is None:
+        return [], []
+    labels: list[str] = []
+    libs: list[str | None] = []
+    for info in infos:
+        lib = table.frames[info.library] if info.library >= 0 else None
+        if info.user >= 0:
+            labels.append(frame_label(table.frames[info.user], group))
+        elif lib is not None:
+            labels.append(f"{SETUP_FRAMES} {library_label(lib)}")
+        else:
+            labels.append(SETUP_FRAMES)
+        libs.append(library_label(lib))
+    return labels, libs
