@@ -208,3 +208,24 @@ def test_real_capped_snapshot_without_its_record_gets_no_answers():
     assert d.reproduced is False and d.recommendation is None and len(d.what_if) == 1
     low, high = _bracket_bytes(d.undecided)
     assert low <= cap < high
+
+
+def test_the_run_record_survives_the_trace_cache_and_a_sidecar_does_not_leak(traces_dir, tmp_path, monkeypatch):
+    import pickle
+    import shutil
+
+    from alloctune.trace import load_trace
+
+    monkeypatch.setenv("ALLOCTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    snap, side = _recorded(traces_dir)
+    snap["alloctune_run"] = {"cap": side["cap"], "total_memory": side["total_memory"]}
+    path = tmp_path / "rec.pickle"
+    path.write_bytes(pickle.dumps(snap))
+    first, second = load_trace(path), load_trace(path)  # the second comes from the cache
+    assert first.meta["cap"] == second.meta["cap"] == side["cap"]
+    # a copy of a file whose cap sat only in its sidecar does not inherit that cap from the cache
+    capped = traces_dir / CAPPED
+    load_trace(capped)
+    bare = tmp_path / "bare.pickle.xz"
+    shutil.copy(capped, bare)
+    assert "cap" not in load_trace(bare).meta

@@ -90,6 +90,13 @@ class Analysis:
     growth: dict[int, tuple[bool, int]]  # site id -> (grows, bytes per repetition)
     flags: list[Any]  # per stack id: SiteInfo
     group: str = "line"
+    # per allocation: outlived, and kept again and again (not a first-time workspace or cache); growth,
+    # the growing category and the what-ifs read this (None: the same as `outlived`)
+    kept: list[bool] | None = None
+
+    def __post_init__(self) -> None:
+        if self.kept is None:
+            self.kept = list(self.outlived)
 
 
 def analyse(trace: Trace, group: str = "line", repeat_marks: Sequence[int] | None = None,
@@ -150,16 +157,45 @@ def analyse(trace: Trace, group: str = "line", repeat_marks: Sequence[int] | Non
             period = (end if j + 1 < len(starts) else starts[j]) - starts[j if j + 1 < len(starts) else j - 1]
             if life.free[k] > end and life.free[k] > a + period or (j + 1 == len(starts) and life.free[k] > a + period):
                 outlived[k] = True
-    growth = _growth(life, rep, site_of, outlived)
+    kept = _without_first_time(life, rep, site_of, outlived)
+    growth = _growth(life, rep, site_of, kept)
     if starts:
         # the last repetition has no successor to outlive: a block a growing site made there and the
-        # program still held at the end is kept like its predecessors
+        # program held until its tear-down (freed after its last allocation, or never) is kept like its
+        # predecessors -- when blocks like it (same stack and size) were kept before
         grow = {s for s, (g, _) in growth.items() if g}
+        like = {(site_of[k], life.stack[k], life.size[k]) for k in range(len(kept)) if kept[k]}
+        last_alloc = life.alloc[-1]
         for k, a in enumerate(life.alloc):
-            if a >= starts[-1] and life.free[k] >= life.n and site_of[k] in grow:
-                outlived[k] = True
+            if (a >= starts[-1] and life.free[k] > last_alloc and site_of[k] in grow
+                    and (site_of[k], life.stack[k], life.size[k]) in like):
+                outlived[k] = kept[k] = True
     return Analysis(trace, life, lb, rep, site_of, labels, [None] * len(labels), lib_of,
-                    "none" if table is None else "python", outlived, growth, infos, group)
+                    "none" if table is None else "python", outlived, growth, infos, group, kept=kept)
+
+
+def _without_first_time(life: Lifetimes, rep: Repeats, site_of: list[int], outlived: list[bool]) -> list[bool]:
+    """Outlived blocks that a program keeps again and again: in the first repetition where a site keeps
+    anything, a block counts only if blocks like it (same stack and size) are kept in later ones.
+
+    Why: one line both leaks and initialises. The first `model(x)` allocates the cuBLAS workspace
+    (32 MiB, held for the process) beside the logits a list keeps; the same frames make both. The
+    workspace is made once, so it is no part of the growth, and freeing it is no remedy."""
+    starts = rep.starts
+    kept = list(outlived)
+    if len(starts) < 2:
+        return kept
+    rep_of = {k: bisect.bisect_right(starts, life.alloc[k]) - 1 for k, o in enumerate(outlived) if o}
+    first: dict[int, int] = {}
+    for k, j in rep_of.items():
+        s = site_of[k]
+        if j >= 0 and (s not in first or j < first[s]):
+            first[s] = j
+    later = {(site_of[k], life.stack[k], life.size[k]) for k, j in rep_of.items() if j > first.get(site_of[k], j)}
+    for k, j in rep_of.items():
+        if j == first.get(site_of[k]) and (site_of[k], life.stack[k], life.size[k]) not in later:
+            kept[k] = False
+    return kept
 
 
 MAX_SIZE_SITES = 10_000
@@ -311,11 +347,13 @@ def _categorise(an: Analysis, live: list[int], m: int,
         sid = life.stack[k]
         info = infos[sid] if has_stacks and sid >= 0 else None
         size = life.size[k]
-        if an.outlived[k] and an.site_of[k] in growing_sites:
+        if an.kept[k] and an.site_of[k] in growing_sites:
             c, how = "growing", "its site's floor rises every repetition and this block outlived the repetition that made it"
         elif has_stacks and info is not None and info.construction:
             c, how = "model_state", "stack: module construction / .to() / parameter init"
-        elif has_stacks and info is not None and info.optimizer and (held[k] or an.outlived[k] or life.alloc[k] < first):
+        # state outlives the step that made it; the step's own temporaries (foreach intermediates) do not,
+        # even in the last step, whose temporaries are freed only after the program's last allocation
+        elif has_stacks and info is not None and info.optimizer and (an.outlived[k] or life.alloc[k] < first):
             c, how = "optimizer_state", "stack: torch/optim, held past its repetition"
         elif not has_stacks and life.alloc[k] < first and held[k]:
             c, how = "model_state", "no stacks: made before the first repetition and held to the end"
@@ -347,11 +385,13 @@ def _sites(an: Analysis, live: list[int], m: int, cats: dict[int, str], top: int
     per_cat: dict[int, Counter] = defaultdict(Counter)
     for k in live:
         s = an.site_of[k]
-        a = agg.setdefault(s, [0, 0, 0])
+        a = agg.setdefault(s, [0, 0, 0, 0])
         a[0] += life.size[k]
         a[1] += 1
         if an.outlived[k]:
             a[2] += life.size[k]
+        if an.kept[k]:
+            a[3] += life.size[k]
         if an.lib_of[k]:
             libs[s][an.lib_of[k]] += life.size[k]
         per_cat[s][cats[k]] += life.size[k]
@@ -359,9 +399,11 @@ def _sites(an: Analysis, live: list[int], m: int, cats: dict[int, str], top: int
     rows = []
     for s in order:
         grows, per = an.growth.get(s, (False, 0))
-        b, nblocks, outl = agg[s]
+        b, nblocks, outl, kept = agg[s]
         lib = libs[s].most_common(1)[0][0] if libs[s] else None
-        rows.append(Site(an.labels[s], lib, b, nblocks, outl, grows, outl if grows else 0, per,
+        # growing bytes: what the category `growing` holds of this site (kept again and again, not a
+        # first-time workspace); equal to the site's share of that category by construction
+        rows.append(Site(an.labels[s], lib, b, nblocks, outl, grows, kept if grows else 0, per,
                          dict(per_cat[s])))
     if len(rows) > top:
         keep = [r for i, r in enumerate(rows) if i < top or r.growing]

@@ -110,7 +110,7 @@ def load_cached(
     """`load(path, device, partial)` through the cache (the hook `trace.load.load_trace` calls)."""
     from alloctune.trace.compact import to_compact_dict, trace_from_compact_bytes
     from alloctune.trace.load import read_sidecar
-    from alloctune.trace.stream import RUN_RECORD_FIELDS
+    from alloctune.trace.stream import with_run_record
 
     digest = _content_hash(Path(path)) if cache_dir() is not None else None
     entry = _entry(digest, device, partial) if digest is not None else None
@@ -120,9 +120,9 @@ def load_cached(
         except (OSError, lzma.LZMAError, TraceError):
             _remove(entry)
         else:
-            # The snapshot's own run record (cached with it) under the sidecar as it is now.
-            recorded = {k: v for k, v in trace.meta.items() if k in RUN_RECORD_FIELDS}
-            trace.meta = {**recorded, **(read_sidecar(path) or {})}
+            # The snapshot's own run record (part of its content, cached with it) under the sidecar as it is now.
+            recorded = trace.meta.get("run_record")
+            trace.meta = with_run_record(recorded if isinstance(recorded, dict) else {}, read_sidecar(path) or {})
             total = trace.meta.get("total_memory")
             trace.total_memory = int(total) if isinstance(total, int) and total > 0 else None
             trace.events = LazyEvents(lambda: _raw_events(path, device, partial, digest, load))  # type: ignore[assignment]

@@ -16,7 +16,7 @@ from alloctune.errors import TraceError
 from alloctune.trace.compact import is_compact, trace_from_compact_bytes
 from alloctune.trace.model import Trace
 from alloctune.trace.safe_pickle import load_pickle_bytes, read_decompressed
-from alloctune.trace.stream import build_stream, run_record, stream_context
+from alloctune.trace.stream import build_stream, run_record, stream_context, with_run_record
 from alloctune.trace.validate import check_events, check_settings, check_snapshot, device_bound
 
 _RECORD_HINT = (
@@ -128,7 +128,7 @@ def trace_from_snapshot(
     the snapshot came through `_snapshot_from_bytes`, which already did.
     """
     dev = pick_device(snapshot, device, source)
-    meta = {**run_record(snapshot, source), **(meta or {})}  # a sidecar, where there is one, has the last word
+    meta = with_run_record(run_record(snapshot, source), meta)
     events = snapshot["device_traces"][dev]
     settings = snapshot.get("allocator_settings") or {}
     if not _checked:

@@ -183,6 +183,16 @@ def run_record(snapshot: dict[str, Any], source: str = "<snapshot>") -> dict[str
     return out
 
 
+def with_run_record(record: dict[str, Any], sidecar: dict[str, Any] | None) -> dict[str, Any]:
+    """A trace's meta: the snapshot's own run record under the sidecar (which, where there is one,
+    has the last word), the record also kept whole under `run_record` so a cache of the trace can
+    tell what came from the file's content from what came from beside it."""
+    meta = {**record, **(sidecar or {})}
+    if record:
+        meta["run_record"] = dict(record)
+    return meta
+
+
 def stream_context(snapshot: dict[str, Any], meta: dict[str, Any] | None, *, source: str = "<trace>") -> dict[str, Any]:
     """`build_stream`'s `limit` and `marks` from a snapshot and its run record (untrusted input:
     malformed marks are a `TraceError`, not a crash)."""
