@@ -54,19 +54,20 @@ def _fmt(n: int | None) -> str:
     return "-" if n is None else format_size(n) if n >= 0 else "-" + format_size(-n)
 
 
-def site_anchor(row: int) -> str:
-    return "site-other" if row == OTHER else f"site-{row}"
+def site_anchor(row: int, prefix: str = "") -> str:
+    """The id of a site's table row, also the `data-site` of its blocks and line (`prefix`: one per
+    explain section of a page, so that two sections never share an id)."""
+    return f"{prefix}site-other" if row == OTHER else f"{prefix}site-{row}"
 
 
-def highlight_css(view: ExplainView) -> str:
+def highlight_css(view: ExplainView, prefix: str = "") -> str:
     """One rule per site: its row targeted -> its blocks and its line stand out."""
     rules = []
     for row in list(range(len(view.explanation.sites))) + [OTHER]:
-        a = site_anchor(row)
-        key = "other" if row == OTHER else str(row)
-        rules.append(f'body:has(#{a}:target) svg .blk[data-site="{key}"] {{ opacity: 1; stroke: #1a202c; '
+        a = site_anchor(row, prefix)
+        rules.append(f'body:has(#{a}:target) svg .blk[data-site="{a}"] {{ opacity: 1; stroke: #1a202c; '
                      f"stroke-width: 1.5px; }}")
-        rules.append(f'body:has(#{a}:target) svg .sl[data-site="{key}"] {{ opacity: 1; stroke-width: 3px; }}')
+        rules.append(f'body:has(#{a}:target) svg .sl[data-site="{a}"] {{ opacity: 1; stroke-width: 3px; }}')
     return "\n".join(rules)
 
 
@@ -186,7 +187,7 @@ def categories_svg(view: ExplainView) -> bytes:
     return _svg(ax.y0 + ax.h + 34, body, "Reserved memory over the run by category")
 
 
-def sites_svg(view: ExplainView) -> bytes:
+def sites_svg(view: ExplainView, prefix: str = "") -> bytes:
     """Live requested bytes of the top sites over the run."""
     ot = view.over_time
     ex = view.explanation
@@ -199,7 +200,8 @@ def sites_svg(view: ExplainView) -> bytes:
     for j, (row, col) in enumerate(ot.sites):
         pts = " ".join(f"{x:.1f},{ax.y(v):.1f}" for x, v in zip(px, col))
         color = SITE_COLORS[j % len(SITE_COLORS)]
-        body.append(f'<a href="#{site_anchor(row)}"><polyline class="sl" data-site="{row}" points="{pts}" fill="none" '
+        a = site_anchor(row, prefix)
+        body.append(f'<a href="#{a}"><polyline class="sl" data-site="{a}" points="{pts}" fill="none" '
                     f'stroke="{color}" stroke-width="1.6"><title>{_e(ex.sites[row].site)}</title></polyline></a>')
     mx = px[ot.moment]
     body.append(f'<line x1="{mx:.1f}" x2="{mx:.1f}" y1="{ax.y0}" y2="{ax.y0 + ax.h}" stroke="#1a202c" '
@@ -212,7 +214,7 @@ def sites_svg(view: ExplainView) -> bytes:
     return _svg(ax.y0 + ax.h + 34, body, "Live bytes of the top sites over the run")
 
 
-def segment_map_svg(view: ExplainView) -> bytes:
+def segment_map_svg(view: ExplainView, prefix: str = "") -> bytes:
     """The memory map at the moment: every segment laid end to end (largest first), wrapped into
     rows of equal bytes; live blocks coloured by category, free bytes by overhead kind."""
     ex = view.explanation
@@ -246,11 +248,11 @@ def segment_map_svg(view: ExplainView) -> bytes:
             start = off + (b.addr - seg.addr)
             if b.allocated:
                 row, cat = view.owners.get(b.addr, (OTHER, "activations"))
-                key = "other" if row == OTHER else str(row)
+                key = site_anchor(row, prefix)
                 site = names.get(row, "a site not in the list")
                 tip = f"{site}\n{cat}: {_fmt(b.requested)} requested, {_fmt(b.size)} block\nsegment {seg.addr:#x}"
                 for x, y, w in place(start, b.size):
-                    body.append(f'<a href="#{site_anchor(row)}"><rect class="blk" data-site="{key}" data-cat="{cat}" '
+                    body.append(f'<a href="#{key}"><rect class="blk" data-site="{key}" data-cat="{cat}" '
                                 f'x="{x:.2f}" y="{y}" width="{max(w, 0.4):.2f}" height="{rh - 2}" '
                                 f'fill="{CATEGORY_COLORS.get(cat, "#718096")}"><title>{_e(tip)}</title></rect></a>')
             else:
@@ -286,7 +288,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], numeric: Sequen
     return f'<table class="xp-tbl"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 
-def explain_section(view: ExplainView, heading: str = "h2") -> str:
+def explain_section(view: ExplainView, heading: str = "h2", prefix: str = "") -> str:
     """The explain part of a page: summary, categories, charts, sites, map, what-ifs (HTML, no script)."""
     ex = view.explanation
     mo = ex.moment
@@ -306,7 +308,7 @@ def explain_section(view: ExplainView, heading: str = "h2") -> str:
     site_rows, attrs = [], []
     colors = {row: SITE_COLORS[j % len(SITE_COLORS)] for j, (row, _) in enumerate(view.over_time.sites)}
     for i, s in enumerate(ex.sites):
-        anchor = site_anchor(OTHER if s.site.startswith("(") and s.site.endswith("other sites)") else i)
+        anchor = site_anchor(OTHER if s.site.startswith("(") and s.site.endswith("other sites)") else i, prefix)
         swatch = f'<i style="display:inline-block;width:.7rem;height:.7rem;background:{colors[i]}"></i> ' \
             if i in colors else ""
         grow = f"{_fmt(s.bytes_per_repeat)}/rep" if s.growing else "no"
@@ -316,8 +318,8 @@ def explain_section(view: ExplainView, heading: str = "h2") -> str:
     parts.append(f"<h3>Sites (live bytes at the {_e(mo['reason'])}; {ex.sites_total} distinct)</h3>")
     parts.append(_table(("site (your line)", "library frame", "live", "blocks", "kept", "grows", "min budget if freed"),
                         site_rows, numeric=(2, 3, 4, 6), row_attrs=attrs))
-    parts.append(f"<figure class=\"xp\">{sites_svg(view).decode()}</figure>")
-    parts.append(f"<figure class=\"xp\">{segment_map_svg(view).decode()}{_legend()}<figcaption>The allocator's segments at the "
+    parts.append(f"<figure class=\"xp\">{sites_svg(view, prefix).decode()}</figure>")
+    parts.append(f"<figure class=\"xp\">{segment_map_svg(view, prefix).decode()}{_legend()}<figcaption>The allocator's segments at the "
                  f"{_e(mo['reason'])}, not at the end ({_e(view.map_source)}).</figcaption></figure>")
     if ex.what_if or ex.min_budget is not None:
         parts.append("<h3>What if (simulated min budget)</h3>")
@@ -347,31 +349,20 @@ def explain_page(view: ExplainView, generated: datetime | None = None) -> str:
     ]) + "\n"
 
 
-def write_explain_html(recording, path, *, at=None, group: str = "line", top: int = 20, what_if: bool = True,
-                       what_if_dir=None, device: int | None = None, repeats=None, progress=None):
-    """`alloctune explain REC --html FILE`: the explanation (as `explain` computes it) and its page.
-
-    The recording is loaded once; explain runs on it unchanged and the page adds the run over
-    time and the map at the moment (`explain_view`). Returns the `Explanation`."""
+def write_explain_html(recording, path, **kwargs):  # noqa: ANN001, ANN003 - see explain_recording
+    """`alloctune explain REC --html FILE`: the explanation (as `explain` computes it, the same
+    options) and its page; returns the `Explanation`."""
     from pathlib import Path
 
     from alloctune.errors import InputError
-    from alloctune.explain.api import explain
-    from alloctune.explain.core import analyse
-    from alloctune.progress import no_progress
-    from alloctune.report.explain_view import explain_view
-    from alloctune.trace import load_trace
-    from alloctune.trace.model import Trace
+    from alloctune.report.explain_view import explain_recording
 
     out = Path(path)
     if out.is_dir():
         raise InputError(f"--html {out}: is a directory; give a file name such as explain.html")
-    trace = recording if isinstance(recording, Trace) else load_trace(recording, device)
-    ex = explain(trace, at=at, group=group, top=top, what_if=what_if, what_if_dir=what_if_dir, repeats=repeats,
-                 progress=progress or no_progress)
-    view = explain_view(trace, ex, analyse(trace, group, repeats))
+    view = explain_recording(recording, **kwargs)
     try:
         out.write_text(explain_page(view), encoding="utf-8")
     except OSError as exc:
         raise InputError(f"cannot write {out}: {exc.strerror}") from None
-    return ex
+    return view.explanation

@@ -221,7 +221,10 @@ def explain_view(trace: Trace, ex: Explanation, an: Any = None, max_points: int 
     if map_source.startswith("simulated"):
         addr_owner = owners_sim
     else:  # the map comes from the recorded addresses: so do the owners
-        evs = trace.events if isinstance(trace.events, list) else []
+        try:
+            evs = trace.events or []  # a cached snapshot's events load here, once
+        except (TraceError, OSError):
+            evs = []
         addr_owner = {}
         for k in cats_now:
             e = req.event_index[life.alloc[k]]
@@ -241,3 +244,19 @@ def explain_view(trace: Trace, ex: Explanation, an: Any = None, max_points: int 
                   {c: tuple(v) for c, v in cat_cols.items()}, tuple(reserved), tuple(allocated),
                   tuple((r, tuple(col[:m])) for r, col in zip(top_rows, site_cols)), moment_i, recorded)
     return ExplainView(ex, ot, mm, map_source, owners, tuple(notes))
+
+
+def explain_recording(recording: Any, *, at: Any = None, group: str = "line", top: int = 20, what_if: bool = True,
+                      what_if_dir: Any = None, device: int | None = None, repeats: Sequence[int] | None = None,
+                      progress: Any = None) -> ExplainView:
+    """Load a recording once, explain it exactly as `alloctune explain` does, and add the page's
+    views (`explain_view`)."""
+    from alloctune.explain.api import explain
+    from alloctune.explain.core import analyse
+    from alloctune.progress import no_progress
+    from alloctune.trace import load_trace
+
+    trace = recording if isinstance(recording, Trace) else load_trace(recording, device)
+    ex = explain(trace, at=at, group=group, top=top, what_if=what_if, what_if_dir=what_if_dir, repeats=repeats,
+                 progress=progress or no_progress)
+    return explain_view(trace, ex, analyse(trace, group, repeats))
