@@ -61,7 +61,7 @@ class Browser:
         self.events: list[dict[str, Any]] = []
         target = self.call("Target.createTarget", url="about:blank")["targetId"]
         self.session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
-        for domain in ("Page", "Runtime", "Log"):
+        for domain in ("Page", "Runtime", "Log", "Network"):
             self.call(f"{domain}.enable", session=True)
         self.call("Emulation.setDeviceMetricsOverride", session=True, width=width, height=height,
                   deviceScaleFactor=1, mobile=False)
@@ -144,6 +144,10 @@ class Browser:
             elif m == "Log.entryAdded" and p.get("entry", {}).get("level") == "error":
                 out.append("log: " + p["entry"].get("text", ""))
         return out
+
+    def requested_urls(self) -> list[str]:
+        """Every URL the page asked for so far (the page itself included)."""
+        return [e["params"]["request"]["url"] for e in self.events if e.get("method") == "Network.requestWillBeSent"]
 
     def close(self) -> None:
         try:

@@ -77,7 +77,7 @@ def _ticks(top: float) -> list[float]:
         return [0.0, 1.0]
     import math
 
-    raw = top / 5
+    raw = top / 8
     p = 10 ** math.floor(math.log10(raw))
     step = next(m * p for m in (1, 2, 5, 10) if m * p >= raw)
     n = int(math.ceil(top / step - 1e-9))
