@@ -244,21 +244,36 @@ def segment_map_svg(view: ExplainView, prefix: str = "") -> bytes:
     off = 0
     for seg in segs:
         has_live = any(b.allocated for b in seg.blocks)
+        # runs of neighbouring live blocks of one site and category, each under 2 px, become one
+        # rect (a map of thousands of tiny blocks stays a small page); larger blocks stay single
+        runs: list[list] = []  # [start, bytes, requested, blocks, owner or None]
         for b in seg.blocks:
-            start = off + (b.addr - seg.addr)
-            if b.allocated:
-                row, cat = view.owners.get(b.addr, (OTHER, "activations"))
+            owner = view.owners.get(b.addr, (OTHER, "activations")) if b.allocated else None
+            tiny = b.size < 2 * per_px
+            last = runs[-1] if runs else None
+            if (owner is not None and tiny and last is not None and last[4] == owner and last[5]
+                    and last[0] + last[1] == off + (b.addr - seg.addr)):
+                last[1] += b.size
+                last[2] += b.requested
+                last[3] += 1
+            else:
+                runs.append([off + (b.addr - seg.addr), b.size, b.requested, 1, owner, tiny])
+        for start, size, requested, count, owner, _ in runs:
+            if owner is not None:
+                row, cat = owner
                 key = site_anchor(row, prefix)
                 site = names.get(row, "a site not in the list")
-                tip = f"{site}\n{cat}: {_fmt(b.requested)} requested, {_fmt(b.size)} block\nsegment {seg.addr:#x}"
-                for x, y, w in place(start, b.size):
+                what = (f"{_fmt(requested)} requested, {_fmt(size)} block" if count == 1 else
+                        f"{count} blocks: {_fmt(requested)} requested, {_fmt(size)} in blocks")
+                tip = f"{site}\n{cat}: {what}\nsegment {seg.addr:#x}"
+                for x, y, w in place(start, size):
                     body.append(f'<a href="#{key}"><rect class="blk" data-site="{key}" data-cat="{cat}" '
                                 f'x="{x:.2f}" y="{y}" width="{max(w, 0.4):.2f}" height="{rh - 2}" '
                                 f'fill="{CATEGORY_COLORS.get(cat, "#718096")}"><title>{_e(tip)}</title></rect></a>')
             else:
                 kind = "inactive_split" if has_live else "cached_free"
-                tip = f"free ({kind}): {_fmt(b.size)}\nsegment {seg.addr:#x}"
-                for x, y, w in place(start, b.size):
+                tip = f"free ({kind}): {_fmt(size)}\nsegment {seg.addr:#x}"
+                for x, y, w in place(start, size):
                     body.append(f'<rect class="free" x="{x:.2f}" y="{y}" width="{w:.2f}" height="{rh - 2}" '
                                 f'fill="{CATEGORY_COLORS[kind]}"><title>{_e(tip)}</title></rect>')
         for x, y, _ in place(off, 1):  # segment starts
