@@ -151,3 +151,22 @@ def test_report_adds_explain_for_recordings_with_stacks(tmp_path):
     assert json.loads((tmp_path / "r" / "report.json").read_text())["explains"][0]["explanation"]["schema"] == \
         "alloctune.explain/1"
     assert not build_report([DATA / "convnext_leak.pickle.xz"], explain=False).explains
+
+
+@pytest.mark.parametrize("name", ["train_h200", "rvc_h200_ec1", "diffusion_h200_expandable"])
+def test_shipped_compact_traces(name):
+    """Recordings without stacks (and an expandable-segments run): the replay follows the recorded
+    reserved bytes at every point, every live block of the map has its allocation, and the
+    page draws."""
+    from alloctune.report.explain_html import explain_page
+
+    path = Path(__file__).parents[1] / "src" / "alloctune" / "data" / "traces" / f"{name}.atrace"
+    v = explain_recording(path, what_if=False)
+    ot = v.over_time
+    assert ot.reserved == ot.recorded_reserved
+    for i in range(len(ot.request)):
+        assert sum(ot.categories[c][i] for c in CATEGORIES) == ot.reserved[i]
+    assert {c: ot.categories[c][ot.moment] for c in CATEGORIES} == {c.name: c.bytes for c in v.explanation.categories}
+    live = [b for s in v.memory_map.segments for b in s.blocks if b.allocated]
+    assert len(v.owners) == len(live) and not v.notes
+    assert explain_page(v).count('class="blk"') >= 1
