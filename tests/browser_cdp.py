@@ -48,12 +48,14 @@ class Browser:
                 "--hide-scrollbars", "--disable-dev-shm-usage", f"--user-data-dir={self._profile}",
                 f"--window-size={width},{height}", "about:blank"]
 
-        def child_fds() -> None:  # put the pipe ends where the browser looks for them
+        def child_fds() -> None:  # put the pipe ends where the browser looks for them (inheritable)
             os.dup2(cmd_r, 3)
             os.dup2(out_w, 4)
 
+        # close_fds=False: Popen would close 3 and 4 after `child_fds` otherwise; every other
+        # descriptor Python opened is close-on-exec anyway (the two above included)
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, preexec_fn=child_fds, pass_fds=(3, 4))
+                                     stderr=subprocess.DEVNULL, preexec_fn=child_fds, close_fds=False)
         os.close(cmd_r)
         os.close(out_w)
         self._buf = b""
