@@ -89,12 +89,12 @@ def _num(v: float) -> str:
 
 
 class _Axes:
-    """Shared x (time or event) and y (bytes) scales of the two over-time charts."""
+    """Shared x (recording event) and y (bytes) scales of the two over-time charts."""
 
     def __init__(self, view: ExplainView, top_bytes: int, y0: float, height: float) -> None:
         ot = view.over_time
-        self.xs = list(ot.time) if ot.time is not None else list(ot.event)
-        self.x_label = "time since the first recorded event (s)" if ot.time is not None else "recording event index"
+        self.xs = list(ot.event)
+        self.x_label = "recording event index (explain --at N)"
         self.lo, self.hi = self.xs[0], max(self.xs[-1], self.xs[0] + 1e-9)
         self.scale, self.unit = axis_unit(max(top_bytes, 1))
         self.yticks = _ticks(top_bytes / self.scale)
@@ -143,8 +143,7 @@ class _Axes:
 
 def _where(view: ExplainView, i: int) -> str:
     ot = view.over_time
-    t = f", {ot.time[i]:.3f} s" if ot.time is not None else ""
-    return f"event {ot.event[i]} (after request {ot.request[i]}{t})"
+    return f"event {ot.event[i]} (after request {ot.request[i]})"
 
 
 def categories_svg(view: ExplainView) -> bytes:
@@ -225,7 +224,8 @@ def segment_map_svg(view: ExplainView, prefix: str = "") -> bytes:
     x0, x1, rh, y0 = 20, 880, 14, 30
     per_px = row_bytes / (x1 - x0)
     scale, unit = axis_unit(row_bytes)
-    body = [_text(x0, 16, f"Memory map at the {ex.moment['reason']} (event {ex.moment['event']}): {len(segs)} segments, "
+    where = f"{ex.moment['reason']} (event {ex.moment['event']})"
+    body = [_text(x0, 16, f"Memory map at the {where}: {len(segs)} segments, "
                           f"{_fmt(mm.reserved)} reserved; each row {row_bytes / scale:.2f} {unit}", weight="bold",
                   size=12)]
     names = {i: s.site for i, s in enumerate(ex.sites)}
@@ -282,8 +282,8 @@ def segment_map_svg(view: ExplainView, prefix: str = "") -> bytes:
         off += seg.size
     rows = -(-total // row_bytes)
     h = y0 + rows * rh + 24
-    body.append(_text(x0, h - 8, f"offset in the row, 0 – {row_bytes / scale:.2f} {unit}; black ticks: segment starts; "
-                                 "colours as the categories; click a block to highlight its site", size=10))
+    body.append(_text(x0, h - 8, f"offset in the row, 0 – {row_bytes / scale:.2f} {unit}; black ticks: segment "
+                                 "starts; colours as the categories; click a block to highlight its site", size=10))
     return _svg(h, body, "Memory map at the moment")
 
 
@@ -334,8 +334,9 @@ def explain_section(view: ExplainView, heading: str = "h2", prefix: str = "") ->
     parts.append(_table(("site (your line)", "library frame", "live", "blocks", "kept", "grows", "min budget if freed"),
                         site_rows, numeric=(2, 3, 4, 6), row_attrs=attrs))
     parts.append(f"<figure class=\"xp\">{sites_svg(view, prefix).decode()}</figure>")
-    parts.append(f"<figure class=\"xp\">{segment_map_svg(view, prefix).decode()}{_legend()}<figcaption>The allocator's segments at the "
-                 f"{_e(mo['reason'])}, not at the end ({_e(view.map_source)}).</figcaption></figure>")
+    parts.append(f"<figure class=\"xp\">{segment_map_svg(view, prefix).decode()}{_legend()}<figcaption>The "
+                 f"allocator's segments at the {_e(mo['reason'])}, not at the end ({_e(view.map_source)})."
+                 "</figcaption></figure>")
     if ex.what_if or ex.min_budget is not None:
         parts.append("<h3>What if (simulated min budget)</h3>")
         rows = [("the recording as it ran", _fmt(ex.min_budget), "", "")]

@@ -33,11 +33,11 @@ OTHER = -1  # owner of a live block whose site is not in the explanation's list
 
 @dataclass(frozen=True)
 class OverTime:
-    """Sampled after requests `request[i]` (recording events `event[i]`, seconds `time[i]` when known)."""
+    """Sampled after requests `request[i]`, recording events `event[i]` (the x axis: what `explain --at`
+    takes; the same whether or not a cached snapshot has its events loaded)."""
 
     request: tuple[int, ...]
     event: tuple[int, ...]
-    time: tuple[float, ...] | None
     categories: dict[str, tuple[int, ...]]  # per category, bytes at each point (they sum to reserved)
     reserved: tuple[int, ...]
     allocated: tuple[int, ...]
@@ -47,7 +47,6 @@ class OverTime:
 
     def to_dict(self) -> dict[str, Any]:
         return {"request": list(self.request), "event": list(self.event),
-                "time": list(self.time) if self.time is not None else None,
                 "categories": {k: list(v) for k, v in self.categories.items()},
                 "reserved": list(self.reserved), "allocated": list(self.allocated),
                 "sites": [{"site_row": i, "bytes": list(v)} for i, v in self.sites], "moment": self.moment}
@@ -75,21 +74,6 @@ def _sample_points(n: int, moment: int, n_alloc: int, max_points: int) -> list[i
     if moment >= 0:
         pts.add(moment)
     return sorted(p for p in pts if 0 <= p < n)
-
-
-def _event_times(trace: Trace, events_idx: Sequence[int]) -> tuple[float, ...] | None:
-    """Seconds since the first event at each sampled event, when the recording keeps times."""
-    evs = trace.events
-    if not isinstance(evs, list) or not evs:
-        return None
-    t0 = evs[0].get("time_us") if isinstance(evs[0], dict) else None
-    out = []
-    for e in events_idx:
-        t = evs[e].get("time_us") if 0 <= e < len(evs) and isinstance(evs[e], dict) else None
-        if not isinstance(t, int) or not isinstance(t0, int) or not t0:
-            return None
-        out.append((t - t0) / 1e6)
-    return tuple(out)
 
 
 def explain_view(trace: Trace, ex: Explanation, an: Any = None, max_points: int = MAX_POINTS) -> ExplainView:
@@ -240,7 +224,6 @@ def explain_view(trace: Trace, ex: Explanation, an: Any = None, max_points: int 
         notes.append(f"{live_blocks - len(owners)} of {live_blocks} live blocks in the map could not be matched "
                      "to their allocation; they are drawn without a site")
     ot = OverTime(tuple(samples), tuple(req.event_index[s] for s in samples),
-                  _event_times(trace, [req.event_index[s] for s in samples]),
                   {c: tuple(v) for c, v in cat_cols.items()}, tuple(reserved), tuple(allocated),
                   tuple((r, tuple(col[:m])) for r, col in zip(top_rows, site_cols)), moment_i, recorded)
     return ExplainView(ex, ot, mm, map_source, owners, tuple(notes))
