@@ -170,3 +170,21 @@ def test_shipped_compact_traces(name):
     live = [b for s in v.memory_map.segments for b in s.blocks if b.allocated]
     assert len(v.owners) == len(live) and not v.notes
     assert explain_page(v).count('class="blk"') >= 1
+
+
+def test_a_crowded_map_stays_bounded(view, monkeypatch):
+    """Above MAX_MAP_BLOCKS live blocks, sub-pixel neighbours of different sites share one rect:
+    fewer rects, every byte still drawn, the largest owner's site still linked."""
+    from alloctune.report import explain_html as eh
+
+    name, v = view
+    exact = eh.segment_map_svg(v).decode()
+    monkeypatch.setattr(eh, "MAX_MAP_BLOCKS", 0)
+    crowded = eh.segment_map_svg(v).decode()
+    assert crowded.count('class="blk"') <= exact.count('class="blk"')
+
+    def drawn(svg: str) -> float:  # total width of all rects (live and free): the reserved bytes
+        return sum(float(w) for w in re.findall(r'class="(?:blk|free)"[^>]*? width="([0-9.]+)"', svg))
+
+    assert abs(drawn(crowded) - drawn(exact)) < 0.01 * drawn(exact)
+    assert 'data-site="site-0"' in crowded

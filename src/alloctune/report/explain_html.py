@@ -28,6 +28,7 @@ STACK_ORDER = ("model_state", "gradients", "optimizer_state", "growing", "activa
                "inactive_split", "cached_free")
 SITE_COLORS = ("#e53e3e", "#3182ce", "#38a169", "#805ad5", "#dd6b20", "#319795", "#d53f8c", "#718096")
 MAP_ROWS = 36  # the map wraps reserved memory into this many rows of equal bytes
+MAX_MAP_BLOCKS = 20_000  # live blocks above which sub-pixel neighbours of different sites share a rect
 X0, X1 = 70, 880  # plot area of the charts (the SVG is 900 wide)
 
 EXPLAIN_CSS = """
@@ -241,28 +242,36 @@ def segment_map_svg(view: ExplainView, prefix: str = "") -> bytes:
             size -= take
         return out
 
+    crowded = sum(1 for s in segs for b in s.blocks if b.allocated) > MAX_MAP_BLOCKS
     off = 0
     for seg in segs:
         has_live = any(b.allocated for b in seg.blocks)
         # runs of neighbouring live blocks of one site and category, each under 2 px, become one
-        # rect (a map of thousands of tiny blocks stays a small page); larger blocks stay single
-        runs: list[list] = []  # [start, bytes, requested, blocks, owner or None]
+        # rect (a map of thousands of tiny blocks stays a small page); larger blocks stay single.
+        # A crowded map (more than MAX_MAP_BLOCKS live blocks) also merges tiny blocks of other
+        # sites into a run narrower than a pixel, drawn as its largest owner's.
+        runs: list[list] = []  # [start, bytes, requested, blocks, owner or None, tiny, bytes per owner]
         for b in seg.blocks:
             owner = view.owners.get(b.addr, (OTHER, "activations")) if b.allocated else None
             tiny = b.size < 2 * per_px
             last = runs[-1] if runs else None
-            if (owner is not None and tiny and last is not None and last[4] == owner and last[5]
-                    and last[0] + last[1] == off + (b.addr - seg.addr)):
+            if (owner is not None and tiny and last is not None and last[4] is not None and last[5]
+                    and last[0] + last[1] == off + (b.addr - seg.addr)
+                    and (last[4] == owner or crowded and last[1] < per_px)):
                 last[1] += b.size
                 last[2] += b.requested
                 last[3] += 1
+                last[6][owner] = last[6].get(owner, 0) + b.size
+                last[4] = max(last[6], key=last[6].get)
             else:
-                runs.append([off + (b.addr - seg.addr), b.size, b.requested, 1, owner, tiny])
-        for start, size, requested, count, owner, _ in runs:
+                runs.append([off + (b.addr - seg.addr), b.size, b.requested, 1, owner, tiny, {owner: b.size}])
+        for start, size, requested, count, owner, _, owners in runs:
             if owner is not None:
                 row, cat = owner
                 key = site_anchor(row, prefix)
                 site = names.get(row, "a site not in the list")
+                if len(owners) > 1:
+                    site = f"{len(owners)} sites, most bytes: {site}"
                 what = (f"{_fmt(requested)} requested, {_fmt(size)} block" if count == 1 else
                         f"{count} blocks: {_fmt(requested)} requested, {_fmt(size)} in blocks")
                 tip = f"{site}\n{cat}: {what}\nsegment {seg.addr:#x}"
