@@ -23,10 +23,10 @@ def register(app: typer.Typer) -> None:
         what_if: bool = typer.Option(True, "--what-if/--no-what-if", help="Simulate the min budget with each kept site freed."),
         what_if_dir: Optional[Path] = typer.Option(
             None, "--what-if-dir", metavar="DIR", help="Write each what-if's rewritten recording here (for alloctune simulate)."),
-        html_out: Optional[Path] = typer.Option(
-            None, "--html", metavar="FILE", help="Also write a self-contained report page (inline SVG, no network)."),
         device: Optional[int] = typer.Option(None, "--device", "-d", metavar="N", help="Device index (needed if several recorded)."),
         json_out: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
+        html_out: Optional[Path] = typer.Option(
+            None, "--html", metavar="FILE", help="Also write one self-contained HTML page (over time, map, what-ifs)."),
     ) -> None:
         """Where the memory goes: categories that sum exactly to reserved memory, sites (your line and the
         library frame), growth per repetition, and simulated what-ifs."""
@@ -53,6 +53,10 @@ def register(app: typer.Typer) -> None:
                 at_value = int(at)
             except ValueError:
                 raise InputError(f"--at {at!r}: expected an event index or a time like 12.5s") from None
+        if against is not None and html_out is not None:
+            from alloctune.errors import InputError
+
+            raise InputError("--html writes the page of one recording; drop --against or --html")
         if against is not None:
             cmp = api.explain(recording, against=against, group=group, top=top, device=device)
             if json_out:
@@ -62,15 +66,26 @@ def register(app: typer.Typer) -> None:
             else:
                 _render_against(cmp)
             return
-        with progress_on_stderr(quiet=json_out) as progress:
-            ex = api.explain(recording, at=at_value, group=group, top=top, what_if=what_if, what_if_dir=what_if_dir,
-                             device=device, html=html_out, progress=progress)
+        if html_out is not None:  # the explanation and its page from one load
+            from alloctune.report.explain_html import write_explain_html
+
+            with progress_on_stderr(quiet=json_out) as progress:
+                ex = write_explain_html(recording, html_out, at=at_value, group=group, top=top, what_if=what_if,
+                                        what_if_dir=what_if_dir, device=device, progress=progress)
+        else:
+            with progress_on_stderr(quiet=json_out) as progress:
+                ex = api.explain(recording, at=at_value, group=group, top=top, what_if=what_if,
+                                 what_if_dir=what_if_dir, device=device, progress=progress)
         if json_out:
             from alloctune.cli.common import print_json
 
             print_json(ex.to_dict())
         else:
             _render(ex)
+            if html_out is not None:
+                from alloctune.cli.render import console
+
+                console.print(f"wrote {html_out}", markup=False, soft_wrap=True)
 
 
 def _fmt(n: int | None) -> str:

@@ -20,6 +20,9 @@ def register(app: typer.Typer) -> None:
         what_if: bool = typer.Option(
             False, "--what-if", help="For snapshots with an OOM, replay the standard settings in the simulator."
         ),
+        explain: Optional[bool] = typer.Option(
+            None, "--explain/--no-explain",
+            help="Add `alloctune explain` for each recording (default: for recordings made with Python stacks)."),
         json_out: bool = typer.Option(False, "--json", help="Print the written paths and the data as JSON."),
     ) -> None:
         """Write figures and one self-contained HTML page from results, stores and snapshots.
@@ -36,7 +39,7 @@ def register(app: typer.Typer) -> None:
             from alloctune.errors import InputError
 
             raise InputError(f"--device must be 0 or more, got {device}")
-        data = build_report(inputs, title=title, device=device, what_if=what_if)
+        data = build_report(inputs, title=title, device=device, what_if=what_if, explain=explain)
         written = write_report(data, out)
         if json_out:
             from alloctune.schema import with_schema

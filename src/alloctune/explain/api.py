@@ -30,7 +30,6 @@ def explain(
     what_if_dir: str | Path | None = None,
     device: int | None = None,
     repeats: Sequence[int] | None = None,
-    html: str | Path | None = None,
     progress: Progress = no_progress,
 ) -> Explanation:
     """Where the memory goes at one moment of a recording (`alloctune explain`).
@@ -39,7 +38,6 @@ def explain(
     the peak of reserved memory); `group`: line | function | file | module; `repeats`: request
     indices where repetitions start (default: found in the recording); `what_if`: simulate the
     min budget with each kept site freed (`what_if_dir`: also write the rewritten recordings);
-    `html`: also write the self-contained report page there.
     """
     progress("loading", 0, 3)
     trace = _load(recording, device)
@@ -52,10 +50,6 @@ def explain(
         progress("simulating what-ifs", 2, 3)
         ex = what_ifs(an, ex, source_arg=str(recording if not isinstance(recording, Trace) else trace.source),
                       out_dir=what_if_dir)
-    if html is not None:
-        from alloctune.explain.html import render
-
-        Path(html).write_text(render(an, ex), encoding="utf-8")
     progress("done", 3, 3)
     return ex
 

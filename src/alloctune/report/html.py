@@ -1,5 +1,5 @@
 """One self-contained HTML page: PNG figures inlined as base64 data URIs, SVG figures inline, CSS
-inline, no script.
+inline, no script (the explain sections highlight a clicked site with CSS alone).
 
 The page must open from an e-mail attachment or an air-gapped machine, so nothing is fetched:
 no external stylesheet, font, script or image. Every text that came from an input file is
@@ -74,11 +74,16 @@ def render_html(
 ) -> str:
     """The page. `figures` maps a figure name to (PNG or SVG bytes, caption); insertion order is kept."""
     when = (generated or datetime.now(timezone.utc)).strftime("%Y-%m-%d %H:%M UTC")
+    css = _CSS
+    if data.explains:  # explain sections: their highlight rules, one id prefix per section
+        from alloctune.report.explain_html import EXPLAIN_CSS, highlight_css
+
+        css += EXPLAIN_CSS + "".join(highlight_css(v, f"x{i}-") for i, v in enumerate(data.explains))
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{_e(data.title)}</title><style>{_CSS}</style></head><body>",
+        f"<title>{_e(data.title)}</title><style>{css}</style></head><body>",
         f"<h1>{_e(data.title)}</h1>",
         f'<p class="muted">Generated {when} by alloctune from {len(data.inputs)} input(s). '
         "utilization = peak allocated ÷ peak reserved; min_budget = smallest per-process cap under which the "
@@ -104,6 +109,11 @@ def render_html(
                     numeric_from=1,
                 )
             )
+    if data.explains:
+        from alloctune.report.explain_html import explain_section
+
+        for i, v in enumerate(data.explains):
+            parts.append(explain_section(v, prefix=f"x{i}-"))
     if figures:
         parts.append("<h2>Figures</h2>")
         for name, (image, caption) in figures.items():

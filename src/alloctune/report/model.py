@@ -100,6 +100,7 @@ class ReportData:
     maps: tuple[SegmentMapView, ...] = ()
     diagnoses: tuple[SnapshotDiagnosis, ...] = ()
     notes: tuple[str, ...] = ()
+    explains: tuple[Any, ...] = ()  # report.explain_view.ExplainView per recording explained
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -111,6 +112,7 @@ class ReportData:
             "maps": [m.to_dict() for m in self.maps],
             "diagnoses": [d.to_dict(with_map=False) for d in self.diagnoses],
             "notes": list(self.notes),
+            "explains": [v.to_dict() for v in self.explains],
         }
 
 
@@ -292,6 +294,7 @@ class TraceInput:
     map_view: SegmentMapView
     diagnosis: SnapshotDiagnosis | None = None
     notes: list[str] = field(default_factory=list)
+    has_stacks: bool = False  # the recording kept Python frames (explain can name code lines)
 
 
 def read_trace(path: str | Path, device: int | None = None, what_if: bool = False) -> TraceInput:
@@ -347,7 +350,9 @@ def read_trace(path: str | Path, device: int | None = None, what_if: bool = Fals
         diagnosis = diagnose_snapshot(
             snap, source=str(path), device=dev, candidates=STANDARD_CONFS if what_if else None
         )
-    return TraceInput(row, Series(label, xs, rs, al), SegmentMapView(label, caption, mm, request), diagnosis, notes)
+    has_stacks = any(e.get("frames") for e in events if isinstance(e, Mapping))
+    return TraceInput(row, Series(label, xs, rs, al), SegmentMapView(label, caption, mm, request), diagnosis, notes,
+                      has_stacks)
 
 
 def classify(path: str | Path) -> str:
@@ -393,9 +398,13 @@ def expand_inputs(paths: Sequence[str | Path]) -> list[Path]:
 
 
 def build_report(
-    paths: Sequence[str | Path], *, title: str = "alloctune report", device: int | None = None, what_if: bool = False
+    paths: Sequence[str | Path], *, title: str = "alloctune report", device: int | None = None, what_if: bool = False,
+    explain: bool | None = None,
 ) -> ReportData:
-    """Read every input and gather the rows, timelines, segment maps and OOM diagnoses."""
+    """Read every input and gather the rows, timelines, segment maps and OOM diagnoses.
+
+    `explain`: add `alloctune explain`'s section for each recording (None: for recordings made
+    with Python stacks, where it can name the code that holds the memory)."""
     files = expand_inputs(paths)
     if not files:
         raise InputError("no inputs given: pass tune stores (*.jsonl), simulate --json results or snapshots")
@@ -404,6 +413,7 @@ def build_report(
     maps: list[SegmentMapView] = []
     diagnoses: list[SnapshotDiagnosis] = []
     notes: list[str] = []
+    explains: list[Any] = []
     for f in files:
         kind = classify(f)
         if kind == "tune":
@@ -424,8 +434,12 @@ def build_report(
             if ti.diagnosis is not None:
                 diagnoses.append(ti.diagnosis)
             notes.extend(ti.notes)
+            if explain or (explain is None and ti.has_stacks):
+                from alloctune.report.explain_view import explain_recording
+
+                explains.append(explain_recording(f, device=device))
     budgets = min_budgets(rows)
     if any(how != "bisection" for _, how in budgets.values()):
         notes.append("min_budget marked 'smallest ok trial' is an upper bound: the store holds no bisection result")
     return ReportData(title, tuple(str(f) for f in files), tuple(rows), tuple(series), tuple(maps), tuple(diagnoses),
-                      tuple(notes))
+                      tuple(notes), tuple(explains))

@@ -1,0 +1,245 @@
+"""What the explain page draws, computed from one recording: plain data, no rendering.
+
+`explain_view(trace, ex)` takes the `Explanation` that `alloctune explain` printed and adds
+what a page shows beyond the moment: the categories and the top sites over the whole run, and
+the memory map at the moment with the allocation that owns every live block.
+
+Over time, one pass replays the recording through the simulator's Python model (the same
+settings and recorded segment addresses `diagnose.memory_map.map_after_request` uses) and, at
+a few hundred sample points, reads the allocator's totals and files every live block under a
+category with explain's own rule (`explain.core._categorise`, given the blocks live there):
+the categories at a sample point are what `explain --at` would print there, and at the moment
+they are checked to equal the explanation's. The number of sample points shrinks with the
+number of allocations (the rule reads every allocation once per point), so the pass stays
+within a bounded cost; memory is one entry per live block plus the sampled numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from alloctune.diagnose.snapshot_model import MemoryMap
+from alloctune.errors import TraceError
+from alloctune.explain.model import CATEGORIES, Explanation
+from alloctune.trace.model import ALLOC, EMPTY_CACHE, FAILED_ALLOC, FREE, Trace
+
+MAX_POINTS = 240  # sample points over the run (the chart is ~1100 px wide)
+MIN_POINTS = 24
+COST = 12_000_000  # sample points × allocations the category rule may read in all
+TOP_SITES_SHOWN = 8  # sites drawn over time
+OTHER = -1  # owner of a live block whose site is not in the explanation's list
+
+
+@dataclass(frozen=True)
+class OverTime:
+    """Sampled after requests `request[i]`, recording events `event[i]` (the x axis: what `explain --at`
+    takes; the same whether or not a cached snapshot has its events loaded)."""
+
+    request: tuple[int, ...]
+    event: tuple[int, ...]
+    categories: dict[str, tuple[int, ...]]  # per category, bytes at each point (they sum to reserved)
+    reserved: tuple[int, ...]
+    allocated: tuple[int, ...]
+    sites: tuple[tuple[int, tuple[int, ...]], ...]  # (row index in ex.sites, live requested bytes at each point)
+    moment: int  # index of the explained moment among the points
+    recorded_reserved: tuple[int, ...]  # what the recording itself held there (a check of the replay)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"request": list(self.request), "event": list(self.event),
+                "categories": {k: list(v) for k, v in self.categories.items()},
+                "reserved": list(self.reserved), "allocated": list(self.allocated),
+                "sites": [{"site_row": i, "bytes": list(v)} for i, v in self.sites], "moment": self.moment}
+
+
+@dataclass(frozen=True)
+class ExplainView:
+    """An explanation with its run over time and the memory map at its moment."""
+
+    explanation: Explanation
+    over_time: OverTime
+    memory_map: MemoryMap
+    map_source: str
+    owners: dict[int, tuple[int, str]]  # live block address -> (row index in ex.sites or OTHER, category)
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"explanation": self.explanation.to_dict(), "over_time": self.over_time.to_dict(),
+                "map_source": self.map_source, "notes": list(self.notes)}
+
+
+def _sample_points(n: int, moment: int, n_alloc: int, max_points: int) -> list[int]:
+    points = max(MIN_POINTS, min(max_points, COST // max(1, n_alloc)))
+    pts = {round(i * (n - 1) / max(1, points - 1)) for i in range(points)} if n else set()
+    if moment >= 0:
+        pts.add(moment)
+    return sorted(p for p in pts if 0 <= p < n)
+
+
+def explain_view(trace: Trace, ex: Explanation, an: Any = None, max_points: int = MAX_POINTS) -> ExplainView:
+    """The explanation `ex` of `trace` with its run over time and the map at its moment.
+
+    `an`: the `explain.core.Analysis` explain used (recomputed with `ex.group` when None; it is
+    deterministic, so the same)."""
+    from alloctune.diagnose.memory_map import _settings_and_budget, map_after_request
+    from alloctune.explain.core import _categorise, analyse
+    from alloctune.sim.driver import H200_TOTAL
+    from alloctune.sim.replay import _address_model, make_allocator
+
+    if an is None:
+        an = analyse(trace, ex.group)
+    life = an.life
+    req = trace.requests
+    n = len(req)
+    mo = ex.moment
+    after = int(mo["request"])
+    samples = _sample_points(n, after, len(life.alloc), max_points)
+    label_set = set(an.labels)
+    rows = {s.site: i for i, s in enumerate(ex.sites) if s.site in label_set}
+    row_of_site = {sid: rows.get(label, OTHER) for sid, label in enumerate(an.labels)}
+    top_rows = [i for i, s in enumerate(ex.sites) if s.site in rows and s.bytes > 0][:TOP_SITES_SHOWN]
+    top_index = {r: j for j, r in enumerate(top_rows)}
+
+    # The replay: the settings, budget and recorded segment addresses of `map_after_request`.
+    settings, budget = _settings_and_budget(trace)
+    alloc = make_allocator(settings, budget=budget, total_memory=int(trace.total_memory or H200_TOTAL),
+                           addresses=_address_model(trace, "recorded", None), record_events=False)
+    st = alloc.stats
+    ops, sizes, rids, streams, fallbacks = req.ops, req.sizes, req.rids, req.streams, req.fallbacks
+    blocks: dict[int, tuple[Any, int]] = {}  # rid -> (simulated block, allocation index)
+    index: dict[int, int] = {}
+    live: set[int] = set()
+    k_next = 0
+    cat_cols: dict[str, list[int]] = {c: [] for c in CATEGORIES}
+    reserved: list[int] = []
+    allocated: list[int] = []
+    site_cols: list[list[int]] = [[] for _ in top_rows]
+    owners_sim: dict[int, int] = {}
+    mismatch: list[str] = []
+    si = 0
+    for i in range(n):
+        if si >= len(samples):
+            break
+        op = ops[i]
+        if op == ALLOC:
+            k = k_next
+            k_next += 1
+            index[rids[i]] = k
+            live.add(k)
+            alloc.request_index = i
+            b = alloc.malloc(sizes[i], streams[i])
+            for fb in fallbacks.get(i, ()) if b is None else ():
+                b = alloc.malloc(fb, streams[i])
+                if b is not None:
+                    break
+            if b is None:
+                mismatch.append(f"the simulation runs out of memory at request {i}, the recording did not")
+                break
+            blocks[rids[i]] = (b, k)
+        elif op == FREE:
+            k = index.pop(rids[i], None)
+            if k is not None:
+                live.discard(k)
+            got = blocks.pop(rids[i], None)
+            if got is not None:
+                alloc.free(got[0])
+        elif op == EMPTY_CACHE:
+            alloc.request_index = i
+            alloc.empty_cache()
+        elif op == FAILED_ALLOC:
+            alloc.request_index = i
+            b = alloc.malloc(sizes[i], streams[i])
+            if b is not None:
+                alloc.free(b)
+        if i != samples[si]:
+            continue
+        si += 1
+        ks = sorted(live)
+        cats, _ = _categorise(an, ks, i)  # explain's own rule, with the blocks live here
+        sums = dict.fromkeys(CATEGORIES, 0)
+        per_top = [0] * len(top_rows)
+        requested = 0
+        for k in ks:
+            size = life.size[k]
+            sums[cats[k]] += size
+            requested += size
+            j = top_index.get(row_of_site[an.site_of[k]])
+            if j is not None:
+                per_top[j] += size
+        sums["rounding"] = st.allocated - requested
+        sums["inactive_split"] = st.inactive_split_bytes
+        sums["cached_free"] = st.reserved - st.allocated - st.inactive_split_bytes
+        for c in CATEGORIES:
+            cat_cols[c].append(sums[c])
+        reserved.append(st.reserved)
+        allocated.append(st.allocated)
+        for j, v in enumerate(per_top):
+            site_cols[j].append(v)
+        if i == after:
+            owners_sim = {blocks[rids[life.alloc[k]]][0].addr: k for k in ks if rids[life.alloc[k]] in blocks}
+    m = len(reserved)
+    samples = samples[:m]
+    if not samples:
+        raise TraceError(f"{trace.source}: nothing to draw over time (the replay stopped before the first request)")
+    from alloctune.explain.moment import reserved_after
+
+    rec_all = reserved_after(trace)
+    recorded = tuple(rec_all[s] for s in samples)
+    off = sum(1 for a, b in zip(reserved, recorded) if a != b)
+    notes = list(mismatch)
+    if off:
+        notes.append(f"at {off} of {m} sample points the simulated reserved bytes differ from the recording's; "
+                     "the overhead categories there are the simulation's")
+    moment_i = samples.index(after) if after in samples else 0
+    if after in samples and reserved[moment_i] == ex.reserved:
+        got = {c: cat_cols[c][moment_i] for c in CATEGORIES}
+        want = {c.name: c.bytes for c in ex.categories}
+        if got != want:
+            raise TraceError(f"{trace.source}: internal check failed: the categories over time give {got} at the "
+                             f"moment, explain {want}")
+
+    mm, map_source = map_after_request(trace, after, ex.reserved, int(mo["event"]))
+    owners: dict[int, tuple[int, str]] = {}
+    cats_now, _ = _categorise(an, sorted(k for k in range(len(life.alloc))
+                                         if life.alloc[k] <= after < life.free[k]), after)
+    if map_source.startswith("simulated"):
+        addr_owner = owners_sim
+    else:  # the map comes from the recorded addresses: so do the owners
+        try:
+            evs = trace.events or []  # a cached snapshot's events load here, once
+        except (TraceError, OSError):
+            evs = []
+        addr_owner = {}
+        for k in cats_now:
+            e = req.event_index[life.alloc[k]]
+            if 0 <= e < len(evs) and isinstance(evs[e].get("addr"), int):
+                addr_owner[evs[e]["addr"]] = k
+    for seg in mm.segments:
+        for b in seg.blocks:
+            k = addr_owner.get(b.addr)
+            if b.allocated and k is not None and k in cats_now and life.size[k] == b.requested:
+                owners[b.addr] = (row_of_site[an.site_of[k]], cats_now[k])
+    live_blocks = sum(1 for s in mm.segments for b in s.blocks if b.allocated)
+    if len(owners) != live_blocks:
+        notes.append(f"{live_blocks - len(owners)} of {live_blocks} live blocks in the map could not be matched "
+                     "to their allocation; they are drawn without a site")
+    ot = OverTime(tuple(samples), tuple(req.event_index[s] for s in samples),
+                  {c: tuple(v) for c, v in cat_cols.items()}, tuple(reserved), tuple(allocated),
+                  tuple((r, tuple(col[:m])) for r, col in zip(top_rows, site_cols)), moment_i, recorded)
+    return ExplainView(ex, ot, mm, map_source, owners, tuple(notes))
+
+
+def explain_recording(recording: Any, *, at: Any = None, group: str = "line", top: int = 20, what_if: bool = True,
+                      what_if_dir: Any = None, device: int | None = None, repeats: Sequence[int] | None = None,
+                      progress: Any = None) -> ExplainView:
+    """Load a recording once, explain it exactly as `alloctune explain` does, and add the page's
+    views (`explain_view`)."""
+    from alloctune.explain.api import explain
+    from alloctune.explain.core import analyse
+    from alloctune.progress import no_progress
+    from alloctune.trace import load_trace
+
+    trace = recording if isinstance(recording, Trace) else load_trace(recording, device)
+    ex = explain(trace, at=at, group=group, top=top, what_if=what_if, what_if_dir=what_if_dir, repeats=repeats,
+                 progress=progress or no_progress)
+    return explain_view(trace, ex, analyse(trace, group, repeats))
