@@ -360,7 +360,7 @@ def explain_section(view: ExplainView, heading: str = "h2", prefix: str = "") ->
 
 def explain_page(view: ExplainView, generated: datetime | None = None) -> str:
     """The standalone page of `alloctune explain --html`: one file, nothing fetched, no script."""
-    from alloctune.report.html import _CSS
+    from alloctune.report.style import PAGE_CSS as _CSS
 
     when = (generated or datetime.now(timezone.utc)).strftime("%Y-%m-%d %H:%M UTC")
     title = f"alloctune explain: {view.explanation.source}"

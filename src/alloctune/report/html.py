@@ -14,27 +14,9 @@ from datetime import datetime, timezone
 from typing import Mapping, Sequence
 
 from alloctune.report.model import ReportData
+from alloctune.report.style import PAGE_CSS as _CSS  # shared with the explain page
 from alloctune.report.tables import SETTINGS_HEADER, diagnosis_cells, settings_cells
 from alloctune.units import format_mib
-
-_CSS = """
-body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2rem auto; max-width: 72rem;
-       padding: 0 1rem; color: #1a202c; line-height: 1.45; }
-h1 { font-size: 1.6rem; margin-bottom: .2rem; }
-h2 { font-size: 1.2rem; margin-top: 2rem; border-bottom: 1px solid #cbd5e0; padding-bottom: .2rem; }
-h3 { font-size: 1rem; }
-table { border-collapse: collapse; margin: .6rem 0; font-size: .85rem; }
-th, td { border: 1px solid #cbd5e0; padding: .25rem .5rem; text-align: left; vertical-align: top; }
-th { background: #edf2f7; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
-table.kv td:first-child { font-weight: 600; background: #f7fafc; }
-figure { margin: 1rem 0; }
-figure img, figure svg { max-width: 100%; height: auto; border: 1px solid #e2e8f0; }
-figcaption { font-size: .85rem; color: #4a5568; }
-.verdict { font-weight: bold; }
-.muted { color: #718096; font-size: .85rem; }
-code { background: #edf2f7; padding: 0 .2rem; }
-"""
 
 
 def data_uri(png: bytes) -> str:
