@@ -256,20 +256,6 @@ def test_steps_of_varying_shape_are_found_from_stacks(tmp_path):
     assert ex.repeats["starts"][0] == 4  # the loop's first allocation (after the 4 parameters)
 
 
-def test_without_the_growth_is_the_program_that_never_made_it(leak, tmp_path):
-    """Dropping the kept blocks altogether gives the min budget of the same program written
-    without the kept tensor (built independently by the synthetic program)."""
-    from alloctune.sim.sweep import sweep
-
-    path = leak[0]
-    ex = explain(path)
-    site = next(s for s in ex.sites if s.growing)
-    never, _ = training_loop(keep_logits=True, make_logits=False)
-    want = sweep(load_trace(write(never, tmp_path / "never.pickle")), [""], find_min=True).rows[0].min_budget
-    assert site.min_budget_without_growth is not None
-    assert abs(site.min_budget_without_growth - want) <= 0.02 * want
-
-
 def test_against_a_larger_input_without_stacks_names_the_requests_that_grew(tmp_path):
     """Two runs of one program at two input sizes, no stacks: sizes differ, so the requests are
     paired as `plan` pairs them and the gap lands on the site of the kept logits."""

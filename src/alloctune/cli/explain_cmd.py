@@ -108,8 +108,6 @@ def _render(ex) -> None:  # ex: Explanation
     for s in ex.sites:
         grow = f", grows {_fmt(s.bytes_per_repeat)}/repetition" if s.growing else ""
         freed = f", min budget if freed {_fmt(s.min_budget_if_freed)}" if s.min_budget_if_freed is not None else ""
-        if s.min_budget_without_growth is not None:
-            freed += f", if never made {_fmt(s.min_budget_without_growth)}"
         lib = f"  [{s.library_frame}]" if s.library_frame else ""
         console.print(f"  {_fmt(s.bytes):>12} in {s.blocks} blocks, kept {_fmt(s.outlived_bytes)}{grow}{freed}  "
                       f"{s.site}{lib}", markup=False, soft_wrap=True)

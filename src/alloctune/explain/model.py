@@ -50,7 +50,6 @@ class Site:
     categories: dict[str, int] = field(default_factory=dict)
     min_budget_if_freed: int | None = None
     what_if_command: str | None = None
-    min_budget_without_growth: int | None = None  # growing sites: as if the kept blocks were never made
     delta: int | None = None  # with --against: bytes here minus bytes in the other recording
 
     def to_dict(self) -> dict[str, Any]:

@@ -70,36 +70,6 @@ def free_at_repeat_end(an: Analysis, sites: Iterable[int]) -> Trace:
                  total_memory=trace.total_memory)
 
 
-def without_blocks(an: Analysis, sites: Iterable[int]) -> Trace:
-    """The recording as if the kept blocks of `sites` (those that outlived their repetition) had
-    never been made: their allocations and frees dropped, every other request unchanged
-    (allocation ids renumbered in order, as the compact format wants)."""
-    trace, life = an.trace, an.life
-    wanted = set(sites)
-    req = trace.requests
-    drop_rids = {req.rids[life.alloc[k]] for k, s in enumerate(an.site_of) if s in wanted and an.kept[k]}
-    out = RequestStream()
-    new_rid: dict[int, int] = {}
-    new_index = [0] * (len(req) + 1)
-    for r in range(len(req)):
-        new_index[r] = len(out)
-        op, rid = req.ops[r], req.rids[r]
-        if op in (ALLOC, FREE) and rid in drop_rids:
-            continue
-        if op == ALLOC:
-            new_rid[rid] = len(new_rid)
-            rid = new_rid[rid]
-        elif op == FREE:
-            rid = new_rid[rid]
-        out.append(op, req.sizes[r], rid, req.streams[r], req.event_index[r])
-    new_index[len(req)] = len(out)
-    out.fallbacks = {new_index[i]: v for i, v in req.fallbacks.items() if new_index[i] < len(out)}
-    seg = [replace(e, request_index=new_index[min(e.request_index, len(req))]) for e in trace.segment_events]
-    return Trace(source=trace.source, device=trace.device, requests=out, segment_events=seg,
-                 allocator_settings=dict(trace.allocator_settings), events=[], meta=dict(trace.meta or {}),
-                 total_memory=trace.total_memory)
-
-
 def _min_budget(trace: Trace, conf: str, reference: Trace) -> int | None:
     from alloctune.sim.sweep import sweep
 
@@ -126,10 +96,10 @@ def what_ifs(an: Analysis, ex: Explanation, *, source_arg: str, out_dir: str | P
     conf_arg = f" -c '{conf}'" if conf else ""
     n = 0
 
-    def run(what: str, sites: Sequence[int], drop: bool = False) -> tuple[int | None, str]:
+    def run(what: str, sites: Sequence[int]) -> tuple[int | None, str]:
         nonlocal n
         n += 1
-        t = without_blocks(an, sites) if drop else free_at_repeat_end(an, sites)
+        t = free_at_repeat_end(an, sites)
         mb = _min_budget(t, conf, trace)
         name = f"what_if_{n}.atrace"
         if out_dir is not None:
@@ -146,11 +116,11 @@ def what_ifs(an: Analysis, ex: Explanation, *, source_arg: str, out_dir: str | P
     for s in chosen:
         mb, cmd = run(f"free the blocks of {s.site} that outlive their repetition at its end", [label_to_id[s.site]])
         rows[s.site] = replace(rows[s.site], min_budget_if_freed=mb, what_if_command=cmd)
-        if s.growing:
-            mb2, _ = run(f"without the growth of {s.site} (its kept blocks never made)", [label_to_id[s.site]],
-                         drop=True)
-            rows[s.site] = replace(rows[s.site], min_budget_without_growth=mb2)
+    # Without the growth altogether: every growing site's kept blocks freed at their repetition's end
+    # (with one growing site, its own what-if above is that number). Not "never made": the kept
+    # tensor is usually needed in its step (logits for the loss); dropping it simulates another
+    # program (on a real AdamW loop 10 % below the real min budget of the program without the list).
     growing = [i for i, (g, _) in an.growth.items() if g]
     if len(growing) > 1:
-        run("every growing site's kept blocks freed at each repetition's end", growing)
+        run("without any growth: every growing site's kept blocks freed at each repetition's end", growing)
     return replace(ex, sites=tuple(rows[s.site] for s in ex.sites), what_if=tuple(results), min_budget=base)
