@@ -116,6 +116,11 @@ def _render(ex) -> None:  # ex: Explanation
     for w in ex.what_if:
         console.print(f"  what if: {w.what}: {_fmt(w.min_budget)} (saves {_fmt(w.saves)})", markup=False, soft_wrap=True)
         console.print(f"    {w.command.splitlines()[-1]}", markup=False, soft_wrap=True)
+    for r in ex.remedies:
+        change = ("no change" if not r.saving else f"saves {_fmt(r.saving)}" if r.saving > 0
+                  else f"costs {_fmt(-r.saving)}")
+        console.print(f"  remedy: {r.name}: min budget {_fmt(r.min_budget)} ({change}), {r.extra_driver_calls} more "
+                      f"driver calls (at most {r.extra_seconds * 1e3:.0f} ms) -- {r.code}", markup=False, soft_wrap=True)
     for note in ex.notes:
         console.print(f"note: {note}", markup=False, soft_wrap=True)
 

@@ -50,6 +50,11 @@ def explain(
         progress("simulating what-ifs", 2, 3)
         ex = what_ifs(an, ex, source_arg=str(recording if not isinstance(recording, Trace) else trace.source),
                       out_dir=what_if_dir)
+        from dataclasses import replace
+
+        from alloctune.explain.remedies import release_points
+
+        ex = replace(ex, remedies=tuple(release_points(an, ex.min_budget)))
     progress("done", 3, 3)
     return ex
 

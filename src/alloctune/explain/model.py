@@ -74,6 +74,7 @@ class Explanation:
     what_if: tuple[WhatIfResult, ...] = ()
     min_budget: int | None = None  # the recording's own min budget (what-ifs compare with it)
     notes: tuple[str, ...] = ()
+    remedies: tuple[Any, ...] = ()  # program-level remedies simulated on the recording (`explain.remedies.Remedy`)
 
     @property
     def reserved(self) -> int:
@@ -97,6 +98,7 @@ class Explanation:
             "map_source": self.map_source,
             "min_budget": self.min_budget,
             "what_if": [w.to_dict() for w in self.what_if],
+            "remedies": [r.to_dict() for r in self.remedies],
             "notes": list(self.notes),
         }
 
