@@ -24,7 +24,9 @@ WINDOWS = (1000, 2500, 20000)
 
 # Log decorations that may start a continuation line of a wrapped message.
 _LINE_PREFIX = re.compile(
-    r"[ \t]*(?:"
+    # CRI (containerd, Kubernetes): the text after its one space is the line's own, spaces included
+    r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d) (?:stdout|stderr) [PF] "
+    r"|[ \t]*(?:"
     r"\[rank\d+\]:?"  # torchrun
     r"|\([\w.-]+ pid=\d+(?:, ip=[\d.]+)?\)"  # Ray / vLLM workers
     r"|(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+\d\d-\d\d\s+\d\d:\d\d:\d\d(?:\.\d+)?\s+\[?[\w./-]+(?::\d+)?\]"  # vLLM
@@ -44,6 +46,7 @@ _SPECIAL = re.compile(
     r"(?P<entity>&(?:#\d+|#x[0-9A-Fa-f]+|[A-Za-z]+);)"
     r"|(?P<esc>\\[nrt])"
     r"|(?P<escq>\\[\"'\\/])"
+    r"|(?P<uesc>\\u[0-9A-Fa-f]{4})"  # JSON's \u escapes (Python's json.dumps writes non-ASCII so)
     r"|(?P<br><br\s*/?>)"
     r"|(?P<nl>\r\n|\r|\n)"
     r"|(?P<ws>[\t\f\v\u00a0\u3000][ \t\f\v\u00a0\u3000]*| [ \t\f\v\u00a0\u3000]+)",
@@ -60,7 +63,9 @@ class Normalized:
     character it produced to the token's first raw character.
     """
 
-    def __init__(self, raw: str, start: int, end: int) -> None:
+    def __init__(self, raw: str, start: int, end: int, joins: frozenset[int] = frozenset()) -> None:
+        """`joins`: raw positions of line breaks that split a word or a line (a terminal's hard
+        wrap, a log collector's partial line): they vanish instead of becoming a space."""
         parts: list[str] = []
         ns: list[int] = []
         rs: list[int] = []
@@ -106,6 +111,11 @@ class Normalized:
                 out = html.unescape(m.group())
             elif kind == "escq":
                 out = m.group()[1]
+            elif kind == "uesc":
+                out = chr(int(m.group()[2:], 16)).translate(_FULLWIDTH)
+                out = " " if out.isspace() else out
+            elif kind == "nl" and at in joins:
+                out = ""
             else:
                 out = " "
             for c in out:
@@ -356,22 +366,84 @@ def build_report(p: grammar.Parsed, norm: Normalized, i: int, raw: str, platform
 
 
 _EXC_BEFORE = re.compile(r"(?:Error|Exception|error|exception|[:>*\-!\]])[\s*]*$")
+# Only an exception's own message stands after these: whatever a GUI or logger appends after the
+# short form ("torch.OutOfMemoryError: Allocation on device  (node 12)") does not make it prose.
+_STRONG_BEFORE = re.compile(r"(?:OutOfMemoryError|[Ee]rror|[Ee]xception)\s*:[\s*]*$|!!![\s*]*$"
+                            r"|\b(?:ERROR|CRITICAL|FATAL)\b[\]\s:|-]*$")
+_JSON_VALUE_BEFORE = re.compile(r'"[\w.-]+"\s*:\s*"$')  # {"log": "...  (Docker, JSON loggers)
+_LINE_END = re.compile(r'\n|\\[nr]|"|<')  # a line, a JSON-escaped line, a JSON string, an HTML cell
+_LOOKBACK = 3000  # how far back the start of a line is looked for (and platform clues before a message)
 
 
 def _plausible_bare_head(text: str, m: re.Match[str], parsed: grammar.Parsed) -> bool:
     """A head with no clause after it ("CUDA out of memory.", ComfyUI's cut "Allocation on device")
-    counts only where an exception message would stand: after "...Error:" or a log marker, and
-    with nothing but punctuation after it on its line. Prose ("I meet CUDA out of memory when...")
-    does not."""
-    line_start = text.rfind("\n", 0, m.start()) + 1
+    counts only where an exception message would stand: after "...Error:", a log marker, or only
+    log prefixes (timestamps, `[rank0]:`) on its line, and with nothing but punctuation after it
+    on its line -- unless an exception name stands right before it, when anything may follow.
+    Prose ("I meet CUDA out of memory when...") does not count."""
+    line_start = text.rfind("\n", max(0, m.start() - _LOOKBACK), m.start()) + 1
     before = text[line_start : m.start()]
-    line_end = text.find("\n", m.end())
-    after = text[m.end() : len(text) if line_end < 0 else line_end]
+    pos = 0
+    while True:  # log prefixes only: as if the line started here
+        pm = _LINE_PREFIX.match(before, pos)
+        if not pm or pm.end() == pos:
+            break
+        pos = pm.end()
+    before = before[pos:]
+    if _STRONG_BEFORE.search(before):
+        return True
+    le = _LINE_END.search(text, m.end(), m.end() + _LOOKBACK)
+    after = text[m.end() : le.start() if le else min(len(text), m.end() + _LOOKBACK)]
     if parsed.head in ("async", "async-pt"):
         after = re.sub(r"^\s*\d+", "", after)
-    before_ok = not before.strip() or bool(_EXC_BEFORE.search(before))
+    before_ok = not before.strip() or bool(_EXC_BEFORE.search(before) or _JSON_VALUE_BEFORE.search(before))
     after_ok = not re.search(r"[A-Za-z0-9]", after.lstrip(".").strip(" .'\"`)*"))
     return before_ok and after_ok
+
+
+# Line breaks that split a message: a terminal's hard wrap cuts every line at one width, a
+# container runtime marks the pieces of a long line "P" (partial).
+_WRAP_MIN = 40
+_CRI_PARTIAL = re.compile(r"\S+ (?:stdout|stderr) P ")
+
+
+def _joins(chunk: str, lead: str) -> frozenset[int]:
+    """Line breaks of `chunk` to drop: after a CRI partial line, or after a line exactly as long as
+    the longest line (at least `_WRAP_MIN`), as a terminal's hard wrap leaves them. `lead` is the
+    text of the first line before `chunk` starts."""
+    out, width, lines = set(), 0, []
+    start, line = 0, lead
+    for k, piece in enumerate(chunk.split("\n")[:-1]):
+        full = (line if k == 0 else "") + piece
+        brk = start + len(piece) - (1 if piece.endswith("\r") else 0)
+        full = full.rstrip("\r")
+        if _CRI_PARTIAL.match(full):
+            out.add(brk)
+        lines.append((len(full), brk))
+        width = max(width, len(full))
+        start += len(piece) + 1
+    if width >= _WRAP_MIN:
+        out.update(brk for n, brk in lines if n == width)
+    return frozenset(out)
+
+
+def _rejoined(chunk: str, lead: str, norm: Normalized, parsed: grammar.Parsed | None):
+    """The window parsed again without the line breaks that split it, when the message stops just
+    before such a break with words left on that line; `None` unless that reads more clauses."""
+    if parsed is None:
+        return None
+    stop = norm.raw_span(parsed.end, parsed.end)[0]
+    nl = chunk.find("\n", stop, stop + 300)
+    if nl < 0 or not chunk[stop:nl].strip():
+        return None
+    joins = _joins(chunk, lead)
+    if not joins or (nl not in joins and nl - 1 not in joins):
+        return None
+    norm2 = Normalized(chunk, 0, len(chunk), joins)
+    parsed2 = grammar.parse_at(norm2.text, 0)
+    if parsed2 is None or len(parsed2.clauses) <= len(parsed.clauses):
+        return None
+    return norm2, parsed2
 
 
 # Memory for repeats within one call (a log often repeats one message thousands of times).
@@ -379,6 +451,9 @@ _CACHE_CHARS = 8_000_000
 
 # Messages after which a big text's platform clues are indexed once instead of scanned per message.
 _INDEX_AFTER = 64
+
+# What a message may need after its first character: the largest window plus the platform context.
+LOOKAHEAD = WINDOWS[-1] + _CONTEXT
 
 
 class _Shifted:
@@ -394,64 +469,93 @@ class _Shifted:
         return a + self._base, b + self._base
 
 
-def iter_reports(text: str, platform: str | None = None) -> Iterator[OOMReport]:
-    """Every OOM message in `text`, in order of appearance (repeats included).
+class ReportFinder:
+    """Finds the messages of one text, given whole or piece by piece (`alloctune.diagnose.scan`).
 
     Linear in the text, and fast on logs made of repeats: a window is normalised once per
     distinct raw window and parsed once per distinct normalised text; a repeat's report is the
     first one's with its own span and platform clue. Windows are normalised from a slice, which
     is exact: neither normalisation nor the line-prefix rules look behind their start.
     """
-    n = len(text)
-    index = None  # built once a big text has shown many messages (a few are cheaper to scan for)
-    found = 0
-    windows: dict[str, tuple[Normalized, grammar.Parsed | None]] = {}
-    parsed_cache: dict[str, grammar.Parsed | None] = {}
-    reports: dict[str, tuple[int, OOMReport]] = {}
-    cached = 0
-    pos = 0
-    while pos < n:
-        m = grammar.ANCHOR.search(text, pos)
-        if not m:
-            return
-        s = m.start()
-        for window in WINDOWS:  # small first; grow only if the message may run past the window
-            e = min(n, s + window)
-            chunk = text[s:e]
-            hit = windows.get(chunk)
-            if hit is None:
-                norm = Normalized(chunk, 0, len(chunk))
-                parsed = parsed_cache.get(norm.text, _MISSING)
-                if parsed is _MISSING:
-                    parsed = parsed_cache[norm.text] = grammar.parse_at(norm.text, 0)
-                if cached > _CACHE_CHARS:
-                    windows.clear()
-                    parsed_cache.clear()
-                    reports.clear()
-                    cached = 0
-                windows[chunk] = (norm, parsed)
-                cached += 2 * len(chunk)
-            else:
-                norm, parsed = hit
-            if parsed is None or e >= n or parsed.end < len(norm.text) - 200:
+
+    def __init__(self, platform: str | None = None) -> None:
+        self.platform = platform
+        self.found = 0
+        self.pos = 0  # where the next `scan` resumes
+        self._windows: dict[str, tuple[Normalized, grammar.Parsed | None]] = {}
+        self._parsed: dict[str, grammar.Parsed | None] = {}
+        self._reports: dict[str, tuple[int, OOMReport]] = {}
+        self._cached = 0
+
+    def _window(self, text: str, s: int, e: int) -> tuple[str, Normalized, grammar.Parsed | None]:
+        chunk = text[s:e]
+        hit = self._windows.get(chunk)
+        if hit is not None:
+            return chunk, hit[0], hit[1]
+        norm = Normalized(chunk, 0, len(chunk))
+        parsed = self._parsed.get(norm.text, _MISSING)
+        if parsed is _MISSING:
+            parsed = self._parsed[norm.text] = grammar.parse_at(norm.text, 0)
+        if "\n" in chunk:
+            lead = text[text.rfind("\n", max(0, s - _LOOKBACK), s) + 1 : s]
+            again = _rejoined(chunk, lead, norm, parsed)
+            if again is not None:
+                norm, parsed = again
+        if self._cached > _CACHE_CHARS:
+            self._windows.clear()
+            self._parsed.clear()
+            self._reports.clear()
+            self._cached = 0
+        self._windows[chunk] = (norm, parsed)
+        self._cached += 2 * len(chunk)
+        return chunk, norm, parsed
+
+    def scan(self, text: str, pos: int, stop: int, *, big: bool) -> Iterator[OOMReport]:
+        """Reports of the messages that start in `text[pos:stop]`, spans relative to `text`.
+
+        `text` must reach `LOOKAHEAD` characters past `stop` unless it ends the input; `big`
+        allows the platform-clue index (for texts above `BIG_TEXT`)."""
+        n = len(text)
+        index = PlatformIndex(text) if big and self.found >= _INDEX_AFTER and self.platform is None else None
+        self.pos = pos
+        while pos < stop:
+            m = grammar.ANCHOR.search(text, pos, stop + 200)
+            if not m or m.start() >= stop:
                 break
-        if parsed is None or (
-            not parsed.clauses and parsed.head not in ("thc", "cuda-error") and not _plausible_bare_head(text, m, parsed)
-        ):
-            pos = m.end()
-            continue
-        found += 1
-        if found == _INDEX_AFTER and n > BIG_TEXT and platform is None:
-            index = PlatformIndex(text)
-        first = reports.get(chunk)
-        if first is None:
-            report = build_report(parsed, _Shifted(norm, s), 0, text, platform, index)
-            reports[chunk] = (s, report)
-        else:
-            report = _repeat(first[1], first[1].span[0] - first[0] + s, first[1].span[1] - first[0] + s,
-                             text, platform, index)
-        yield report
-        pos = max(report.span[1], m.end())
+            s = m.start()
+            for window in WINDOWS:  # small first; grow only if the message may run past the window
+                e = min(n, s + window)
+                chunk, norm, parsed = self._window(text, s, e)
+                if parsed is None or e >= n or parsed.end < len(norm.text) - 200:
+                    break
+            if parsed is None or (
+                not parsed.clauses and parsed.head not in ("thc", "cuda-error")
+                and not _plausible_bare_head(text, m, parsed)
+            ):
+                pos = self.pos = m.end()
+                continue
+            self.found += 1
+            if index is None and big and self.found == _INDEX_AFTER and self.platform is None:
+                index = PlatformIndex(text)
+            first = self._reports.get(chunk)
+            if first is None:
+                report = build_report(parsed, _Shifted(norm, s), 0, text, self.platform, index)
+                self._reports[chunk] = (s, report)
+            else:
+                report = _repeat(first[1], first[1].span[0] - first[0] + s, first[1].span[1] - first[0] + s,
+                                 text, self.platform, index)
+            pos = self.pos = max(report.span[1], m.end())
+            yield report
+        self.pos = max(self.pos, min(pos, stop))
+
+    def rebase(self, shift: int) -> None:
+        """The text lost its first `shift` characters: move the remembered first spans with it."""
+        self._reports = {k: (s - shift, r) for k, (s, r) in self._reports.items()}
+
+
+def iter_reports(text: str, platform: str | None = None) -> Iterator[OOMReport]:
+    """Every OOM message in `text`, in order of appearance (repeats included)."""
+    return ReportFinder(platform).scan(text, 0, len(text), big=len(text) > BIG_TEXT)
 
 
 _MISSING = object()
@@ -465,14 +569,19 @@ def _repeat(first: OOMReport, start: int, end: int, text: str, platform: str | N
         plat, evidence = platform, "given"
     else:
         plat, evidence = platform_hint(text, start, end, first.vendor, index)
-    if not hasattr(first, "__dict__"):  # a slotted OOMReport: the slower, general way
+    return moved(first, start, end, plat, evidence)
+
+
+def moved(report: OOMReport, start: int, end: int, plat: str | None, evidence: str | None) -> OOMReport:
+    """`report` with another span and platform clue (figures and text shared, not copied)."""
+    if not hasattr(report, "__dict__"):  # a slotted OOMReport: the slower, general way
         from dataclasses import replace
 
-        return replace(first, span=(start, end), platform=plat, platform_evidence=evidence)
-    report = object.__new__(OOMReport)  # a plain copy: dataclasses.replace costs more than the rest
-    report.__dict__.update(first.__dict__)
-    report.__dict__.update(span=(start, end), platform=plat, platform_evidence=evidence)
-    return report
+        return replace(report, span=(start, end), platform=plat, platform_evidence=evidence)
+    out = object.__new__(OOMReport)  # a plain copy: dataclasses.replace costs more than the rest
+    out.__dict__.update(report.__dict__)
+    out.__dict__.update(span=(start, end), platform=plat, platform_evidence=evidence)
+    return out
 
 
 def find_reports(text: str, platform: str | None = None) -> list[OOMReport]:
