@@ -15,8 +15,10 @@ from alloctune.progress import Progress, no_progress
 
 
 @contextmanager
-def progress_on_stderr(*, quiet: bool = False, console: Console | None = None) -> Iterator[Progress]:
-    """Yield a `Progress` callback that draws on stderr, or `no_progress` when it should be quiet."""
+def progress_on_stderr(*, quiet: bool = False, console: Console | None = None, after: float = 0.0) -> Iterator[Progress]:
+    """Yield a `Progress` callback that draws on stderr, or `no_progress` when it should be quiet.
+
+    `after`: seconds of work before anything is drawn (a quick command shows no flicker)."""
     from alloctune.cli.render import err_console
 
     con = console or err_console
@@ -30,8 +32,22 @@ def progress_on_stderr(*, quiet: bool = False, console: Console | None = None) -
                        TimeElapsedColumn(), console=con, transient=True)
     task = bar.add_task("starting", total=None)
 
+    import time
+
+    start = time.monotonic()
+    shown = False
+
     def report(step: str, done: int = 0, total: int | None = None) -> None:
+        nonlocal shown
+        if not shown:
+            if time.monotonic() - start < after:
+                return
+            bar.start()
+            shown = True
         bar.update(task, description=step, completed=done, total=total)
 
-    with bar:
+    try:
         yield report
+    finally:
+        if shown:
+            bar.stop()

@@ -548,10 +548,6 @@ class ReportFinder:
             yield report
         self.pos = max(self.pos, min(pos, stop))
 
-    def rebase(self, shift: int) -> None:
-        """The text lost its first `shift` characters: move the remembered first spans with it."""
-        self._reports = {k: (s - shift, r) for k, (s, r) in self._reports.items()}
-
 
 def iter_reports(text: str, platform: str | None = None) -> Iterator[OOMReport]:
     """Every OOM message in `text`, in order of appearance (repeats included)."""
