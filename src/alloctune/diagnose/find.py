@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import html
 import re
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections.abc import Iterator
 
 from alloctune.diagnose import parse as grammar
+from alloctune.diagnose.platform import _CONTEXT, BIG_TEXT, PlatformIndex, platform_hint  # noqa: F401
 from alloctune.diagnose.report import OOMReport
 
 # A message is at most a few hundred characters; with per-line log prefixes and escapes it can
@@ -36,6 +37,7 @@ _LINE_PREFIX = re.compile(
 )
 
 _FULLWIDTH = str.maketrans({"；": ";", "：": ":", "（": "(", "）": ")", "，": ","})
+_HAS_FULLWIDTH = re.compile("[；：（），]")  # translate() looks up every character: only where needed
 
 
 # The characters normalisation changes; everything between two of them is copied as one chunk
@@ -74,6 +76,7 @@ class Normalized:
         last_space = True  # at the start a space is dropped, as after a space
         pos = start
         match, rare, find = _SPECIAL.match, _RARE.search, raw.find
+        wide = _HAS_FULLWIDTH.search(raw, start, end) is not None
         next_rare = next_spaces = -1  # cached positions of the next candidates (recomputed when passed)
         while pos < end:
             m = None
@@ -96,7 +99,7 @@ class Normalized:
             if stop > pos:
                 a = pos + 1 if last_space and raw[pos] == " " else pos
                 if a < stop:
-                    chunk = raw[a:stop].translate(_FULLWIDTH)
+                    chunk = raw[a:stop].translate(_FULLWIDTH) if wide else raw[a:stop]
                     ns.append(length)
                     rs.append(a)
                     cp.append(True)
@@ -147,89 +150,6 @@ class Normalized:
         if j <= i:
             return (self._src(i), self._src(i))
         return (self._src(i), self._src(j - 1) + 1)
-
-
-# ---- platform hints from the surrounding text ------------------------------------------------
-
-# (name, cheap substrings that must occur, regex giving the evidence); the first platform with a
-# hit wins: WSL over Windows (a Linux process on a Windows driver), Windows over Linux (Windows
-# paths rarely appear by accident). The substring test keeps big logs fast.
-_PLATFORM_HINTS: tuple[tuple[str, tuple[str, ...], re.Pattern[str]], ...] = (
-    ("wsl", ("WSL", "/mnt/"), re.compile(r"\bWSL2?\b|/mnt/[a-z]/")),
-    ("windows", (":\\", "windows_portable", "Windows", "Win1", "WIN1", ".exe", "nvcuda"), re.compile(
-        r"\b[A-Za-z]:\\{1,2}[\w .()-]+\\|\bPS [A-Z]:\\|windows_portable|\bWin(?:dows)? ?1[01]\b|\bWIN1[01]\b"
-        r"|\bWindows\b|\.exe\b|\bnvcuda\.dll\b")),
-    ("macos", ("macOS", "MacBook", "Darwin", "/Users/", "/opt/homebrew/"), re.compile(
-        r"\bmacOS\b|\bMacBook\b|\bDarwin\b|/Users/[\w.-]+/|/opt/homebrew/")),
-    ("linux", ("/home/", "/usr/", "/opt/conda/", "dist-packages/", "Ubuntu", "Linux"), re.compile(
-        r"/home/[\w.-]+/|/usr/(?:local/)?lib/python|/opt/conda/|dist-packages/|\bUbuntu\b|\bLinux\b")),
-)
-_CONTEXT = 3000
-
-
-class PlatformIndex:
-    """Every platform clue of a big text, found once, so each message's hint is a lookup.
-
-    Why: `platform_hint` scans 6,000 characters per message; on a log made of OOM messages
-    that is most of the time. Here each needle and evidence regex runs once over the whole
-    text; a message asks which clues lie wholly inside its context window. (A clue that
-    straddles the window's edge can differ from slicing the text there; only texts above
-    `BIG_TEXT` use the index.)
-    """
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.tables = []
-        for name, needles, rx in _PLATFORM_HINTS:
-            hits = sorted((i, i + len(nd)) for nd in needles for i in _find_all(text, nd))
-            if hits:  # the evidence regex runs only where a needle is near (see `hint`)
-                self.tables.append((name, [h[0] for h in hits], hits, rx))
-
-    @staticmethod
-    def _first_inside(starts: list[int], items: list, lo: int, hi: int):
-        k = bisect_left(starts, lo)
-        while k < len(items) and items[k][0] < hi:
-            if items[k][1] <= hi:
-                return items[k]
-            k += 1
-        return None
-
-    def hint(self, lo: int, hi: int) -> tuple[str | None, str | None]:
-        for name, nstarts, hits, rx in self.tables:
-            if self._first_inside(nstarts, hits, lo, hi) is not None:
-                found = rx.search(self.text, lo, hi)
-                if found is not None:
-                    return name, found.group().strip()
-        return None, None
-
-
-BIG_TEXT = 100_000
-
-
-def _find_all(text: str, needle: str) -> Iterator[int]:
-    i = text.find(needle)
-    while i >= 0:
-        yield i
-        i = text.find(needle, i + 1)
-
-
-def platform_hint(text: str, start: int, end: int, vendor: str,
-                  index: PlatformIndex | None = None) -> tuple[str | None, str | None]:
-    """Guess the OS from paths and words near the message; `(platform, evidence)`.
-
-    MPS means macOS whatever the surroundings say.
-    """
-    if vendor == "mps":
-        return "macos", "MPS backend"
-    if index is not None:
-        return index.hint(max(0, start - _CONTEXT), min(len(text), end + _CONTEXT))
-    ctx = text[max(0, start - _CONTEXT) : min(len(text), end + _CONTEXT)]
-    for name, needles, rx in _PLATFORM_HINTS:
-        if any(n in ctx for n in needles):
-            m = rx.search(ctx)
-            if m:
-                return name, m.group().strip()
-    return None, None
 
 
 # ---- from parsed clauses to an OOMReport ---------------------------------------------------
@@ -469,6 +389,18 @@ class _Shifted:
         return a + self._base, b + self._base
 
 
+class _Flat:
+    """The normalised text of a message read by a template, and its raw span."""
+
+    __slots__ = ("text", "_span")
+
+    def __init__(self, text: str, start: int, end: int) -> None:
+        self.text, self._span = text, (start, end)
+
+    def raw_span(self, i: int, j: int) -> tuple[int, int]:
+        return self._span
+
+
 class ReportFinder:
     """Finds the messages of one text, given whole or piece by piece (`alloctune.diagnose.scan`).
 
@@ -486,6 +418,9 @@ class ReportFinder:
         self._parsed: dict[str, grammar.Parsed | None] = {}
         self._reports: dict[str, tuple[int, OOMReport]] = {}
         self._cached = 0
+        from alloctune.diagnose.fast import FastReader
+
+        self.fast = FastReader()
 
     def _window(self, text: str, s: int, e: int) -> tuple[str, Normalized, grammar.Parsed | None]:
         chunk = text[s:e]
@@ -523,6 +458,15 @@ class ReportFinder:
             if not m or m.start() >= stop:
                 break
             s = m.start()
+            hit = None if text[s : s + WINDOWS[0]] in self._windows else self.fast.match(text, s)
+            if hit is not None:  # a shape seen before, read with its template: the grammar's report
+                self.found += 1
+                if index is None and big and self.found == _INDEX_AFTER and self.platform is None:
+                    index = PlatformIndex(text)
+                report = build_report(hit[0], _Flat(hit[1], s, hit[2]), 0, text, self.platform, index)
+                pos = self.pos = max(hit[2], m.end())
+                yield report
+                continue
             for window in WINDOWS:  # small first; grow only if the message may run past the window
                 e = min(n, s + window)
                 chunk, norm, parsed = self._window(text, s, e)
@@ -541,6 +485,8 @@ class ReportFinder:
             if first is None:
                 report = build_report(parsed, _Shifted(norm, s), 0, text, self.platform, index)
                 self._reports[chunk] = (s, report)
+                if report.span[0] == s:
+                    self.fast.learn(report.raw, norm.text, parsed)
             else:
                 report = _repeat(first[1], first[1].span[0] - first[0] + s, first[1].span[1] - first[0] + s,
                                  text, self.platform, index)

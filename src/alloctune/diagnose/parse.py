@@ -122,6 +122,9 @@ class Parsed:
     clauses: list[str] = field(default_factory=list)
     values: dict[str, Any] = field(default_factory=dict)
     processes: list[tuple[int, int]] = field(default_factory=list)
+    # where each number was read: (target, start, end); target is a `values` key, or "pid"/"mem"
+    # of the next process (`alloctune.diagnose.fast` reads other messages of the same shape so)
+    numbers: list[tuple[str, int, int]] = field(default_factory=list)
 
 
 # The units `_UNIT` accepts, as `parse_size` reads them (binary, like PyTorch prints them).
@@ -165,6 +168,8 @@ def parse_at(s: str, pos: int = 0) -> Parsed | None:
             for k, v in m.groupdict().items():
                 if v is not None:
                     parsed.values[k] = int(v) if k in ("device", "code") else v
+                    if k in ("device", "code"):
+                        parsed.numbers.append((k, *m.span(k)))
             break
     if head is None:
         parsed = Parsed(head="bare", end=pos)
@@ -177,12 +182,12 @@ def parse_at(s: str, pos: int = 0) -> Parsed | None:
         full, short = _CLAUSE_GROUPS[i]
         vals = m.group(*full) if len(full) > 1 else (m.group(full[0]),) if full else ()
         g = {k: v for k, v in zip(short, vals) if v is not None}
-        if not _accept(parsed, seen, _CLAUSES[i][0], _CLAUSES[i][2], g, m.end()):
+        if not _accept(parsed, seen, _CLAUSES[i][0], _CLAUSES[i][2], g, m, f"g{i}_"):
             # rejected (a repeat, or out of order): the later clauses, one by one, as the rule says
             for key, rx, repeatable in _CLAUSES[i + 1:]:
                 m = rx.match(s, parsed.end)
                 if m and _accept(parsed, seen, key, repeatable, {k: v for k, v in m.groupdict().items()
-                                                                 if v is not None}, m.end()):
+                                                                 if v is not None}, m, ""):
                     break
             else:
                 break
@@ -193,8 +198,10 @@ def parse_at(s: str, pos: int = 0) -> Parsed | None:
     return parsed
 
 
-def _accept(parsed: Parsed, seen: set[str], key: str, repeatable: bool, g: dict[str, str], end: int) -> bool:
-    """Take clause `key` (its groups `g`, ending at `end`) into `parsed`, unless the rules refuse it."""
+def _accept(parsed: Parsed, seen: set[str], key: str, repeatable: bool, g: dict[str, str], m: re.Match[str],
+            pre: str) -> bool:
+    """Take clause `key` (its groups `g`, named `pre` + name in the match `m`) into `parsed`, unless
+    the rules refuse it."""
     ident = key if key != "item" else f"item:{g['label']}"
     if ident in seen and not repeatable:
         return False  # a second "Tried to allocate" etc. belongs to the next message
@@ -206,19 +213,23 @@ def _accept(parsed: Parsed, seen: set[str], key: str, repeatable: bool, g: dict[
             return False
         parsed.values[name] = _size(g["v"])
         parsed.values.setdefault("_legacy_labels", []).append(g["label"])
+        parsed.numbers.append((name, *m.span(pre + "v")))
     elif key == "process":
         parsed.processes.append((int(g["pid"]), _size(g["mem"])))
+        parsed.numbers += [("pid", *m.span(pre + "pid")), ("mem", *m.span(pre + "mem"))]
     else:
         for k, v in g.items():
             if k in _BYTE_GROUPS:
                 parsed.values[k] = _size(v)
+                parsed.numbers.append((k, *m.span(pre + k)))
             elif k == "device":
                 parsed.values[k] = int(v)
+                parsed.numbers.append((k, *m.span(pre + k)))
             else:
                 parsed.values[k] = v
     seen.add(ident)
     parsed.clauses.append(key)
-    parsed.end = end
+    parsed.end = m.end()
     return True
 
 

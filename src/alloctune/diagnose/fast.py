@@ -1,0 +1,134 @@
+"""Read messages of a shape already seen with one regex match: a log of 100,000 OOMs at disk speed.
+
+Why: a long log repeats a few message *shapes* with different numbers (every rank, every
+retry). The grammar (`parse`) tries clause after clause on normalised text, which is exact but
+costs more than the verdict. Once a clean message (one line, ASCII, nothing to un-escape) has
+been parsed, its normalised text with every number the grammar read replaced by that number's
+pattern is a template: another message matching it has the same clauses in the same order,
+so its `Parsed` is the template's with the new numbers. The same report comes out as from the
+grammar; anything the template cannot vouch for (a different shape, text after the message on
+its line, a next line that could continue it) goes the grammar's way.
+"""
+
+from __future__ import annotations
+
+import re
+
+from alloctune.diagnose import parse as grammar
+from alloctune.diagnose.find import _LINE_PREFIX
+
+_SIZE = r"(\d+(?:\.\d+)?) *(bytes|[KMGTP]i?B)(?![A-Za-z])"
+_INT = r"(\d+)"
+_CLEAN = re.compile(r"[ -~]*")  # printable ASCII only: normalisation changes nothing but space runs
+# First characters of a clause (after its separators) or of something normalisation rewrites:
+# a next line starting with one of these might continue the message.
+_MAY_CONTINUE = frozenset("TGXNoPIOwaSUCRDFA()0123456789&\\<")
+_SEPS = frozenset(" \t.,;")
+_MAX = 16  # templates kept, most recently used first
+_MULT = grammar._MULT
+
+
+class Template:
+    """One message shape: the regex that matches its raw text and how to rebuild its `Parsed`."""
+
+    __slots__ = ("rx", "parsed", "targets")
+
+    def __init__(self, norm_text: str, parsed: grammar.Parsed) -> None:
+        parts, pos, targets = [], 0, []
+        for target, a, b in sorted(parsed.numbers, key=lambda t: t[1]):
+            parts.append(re.escape(norm_text[pos:a]).replace(r"\ ", " +"))
+            parts.append(_INT if target in ("device", "pid") else _SIZE)
+            targets.append(target)
+            pos = b
+        parts.append(re.escape(norm_text[pos:parsed.end]).replace(r"\ ", " +"))
+        self.rx = re.compile("".join(parts))
+        self.parsed = parsed
+        self.targets = tuple(targets)
+
+    def read(self, m: re.Match[str]) -> grammar.Parsed:
+        """The `Parsed` the grammar gives for the matched message."""
+        t = self.parsed
+        values = dict(t.values)
+        if "_legacy_labels" in values:
+            values["_legacy_labels"] = list(values["_legacy_labels"])
+        procs, pid, k = [], 0, 1
+        for target in self.targets:
+            if target in ("device", "pid"):
+                n = int(m.group(k))
+                k += 1
+            else:
+                mult = _MULT.get(m.group(k + 1))
+                n = int(round(float(m.group(k)) * mult)) if mult else grammar._size(f"{m.group(k)} {m.group(k + 1)}")
+                k += 2
+            if target == "pid":
+                pid = n
+            elif target == "mem":
+                procs.append((pid, n))
+            else:
+                values[target] = n
+        return grammar.Parsed(head=t.head, end=0, clauses=t.clauses, values=values, processes=procs)
+
+
+class FastReader:
+    """The templates learnt so far; `match` tries them on a message start."""
+
+    def __init__(self) -> None:
+        self.templates: list[Template] = []
+
+    def learn(self, raw_msg: str, norm_text: str, parsed: grammar.Parsed) -> None:
+        """Keep the shape of a message the grammar read, if it is clean enough to template."""
+        if (not parsed.clauses or parsed.head in ("thc", "cuda-error") or "\n" in raw_msg
+                or _CLEAN.fullmatch(raw_msg) is None or norm_text[:parsed.end] != _collapse(raw_msg)):
+            return
+        self.templates.insert(0, Template(norm_text, parsed))
+        del self.templates[_MAX:]
+
+    def match(self, text: str, s: int) -> tuple[grammar.Parsed, str, int] | None:
+        """(parsed, normalised message text, raw end) of the message at `text[s]`, or None when
+        no template vouches for it."""
+        for i, t in enumerate(self.templates):
+            m = t.rx.match(text, s)
+            if m is None:
+                continue
+            e = m.end()
+            if not _ends_here(text, e):
+                return None
+            if i:
+                self.templates.insert(0, self.templates.pop(i))
+            parsed = t.read(m)
+            norm = _collapse(text[s:e])
+            parsed.end = len(norm)
+            return parsed, norm, e
+        return None
+
+
+_SPACES = re.compile(" {2,}")
+
+
+def _collapse(raw: str) -> str:
+    return _SPACES.sub(" ", raw) if "  " in raw else raw
+
+
+def _ends_here(text: str, e: int) -> bool:
+    """Whether the grammar, reading on from `e`, would surely stop: nothing but blanks up to the
+    line's end, and no following line that starts like a clause (after its log prefixes)."""
+    n = len(text)
+    i = e
+    while i < n and text[i] in " \t":
+        i += 1
+    if i < n and text[i] not in "\r\n":
+        return False  # more on this line: the grammar (and its re-joining of wrapped lines) decides
+    while i < n:
+        c = text[i]
+        if c in "\r\n":
+            i += 1
+            while True:  # the prefixes normalisation strips after a line break
+                pm = _LINE_PREFIX.match(text, i)
+                if not pm or pm.end() == i:
+                    break
+                i = pm.end()
+        elif c in _SEPS or c.isspace():
+            i += 1
+        else:
+            return c not in _MAY_CONTINUE and c.isascii()
+    return True
