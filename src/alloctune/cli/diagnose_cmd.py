@@ -66,6 +66,7 @@ def render_summary(summary) -> None:
     from rich.text import Text
 
     from alloctune.cli.render import Col, table
+    from alloctune.diagnose.groups import FULL
     from alloctune.units import format_size
 
     groups = summary.groups
@@ -88,7 +89,7 @@ def render_summary(summary) -> None:
                         "fix", rows=rows))
     seen: dict[tuple, list[int]] = {}
     fixes = {}
-    for i, g in enumerate(groups, 1):
+    for i, g in enumerate(groups[:FULL], 1):  # the largest groups' fixes, each once, with their shell lines
         fix, line, _ = g.fix
         if fix is not None:
             key = (fix.id, fix.title, fix.conf, fix.code, fix.command)

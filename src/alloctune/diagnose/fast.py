@@ -19,12 +19,15 @@ from alloctune.diagnose.find import _LINE_PREFIX
 
 _SIZE = r"(\d+(?:\.\d+)?) *(bytes|[KMGTP]i?B)(?![A-Za-z])"
 _INT = r"(\d+)"
-_CLEAN = re.compile(r"[ -~]*")  # printable ASCII only: normalisation changes nothing but space runs
+_CLEAN = re.compile(r"[ -~\t\r\n]*")  # ASCII: normalisation only turns blanks and line breaks into one space
+_BLANKS = re.compile(r"[ \t\r\n]+")
+_DIGITS = re.compile(r"\d+")
 # First characters of a clause (after its separators) or of something normalisation rewrites:
 # a next line starting with one of these might continue the message.
 _MAY_CONTINUE = frozenset("TGXNoPIOwaSUCRDFA()0123456789&\\<")
 _SEPS = frozenset(" \t.,;")
-_MAX = 16  # templates kept, most recently used first
+_MAX = 1024  # templates kept (a log has a few shapes; the memory stays bounded whatever it holds)
+_KEY_RAW, _KEY = 200, 120  # a shape's key: the first characters without their digits
 _MULT = grammar._MULT
 
 
@@ -36,11 +39,11 @@ class Template:
     def __init__(self, norm_text: str, parsed: grammar.Parsed) -> None:
         parts, pos, targets = [], 0, []
         for target, a, b in sorted(parsed.numbers, key=lambda t: t[1]):
-            parts.append(re.escape(norm_text[pos:a]).replace(r"\ ", " +"))
+            parts.append(re.escape(norm_text[pos:a]).replace(r"\ ", r"[ \t\r\n]+"))
             parts.append(_INT if target in ("device", "pid") else _SIZE)
             targets.append(target)
             pos = b
-        parts.append(re.escape(norm_text[pos:parsed.end]).replace(r"\ ", " +"))
+        parts.append(re.escape(norm_text[pos:parsed.end]).replace(r"\ ", r"[ \t\r\n]+"))
         self.rx = re.compile("".join(parts))
         self.parsed = parsed
         self.targets = tuple(targets)
@@ -73,28 +76,35 @@ class FastReader:
     """The templates learnt so far; `match` tries them on a message start."""
 
     def __init__(self) -> None:
-        self.templates: list[Template] = []
+        self.templates: dict[str, list[Template]] = {}  # by key: usually one template each
+        self.count = 0
+
+    @staticmethod
+    def key(text: str, s: int) -> str:
+        return _DIGITS.sub("", text[s : s + _KEY_RAW])[:_KEY]
 
     def learn(self, raw_msg: str, norm_text: str, parsed: grammar.Parsed) -> None:
         """Keep the shape of a message the grammar read, if it is clean enough to template."""
-        if (not parsed.clauses or parsed.head in ("thc", "cuda-error") or "\n" in raw_msg
-                or _CLEAN.fullmatch(raw_msg) is None or norm_text[:parsed.end] != _collapse(raw_msg)):
+        if (not parsed.clauses or parsed.head in ("thc", "cuda-error") or _CLEAN.fullmatch(raw_msg) is None
+                or norm_text[:parsed.end] != _collapse(raw_msg)):
             return
-        self.templates.insert(0, Template(norm_text, parsed))
-        del self.templates[_MAX:]
+        if self.count >= _MAX:
+            self.templates.clear()
+            self.count = 0
+        slot = self.templates.setdefault(self.key(raw_msg, 0), [])
+        slot.insert(0, Template(norm_text, parsed))
+        self.count += 1
 
     def match(self, text: str, s: int) -> tuple[grammar.Parsed, str, int] | None:
         """(parsed, normalised message text, raw end) of the message at `text[s]`, or None when
         no template vouches for it."""
-        for i, t in enumerate(self.templates):
+        for t in self.templates.get(self.key(text, s), ()):
             m = t.rx.match(text, s)
             if m is None:
                 continue
             e = m.end()
             if not _ends_here(text, e):
                 return None
-            if i:
-                self.templates.insert(0, self.templates.pop(i))
             parsed = t.read(m)
             norm = _collapse(text[s:e])
             parsed.end = len(norm)
@@ -102,11 +112,9 @@ class FastReader:
         return None
 
 
-_SPACES = re.compile(" {2,}")
-
-
 def _collapse(raw: str) -> str:
-    return _SPACES.sub(" ", raw) if "  " in raw else raw
+    """The normalised text of a clean raw message: each run of blanks and line breaks one space."""
+    return _BLANKS.sub(" ", raw) if ("  " in raw or "\n" in raw or "\t" in raw or "\r" in raw) else raw
 
 
 def _ends_here(text: str, e: int) -> bool:

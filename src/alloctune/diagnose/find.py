@@ -410,7 +410,8 @@ class ReportFinder:
     is exact: neither normalisation nor the line-prefix rules look behind their start.
     """
 
-    def __init__(self, platform: str | None = None) -> None:
+    def __init__(self, platform: str | None = None, *, fast: bool = True) -> None:
+        """`fast=False`: every message through the grammar (the reference the templates are tested against)."""
         self.platform = platform
         self.found = 0
         self.pos = 0  # where the next `scan` resumes
@@ -420,7 +421,7 @@ class ReportFinder:
         self._cached = 0
         from alloctune.diagnose.fast import FastReader
 
-        self.fast = FastReader()
+        self.fast = FastReader() if fast else None
 
     def _window(self, text: str, s: int, e: int) -> tuple[str, Normalized, grammar.Parsed | None]:
         chunk = text[s:e]
@@ -458,7 +459,7 @@ class ReportFinder:
             if not m or m.start() >= stop:
                 break
             s = m.start()
-            hit = None if text[s : s + WINDOWS[0]] in self._windows else self.fast.match(text, s)
+            hit = None if self.fast is None or text[s : s + WINDOWS[0]] in self._windows else self.fast.match(text, s)
             if hit is not None:  # a shape seen before, read with its template: the grammar's report
                 self.found += 1
                 if index is None and big and self.found == _INDEX_AFTER and self.platform is None:
@@ -485,7 +486,7 @@ class ReportFinder:
             if first is None:
                 report = build_report(parsed, _Shifted(norm, s), 0, text, self.platform, index)
                 self._reports[chunk] = (s, report)
-                if report.span[0] == s:
+                if report.span[0] == s and self.fast is not None:
                     self.fast.learn(report.raw, norm.text, parsed)
             else:
                 report = _repeat(first[1], first[1].span[0] - first[0] + s, first[1].span[1] - first[0] + s,

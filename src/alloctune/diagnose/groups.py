@@ -20,6 +20,9 @@ from alloctune.units import format_size
 
 SCHEMA_MESSAGE = "alloctune.diagnose-message/1"
 
+# Groups whose worst case is given as a whole diagnosis (JSON `diagnoses`, the terminal's fixes).
+FULL = 10
+
 # Repeated messages are diagnosed once; the memo is dropped when it grows past this.
 _MEMO = 4096
 
@@ -122,10 +125,11 @@ class LogSummary:
     single: Diagnosis | None
 
     def diagnoses(self) -> list[Diagnosis]:
-        """Full diagnoses bounded by the groups: the single message's, else each group's worst case."""
+        """Full diagnoses, a bounded number: the single message's, else the worst case of each of
+        the `FULL` largest groups (every group names its worst case and fix in `groups`)."""
         if self.single is not None:
             return [self.single]
-        return [g.worst for g in self.groups if g.worst is not None]
+        return [g.worst for g in self.groups[:FULL] if g.worst is not None]
 
     def to_dict(self) -> dict[str, Any]:
         return {
