@@ -109,7 +109,7 @@ def open_input(path: str | Path, *, expected: str, error: type[InputError] = Inp
         return fh, None
     from alloctune.trace.limits import Limits
 
-    opener = {"gzip": gzip.GzipFile, "xz": lzma.LZMAFile, "bz2": bz2.BZ2File}[kind]
+    opener = {"gzip": lambda f: gzip.GzipFile(fileobj=f, mode="rb"), "xz": lzma.LZMAFile, "bz2": bz2.BZ2File}[kind]
     size = p.stat().st_size if p.is_file() else 0
     lim = Limits.from_env()
     limit, which = lim.decompressed_allowed(size) if size else (lim.max_decompressed, "max_decompressed")

@@ -36,7 +36,7 @@ class Fix:
     extra: tuple[tuple[str, Any], ...] = field(default=())
 
     def shell_forms(self) -> dict[str, str]:
-        return shells.render_all(dict(self.env)) if self.env else {}
+        return dict(_forms(self.env)) if self.env else {}
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -68,6 +68,11 @@ class Fix:
             requires=d.get("requires"),
             extra=tuple((k, v) for k, v in d.items() if k not in known),
         )
+
+
+@lru_cache(maxsize=256)  # the same few settings for every group of a long log
+def _forms(env: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    return tuple(shells.render_all(dict(env)).items())
 
 
 def _env(report: OOMReport, conf: str) -> tuple[tuple[str, str], ...]:
