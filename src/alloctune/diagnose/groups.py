@@ -24,7 +24,7 @@ SCHEMA_MESSAGE = "alloctune.diagnose-message/1"
 FULL = 10
 
 # Repeated messages are diagnosed once; the memo is dropped when it grows past this.
-_MEMO = 4096
+_MEMO = 1024
 
 
 def size_range(requested: int | None) -> tuple[int, int] | None:
@@ -134,7 +134,6 @@ class LogSummary:
     def to_dict(self) -> dict[str, Any]:
         return {
             "messages": self.messages,
-            "distinct": 1 if self.single is not None else None,
             "groups": [g.to_dict() for g in self.groups],
             "diagnoses": [d.to_dict() for d in self.diagnoses()],
         }
