@@ -276,3 +276,53 @@ def test_progress_waits_before_drawing():
     with progress_on_stderr(console=con, after=0) as progress:
         progress("reading the log", 1, 2)
     assert "reading the log" in buf.getvalue()
+
+
+# ---- several processes ----------------------------------------------------------------------
+
+def test_parallel_summary_equals_one_pass(oom_corpus):
+    """Chunks cut everywhere (small chunks, multi-line messages across the cuts): the merged
+    summary is the one-pass summary, field for field."""
+    from alloctune.diagnose.groups import summarise
+    from alloctune.diagnose.parallel import summarise_parallel
+
+    corpus = "\n".join(json.loads(ln)["text"] for ln in oom_corpus.read_text(encoding="utf-8").splitlines() if ln.strip())
+    text = varied_log(oom_corpus, 600) + corpus + varied_log(oom_corpus, 300, seed=3)
+    pieces = [text[i:i + 50_000] for i in range(0, len(text), 50_000)]
+    one = summarise(scan_reports(pieces)).to_dict()
+    for size in (30_000, 77_777):
+        assert summarise_parallel(pieces, None, n=2, size=size).to_dict() == one
+
+
+def test_workers_are_opt_in(monkeypatch):
+    from alloctune.diagnose.parallel import workers
+
+    monkeypatch.delenv("ALLOCTUNE_WORKERS", raising=False)
+    assert workers() == 1
+    monkeypatch.setenv("ALLOCTUNE_WORKERS", "3")
+    assert workers() == 3
+    monkeypatch.setenv("ALLOCTUNE_WORKERS", "auto")
+    assert 1 <= workers() <= 8
+
+
+def test_parallel_cut_inside_a_multiline_message():
+    """Every chunk boundary may fall inside a six-line cudaMallocAsync message: the chunk after
+    it is then read from where one pass reads on."""
+    from alloctune.diagnose import parallel
+    from alloctune.diagnose.groups import summarise
+    from alloctune.diagnose.parallel import summarise_parallel
+
+    rnd = random.Random(5)
+    text = "".join(
+        f"Allocation on device {k % 2} would exceed allowed memory. (out of memory)\n"
+        f"Currently allocated     : {rnd.uniform(1, 20):.2f} GiB\nRequested               : {rnd.uniform(1, 900):.2f} MiB\n"
+        f"Device limit            : 23.69 GiB\nFree (according to CUDA): {rnd.uniform(0, 9):.2f} MiB\n"
+        "PyTorch limit (set by user-supplied memory fraction)\n                        : 17179869184.00 GiB\n"
+        for k in range(400))
+    spans = [f.report.span for f in scan_reports([text])]
+    assert len(spans) == 400
+    one = summarise(scan_reports([text])).to_dict()
+    for size in (9_151, 9_250):  # a chunk is ~30 messages and a half: most cuts fall inside one
+        cuts = [base + begin for _, begin, _, base, _ in parallel._chunks([text], size)]
+        assert sum(any(s < c < e for s, e in spans) for c in cuts) >= 3  # the case under test happens
+        assert summarise_parallel([text], None, n=2, size=size).to_dict() == one

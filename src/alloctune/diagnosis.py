@@ -80,7 +80,13 @@ def summarise_log(
             progress("reading the log", done, total)
             yield piece
 
-    summary = summarise(scan_reports(pieces(), platform), platform, on_message)
+    from alloctune.diagnose.parallel import summarise_parallel, workers
+
+    n = workers() if on_message is None else 1  # --all prints in order: one pass
+    if n > 1:
+        summary = summarise_parallel(pieces(), platform, n)
+    else:
+        summary = summarise(scan_reports(pieces(), platform), platform, on_message)
     if not summary.messages:
         raise NoOOMFound(_EMPTY if blank else _NONE)
     return summary

@@ -14,10 +14,14 @@ import html
 import re
 from bisect import bisect_right
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from alloctune.diagnose import parse as grammar
 from alloctune.diagnose.platform import _CONTEXT, BIG_TEXT, PlatformIndex, platform_hint  # noqa: F401
 from alloctune.diagnose.report import OOMReport
+
+if TYPE_CHECKING:
+    from alloctune.diagnose.fast import FastReader
 
 # A message is at most a few hundred characters; with per-line log prefixes and escapes it can
 # span more. Normalising a bounded window per candidate keeps the scan linear in the input size.
@@ -410,7 +414,7 @@ class ReportFinder:
     is exact: neither normalisation nor the line-prefix rules look behind their start.
     """
 
-    def __init__(self, platform: str | None = None, *, fast: bool = True) -> None:
+    def __init__(self, platform: str | None = None, *, fast: bool | FastReader = True) -> None:
         """`fast=False`: every message through the grammar (the reference the templates are tested against)."""
         self.platform = platform
         self.found = 0
@@ -421,7 +425,7 @@ class ReportFinder:
         self._cached = 0
         from alloctune.diagnose.fast import FastReader
 
-        self.fast = FastReader() if fast else None
+        self.fast = (fast if isinstance(fast, FastReader) else FastReader()) if fast else None  # shareable
 
     def _window(self, text: str, s: int, e: int) -> tuple[str, Normalized, grammar.Parsed | None]:
         chunk = text[s:e]

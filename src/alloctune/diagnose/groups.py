@@ -83,6 +83,24 @@ class Group:
             if demand > slot[1]:
                 slot[1:] = [demand, top, line]
 
+    def merge(self, later: Group) -> None:
+        """Add the members of the same group from a later part of the log, as if added one by one."""
+        if later.worst is not None and (self.worst is None or ((later.worst.shortfall or 0),
+                                        (later.worst.report.requested or 0)) > ((self.worst.shortfall or 0),
+                                                                                 (self.worst.report.requested or 0))):
+            self.worst, self.worst_line = later.worst, later.worst_line
+        self.count += later.count
+        self.first_line = self.first_line or later.first_line
+        self.last_line = later.last_line or self.last_line
+        for fid, (n, demand, top, line) in later._fixes.items():
+            slot = self._fixes.get(fid)
+            if slot is None:
+                self._fixes[fid] = [n, demand, top, line]
+            else:
+                slot[0] += n
+                if demand > slot[1]:
+                    slot[1:] = [demand, top, line]
+
     @property
     def fix(self) -> tuple[Fix | None, int, int]:
         """(the fix, the line of the message it was derived from, how many members it covers):
@@ -139,8 +157,19 @@ class LogSummary:
         }
 
 
-def summarise(found: Iterable[Found], platform: str | None = None,
-              on_message: Callable[[Found, Diagnosis], None] | None = None) -> LogSummary:
+@dataclass
+class Partial:
+    """What `summarise_found` gathered from some consecutive messages (a chunk, or the whole log)."""
+
+    groups: dict[tuple, Group]
+    count: int
+    first_text: str | None
+    same: bool  # every message had the first one's text
+    first: Diagnosis | None
+
+
+def summarise_found(found: Iterable[Found], platform: str | None = None,
+                    on_message: Callable[[Found, Diagnosis], None] | None = None) -> Partial:
     """Diagnose every message and fold it into its group; `on_message` sees each one as it comes
     (`--all`). Identical messages are diagnosed once (a bounded memo)."""
     groups: dict[tuple, Group] = {}
@@ -170,12 +199,25 @@ def summarise(found: Iterable[Found], platform: str | None = None,
         g.add(d, f.line)
         if on_message is not None:
             on_message(f, d)
+    return Partial(groups, count, first_text, single, first)
+
+
+def finish(groups: dict[tuple, Group], count: int, single: Diagnosis | None) -> LogSummary:
+    """The summary: groups with most messages first; `single` (the one distinct message's first
+    diagnosis) gets the count as its occurrences."""
     ordered = sorted(groups.values(), key=lambda g: (-g.count, g.first_line))
     one = None
-    if single and first is not None:
-        one = Diagnosis(first.report, first.verdict, first.reason, first.evidence, first.fixes, first.contributing,
-                        first.shortfall, first.platform, count)
+    if single is not None:
+        one = Diagnosis(single.report, single.verdict, single.reason, single.evidence, single.fixes,
+                        single.contributing, single.shortfall, single.platform, count)
     return LogSummary(count, ordered, one)
+
+
+def summarise(found: Iterable[Found], platform: str | None = None,
+              on_message: Callable[[Found, Diagnosis], None] | None = None) -> LogSummary:
+    """The `LogSummary` of the messages, in one pass (see `summarise_found`)."""
+    part = summarise_found(found, platform, on_message)
+    return finish(part.groups, part.count, part.first if part.same else None)
 
 
 def _with_report(d: Diagnosis, r: Any) -> Diagnosis:

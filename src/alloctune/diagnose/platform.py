@@ -33,9 +33,9 @@ class PlatformIndex:
 
     Why: `platform_hint` scans 6,000 characters per message; on a log made of OOM messages
     that is most of the time. Here each needle and evidence regex runs once over the whole
-    text; a message asks which clues lie wholly inside its context window. (A clue that
-    straddles the window's edge can differ from slicing the text there; only texts above
-    `BIG_TEXT` use the index.)
+    text; a message asks which clues lie wholly inside its context window, and the evidence is
+    read from that window's slice, so the answer is exactly `platform_hint`'s without an index
+    (which is what lets a log be read in pieces, or in parallel, with the same result).
     """
 
     def __init__(self, text: str) -> None:
@@ -58,7 +58,7 @@ class PlatformIndex:
     def hint(self, lo: int, hi: int) -> tuple[str | None, str | None]:
         for name, nstarts, hits, rx in self.tables:
             if self._first_inside(nstarts, hits, lo, hi) is not None:
-                found = rx.search(self.text, lo, hi)
+                found = rx.search(self.text[lo:hi])  # a slice: \b and look-behinds see what the window sees
                 if found is not None:
                     return name, found.group().strip()
         return None, None

@@ -29,6 +29,12 @@ class Found:
     rank: int | None
 
 
+def rank_at(text: str, s: int) -> int | None:
+    """The rank named on the line of `text[s]` before it, if any."""
+    m = _RANK.search(text, text.rfind("\n", max(0, s - _LOOKBACK), s) + 1, s)
+    return int(m.group(1) or m.group(2)) if m else None
+
+
 def scan_reports(pieces: Iterable[str], platform: str | None = None) -> Iterator[Found]:
     """Every OOM message in the concatenation of `pieces`, in order, as `find_reports` would
     find them in the whole text (same reports, same spans)."""
@@ -50,10 +56,7 @@ def scan_reports(pieces: Iterable[str], platform: str | None = None) -> Iterator
             s, e = r.span
             line += buf.count("\n", counted, s)
             counted = s
-            line_start = buf.rfind("\n", max(0, s - _LOOKBACK), s) + 1
-            m = _RANK.search(buf, line_start, s)
-            rank = int(m.group(1) or m.group(2)) if m else None
-            yield Found(moved(r, s + base, e + base, r.platform, r.platform_evidence), line, rank)
+            yield Found(moved(r, s + base, e + base, r.platform, r.platform_evidence), line, rank_at(buf, s))
         pos = finder.pos
         drop = max(0, pos - _LOOKBACK)
         if drop > counted:
