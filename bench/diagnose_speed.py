@@ -85,16 +85,17 @@ def write_log(path: Path, size: int, forms: list[str], *, mixed: bool, seed: int
     return n
 
 
-def run(args: list[str], stdin_path: Path | None = None) -> tuple[float, int, bytes]:
-    """Wall seconds, peak RSS (bytes) and stdout of `alloctune ARGS` in a fresh process."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "COLUMNS": "120"}
+def run(args: list[str], stdin_path: Path | None = None, workers: int = 1) -> tuple[float, int, bytes]:
+    """Wall seconds, peak RSS (bytes; the largest process's, workers included) and stdout of
+    `alloctune ARGS` in a fresh process."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "COLUMNS": "120", "ALLOCTUNE_WORKERS": str(workers)}
     with tempfile.TemporaryFile() as out:
         stdin = open(stdin_path, "rb") if stdin_path else subprocess.DEVNULL
         try:
             t = time.perf_counter()
             p = subprocess.Popen([sys.executable, "-m", "alloctune", *args], stdin=stdin, stdout=out,
                                  stderr=subprocess.PIPE, env=env)
-            _, status, usage = os.wait4(p.pid, 0)
+            _, status, usage = os.wait4(p.pid, 0)  # ru_maxrss of the child (its own workers are reaped by it)
             wall = time.perf_counter() - t
             p.returncode = os.waitstatus_to_exitcode(status)
             err = p.stderr.read().decode() if p.stderr else ""
@@ -118,9 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="10,40,80", help="log sizes in MB (OOM messages only)")
     ap.add_argument("--mixed", type=int, default=40, help="size of the mixed log in MB (0: none)")
+    ap.add_argument("--workers", type=int, default=2, help="processes for the ALLOCTUNE_WORKERS row")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "diagnose_speed.md"))
     args = ap.parse_args(argv)
     sizes = [int(x) for x in args.sizes.split(",")]
+    load0 = os.getloadavg()[0]
     forms = message_forms()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -131,11 +134,14 @@ def main(argv: list[str] | None = None) -> int:
             path = Path(tmp) / f"log{size}{'m' if mixed else ''}.txt"
             count = write_log(path, size * MB, forms, mixed=mixed, seed=size)
             nbytes = path.stat().st_size
-            modes = [("terminal (to a file)", [str(path)], None, False), ("--json", [str(path), "--json"], None, True)]
+            modes = [("terminal (to a file)", [str(path)], None, False, 1),
+                     ("--json", [str(path), "--json"], None, True, 1)]
             if size == max(sizes) and not mixed:
-                modes.append(("--json from stdin", ["-", "--json"], path, True))
-            for mode, cli, stdin, json_out in modes:
-                wall, rss, stdout = run(["diagnose", *cli], stdin)
+                modes.append(("--json from stdin", ["-", "--json"], path, True, 1))
+                modes.append((f"--json, ALLOCTUNE_WORKERS={args.workers}", [str(path), "--json"], None, True,
+                              args.workers))
+            for mode, cli, stdin, json_out, nproc in modes:
+                wall, rss, stdout = run(["diagnose", *cli], stdin, nproc)
                 found = messages_in(stdout, json_out)
                 rows.append({"log": name, "bytes": nbytes, "messages": count, "found": found, "mode": mode,
                              "seconds": round(wall, 3), "mb_per_s": round(nbytes / MB / wall, 2),
@@ -151,14 +157,16 @@ def main(argv: list[str] | None = None) -> int:
             lin[mode] = round((t1 / t0) / (b1 / b0), 2)
     ok = all(r["found"] == r["messages"] for r in rows)
     command = "python bench/diagnose_speed.py" + (f" --sizes {args.sizes}" if args.sizes != "10,40,80" else "") + (
-        f" --mixed {args.mixed}" if args.mixed != 40 else "")
+        f" --mixed {args.mixed}" if args.mixed != 40 else "") + (f" --workers {args.workers}" if args.workers != 2 else "")
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     lines = [f"# diagnose speed on logs of distinct OOM messages ({stamp}, Python {platform.python_version()}, "
              f"{cpus} CPUs, shared machine)", "",
              f"Command: `{command}`. Each run is the CLI in a fresh process (start-up included); MB/s = log bytes / "
-             "wall seconds; peak = the child's maximum resident set. Linearity = (time at the largest size / time at "
-             "the smallest) / (size ratio): 1.0 is linear.", "",
+             "wall seconds; peak = the CLI process's maximum resident set (with workers: each worker's is "
+             "not included). Linearity = (time at the largest size / time at the smallest) / (size ratio): 1.0 is "
+             f"linear. Load average at the start: {load0:.1f} on {cpus} CPUs (shared with other "
+             "work: the figures are lower bounds).", "",
              "| log | mode | messages found / written | seconds | MB/s | peak memory | output |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -54,6 +54,8 @@ def varied_log(corpus_path, n: int, seed: int = 7) -> str:
     for k in range(n):
         form = forms[k % len(forms)]
         msg = _SIZE.sub(lambda m: f"{rnd.uniform(1, 999):.2f}{m.group(2)}{m.group(3)}", form)
+        if k % 5 == 1:  # re-wrapped at words (a pasted or mailed log), some with CRLF
+            msg = re.sub(r"(\S{20,}?) ", lambda m: m.group(1) + ("\r\n" if k % 10 == 1 else "\n"), msg)
         out.append(f"[rank{k % 4}] step {k}: {msg}\n" + ("INFO continuing\n" if k % 3 == 0 else ""))
     return "".join(out)
 

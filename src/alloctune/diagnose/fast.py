@@ -16,6 +16,7 @@ import re
 
 from alloctune.diagnose import parse as grammar
 from alloctune.diagnose.find import _LINE_PREFIX
+from alloctune.diagnose.report import OOMReport
 
 _SIZE = r"(\d+(?:\.\d+)?) *(bytes|[KMGTP]i?B)(?![A-Za-z])"
 _INT = r"(\d+)"
@@ -32,44 +33,51 @@ _MULT = grammar._MULT
 
 
 class Template:
-    """One message shape: the regex that matches its raw text and how to rebuild its `Parsed`."""
+    """One message shape: the regex that matches its raw text, its words between the numbers, and
+    the report of the message it was learnt from (everything but the figures is the same)."""
 
-    __slots__ = ("rx", "parsed", "targets")
+    __slots__ = ("rx", "proto", "targets", "pieces")
 
-    def __init__(self, norm_text: str, parsed: grammar.Parsed) -> None:
-        parts, pos, targets = [], 0, []
+    def __init__(self, proto: OOMReport, norm_text: str, parsed: grammar.Parsed) -> None:
+        parts, pos, targets, pieces = [], 0, [], []
         for target, a, b in sorted(parsed.numbers, key=lambda t: t[1]):
+            pieces.append(norm_text[pos:a])
             parts.append(re.escape(norm_text[pos:a]).replace(r"\ ", r"[ \t\r\n]+"))
             parts.append(_INT if target in ("device", "pid") else _SIZE)
             targets.append(target)
             pos = b
+        pieces.append(norm_text[pos:parsed.end])
         parts.append(re.escape(norm_text[pos:parsed.end]).replace(r"\ ", r"[ \t\r\n]+"))
         self.rx = re.compile("".join(parts))
-        self.parsed = parsed
+        self.proto = proto
         self.targets = tuple(targets)
+        self.pieces = tuple(pieces)
 
-    def read(self, m: re.Match[str]) -> grammar.Parsed:
-        """The `Parsed` the grammar gives for the matched message."""
-        t = self.parsed
-        values = dict(t.values)
-        if "_legacy_labels" in values:
-            values["_legacy_labels"] = list(values["_legacy_labels"])
+    def read(self, m: re.Match[str]) -> tuple[dict, list[tuple[int, int]], str]:
+        """(values, processes, normalised text) of the matched message, as the grammar reads them."""
+        values: dict = {}
         procs, pid, k = [], 0, 1
-        for target in self.targets:
+        text = [self.pieces[0]]
+        for i, target in enumerate(self.targets, 1):
             if target in ("device", "pid"):
-                n = int(m.group(k))
+                digits = m.group(k)
+                n = int(digits)
+                text.append(digits)
                 k += 1
             else:
-                mult = _MULT.get(m.group(k + 1))
-                n = int(round(float(m.group(k)) * mult)) if mult else grammar._size(f"{m.group(k)} {m.group(k + 1)}")
+                num, unit = m.group(k), m.group(k + 1)
+                mult = _MULT.get(unit)
+                n = int(round(float(num) * mult)) if mult else grammar._size(f"{num} {unit}")
+                text.append(f"{num} {unit}" if m.end(k) != m.start(k + 1) else num + unit)
                 k += 2
+            text.append(self.pieces[i])
             if target == "pid":
                 pid = n
             elif target == "mem":
                 procs.append((pid, n))
             else:
                 values[target] = n
-        return grammar.Parsed(head=t.head, end=0, clauses=t.clauses, values=values, processes=procs)
+        return values, procs, "".join(text)
 
 
 class FastReader:
@@ -83,21 +91,22 @@ class FastReader:
     def key(text: str, s: int) -> str:
         return _DIGITS.sub("", text[s : s + _KEY_RAW])[:_KEY]
 
-    def learn(self, raw_msg: str, norm_text: str, parsed: grammar.Parsed) -> None:
+    def learn(self, report: OOMReport, norm_text: str, parsed: grammar.Parsed) -> None:
         """Keep the shape of a message the grammar read, if it is clean enough to template."""
+        raw_msg = report.raw
         if (not parsed.clauses or parsed.head in ("thc", "cuda-error") or _CLEAN.fullmatch(raw_msg) is None
-                or norm_text[:parsed.end] != _collapse(raw_msg)):
+                or norm_text[:parsed.end] != _collapse(raw_msg) or report.text != norm_text[:parsed.end]):
             return
         if self.count >= _MAX:
             self.templates.clear()
             self.count = 0
         slot = self.templates.setdefault(self.key(raw_msg, 0), [])
-        slot.insert(0, Template(norm_text, parsed))
+        slot.insert(0, Template(report, norm_text, parsed))
         self.count += 1
 
-    def match(self, text: str, s: int) -> tuple[grammar.Parsed, str, int] | None:
-        """(parsed, normalised message text, raw end) of the message at `text[s]`, or None when
-        no template vouches for it."""
+    def match(self, text: str, s: int) -> tuple[OOMReport, dict, list[tuple[int, int]], str, int] | None:
+        """(the shape's report, values, processes, normalised text, raw end) of the message at
+        `text[s]`, or None when no template vouches for it."""
         for t in self.templates.get(self.key(text, s), ()):
             m = t.rx.match(text, s)
             if m is None:
@@ -105,10 +114,7 @@ class FastReader:
             e = m.end()
             if not _ends_here(text, e):
                 return None
-            parsed = t.read(m)
-            norm = _collapse(text[s:e])
-            parsed.end = len(norm)
-            return parsed, norm, e
+            return (t.proto, *t.read(m), e)
         return None
 
 

@@ -217,6 +217,41 @@ def _modern_hint(p: grammar.Parsed, vendor: str) -> str | None:
     return f">={lo}"
 
 
+def _derive(v: dict, backend: str, vendor: str) -> tuple[int | None, int | None, list[str]]:
+    """(reserved, reserved_unallocated, names of the derived ones): each era prints one of the two."""
+    derived: list[str] = []
+    allocated, reserved, unalloc = v.get("allocated"), v.get("reserved"), v.get("reserved_unallocated")
+    if reserved is None and allocated is not None and unalloc is not None and backend == "native" and vendor != "mps":
+        reserved = allocated + unalloc  # 2.1+: "A is allocated ... and R-A is reserved but unallocated"
+        derived.append("reserved")
+    if unalloc is None and allocated is not None and reserved is not None:
+        unalloc = max(0, reserved - allocated)  # <=2.0: reserved in total minus already allocated
+        derived.append("reserved_unallocated")
+    return reserved, unalloc, derived
+
+
+def with_figures(proto: OOMReport, v: dict, processes: list[tuple[int, int]], text: str, raw: str, start: int,
+                 end: int, platform: str | None, index: PlatformIndex | None) -> OOMReport:
+    """The report of a message of `proto`'s shape (same clauses, same words) with figures `v`:
+    what `build_report` gives for it, without working out the shape again."""
+    reserved, unalloc, derived = _derive(v, proto.backend, proto.vendor)
+    plat, evidence = (platform, "given") if platform else platform_hint(raw, start, end, proto.vendor, index)
+    new = dict(text=text, raw=raw[start:end], span=(start, end), device=v.get("device"),
+               requested=v.get("requested"), total=v.get("total"), free=v.get("free"), allocated=v.get("allocated"),
+               active=v.get("active"), reserved=reserved, reserved_unallocated=unalloc,
+               private_pools=v.get("private_pools"), cap=v.get("cap"), process_in_use=v.get("process_in_use"),
+               other_allocations=v.get("other_allocations"), other_processes=tuple(processes), derived=tuple(derived),
+               platform=plat, platform_evidence=evidence)
+    if not hasattr(proto, "__dict__"):
+        from dataclasses import replace
+
+        return replace(proto, **new)
+    out = object.__new__(OOMReport)
+    out.__dict__.update(proto.__dict__)
+    out.__dict__.update(new)
+    return out
+
+
 def build_report(p: grammar.Parsed, norm: Normalized, i: int, raw: str, platform: str | None = None,
                  index: PlatformIndex | None = None) -> OOMReport:
     """Assemble the frozen report: vendor, backend, derived figures, hints, span."""
@@ -230,14 +265,8 @@ def build_report(p: grammar.Parsed, norm: Normalized, i: int, raw: str, platform
     backend = "cudaMallocAsync" if p.head.startswith("async") or any(k.startswith("async-") for k in p.clauses) else "native"
     fmt, torch_hint = _format_and_hint(p, vendor)
 
-    derived: list[str] = []
-    allocated, reserved, unalloc = v.get("allocated"), v.get("reserved"), v.get("reserved_unallocated")
-    if reserved is None and allocated is not None and unalloc is not None and backend == "native" and vendor != "mps":
-        reserved = allocated + unalloc  # 2.1+: "A is allocated ... and R-A is reserved but unallocated"
-        derived.append("reserved")
-    if unalloc is None and allocated is not None and reserved is not None:
-        unalloc = max(0, reserved - allocated)  # <=2.0: reserved in total minus already allocated
-        derived.append("reserved_unallocated")
+    allocated = v.get("allocated")
+    reserved, unalloc, derived = _derive(v, backend, vendor)
 
     # Truncated: the message stops before the figures its format always carries.
     ends = {"close", "docs", "url", "hint", "hint-legacy", "xpu-hint", "mps-hint", "async-cap", "preemptive-size",
@@ -393,18 +422,6 @@ class _Shifted:
         return a + self._base, b + self._base
 
 
-class _Flat:
-    """The normalised text of a message read by a template, and its raw span."""
-
-    __slots__ = ("text", "_span")
-
-    def __init__(self, text: str, start: int, end: int) -> None:
-        self.text, self._span = text, (start, end)
-
-    def raw_span(self, i: int, j: int) -> tuple[int, int]:
-        return self._span
-
-
 class ReportFinder:
     """Finds the messages of one text, given whole or piece by piece (`alloctune.diagnose.scan`).
 
@@ -468,8 +485,9 @@ class ReportFinder:
                 self.found += 1
                 if index is None and big and self.found == _INDEX_AFTER and self.platform is None:
                     index = PlatformIndex(text)
-                report = build_report(hit[0], _Flat(hit[1], s, hit[2]), 0, text, self.platform, index)
-                pos = self.pos = max(hit[2], m.end())
+                proto, values, procs, ntext, e = hit
+                report = with_figures(proto, values, procs, ntext, text, s, e, self.platform, index)
+                pos = self.pos = max(e, m.end())
                 yield report
                 continue
             for window in WINDOWS:  # small first; grow only if the message may run past the window
@@ -491,7 +509,7 @@ class ReportFinder:
                 report = build_report(parsed, _Shifted(norm, s), 0, text, self.platform, index)
                 self._reports[chunk] = (s, report)
                 if report.span[0] == s and self.fast is not None:
-                    self.fast.learn(report.raw, norm.text, parsed)
+                    self.fast.learn(report, norm.text, parsed)
             else:
                 report = _repeat(first[1], first[1].span[0] - first[0] + s, first[1].span[1] - first[0] + s,
                                  text, self.platform, index)
