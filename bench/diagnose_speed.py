@@ -95,7 +95,7 @@ def run(args: list[str], stdin_path: Path | None = None, workers: int = 1) -> tu
             t = time.perf_counter()
             p = subprocess.Popen([sys.executable, "-m", "alloctune", *args], stdin=stdin, stdout=out,
                                  stderr=subprocess.PIPE, env=env)
-            _, status, usage = os.wait4(p.pid, 0)  # ru_maxrss of the child (its own workers are reaped by it)
+            _, status, usage = os.wait4(p.pid, 0)  # ru_maxrss: the child, or a worker it reaped, if larger
             wall = time.perf_counter() - t
             p.returncode = os.waitstatus_to_exitcode(status)
             err = p.stderr.read().decode() if p.stderr else ""
@@ -163,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"# diagnose speed on logs of distinct OOM messages ({stamp}, Python {platform.python_version()}, "
              f"{cpus} CPUs, shared machine)", "",
              f"Command: `{command}`. Each run is the CLI in a fresh process (start-up included); MB/s = log bytes / "
-             "wall seconds; peak = the CLI process's maximum resident set (with workers: each worker's is "
-             "not included). Linearity = (time at the largest size / time at the smallest) / (size ratio): 1.0 is "
+             "wall seconds; peak = the largest resident set of the CLI process and of the worker processes it "
+             "waited for. Linearity = (time at the largest size / time at the smallest) / (size ratio): 1.0 is "
              f"linear. Load average at the start: {load0:.1f} on {cpus} CPUs (shared with other "
              "work: the figures are lower bounds).", "",
              "| log | mode | messages found / written | seconds | MB/s | peak memory | output |",

@@ -278,6 +278,13 @@ def test_progress_waits_before_drawing():
     with progress_on_stderr(console=con, after=0) as progress:
         progress("reading the log", 1, 2)
     assert "reading the log" in buf.getvalue()
+    buf.truncate(0)
+    import time
+
+    with progress_on_stderr(console=con, after=0.2) as progress:  # one report, then silence: still drawn
+        progress("replaying the standard settings")
+        time.sleep(0.6)
+    assert "replaying the standard settings" in buf.getvalue()
 
 
 # ---- several processes ----------------------------------------------------------------------

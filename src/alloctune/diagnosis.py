@@ -8,8 +8,8 @@ the CLI and the Python API. The diagnosis itself stays in `alloctune.diagnose`.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, BinaryIO
 
 from alloctune.errors import InputError

@@ -31,23 +31,39 @@ def progress_on_stderr(*, quiet: bool = False, console: Console | None = None, a
     bar = RichProgress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                        TimeElapsedColumn(), console=con, transient=True)
     task = bar.add_task("starting", total=None)
+    if after <= 0:
+        def report(step: str, done: int = 0, total: int | None = None) -> None:
+            bar.update(task, description=step, completed=done, total=total)
 
-    import time
+        with bar:
+            yield report
+        return
 
-    start = time.monotonic()
-    shown = False
+    # Drawn only once the work has taken `after` seconds, whether or not it reports again by then
+    # (a snapshot's replays report once, at their start): a timer starts the bar.
+    import threading
+
+    lock = threading.Lock()
+    state = {"shown": False, "done": False}
+
+    def show() -> None:
+        with lock:
+            if not state["done"]:
+                bar.start()
+                state["shown"] = True
+
+    timer = threading.Timer(after, show)
+    timer.daemon = True
 
     def report(step: str, done: int = 0, total: int | None = None) -> None:
-        nonlocal shown
-        if not shown:
-            if time.monotonic() - start < after:
-                return
-            bar.start()
-            shown = True
         bar.update(task, description=step, completed=done, total=total)
 
+    timer.start()
     try:
         yield report
     finally:
-        if shown:
-            bar.stop()
+        timer.cancel()
+        with lock:
+            state["done"] = True
+            if state["shown"]:
+                bar.stop()
