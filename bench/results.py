@@ -60,7 +60,19 @@ def _empty_cache(d: dict[str, Any]) -> list[str]:
     return out
 
 
+def _diagnose_speed(d: dict[str, Any]) -> list[str]:
+    out = []
+    for r in d["rows"]:
+        if r["mode"] in ("--json", "terminal (to a file)", "--json from stdin"):
+            out.append(f"- {r['log']}, {r['mode']}: **{r['mb_per_s']:.1f} MB/s**, peak {r['peak_rss_mb']:.0f} MB, "
+                       f"output {r['output_bytes']:,} B ({r['found']:,} messages)")
+    if d.get("linearity"):
+        out.append("- linearity (1.0 = linear): " + ", ".join(f"{m} {v}" for m, v in d["linearity"].items()))
+    return out
+
+
 READERS: dict[str, tuple[str, Callable[[dict[str, Any]], list[str]]]] = {
+    "alloctune.bench.diagnose_speed/1": ("diagnose speed", _diagnose_speed),
     "alloctune.bench.fidelity/2": ("Simulator fidelity", _fidelity),
     "alloctune.bench.empty_cache/1": ("empty_cache() inference", _empty_cache),
 }

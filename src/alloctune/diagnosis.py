@@ -8,6 +8,7 @@ the CLI and the Python API. The diagnosis itself stays in `alloctune.diagnose`.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -36,6 +37,59 @@ def diagnose_log(source: str | Path | None, platform: str | None = None, stdin: 
     from alloctune.diagnose import diagnose_all
 
     return diagnose_all(read_log(source, stdin), platform.lower() if platform else None)
+
+
+_EMPTY = "the input is empty: give an OOM message, a log containing one, or '-' for stdin"
+_NONE = ("no out-of-memory message found in the input (looked for 'CUDA/HIP/XPU/NPU out of memory', "
+         "'MPS backend out of memory', 'Allocation on device', 'Tried to allocate')")
+
+
+def summarise_log(
+    read: Callable[[int], bytes],
+    platform: str | None = None,
+    *,
+    total: int | None = None,
+    progress: Progress = no_progress,
+    on_message: Callable[[Any, Any], None] | None = None,
+) -> Any:
+    """The `LogSummary` of a log read as a stream of bytes (`read(n)`), piece by piece: memory is
+    bounded by the read size and the largest message, not by the log. `total` (bytes, if known)
+    is for `progress`; `on_message(found, diagnosis)` sees every message as it comes.
+    Raises `NoOOMFound` for an empty log or one without any OOM message."""
+    from alloctune.diagnose import _check_platform
+    from alloctune.diagnose.groups import summarise
+    from alloctune.diagnose.scan import scan_reports
+    from alloctune.diagnose.text import iter_log_text
+    from alloctune.errors import NoOOMFound
+
+    platform = platform.lower() if platform else None
+    _check_platform(platform)
+    done = 0
+    blank = True
+
+    def counted(n: int) -> bytes:
+        nonlocal done
+        data = read(n)
+        done += len(data)
+        return data
+
+    def pieces() -> Iterator[str]:
+        nonlocal blank
+        for piece in iter_log_text(counted):
+            blank = blank and piece.isspace()
+            progress("reading the log", done, total)
+            yield piece
+
+    from alloctune.diagnose.parallel import summarise_parallel, workers
+
+    n = workers() if on_message is None else 1  # --all prints in order: one pass
+    if n > 1:
+        summary = summarise_parallel(pieces(), platform, n)
+    else:
+        summary = summarise(scan_reports(pieces(), platform), platform, on_message)
+    if not summary.messages:
+        raise NoOOMFound(_EMPTY if blank else _NONE)
+    return summary
 
 
 def explain_snapshot(
@@ -80,6 +134,39 @@ def cap_in_text(text: str) -> int | None:
     return caps[-1] if caps else None
 
 
+def _open_log(source: str | Path | None, stdin: BinaryIO | None) -> tuple[Any, int | None, Callable[[], None]]:
+    """(read, total bytes, close) of a log; for a FILE that holds a snapshot or a trace, its path
+    instead of `read`. Anything that is neither is an `InputError` saying what it looks like."""
+    from alloctune.diagnose.input_kind import open_input, read_head, sniff_bytes
+
+    if source is None or str(source) == "-":
+        stream = stdin if stdin is not None else getattr(sys.stdin, "buffer", None)
+        if stream is None or (hasattr(stream, "isatty") and stream.isatty()):
+            raise InputError("no input: give a file with the OOM message, or pipe the log into 'alloctune diagnose -'")
+        head, read = read_head(stream.read)
+        kind, what = sniff_bytes(head)
+        if kind in ("snapshot", "compact"):
+            raise InputError(f"stdin holds {what}: save it to a file and run 'alloctune diagnose FILE'")
+        if kind == "other":
+            raise InputError(f"stdin is not a log: it looks like {what}")
+        return read, None, lambda: None
+    fh, compression = open_input(source, expected="a log, a snapshot or a trace file")
+    try:
+        head, read = read_head(fh.read)
+    except BaseException:
+        fh.close()
+        raise
+    kind, what = sniff_bytes(head)
+    if kind != "text":
+        fh.close()
+        if kind in ("snapshot", "compact"):
+            return str(source), None, lambda: None
+        raise InputError(f"{source}: not an OOM log, a memory snapshot or a trace: it looks like "
+                         f"{what}{f' ({compression}-compressed)' if compression else ''}")
+    size = Path(source).stat().st_size if compression is None and Path(source).is_file() else None
+    return read, size, fh.close
+
+
 def diagnose_input(
     source: str | Path | None = None,
     *,
@@ -91,19 +178,33 @@ def diagnose_input(
     what_if: bool = True,
     stdin: BinaryIO | None = None,
     progress: Progress = no_progress,
+    on_message: Callable[[Any, Any], None] | None = None,
 ) -> tuple[str, Any]:
-    """What `alloctune diagnose` does: ("log", [Diagnosis, ...]) or ("snapshot", SnapshotDiagnosis).
+    """What `alloctune diagnose` does: ("log", LogSummary) or ("snapshot", SnapshotDiagnosis).
 
-    Options that only mean something for a snapshot are errors without one, rather than being
-    silently ignored; a log and a snapshot at once are an error too.
+    A FILE is recognised by its content: a pickle (a `_dump_snapshot` file, an `alloctune record`
+    recording, compressed or not) or a compact trace goes where `--snapshot` goes, text is read
+    as a log, anything else is one line saying what it looks like. Options that only mean
+    something for a snapshot are errors without one, rather than being silently ignored. A log
+    given with `--snapshot` is read for the cap its OOM message prints.
     """
     if snapshot is None:
         only = [name for name, v in (("--budget", budget), ("--device", device), ("--oom", oom)) if v is not None]
         if not what_if:
             only.append("--no-what-if")
-        if only:
-            raise InputError(f"{', '.join(only)} only apply with --snapshot FILE")
-        return "log", diagnose_log(source, platform, stdin)
+        only_error = InputError(f"{', '.join(only)} only apply with --snapshot FILE (or a snapshot as FILE)")
+        if only and (source is None or str(source) == "-"):
+            raise only_error
+        read, total, close = _open_log(source, stdin)
+        if isinstance(read, str):  # the file holds a snapshot or a trace: what --snapshot does
+            snapshot, source = read, None
+        else:
+            try:
+                if only:
+                    raise only_error
+                return "log", summarise_log(read, platform, total=total, progress=progress, on_message=on_message)
+            finally:
+                close()
     if platform is not None:
         raise InputError("--platform applies to logs, not to --snapshot")
     # A log beside the snapshot is read for the cap its OOM message prints (a plain torch snapshot has none).

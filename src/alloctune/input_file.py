@@ -26,3 +26,6 @@ def read_input_bytes(path: str | Path, *, expected: str, error: type[InputError]
         return p.read_bytes()
     except OSError as exc:
         raise error(f"{p}: cannot read: {exc.strerror or exc}") from exc
+
+
+# ---- what a file holds, from its first bytes ------------------------------------------------

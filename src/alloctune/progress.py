@@ -37,9 +37,12 @@ def no_progress(step: str, done: int = 0, total: int | None = None) -> None:
 
 
 @contextmanager
-def progress_on_stderr(*, quiet: bool = False, console: Any = None) -> Iterator[Progress]:
+def progress_on_stderr(*, quiet: bool = False, console: Any = None, after: float = 0.0) -> Iterator[Progress]:
     """Yield a `Progress` callback that draws a transient spinner on stderr, or `no_progress`
-    under `quiet` (`--json`) and whenever stderr is not a terminal (pipes, logs, programs)."""
+    under `quiet` (`--json`) and whenever stderr is not a terminal (pipes, logs, programs).
+
+    `after`: seconds of work before anything is drawn, whether or not the work reports again by
+    then (a quick command shows no flicker; a long one that reports once still gets its bar)."""
     if console is None:
         from rich.console import Console
 
@@ -57,8 +60,32 @@ def progress_on_stderr(*, quiet: bool = False, console: Any = None) -> Iterator[
     def report(step: str, done: int = 0, total: int | None = None) -> None:
         bar.update(task, description=step, completed=done, total=total)
 
-    with bar:
+    if after <= 0:
+        with bar:
+            yield report
+        return
+    import threading
+
+    lock = threading.Lock()
+    state = {"shown": False, "done": False}
+
+    def show() -> None:
+        with lock:
+            if not state["done"]:
+                bar.start()
+                state["shown"] = True
+
+    timer = threading.Timer(after, show)
+    timer.daemon = True
+    timer.start()
+    try:
         yield report
+    finally:
+        timer.cancel()
+        with lock:
+            state["done"] = True
+            if state["shown"]:
+                bar.stop()
 
 
 # ---- trials of a sweep ---------------------------------------------------------------------------

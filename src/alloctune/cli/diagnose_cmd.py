@@ -1,4 +1,4 @@
-"""`alloctune diagnose [FILE|-]` / `--snapshot FILE`: explain an OOM and print fixes for four shells."""
+"""`alloctune diagnose [FILE|-]` / `--snapshot FILE`: explain OOMs (one in full, many in groups) and print fixes."""
 
 from __future__ import annotations
 
@@ -59,11 +59,82 @@ def render_diagnosis(d, index: int, count: int) -> None:
     console.print()
 
 
+def render_summary(summary) -> None:
+    """Many OOMs: one row per group (verdict, device/rank, request sizes), then each fix once with
+    its shell lines. Bounded by the groups, however many messages the log held."""
+    from rich.padding import Padding
+    from rich.text import Text
+
+    from alloctune.cli.render import Col, table
+    from alloctune.diagnose.groups import FULL
+    from alloctune.units import format_size
+
+    groups = summary.groups
+    rows = []
+    for i, g in enumerate(groups, 1):
+        w = g.worst
+        worst = f"line {g.worst_line}: {format_size(w.report.requested or 0)} requested" if w else ""
+        if w is not None and w.shortfall:
+            worst += f", {format_size(w.shortfall)} short"
+        fix, _, covers = g.fix
+        where = " ".join(x for x in (f"GPU {g.device}" if g.device is not None else "",
+                                     f"rank {g.rank}" if g.rank is not None else "") if x) or "-"
+        rows.append((str(i), Text(g.verdict.upper(), style=_VERDICT_STYLE.get(g.verdict, "bold")), where,
+                     g.requests_text, f"{g.count:,}", f"{g.first_line:,}-{g.last_line:,}", worst,
+                     (fix.title + ("" if covers == g.count else f" ({covers:,} of {g.count:,})")) if fix else "-"))
+    console.print(f"[bold]{summary.messages:,} out-of-memory messages[/bold] in {len(groups)} group(s) "
+                  "(verdict, device/rank, request size); every message: --all")
+    console.print(table(Col("#", justify="right", nowrap=True), "verdict", "where", Col("requests", nowrap=True),
+                        Col("count", justify="right", nowrap=True), Col("lines", nowrap=True), "worst case",
+                        "fix", rows=rows))
+    seen: dict[tuple, list[int]] = {}
+    fixes = {}
+    for i, g in enumerate(groups[:FULL], 1):  # the largest groups' fixes, each once, with their shell lines
+        fix, line, _ = g.fix
+        if fix is not None:
+            key = (fix.id, fix.title, fix.conf, fix.code, fix.command)
+            seen.setdefault(key, []).append(i)
+            fixes.setdefault(key, (fix, line))
+    for key, members in seen.items():
+        fix, line = fixes[key]
+        console.print(f"[bold]{escape(fix.title)}[/bold] [dim](group {', '.join(map(str, members))}; "
+                      f"from the message at line {line})[/dim]")
+        console.print(Padding(Text(fix.why), (0, 0, 0, 3)))
+        for shell, text in [*fix.shell_forms().items(), *([("python", fix.code)] if fix.code else [])]:
+            console.print(f"   [dim]{shell}:[/dim]")
+            for ln in text.splitlines():
+                console.print(f"     {ln}", markup=False, soft_wrap=True)
+        if fix.command:
+            console.print("   check: " + fix.command, markup=False, soft_wrap=True)
+    console.print()
+
+
+def _message_line(found, d) -> str:
+    """`--all` at a terminal: one plain line per message."""
+    from alloctune.units import format_size
+
+    r = found.report
+    parts = [f"line {found.line}:", d.verdict.upper()]
+    if r.device is not None:
+        parts.append(f"GPU {r.device}")
+    if found.rank is not None:
+        parts.append(f"rank {found.rank}")
+    if r.requested is not None:
+        parts.append(f"request {format_size(r.requested)}")
+    if d.shortfall:
+        parts.append(f"short {format_size(d.shortfall)}")
+    return " ".join(parts) + f" - {d.reason}"
+
+
 def register(app: typer.Typer) -> None:
     @app.command("diagnose")
     def diagnose(
-        source: Optional[str] = typer.Argument(None, metavar="[FILE|-]", help="Log or message file; '-' or nothing reads stdin."),
+        source: Optional[str] = typer.Argument(
+            None, metavar="[FILE|-]",
+            help="Log (plain or gz/xz/bz2), snapshot pickle, recording or compact trace; '-' or nothing reads stdin."),
         json_out: bool = typer.Option(False, "--json", help="Print the diagnoses as JSON."),
+        show_all: bool = typer.Option(
+            False, "--all", help="Every message, not only the groups (with --json: one JSON line each, then the summary)."),
         platform: Optional[str] = typer.Option(
             None, "--platform", metavar="OS", help="linux | windows | wsl | macos (default: guessed from paths in the text)."
         ),
@@ -72,35 +143,55 @@ def register(app: typer.Typer) -> None:
             help="Explain an OOM from a memory snapshot written at it (alloctune run --on-oom snapshot).",
         ),
         budget: Optional[str] = typer.Option(
-            None, "--budget", metavar="SIZE", help="With --snapshot: the per-process cap the run had, e.g. 6GiB."),
+            None, "--budget", metavar="SIZE", help="With a snapshot: the per-process cap the run had, e.g. 6GiB."),
         device: Optional[int] = typer.Option(
-            None, "--device", metavar="N", help="With --snapshot: the device whose history to read (default 0)."),
+            None, "--device", metavar="N", help="With a snapshot: the device whose history to read (default 0)."),
         oom: Optional[int] = typer.Option(
-            None, "--oom", metavar="N", help="With --snapshot: which recorded OOM (0 = first, -1 = last, the default)."),
+            None, "--oom", metavar="N", help="With a snapshot: which recorded OOM (0 = first, -1 = last, the default)."),
         no_what_if: bool = typer.Option(
-            False, "--no-what-if", help="With --snapshot: skip replaying other settings in the simulator."),
+            False, "--no-what-if", help="With a snapshot: skip replaying other settings in the simulator."),
     ) -> None:
-        """Explain an out-of-memory error from a log (or --snapshot FILE) and print the fixes.
+        """Explain out-of-memory errors from a log, a memory snapshot or a trace, and print the fixes.
 
-        Finds CUDA/HIP/XPU/MPS/NPU out-of-memory messages in a log, with fixes for bash,
-        PowerShell, cmd and Python; with --snapshot, explains the OOM recorded in a memory snapshot."""
+        Finds CUDA/HIP/XPU/MPS/NPU out-of-memory messages anywhere in a log, with fixes for bash,
+        PowerShell, cmd and Python; many messages are summarised in groups. A snapshot (given as
+        FILE or with --snapshot) is explained from its memory map."""
+        import json
+        import sys
+
         from alloctune.cli.progress import progress_on_stderr
         from alloctune.diagnosis import diagnose_input
 
-        with progress_on_stderr(quiet=json_out or snapshot is None) as progress:  # logs are read at once
+        on_message = None
+        if show_all and json_out:
+            from alloctune.diagnose.groups import message_record
+
+            def on_message(found, d) -> None:
+                sys.stdout.write(json.dumps(message_record(found, d)) + "\n")
+        elif show_all:
+            def on_message(found, d) -> None:
+                sys.stdout.write(_message_line(found, d) + "\n")
+
+        with progress_on_stderr(quiet=json_out, after=2.0) as progress:
             kind, result = diagnose_input(source, snapshot=snapshot, platform=platform, budget=budget, device=device,
-                                          oom=oom, what_if=not no_what_if, progress=progress)
+                                          oom=oom, what_if=not no_what_if, progress=progress, on_message=on_message)
         if json_out:
             from alloctune.schema import with_schema
 
-            print_json(result.to_dict(with_map=False) if kind == "snapshot" else with_schema("diagnose", {"diagnoses": result}))
+            if kind == "snapshot":
+                print_json(result.to_dict(with_map=False))
+            elif show_all:  # JSON lines: the summary is the last one
+                sys.stdout.write(json.dumps(with_schema("diagnose", result.to_dict())) + "\n")
+            else:
+                print_json(with_schema("diagnose", result.to_dict()))
         elif kind == "snapshot":
             from alloctune.cli.views import snapshot_view
 
             console.print(*snapshot_view(result))
+        elif result.single is not None:
+            render_diagnosis(result.single, 1, 1)
         else:
-            for i, d in enumerate(result, 1):
-                render_diagnosis(d, i, len(result))
+            render_summary(result)
 
     @app.command("diagnose-snapshot", hidden=True, add_help_option=False,
                  context_settings={"ignore_unknown_options": True, "allow_extra_args": True})

@@ -14,7 +14,7 @@ from alloctune.progress import progress_on_stderr as _draw
 __all__ = ["Progress", "no_progress", "progress_on_stderr"]
 
 
-def progress_on_stderr(*, quiet: bool = False, console: Any = None) -> Any:
+def progress_on_stderr(*, quiet: bool = False, console: Any = None, after: float = 0.0) -> Any:
     from alloctune.cli.render import err_console
 
-    return _draw(quiet=quiet, console=console or err_console)
+    return _draw(quiet=quiet, console=console or err_console, after=after)

@@ -12,28 +12,25 @@ from __future__ import annotations
 
 import html
 import re
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from alloctune.diagnose import parse as grammar
+from alloctune.diagnose.parse import _LINE_PREFIX
+from alloctune.diagnose.platform import _CONTEXT, BIG_TEXT, PlatformIndex, platform_hint  # noqa: F401
 from alloctune.diagnose.report import OOMReport
+
+if TYPE_CHECKING:
+    from alloctune.diagnose.fast import FastReader
 
 # A message is at most a few hundred characters; with per-line log prefixes and escapes it can
 # span more. Normalising a bounded window per candidate keeps the scan linear in the input size.
 WINDOWS = (1000, 2500, 20000)
 
-# Log decorations that may start a continuation line of a wrapped message.
-_LINE_PREFIX = re.compile(
-    r"[ \t]*(?:"
-    r"\[rank\d+\]:?"  # torchrun
-    r"|\([\w.-]+ pid=\d+(?:, ip=[\d.]+)?\)"  # Ray / vLLM workers
-    r"|(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+\d\d-\d\d\s+\d\d:\d\d:\d\d(?:\.\d+)?\s+\[?[\w./-]+(?::\d+)?\]"  # vLLM
-    r"|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?Z?(?:\s+-)?"  # ISO timestamps (CI logs)
-    r"|>(?!>)"  # Markdown / e-mail quote
-    r")[ \t]*"
-)
 
 _FULLWIDTH = str.maketrans({"；": ";", "：": ":", "（": "(", "）": ")", "，": ","})
+_HAS_FULLWIDTH = re.compile("[；：（），]")  # translate() looks up every character: only where needed
 
 
 # The characters normalisation changes; everything between two of them is copied as one chunk
@@ -44,6 +41,7 @@ _SPECIAL = re.compile(
     r"(?P<entity>&(?:#\d+|#x[0-9A-Fa-f]+|[A-Za-z]+);)"
     r"|(?P<esc>\\[nrt])"
     r"|(?P<escq>\\[\"'\\/])"
+    r"|(?P<uesc>\\u[0-9A-Fa-f]{4})"  # JSON's \u escapes (Python's json.dumps writes non-ASCII so)
     r"|(?P<br><br\s*/?>)"
     r"|(?P<nl>\r\n|\r|\n)"
     r"|(?P<ws>[\t\f\v\u00a0\u3000][ \t\f\v\u00a0\u3000]*| [ \t\f\v\u00a0\u3000]+)",
@@ -60,7 +58,9 @@ class Normalized:
     character it produced to the token's first raw character.
     """
 
-    def __init__(self, raw: str, start: int, end: int) -> None:
+    def __init__(self, raw: str, start: int, end: int, joins: frozenset[int] = frozenset()) -> None:
+        """`joins`: raw positions of line breaks that split a word or a line (a terminal's hard
+        wrap, a log collector's partial line): they vanish instead of becoming a space."""
         parts: list[str] = []
         ns: list[int] = []
         rs: list[int] = []
@@ -69,6 +69,7 @@ class Normalized:
         last_space = True  # at the start a space is dropped, as after a space
         pos = start
         match, rare, find = _SPECIAL.match, _RARE.search, raw.find
+        wide = _HAS_FULLWIDTH.search(raw, start, end) is not None
         next_rare = next_spaces = -1  # cached positions of the next candidates (recomputed when passed)
         while pos < end:
             m = None
@@ -91,7 +92,7 @@ class Normalized:
             if stop > pos:
                 a = pos + 1 if last_space and raw[pos] == " " else pos
                 if a < stop:
-                    chunk = raw[a:stop].translate(_FULLWIDTH)
+                    chunk = raw[a:stop].translate(_FULLWIDTH) if wide else raw[a:stop]
                     ns.append(length)
                     rs.append(a)
                     cp.append(True)
@@ -106,6 +107,11 @@ class Normalized:
                 out = html.unescape(m.group())
             elif kind == "escq":
                 out = m.group()[1]
+            elif kind == "uesc":
+                out = chr(int(m.group()[2:], 16)).translate(_FULLWIDTH)
+                out = " " if out.isspace() else out
+            elif kind == "nl" and at in joins:
+                out = ""
             else:
                 out = " "
             for c in out:
@@ -137,89 +143,6 @@ class Normalized:
         if j <= i:
             return (self._src(i), self._src(i))
         return (self._src(i), self._src(j - 1) + 1)
-
-
-# ---- platform hints from the surrounding text ------------------------------------------------
-
-# (name, cheap substrings that must occur, regex giving the evidence); the first platform with a
-# hit wins: WSL over Windows (a Linux process on a Windows driver), Windows over Linux (Windows
-# paths rarely appear by accident). The substring test keeps big logs fast.
-_PLATFORM_HINTS: tuple[tuple[str, tuple[str, ...], re.Pattern[str]], ...] = (
-    ("wsl", ("WSL", "/mnt/"), re.compile(r"\bWSL2?\b|/mnt/[a-z]/")),
-    ("windows", (":\\", "windows_portable", "Windows", "Win1", "WIN1", ".exe", "nvcuda"), re.compile(
-        r"\b[A-Za-z]:\\{1,2}[\w .()-]+\\|\bPS [A-Z]:\\|windows_portable|\bWin(?:dows)? ?1[01]\b|\bWIN1[01]\b"
-        r"|\bWindows\b|\.exe\b|\bnvcuda\.dll\b")),
-    ("macos", ("macOS", "MacBook", "Darwin", "/Users/", "/opt/homebrew/"), re.compile(
-        r"\bmacOS\b|\bMacBook\b|\bDarwin\b|/Users/[\w.-]+/|/opt/homebrew/")),
-    ("linux", ("/home/", "/usr/", "/opt/conda/", "dist-packages/", "Ubuntu", "Linux"), re.compile(
-        r"/home/[\w.-]+/|/usr/(?:local/)?lib/python|/opt/conda/|dist-packages/|\bUbuntu\b|\bLinux\b")),
-)
-_CONTEXT = 3000
-
-
-class PlatformIndex:
-    """Every platform clue of a big text, found once, so each message's hint is a lookup.
-
-    Why: `platform_hint` scans 6,000 characters per message; on a log made of OOM messages
-    that is most of the time. Here each needle and evidence regex runs once over the whole
-    text; a message asks which clues lie wholly inside its context window. (A clue that
-    straddles the window's edge can differ from slicing the text there; only texts above
-    `BIG_TEXT` use the index.)
-    """
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.tables = []
-        for name, needles, rx in _PLATFORM_HINTS:
-            hits = sorted((i, i + len(nd)) for nd in needles for i in _find_all(text, nd))
-            if hits:  # the evidence regex runs only where a needle is near (see `hint`)
-                self.tables.append((name, [h[0] for h in hits], hits, rx))
-
-    @staticmethod
-    def _first_inside(starts: list[int], items: list, lo: int, hi: int):
-        k = bisect_left(starts, lo)
-        while k < len(items) and items[k][0] < hi:
-            if items[k][1] <= hi:
-                return items[k]
-            k += 1
-        return None
-
-    def hint(self, lo: int, hi: int) -> tuple[str | None, str | None]:
-        for name, nstarts, hits, rx in self.tables:
-            if self._first_inside(nstarts, hits, lo, hi) is not None:
-                found = rx.search(self.text, lo, hi)
-                if found is not None:
-                    return name, found.group().strip()
-        return None, None
-
-
-BIG_TEXT = 100_000
-
-
-def _find_all(text: str, needle: str) -> Iterator[int]:
-    i = text.find(needle)
-    while i >= 0:
-        yield i
-        i = text.find(needle, i + 1)
-
-
-def platform_hint(text: str, start: int, end: int, vendor: str,
-                  index: PlatformIndex | None = None) -> tuple[str | None, str | None]:
-    """Guess the OS from paths and words near the message; `(platform, evidence)`.
-
-    MPS means macOS whatever the surroundings say.
-    """
-    if vendor == "mps":
-        return "macos", "MPS backend"
-    if index is not None:
-        return index.hint(max(0, start - _CONTEXT), min(len(text), end + _CONTEXT))
-    ctx = text[max(0, start - _CONTEXT) : min(len(text), end + _CONTEXT)]
-    for name, needles, rx in _PLATFORM_HINTS:
-        if any(n in ctx for n in needles):
-            m = rx.search(ctx)
-            if m:
-                return name, m.group().strip()
-    return None, None
 
 
 # ---- from parsed clauses to an OOMReport ---------------------------------------------------
@@ -283,6 +206,41 @@ def _modern_hint(p: grammar.Parsed, vendor: str) -> str | None:
     return f">={lo}"
 
 
+def _derive(v: dict, backend: str, vendor: str) -> tuple[int | None, int | None, list[str]]:
+    """(reserved, reserved_unallocated, names of the derived ones): each era prints one of the two."""
+    derived: list[str] = []
+    allocated, reserved, unalloc = v.get("allocated"), v.get("reserved"), v.get("reserved_unallocated")
+    if reserved is None and allocated is not None and unalloc is not None and backend == "native" and vendor != "mps":
+        reserved = allocated + unalloc  # 2.1+: "A is allocated ... and R-A is reserved but unallocated"
+        derived.append("reserved")
+    if unalloc is None and allocated is not None and reserved is not None:
+        unalloc = max(0, reserved - allocated)  # <=2.0: reserved in total minus already allocated
+        derived.append("reserved_unallocated")
+    return reserved, unalloc, derived
+
+
+def with_figures(proto: OOMReport, v: dict, processes: list[tuple[int, int]], text: str, raw: str, start: int,
+                 end: int, platform: str | None, index: PlatformIndex | None) -> OOMReport:
+    """The report of a message of `proto`'s shape (same clauses, same words) with figures `v`:
+    what `build_report` gives for it, without working out the shape again."""
+    reserved, unalloc, derived = _derive(v, proto.backend, proto.vendor)
+    plat, evidence = (platform, "given") if platform else platform_hint(raw, start, end, proto.vendor, index)
+    new = dict(text=text, raw=raw[start:end], span=(start, end), device=v.get("device"),
+               requested=v.get("requested"), total=v.get("total"), free=v.get("free"), allocated=v.get("allocated"),
+               active=v.get("active"), reserved=reserved, reserved_unallocated=unalloc,
+               private_pools=v.get("private_pools"), cap=v.get("cap"), process_in_use=v.get("process_in_use"),
+               other_allocations=v.get("other_allocations"), other_processes=tuple(processes), derived=tuple(derived),
+               platform=plat, platform_evidence=evidence)
+    if not hasattr(proto, "__dict__"):
+        from dataclasses import replace
+
+        return replace(proto, **new)
+    out = object.__new__(OOMReport)
+    out.__dict__.update(proto.__dict__)
+    out.__dict__.update(new)
+    return out
+
+
 def build_report(p: grammar.Parsed, norm: Normalized, i: int, raw: str, platform: str | None = None,
                  index: PlatformIndex | None = None) -> OOMReport:
     """Assemble the frozen report: vendor, backend, derived figures, hints, span."""
@@ -296,14 +254,8 @@ def build_report(p: grammar.Parsed, norm: Normalized, i: int, raw: str, platform
     backend = "cudaMallocAsync" if p.head.startswith("async") or any(k.startswith("async-") for k in p.clauses) else "native"
     fmt, torch_hint = _format_and_hint(p, vendor)
 
-    derived: list[str] = []
-    allocated, reserved, unalloc = v.get("allocated"), v.get("reserved"), v.get("reserved_unallocated")
-    if reserved is None and allocated is not None and unalloc is not None and backend == "native" and vendor != "mps":
-        reserved = allocated + unalloc  # 2.1+: "A is allocated ... and R-A is reserved but unallocated"
-        derived.append("reserved")
-    if unalloc is None and allocated is not None and reserved is not None:
-        unalloc = max(0, reserved - allocated)  # <=2.0: reserved in total minus already allocated
-        derived.append("reserved_unallocated")
+    allocated = v.get("allocated")
+    reserved, unalloc, derived = _derive(v, backend, vendor)
 
     # Truncated: the message stops before the figures its format always carries.
     ends = {"close", "docs", "url", "hint", "hint-legacy", "xpu-hint", "mps-hint", "async-cap", "preemptive-size",
@@ -356,22 +308,84 @@ def build_report(p: grammar.Parsed, norm: Normalized, i: int, raw: str, platform
 
 
 _EXC_BEFORE = re.compile(r"(?:Error|Exception|error|exception|[:>*\-!\]])[\s*]*$")
+# Only an exception's own message stands after these: whatever a GUI or logger appends after the
+# short form ("torch.OutOfMemoryError: Allocation on device  (node 12)") does not make it prose.
+_STRONG_BEFORE = re.compile(r"(?:OutOfMemoryError|[Ee]rror|[Ee]xception)\s*:[\s*]*$|!!![\s*]*$"
+                            r"|\b(?:ERROR|CRITICAL|FATAL)\b[\]\s:|-]*$")
+_JSON_VALUE_BEFORE = re.compile(r'"[\w.-]+"\s*:\s*"$')  # {"log": "...  (Docker, JSON loggers)
+_LINE_END = re.compile(r'\n|\\[nr]|"|<')  # a line, a JSON-escaped line, a JSON string, an HTML cell
+_LOOKBACK = 3000  # how far back the start of a line is looked for (and platform clues before a message)
 
 
 def _plausible_bare_head(text: str, m: re.Match[str], parsed: grammar.Parsed) -> bool:
     """A head with no clause after it ("CUDA out of memory.", ComfyUI's cut "Allocation on device")
-    counts only where an exception message would stand: after "...Error:" or a log marker, and
-    with nothing but punctuation after it on its line. Prose ("I meet CUDA out of memory when...")
-    does not."""
-    line_start = text.rfind("\n", 0, m.start()) + 1
+    counts only where an exception message would stand: after "...Error:", a log marker, or only
+    log prefixes (timestamps, `[rank0]:`) on its line, and with nothing but punctuation after it
+    on its line -- unless an exception name stands right before it, when anything may follow.
+    Prose ("I meet CUDA out of memory when...") does not count."""
+    line_start = text.rfind("\n", max(0, m.start() - _LOOKBACK), m.start()) + 1
     before = text[line_start : m.start()]
-    line_end = text.find("\n", m.end())
-    after = text[m.end() : len(text) if line_end < 0 else line_end]
+    pos = 0
+    while True:  # log prefixes only: as if the line started here
+        pm = _LINE_PREFIX.match(before, pos)
+        if not pm or pm.end() == pos:
+            break
+        pos = pm.end()
+    before = before[pos:]
+    if _STRONG_BEFORE.search(before):
+        return True
+    le = _LINE_END.search(text, m.end(), m.end() + _LOOKBACK)
+    after = text[m.end() : le.start() if le else min(len(text), m.end() + _LOOKBACK)]
     if parsed.head in ("async", "async-pt"):
         after = re.sub(r"^\s*\d+", "", after)
-    before_ok = not before.strip() or bool(_EXC_BEFORE.search(before))
+    before_ok = not before.strip() or bool(_EXC_BEFORE.search(before) or _JSON_VALUE_BEFORE.search(before))
     after_ok = not re.search(r"[A-Za-z0-9]", after.lstrip(".").strip(" .'\"`)*"))
     return before_ok and after_ok
+
+
+# Line breaks that split a message: a terminal's hard wrap cuts every line at one width, a
+# container runtime marks the pieces of a long line "P" (partial).
+_WRAP_MIN = 40
+_CRI_PARTIAL = re.compile(r"\S+ (?:stdout|stderr) P ")
+
+
+def _joins(chunk: str, lead: str) -> frozenset[int]:
+    """Line breaks of `chunk` to drop: after a CRI partial line, or after a line exactly as long as
+    the longest line (at least `_WRAP_MIN`), as a terminal's hard wrap leaves them. `lead` is the
+    text of the first line before `chunk` starts."""
+    out, width, lines = set(), 0, []
+    start, line = 0, lead
+    for k, piece in enumerate(chunk.split("\n")[:-1]):
+        full = (line if k == 0 else "") + piece
+        brk = start + len(piece) - (1 if piece.endswith("\r") else 0)
+        full = full.rstrip("\r")
+        if _CRI_PARTIAL.match(full):
+            out.add(brk)
+        lines.append((len(full), brk))
+        width = max(width, len(full))
+        start += len(piece) + 1
+    if width >= _WRAP_MIN:
+        out.update(brk for n, brk in lines if n == width)
+    return frozenset(out)
+
+
+def _rejoined(chunk: str, lead: str, norm: Normalized, parsed: grammar.Parsed | None):
+    """The window parsed again without the line breaks that split it, when the message stops just
+    before such a break with words left on that line; `None` unless that reads more clauses."""
+    if parsed is None:
+        return None
+    stop = norm.raw_span(parsed.end, parsed.end)[0]
+    nl = chunk.find("\n", stop, stop + 300)
+    if nl < 0 or not chunk[stop:nl].strip():
+        return None
+    joins = _joins(chunk, lead)
+    if not joins or (nl not in joins and nl - 1 not in joins):
+        return None
+    norm2 = Normalized(chunk, 0, len(chunk), joins)
+    parsed2 = grammar.parse_at(norm2.text, 0)
+    if parsed2 is None or len(parsed2.clauses) <= len(parsed.clauses):
+        return None
+    return norm2, parsed2
 
 
 # Memory for repeats within one call (a log often repeats one message thousands of times).
@@ -379,6 +393,9 @@ _CACHE_CHARS = 8_000_000
 
 # Messages after which a big text's platform clues are indexed once instead of scanned per message.
 _INDEX_AFTER = 64
+
+# What a message may need after its first character: the largest window plus the platform context.
+LOOKAHEAD = WINDOWS[-1] + _CONTEXT
 
 
 class _Shifted:
@@ -394,64 +411,105 @@ class _Shifted:
         return a + self._base, b + self._base
 
 
-def iter_reports(text: str, platform: str | None = None) -> Iterator[OOMReport]:
-    """Every OOM message in `text`, in order of appearance (repeats included).
+class ReportFinder:
+    """Finds the messages of one text, given whole or piece by piece (`alloctune.diagnose.scan`).
 
     Linear in the text, and fast on logs made of repeats: a window is normalised once per
     distinct raw window and parsed once per distinct normalised text; a repeat's report is the
     first one's with its own span and platform clue. Windows are normalised from a slice, which
     is exact: neither normalisation nor the line-prefix rules look behind their start.
     """
-    n = len(text)
-    index = None  # built once a big text has shown many messages (a few are cheaper to scan for)
-    found = 0
-    windows: dict[str, tuple[Normalized, grammar.Parsed | None]] = {}
-    parsed_cache: dict[str, grammar.Parsed | None] = {}
-    reports: dict[str, tuple[int, OOMReport]] = {}
-    cached = 0
-    pos = 0
-    while pos < n:
-        m = grammar.ANCHOR.search(text, pos)
-        if not m:
-            return
-        s = m.start()
-        for window in WINDOWS:  # small first; grow only if the message may run past the window
-            e = min(n, s + window)
-            chunk = text[s:e]
-            hit = windows.get(chunk)
-            if hit is None:
-                norm = Normalized(chunk, 0, len(chunk))
-                parsed = parsed_cache.get(norm.text, _MISSING)
-                if parsed is _MISSING:
-                    parsed = parsed_cache[norm.text] = grammar.parse_at(norm.text, 0)
-                if cached > _CACHE_CHARS:
-                    windows.clear()
-                    parsed_cache.clear()
-                    reports.clear()
-                    cached = 0
-                windows[chunk] = (norm, parsed)
-                cached += 2 * len(chunk)
-            else:
-                norm, parsed = hit
-            if parsed is None or e >= n or parsed.end < len(norm.text) - 200:
+
+    def __init__(self, platform: str | None = None, *, fast: bool | FastReader = True) -> None:
+        """`fast=False`: every message through the grammar (the reference the templates are tested against)."""
+        self.platform = platform
+        self.found = 0
+        self.pos = 0  # where the next `scan` resumes
+        self._windows: dict[str, tuple[Normalized, grammar.Parsed | None]] = {}
+        self._parsed: dict[str, grammar.Parsed | None] = {}
+        self._reports: dict[str, tuple[int, OOMReport]] = {}
+        self._cached = 0
+        from alloctune.diagnose.fast import FastReader
+
+        self.fast = (fast if isinstance(fast, FastReader) else FastReader()) if fast else None  # shareable
+
+    def _window(self, text: str, s: int, e: int) -> tuple[str, Normalized, grammar.Parsed | None]:
+        chunk = text[s:e]
+        hit = self._windows.get(chunk)
+        if hit is not None:
+            return chunk, hit[0], hit[1]
+        norm = Normalized(chunk, 0, len(chunk))
+        parsed = self._parsed.get(norm.text, _MISSING)
+        if parsed is _MISSING:
+            parsed = self._parsed[norm.text] = grammar.parse_at(norm.text, 0)
+        if "\n" in chunk:
+            lead = text[text.rfind("\n", max(0, s - _LOOKBACK), s) + 1 : s]
+            again = _rejoined(chunk, lead, norm, parsed)
+            if again is not None:
+                norm, parsed = again
+        if self._cached > _CACHE_CHARS:
+            self._windows.clear()
+            self._parsed.clear()
+            self._reports.clear()
+            self._cached = 0
+        self._windows[chunk] = (norm, parsed)
+        self._cached += 2 * len(chunk)
+        return chunk, norm, parsed
+
+    def scan(self, text: str, pos: int, stop: int, *, big: bool) -> Iterator[OOMReport]:
+        """Reports of the messages that start in `text[pos:stop]`, spans relative to `text`.
+
+        `text` must reach `LOOKAHEAD` characters past `stop` unless it ends the input; `big`
+        allows the platform-clue index (for texts above `BIG_TEXT`)."""
+        n = len(text)
+        index = PlatformIndex(text) if big and self.found >= _INDEX_AFTER and self.platform is None else None
+        self.pos = pos
+        while pos < stop:
+            m = grammar.ANCHOR.search(text, pos, stop + 200)
+            if not m or m.start() >= stop:
                 break
-        if parsed is None or (
-            not parsed.clauses and parsed.head not in ("thc", "cuda-error") and not _plausible_bare_head(text, m, parsed)
-        ):
-            pos = m.end()
-            continue
-        found += 1
-        if found == _INDEX_AFTER and n > BIG_TEXT and platform is None:
-            index = PlatformIndex(text)
-        first = reports.get(chunk)
-        if first is None:
-            report = build_report(parsed, _Shifted(norm, s), 0, text, platform, index)
-            reports[chunk] = (s, report)
-        else:
-            report = _repeat(first[1], first[1].span[0] - first[0] + s, first[1].span[1] - first[0] + s,
-                             text, platform, index)
-        yield report
-        pos = max(report.span[1], m.end())
+            s = m.start()
+            hit = None if self.fast is None or text[s : s + WINDOWS[0]] in self._windows else self.fast.match(text, s)
+            if hit is not None:  # a shape seen before, read with its template: the grammar's report
+                self.found += 1
+                if index is None and big and self.found == _INDEX_AFTER and self.platform is None:
+                    index = PlatformIndex(text)
+                proto, values, procs, ntext, e = hit
+                report = with_figures(proto, values, procs, ntext, text, s, e, self.platform, index)
+                pos = self.pos = max(e, m.end())
+                yield report
+                continue
+            for window in WINDOWS:  # small first; grow only if the message may run past the window
+                e = min(n, s + window)
+                chunk, norm, parsed = self._window(text, s, e)
+                if parsed is None or e >= n or parsed.end < len(norm.text) - 200:
+                    break
+            if parsed is None or (
+                not parsed.clauses and parsed.head not in ("thc", "cuda-error")
+                and not _plausible_bare_head(text, m, parsed)
+            ):
+                pos = self.pos = m.end()
+                continue
+            self.found += 1
+            if index is None and big and self.found == _INDEX_AFTER and self.platform is None:
+                index = PlatformIndex(text)
+            first = self._reports.get(chunk)
+            if first is None:
+                report = build_report(parsed, _Shifted(norm, s), 0, text, self.platform, index)
+                self._reports[chunk] = (s, report)
+                if report.span[0] == s and self.fast is not None:
+                    self.fast.learn(report, norm.text, parsed)
+            else:
+                report = _repeat(first[1], first[1].span[0] - first[0] + s, first[1].span[1] - first[0] + s,
+                                 text, self.platform, index)
+            pos = self.pos = max(report.span[1], m.end())
+            yield report
+        self.pos = max(self.pos, min(pos, stop))
+
+
+def iter_reports(text: str, platform: str | None = None) -> Iterator[OOMReport]:
+    """Every OOM message in `text`, in order of appearance (repeats included)."""
+    return ReportFinder(platform).scan(text, 0, len(text), big=len(text) > BIG_TEXT)
 
 
 _MISSING = object()
@@ -465,14 +523,19 @@ def _repeat(first: OOMReport, start: int, end: int, text: str, platform: str | N
         plat, evidence = platform, "given"
     else:
         plat, evidence = platform_hint(text, start, end, first.vendor, index)
-    if not hasattr(first, "__dict__"):  # a slotted OOMReport: the slower, general way
+    return moved(first, start, end, plat, evidence)
+
+
+def moved(report: OOMReport, start: int, end: int, plat: str | None, evidence: str | None) -> OOMReport:
+    """`report` with another span and platform clue (figures and text shared, not copied)."""
+    if not hasattr(report, "__dict__"):  # a slotted OOMReport: the slower, general way
         from dataclasses import replace
 
-        return replace(first, span=(start, end), platform=plat, platform_evidence=evidence)
-    report = object.__new__(OOMReport)  # a plain copy: dataclasses.replace costs more than the rest
-    report.__dict__.update(first.__dict__)
-    report.__dict__.update(span=(start, end), platform=plat, platform_evidence=evidence)
-    return report
+        return replace(report, span=(start, end), platform=plat, platform_evidence=evidence)
+    out = object.__new__(OOMReport)  # a plain copy: dataclasses.replace costs more than the rest
+    out.__dict__.update(report.__dict__)
+    out.__dict__.update(span=(start, end), platform=plat, platform_evidence=evidence)
+    return out
 
 
 def find_reports(text: str, platform: str | None = None) -> list[OOMReport]:

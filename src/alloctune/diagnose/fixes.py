@@ -9,6 +9,7 @@ expandable_segments" on a forum learns why it does nothing for them.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +36,7 @@ class Fix:
     extra: tuple[tuple[str, Any], ...] = field(default=())
 
     def shell_forms(self) -> dict[str, str]:
-        return shells.render_all(dict(self.env)) if self.env else {}
+        return dict(_forms(self.env)) if self.env else {}
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -69,9 +70,19 @@ class Fix:
         )
 
 
+@lru_cache(maxsize=256)  # the same few settings for every group of a long log
+def _forms(env: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    return tuple(shells.render_all(dict(env)).items())
+
+
 def _env(report: OOMReport, conf: str) -> tuple[tuple[str, str], ...]:
     vendor = report.vendor if report.vendor in ("cuda", "hip", "npu") else "cuda"
-    return tuple(shells.env_assignments(conf, knobs.torch_for_env(report), vendor=vendor).items())
+    return _env_for(conf, knobs.torch_for_env(report), vendor)
+
+
+@lru_cache(maxsize=256)  # a few (setting, version, vendor) triples, asked for every message of a log
+def _env_for(conf: str, torch: str | None, vendor: str) -> tuple[tuple[str, str], ...]:
+    return tuple(shells.env_assignments(conf, torch, vendor=vendor).items())
 
 
 def _fs(n: int) -> str:

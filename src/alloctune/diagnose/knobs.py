@@ -7,6 +7,7 @@ not under cudaMallocAsync, ROCm only from 2.12") are stated once and are easy to
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 from alloctune.diagnose.report import OOMReport
 
@@ -15,6 +16,7 @@ Version = tuple[int, int]
 _RANGE = re.compile(r"^(?:(>=|<=)?(\d+)\.(\d+))(?:-(\d+)\.(\d+))?$")
 
 
+@lru_cache(maxsize=256)  # a few hints, asked several times per message (logs hold 100,000s)
 def torch_bounds(hint: str | None) -> tuple[Version | None, Version | None]:
     """`"2.4-2.9"` -> ((2, 4), (2, 9)); `">=2.11"` -> ((2, 11), None); `"<=0.4"` -> (None, (0, 4))."""
     if not hint:

@@ -43,7 +43,7 @@ _HEADS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
 # can be re-wrapped.
 ANCHOR = re.compile(
     r"cuda\s+runtime\s+error\s+\(\d+\)\s*:\s*out\s+of\s+memory|CUDA\s+error:\s+out\s+of\s+memory"
-    r"|MPS\s+backend\s+out\s+of\s+memory|Allocation\s+on\s+device|Aloca(?:ção|cao)\s+no\s+dispositivo"
+    r"|MPS\s+backend\s+out\s+of\s+memory|Allocation\s+on\s+device|Aloca(?:ção|cao|\\u00e7\\u00e3o)\s+no\s+dispositivo"
     r"|(?:CUDA|HIP|XPU|NPU)\s+out\s+of\s+memory|Tried\s+to\s+allocate"
     r"|\(\s*(?:GPU|NPU|XPU)\s*\d+\s*;\s*\d+(?:\.\d+)?\s*[KMGTP]i?B\s+total\s+capacity"
 )
@@ -122,10 +122,39 @@ class Parsed:
     clauses: list[str] = field(default_factory=list)
     values: dict[str, Any] = field(default_factory=dict)
     processes: list[tuple[int, int]] = field(default_factory=list)
+    # where each number was read: (target, start, end); target is a `values` key, or "pid"/"mem"
+    # of the next process (`alloctune.diagnose.fast` reads other messages of the same shape so)
+    numbers: list[tuple[str, int, int]] = field(default_factory=list)
+
+
+# The units `_UNIT` accepts, as `parse_size` reads them (binary, like PyTorch prints them).
+_MULT = {"bytes": 1, "KB": 1 << 10, "KiB": 1 << 10, "MB": 1 << 20, "MiB": 1 << 20, "GB": 1 << 30, "GiB": 1 << 30,
+         "TB": 1 << 40, "TiB": 1 << 40}
 
 
 def _size(text: str) -> int:
-    return parse_size(text.replace(" ", ""))
+    """`parse_size` of a figure the grammar matched, without its general regex (a log of 100,000
+    messages has 600,000 figures); a unit it does not know goes the general way."""
+    num, _, unit = text.partition(" ")
+    mult = _MULT.get(unit)
+    if mult is None or " " in unit:
+        return parse_size(text.replace(" ", ""))
+    return int(round(float(num) * mult))
+
+
+def _combined() -> tuple[re.Pattern[str], list[tuple[tuple[str, ...], tuple[str, ...]]]]:
+    """All clauses as one alternation, tried in their order: the first alternative that matches
+    is the clause the one-by-one loop would find first, in one call instead of up to 28. Group
+    names get a per-clause prefix (`g<i>_`) because clauses reuse names."""
+    parts, names = [], []
+    for i, (_, rx, _) in enumerate(_CLAUSES):
+        short = tuple(rx.groupindex)
+        parts.append(f"(?P<k{i}>" + re.sub(r"\(\?P<(\w+)>", rf"(?P<g{i}_\1>", rx.pattern) + ")")
+        names.append((tuple(f"g{i}_{n}" for n in short), short))
+    return re.compile("|".join(parts)), names
+
+
+_ANY_CLAUSE, _CLAUSE_GROUPS = _combined()
 
 
 def parse_at(s: str, pos: int = 0) -> Parsed | None:
@@ -139,48 +168,69 @@ def parse_at(s: str, pos: int = 0) -> Parsed | None:
             for k, v in m.groupdict().items():
                 if v is not None:
                     parsed.values[k] = int(v) if k in ("device", "code") else v
+                    if k in ("device", "code"):
+                        parsed.numbers.append((k, *m.span(k)))
             break
     if head is None:
         parsed = Parsed(head="bare", end=pos)
     seen: set[str] = set()
     while True:
-        for key, rx, repeatable in _CLAUSES:
-            m = rx.match(s, parsed.end)
-            if not m:
-                continue
-            g = {k: v for k, v in m.groupdict().items() if v is not None}
-            ident = key if key != "item" else f"item:{g['label']}"
-            if ident in seen and not repeatable:
-                continue  # a second "Tried to allocate" etc. belongs to the next message
-            if key in _REQUIRES and _REQUIRES[key] not in seen:
-                continue
-            if key == "item":
-                name = _LEGACY_LABELS[g["label"]]
-                if name in parsed.values:
-                    continue
-                parsed.values[name] = _size(g["v"])
-                parsed.values.setdefault("_legacy_labels", []).append(g["label"])
-            elif key == "process":
-                parsed.processes.append((int(g["pid"]), _size(g["mem"])))
+        m = _ANY_CLAUSE.match(s, parsed.end)
+        if m is None:
+            break
+        i = int(m.lastgroup[1:])  # "k<i>": the first clause, in order, that matches here
+        full, short = _CLAUSE_GROUPS[i]
+        vals = m.group(*full) if len(full) > 1 else (m.group(full[0]),) if full else ()
+        g = {k: v for k, v in zip(short, vals) if v is not None}
+        if not _accept(parsed, seen, _CLAUSES[i][0], _CLAUSES[i][2], g, m, f"g{i}_"):
+            # rejected (a repeat, or out of order): the later clauses, one by one, as the rule says
+            for key, rx, repeatable in _CLAUSES[i + 1:]:
+                m = rx.match(s, parsed.end)
+                if m and _accept(parsed, seen, key, repeatable, {k: v for k, v in m.groupdict().items()
+                                                                 if v is not None}, m, ""):
+                    break
             else:
-                for k, v in g.items():
-                    if k in _BYTE_GROUPS:
-                        parsed.values[k] = _size(v)
-                    elif k == "device":
-                        parsed.values[k] = int(v)
-                    else:
-                        parsed.values[k] = v
-            seen.add(ident)
-            parsed.clauses.append(key)
-            parsed.end = m.end()
-            break
-        else:
-            break
+                break
     if parsed.head == "bare" and not _bare_message(parsed):
         return None
     if head == "native" and parsed.values.get("vendor") is None:
         return None
     return parsed
+
+
+def _accept(parsed: Parsed, seen: set[str], key: str, repeatable: bool, g: dict[str, str], m: re.Match[str],
+            pre: str) -> bool:
+    """Take clause `key` (its groups `g`, named `pre` + name in the match `m`) into `parsed`, unless
+    the rules refuse it."""
+    ident = key if key != "item" else f"item:{g['label']}"
+    if ident in seen and not repeatable:
+        return False  # a second "Tried to allocate" etc. belongs to the next message
+    if key in _REQUIRES and _REQUIRES[key] not in seen:
+        return False
+    if key == "item":
+        name = _LEGACY_LABELS[g["label"]]
+        if name in parsed.values:
+            return False
+        parsed.values[name] = _size(g["v"])
+        parsed.values.setdefault("_legacy_labels", []).append(g["label"])
+        parsed.numbers.append((name, *m.span(pre + "v")))
+    elif key == "process":
+        parsed.processes.append((int(g["pid"]), _size(g["mem"])))
+        parsed.numbers += [("pid", *m.span(pre + "pid")), ("mem", *m.span(pre + "mem"))]
+    else:
+        for k, v in g.items():
+            if k in _BYTE_GROUPS:
+                parsed.values[k] = _size(v)
+                parsed.numbers.append((k, *m.span(pre + k)))
+            elif k == "device":
+                parsed.values[k] = int(v)
+                parsed.numbers.append((k, *m.span(pre + k)))
+            else:
+                parsed.values[k] = v
+    seen.add(ident)
+    parsed.clauses.append(key)
+    parsed.end = m.end()
+    return True
 
 
 def _bare_message(parsed: Parsed) -> bool:
@@ -191,3 +241,17 @@ def _bare_message(parsed: Parsed) -> bool:
     if parsed.clauses[0] == "tried":
         return True
     return parsed.clauses[0] == "paren" and parsed.clauses.count("item") >= 2
+
+
+# Log decorations that may start a continuation line of a wrapped message.
+_LINE_PREFIX = re.compile(
+    # CRI (containerd, Kubernetes): the text after its one space is the line's own, spaces included
+    r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d) (?:stdout|stderr) [PF] "
+    r"|[ \t]*(?:"
+    r"\[rank\d+\]:?"  # torchrun
+    r"|\([\w.-]+ pid=\d+(?:, ip=[\d.]+)?\)"  # Ray / vLLM workers
+    r"|(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+\d\d-\d\d\s+\d\d:\d\d:\d\d(?:\.\d+)?\s+\[?[\w./-]+(?::\d+)?\]"  # vLLM
+    r"|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?Z?(?:\s+-)?"  # ISO timestamps (CI logs)
+    r"|>(?!>)"  # Markdown / e-mail quote
+    r")[ \t]*"
+)

@@ -8,6 +8,7 @@ recognise UTF-16 without one by its NULs in every other byte, else UTF-8 (bad by
 from __future__ import annotations
 
 import codecs
+from collections.abc import Callable, Iterator
 
 
 def decode_log(data: bytes) -> str:
@@ -25,3 +26,48 @@ def decode_log(data: bytes) -> str:
         if even_nul > 0.4 and odd_nul < 0.05:
             return data.decode("utf-16-be", errors="replace")
     return data.decode("utf-8", errors="replace")
+
+
+def _encoding(sample: bytes) -> str:
+    """The codec `decode_log` would pick for data starting with `sample` (BOMs are consumed by it)."""
+    if sample.startswith(codecs.BOM_UTF8):
+        return "utf-8-sig"
+    if sample.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return "utf-16"
+    sample = sample[:4096]
+    if len(sample) >= 4:
+        even_nul = sample[0::2].count(0) / len(sample[0::2])
+        odd_nul = sample[1::2].count(0) / len(sample[1::2])
+        if odd_nul > 0.4 and even_nul < 0.05:
+            return "utf-16-le"
+        if even_nul > 0.4 and odd_nul < 0.05:
+            return "utf-16-be"
+    return "utf-8"
+
+
+CHUNK = 1 << 20
+
+
+def iter_log_text(read: Callable[[int], bytes], chunk: int = CHUNK) -> Iterator[str]:
+    """The text of a byte stream, piece by piece, decoded as `decode_log` decodes it whole.
+
+    Why: a log can be bigger than memory or arrive through a pipe; the encoding is decided from
+    the first 4 KiB (as `decode_log` does) and an incremental decoder carries characters split
+    between reads.
+    """
+    head = b""
+    while len(head) < 4096:
+        data = read(chunk)
+        if not data:
+            break
+        head += data
+    decoder = codecs.getincrementaldecoder(_encoding(head))(errors="replace")
+    data = head
+    while data:
+        text = decoder.decode(data)
+        if text:
+            yield text
+        data = read(chunk)
+    text = decoder.decode(b"", final=True)
+    if text:
+        yield text

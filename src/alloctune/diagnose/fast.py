@@ -1,0 +1,148 @@
+"""Read messages of a shape already seen with one regex match: a log of 100,000 OOMs at disk speed.
+
+Why: a long log repeats a few message *shapes* with different numbers (every rank, every
+retry). The grammar (`parse`) tries clause after clause on normalised text, which is exact but
+costs more than the verdict. Once a clean message (one line, ASCII, nothing to un-escape) has
+been parsed, its normalised text with every number the grammar read replaced by that number's
+pattern is a template: another message matching it has the same clauses in the same order,
+so its `Parsed` is the template's with the new numbers. The same report comes out as from the
+grammar; anything the template cannot vouch for (a different shape, text after the message on
+its line, a next line that could continue it) goes the grammar's way.
+"""
+
+from __future__ import annotations
+
+import re
+
+from alloctune.diagnose import parse as grammar
+from alloctune.diagnose.parse import _LINE_PREFIX
+from alloctune.diagnose.report import OOMReport
+
+_SIZE = r"(\d+(?:\.\d+)?) *(bytes|[KMGTP]i?B)(?![A-Za-z])"
+_INT = r"(\d+)"
+_CLEAN = re.compile(r"[ -~\t\r\n]*")  # ASCII: normalisation only turns blanks and line breaks into one space
+_BLANKS = re.compile(r"[ \t\r\n]+")
+_DIGITS = re.compile(r"\d+")
+# First characters of a clause (after its separators) or of something normalisation rewrites:
+# a next line starting with one of these might continue the message.
+_MAY_CONTINUE = frozenset("TGXNoPIOwaSUCRDFA()0123456789&\\<")
+_SEPS = frozenset(" \t.,;")
+_MAX = 1024  # templates kept (a log has a few shapes; the memory stays bounded whatever it holds)
+_KEY_RAW, _KEY = 200, 120  # a shape's key: the first characters without their digits
+_MULT = grammar._MULT
+
+
+class Template:
+    """One message shape: the regex that matches its raw text, its words between the numbers, and
+    the report of the message it was learnt from (everything but the figures is the same)."""
+
+    __slots__ = ("rx", "proto", "targets", "pieces")
+
+    def __init__(self, proto: OOMReport, norm_text: str, parsed: grammar.Parsed) -> None:
+        parts, pos, targets, pieces = [], 0, [], []
+        for target, a, b in sorted(parsed.numbers, key=lambda t: t[1]):
+            pieces.append(norm_text[pos:a])
+            parts.append(re.escape(norm_text[pos:a]).replace(r"\ ", r"[ \t\r\n]+"))
+            parts.append(_INT if target in ("device", "pid") else _SIZE)
+            targets.append(target)
+            pos = b
+        pieces.append(norm_text[pos:parsed.end])
+        parts.append(re.escape(norm_text[pos:parsed.end]).replace(r"\ ", r"[ \t\r\n]+"))
+        self.rx = re.compile("".join(parts))
+        self.proto = proto
+        self.targets = tuple(targets)
+        self.pieces = tuple(pieces)
+
+    def read(self, m: re.Match[str]) -> tuple[dict, list[tuple[int, int]], str]:
+        """(values, processes, normalised text) of the matched message, as the grammar reads them."""
+        values: dict = {}
+        procs, pid, k = [], 0, 1
+        text = [self.pieces[0]]
+        for i, target in enumerate(self.targets, 1):
+            if target in ("device", "pid"):
+                digits = m.group(k)
+                n = int(digits)
+                text.append(digits)
+                k += 1
+            else:
+                num, unit = m.group(k), m.group(k + 1)
+                mult = _MULT.get(unit)
+                n = int(round(float(num) * mult)) if mult else grammar._size(f"{num} {unit}")
+                text.append(f"{num} {unit}" if m.end(k) != m.start(k + 1) else num + unit)
+                k += 2
+            text.append(self.pieces[i])
+            if target == "pid":
+                pid = n
+            elif target == "mem":
+                procs.append((pid, n))
+            else:
+                values[target] = n
+        return values, procs, "".join(text)
+
+
+class FastReader:
+    """The templates learnt so far; `match` tries them on a message start."""
+
+    def __init__(self) -> None:
+        self.templates: dict[str, list[Template]] = {}  # by key: usually one template each
+        self.count = 0
+
+    @staticmethod
+    def key(text: str, s: int) -> str:
+        return _DIGITS.sub("", text[s : s + _KEY_RAW])[:_KEY]
+
+    def learn(self, report: OOMReport, norm_text: str, parsed: grammar.Parsed) -> None:
+        """Keep the shape of a message the grammar read, if it is clean enough to template."""
+        raw_msg = report.raw
+        if (not parsed.clauses or parsed.head in ("thc", "cuda-error") or _CLEAN.fullmatch(raw_msg) is None
+                or norm_text[:parsed.end] != _collapse(raw_msg) or report.text != norm_text[:parsed.end]):
+            return
+        if self.count >= _MAX:
+            self.templates.clear()
+            self.count = 0
+        slot = self.templates.setdefault(self.key(raw_msg, 0), [])
+        slot.insert(0, Template(report, norm_text, parsed))
+        self.count += 1
+
+    def match(self, text: str, s: int) -> tuple[OOMReport, dict, list[tuple[int, int]], str, int] | None:
+        """(the shape's report, values, processes, normalised text, raw end) of the message at
+        `text[s]`, or None when no template vouches for it."""
+        for t in self.templates.get(self.key(text, s), ()):
+            m = t.rx.match(text, s)
+            if m is None:
+                continue
+            e = m.end()
+            if not _ends_here(text, e):
+                return None
+            return (t.proto, *t.read(m), e)
+        return None
+
+
+def _collapse(raw: str) -> str:
+    """The normalised text of a clean raw message: each run of blanks and line breaks one space."""
+    return _BLANKS.sub(" ", raw) if ("  " in raw or "\n" in raw or "\t" in raw or "\r" in raw) else raw
+
+
+def _ends_here(text: str, e: int) -> bool:
+    """Whether the grammar, reading on from `e`, would surely stop: nothing but blanks up to the
+    line's end, and no following line that starts like a clause (after its log prefixes)."""
+    n = len(text)
+    i = e
+    while i < n and text[i] in " \t":
+        i += 1
+    if i < n and text[i] not in "\r\n":
+        return False  # more on this line: the grammar (and its re-joining of wrapped lines) decides
+    while i < n:
+        c = text[i]
+        if c in "\r\n":
+            i += 1
+            while True:  # the prefixes normalisation strips after a line break
+                pm = _LINE_PREFIX.match(text, i)
+                if not pm or pm.end() == i:
+                    break
+                i = pm.end()
+        elif c in _SEPS or c.isspace():
+            i += 1
+        else:
+            return c not in _MAY_CONTINUE and c.isascii()
+    return True
