@@ -101,6 +101,29 @@ class TrialRecord:
 
 
 @dataclass(frozen=True)
+class Shortfall:
+    """No setting fits the budget: the closest one, by how much the budget falls short, and
+    what can help next. Why: running every candidate on the GPU to learn what the simulation
+    already said costs several runs of the user's program and ends in the same place."""
+
+    conf: str  # the closest setting ("" = the default)
+    need: int  # its simulated min_budget (for a program that adapts: the optimistic end)
+    budget: int
+    confirmed: bool  # its one run at the budget ran out of memory, as simulated
+    recording: str | None  # the baseline's recording (what explain / plan can read)
+    next_steps: tuple[str, ...] = ()
+
+    @property
+    def missing(self) -> int:
+        """Bytes the budget falls short of the closest setting's simulated need."""
+        return max(0, self.need - self.budget)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"conf": self.conf, "need": self.need, "budget": self.budget, "missing": self.missing,
+                "confirmed": self.confirmed, "recording": self.recording, "next_steps": list(self.next_steps)}
+
+
+@dataclass(frozen=True)
 class TuneResult:
     settings: TuneSettings
     budget: int
@@ -111,6 +134,7 @@ class TuneResult:
     ranking: Ranking
     trials: tuple[TrialRecord, ...]
     notes: tuple[str, ...] = ()
+    shortfall: Shortfall | None = None  # set when no setting fits the budget
 
     @property
     def fresh_trials(self) -> int:
@@ -133,6 +157,7 @@ class TuneResult:
             "trial_count": len(self.trials),
             "fresh_trials": self.fresh_trials,
             "notes": list(self.notes),
+            "shortfall": self.shortfall.to_dict() if self.shortfall is not None else None,
         }
 
 
