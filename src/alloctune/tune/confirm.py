@@ -10,9 +10,13 @@ found) to the recording as made. GPU runs only confirm what decides the answer:
 1. simulate every candidate (one sweep, plus the optimistic one) and take the one whose
    need most likely lies lowest (`_likely`) and fits the budget;
 2. one batch of independent runs, side by side (each is capped): the best just above and
-   just below its estimate, or, for a range, three runs from its optimistic end down, one
+   just below its estimate, or, for a range, two runs from its optimistic end down, one
    tolerance apart (a tested pass and a tested failure = its measured `min_budget`); and
-   the default at the user's budget unless the baseline already showed it fits there;
+   the default at the user's budget unless the baseline already showed it fits there, or
+   replaying the baseline's own recording (the default's) needs more than the budget by more
+   than the tolerance (`_default_fails`);
+   where no candidate is simulated to fit, instead: one run of the closest at the budget;
+   if it fails, the flow ends with the `Shortfall` (bytes missing, next steps);
 3. only where a run contradicts the simulation, probe further out with steps that double
    from the tested end, then bisect; a recorded capped run is offered to the simulator as
    a calibration, and its re-simulated estimate is tried when it lies inside the bracket;
@@ -23,7 +27,8 @@ found) to the recording as made. GPU runs only confirm what decides the answer:
    simulator counts (`_bound`); runs alone on the GPU and A/B repeats are made only when
    that work could cost the tolerance, until the gap clears the noise, else memory decides.
 
-With an accurate simulator that is two or three GPU runs after the baseline, side by side.
+With an accurate simulator that is two GPU runs after the baseline, side by side (three in
+all); where nothing fits, one.
 """
 
 from __future__ import annotations

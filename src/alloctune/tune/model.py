@@ -65,7 +65,7 @@ class TuneSettings:
     widen_start: float = 0.015  # confirm: first widening step when the GPU contradicts, fraction of the estimate
     floor_margin: float = 0.04  # confirm: the opening runs go this far under the optimistic simulated min_budget
     confirm_rel_tol: float = 0.02  # confirm: a proven bracket is within this fraction (the 2 % target)
-    opening_probes: int = 3  # confirm: side by side runs around the optimistic end of a simulated range
+    opening_probes: int = 2  # confirm: side by side runs from the optimistic end of a simulated range down (≤ 3 runs in all)
     throughput_tolerance: float = 0.03
     ab_pairs: int = 2  # confirm: A/B repeat pairs at most when throughput might decide
     throughput_check: str = "auto"  # confirm: auto (measure only what the simulated allocator work cannot rule out) | measure
