@@ -35,8 +35,8 @@ def register(app: typer.Typer) -> None:
         size: Optional[str] = typer.Option(None, "--size", help="answer for this input size: peak reserved, "
                                            "completes per card/cap, min budget, smallest card"),
         step: Optional[str] = typer.Option(None, "--step", help="size grid of the search (default 1 for whole sizes)"),
-        max_size: Optional[str] = typer.Option(None, "--max-size", help="top of the search (default 4x the largest "
-                                               "recorded size)"),
+        max_size: Optional[str] = typer.Option(None, "--max-size", help="top of the search (default: open-ended, "
+                                               "doubling until the size fails, at most 16x the largest recorded size)"),
         curve: Optional[str] = typer.Option(None, "--curve", help="sizes for the min-budget table, e.g. 8,16,32"),
         save: Optional[Path] = typer.Option(None, "--save", help="write the size-parametric trace set here "
                                             "(.atraceset)"),

@@ -51,6 +51,8 @@ def render_plan(report: Any) -> None:
                     cells.append("none")
                 else:
                     cell = ("≥ " if x.first_failing is None else "") + x.largest + (" *" if x.extrapolated else "")
+                    if x.first_failing is None and x.stopped == "extrapolation":
+                        cell += " ‡"
                     if x.optimistic is not None and x.optimistic != x.largest:
                         cell += f" .. {x.optimistic}"
                     if x.completes_again is not None:
@@ -97,7 +99,9 @@ def render_plan(report: Any) -> None:
     elif report.figure_skipped:
         warn(report.figure_skipped)
     console.print("* outside the recorded sizes (extrapolated); A .. B: conservative .. optimistic (workspaces "
-                  "fallible); † not monotone: a larger size completes again (see --json completes_again)")
+                  "fallible); † not monotone: a larger size completes again (see --json completes_again); "
+                  "‡ the search stopped at 16x the largest recording (further out the extrapolation means nothing: "
+                  "record a larger size)")
     for n in res.notes:
         console.print(f"note: {n}")
     console.print(f"plan took {report.wall_s:.2f} s in all: {res.wall_s:.2f} s answering, "

@@ -34,6 +34,16 @@ from alloctune.units import MiB
 
 SCHEMA = "alloctune.plan/1"
 CARD_TOL = 16 * MiB  # smallest-card bisection stops within this
+# Without --max-size the search doubles from 2x the largest recording until the target fails,
+# and gives up at this many times the largest recording: an answer further out rests on laws
+# fitted far away from any size seen, so it is said as "at least", with the size to record next.
+EXTRAPOLATION_LIMIT = 16
+STOPS = {
+    "exceeded": "a size that does not fit was found: the answer is the largest size below it",
+    "extrapolation": f"every size up to {EXTRAPOLATION_LIMIT}x the largest recording fits: further out the "
+                     "extrapolation means nothing (record a larger size to sharpen it)",
+    "max-size": "every size up to --max-size fits",
+}
 
 
 @dataclass(frozen=True)
@@ -59,6 +69,8 @@ class Largest:
     probes: int
     completes_again: str | None = None  # not monotone: bisection's answer, above a size that fails
     optimistic: str | None = None  # the same search with every inexact-law request fallible down to nothing
+    stopped: str = "exceeded"  # why the search ended: exceeded | extrapolation | max-size (see `STOPS`)
+    searched_to: str | None = None  # the largest size replayed on the way up
 
     @property
     def monotone(self) -> bool:
@@ -75,6 +87,9 @@ class Largest:
             "probes": self.probes,
             "completes_again": self.completes_again,
             "optimistic": self.optimistic,
+            "stopped": self.stopped,
+            "stopped_why": STOPS[self.stopped],
+            "searched_to": self.searched_to,
         }
 
 
@@ -211,7 +226,8 @@ def plan(
     """Answer the capacity questions for `ts` under each setting in `confs` (allocator strings).
 
     `step`: the size grid (default 1 for whole-number recorded sizes, else a hundredth of the
-    smallest); `max_size`: top of the search (default 4x the largest recorded size).
+    smallest); `max_size`: top of the search (default: open-ended, doubling from 2x the largest
+    recorded size until the target fails, at most `EXTRAPOLATION_LIMIT` x; `Largest.stopped` says which).
     `curve`: sizes for the min-budget curve (default: recorded sizes and points between/above).
     `bounds`: when the recordings carry no fallbacks but have requests that look like workspaces
     (no exact law, or freed by the very next request), also search with those requests fallible
@@ -220,6 +236,7 @@ def plan(
     t0 = time.perf_counter()
     sizes = ts.sizes
     grid, top = _search_range(sizes, step, max_size)
+    limit = None if max_size is not None else max(top, ((sizes[-1] * EXTRAPOLATION_LIMIT) // grid) * grid)
     settings = [(text, SimSettings.from_config(text, torch)) for text in confs]
     targets = _targets(ts, cards, caps, context)
     card_sizes = [t.bytes for t in targets if t.kind == "card"]
@@ -229,7 +246,7 @@ def plan(
     curve_sizes = sorted({as_size(x) for x in curve} if curve is not None else _default_curve(sizes, grid))
     at = as_size(size) if size is not None else None
     say = progress or (lambda _m: None)
-    out = [_plan_setting(text, st, probe, upper, targets, grid, top, sizes, curve_sizes, at, torch, say)
+    out = [_plan_setting(text, st, probe, upper, targets, grid, top, limit, sizes, curve_sizes, at, torch, say)
            for text, st in settings]
     summary = ts.summary()
     notes = _notes(ts, summary, inexact, upper is not None, bool(card_sizes) or at is not None, context)
@@ -237,7 +254,7 @@ def plan(
         workload=ts.meta.get("workload"),
         recorded_sizes=tuple(size_text(s) for s in sizes),
         step=size_text(grid),
-        search=(size_text(grid), size_text(top)),
+        search=(size_text(grid), size_text(max(_searched(out) or [top]))),
         settings=tuple(out),
         conservative=not ts.fallbacks,
         notes=tuple(notes),
@@ -251,7 +268,7 @@ def plan(
 def _search_range(sizes: Sequence[Fraction], step: Any, max_size: Any) -> tuple[Fraction, Fraction]:
     """The size grid and the top of the search (a whole number of steps)."""
     grid = _option_size(step, "--step") if step is not None else _default_step(sizes)
-    top = _option_size(max_size, "--max-size") if max_size is not None else sizes[-1] * 4
+    top = _option_size(max_size, "--max-size") if max_size is not None else sizes[-1] * 2
     if top < grid:
         raise InputError(f"--max-size {size_text(top)} is below the size step {size_text(grid)}")
     return grid, (top // grid) * grid
@@ -276,15 +293,16 @@ def _targets(ts: TraceSet, cards: Sequence[int], caps: Sequence[int], context: i
 
 
 def _plan_setting(text: str, st: SimSettings, probe: "_Prober", upper: "_Prober | None", targets: Sequence[Target],
-                  grid: Fraction, top: Fraction, sizes: Sequence[Fraction], curve_sizes: Sequence[Fraction],
-                  at: Fraction | None, torch: str | None, say: Callable[[str], None]) -> SettingPlan:
+                  grid: Fraction, top: Fraction, limit: Fraction | None, sizes: Sequence[Fraction],
+                  curve_sizes: Sequence[Fraction], at: Fraction | None, torch: str | None,
+                  say: Callable[[str], None]) -> SettingPlan:
     """One setting's answers: the largest size per target, the min-budget curve, the budget at one size."""
     largest = []
     for t in targets:
         say(f"{text or '(unset)'}: largest size on {t.label}")
-        item = _largest(probe, st, t, grid, top, sizes)
+        item = _largest(probe, st, t, grid, top, sizes, limit=limit)
         if upper is not None:
-            hi = _largest(upper, st, t, grid, top, sizes, scan=False)
+            hi = _largest(upper, st, t, grid, top, sizes, scan=False, limit=limit)
             item = replace(item, optimistic=hi.largest)
         largest.append(item)
     points = []
@@ -346,11 +364,17 @@ def _default_curve(sizes: Sequence[Fraction], grid: Fraction) -> set[Fraction]:
     return pts
 
 
+def _searched(plans: Sequence[SettingPlan]) -> list[Fraction]:
+    return [as_size(x.searched_to) for p in plans for x in p.largest if x.searched_to is not None]
+
+
 def _largest(probe: _Prober, st: SimSettings, t: Target, grid: Fraction, top: Fraction,
-             recorded: Sequence[Fraction], scan: bool = True) -> Largest:
+             recorded: Sequence[Fraction], scan: bool = True, limit: Fraction | None = None) -> Largest:
     """The largest size on the grid below which every size completes.
 
-    Bisection first (it assumes a larger input never needs less memory), then a check of that
+    The top of the search first: while it completes and lies under `limit`, it doubles (an
+    open-ended search: `stopped` says whether a failing size ended it or the limit did).
+    Bisection next (it assumes a larger input never needs less memory), then a check of that
     assumption: sizes on a `SCAN_RATIO` geometric grid from the smallest recorded size up to the
     answer are replayed too (`scan`; the optimistic bound skips it: it is a bound, and the
     check is most of the cost); the first one that fails starts a new bisection below it. (The
@@ -358,12 +382,19 @@ def _largest(probe: _Prober, st: SimSettings, t: Target, grid: Fraction, top: Fr
     fits, when its requests land in segments differently.)
     """
     before = probe.replays
+    open_ended, limit = limit is not None, top if limit is None else limit
+    lo = grid  # the largest size known to complete on the way up (bisection's low end)
+    while probe.completes(top, st, t) and top < limit:
+        lo, top = top, min(limit, top * 2)
+    reached = size_text(top)
     if probe.completes(top, st, t):
         best, fail = top, None
+        stopped = "extrapolation" if open_ended else "max-size"
     elif not probe.completes(grid, st, t):
-        return Largest(t, None, size_text(grid), grid < recorded[0], probe.replays - before)
+        return Largest(t, None, size_text(grid), grid < recorded[0], probe.replays - before, searched_to=reached)
     else:
-        best, fail = _bisect(probe, st, t, grid, 1, int(top / grid))
+        best, fail = _bisect(probe, st, t, grid, int(lo / grid), int(top / grid))
+        stopped = "exceeded"
     again = None
     prev: Fraction | None = None  # the last scanned size that completed
     for x in _scan(recorded[0], best, grid) if scan else ():
@@ -378,9 +409,11 @@ def _largest(probe: _Prober, st: SimSettings, t: Target, grid: Fraction, top: Fr
         else:
             best, fail = None, x
         break
+    if fail is not None:
+        stopped = "exceeded"
     return Largest(t, size_text(best) if best is not None else None, size_text(fail) if fail is not None else None,
                    best is not None and not recorded[0] <= best <= recorded[-1], probe.replays - before,
-                   size_text(again) if again is not None else None)
+                   size_text(again) if again is not None else None, stopped=stopped, searched_to=reached)
 
 
 SCAN_RATIO = Fraction(102, 100)  # the monotonicity check probes sizes 2 % apart
