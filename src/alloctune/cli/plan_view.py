@@ -51,7 +51,9 @@ def render_plan(report: Any) -> None:
                     cells.append("none")
                 else:
                     cell = ("≥ " if x.first_failing is None else "") + x.largest + (" *" if x.extrapolated else "")
-                    if x.first_failing is None and x.stopped == "extrapolation":
+                    if x.bound:
+                        cell += f" ±{x.bound:.0%}"
+                    if x.first_failing is None and x.stopped in ("extrapolation", "bound"):
                         cell += " ‡"
                     if x.optimistic is not None and x.optimistic != x.largest:
                         cell += f" .. {x.optimistic}"
@@ -100,8 +102,8 @@ def render_plan(report: Any) -> None:
         warn(report.figure_skipped)
     console.print("* outside the recorded sizes (extrapolated); A .. B: conservative .. optimistic (workspaces "
                   "fallible); † not monotone: a larger size completes again (see --json completes_again); "
-                  "‡ the search stopped at 16x the largest recording (further out the extrapolation means nothing: "
-                  "record a larger size)")
+                  "±N%: the memory error bound the answer leaves room for; ‡ the search stopped where an "
+                  "extrapolation means nothing (16x the largest recording, or the bound past 25 %): record a larger size")
     for n in res.notes:
         console.print(f"note: {n}")
     console.print(f"plan took {report.wall_s:.2f} s in all: {res.wall_s:.2f} s answering, "
