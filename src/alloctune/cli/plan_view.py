@@ -96,6 +96,16 @@ def render_plan(report: Any) -> None:
                       f"{r.fits_audio_s:g}" if r.fits_audio_s is not None else "-",
                       f"{r.fits_chunk_s:g}" if r.fits_chunk_s is not None else "-", r.verdict)
         console.print(t)
+    if report.confirmations:
+        t = Table(title="--confirm: predicted vs confirmed on the GPU")
+        for col in ("setting", "target", "predicted", "confirmed", "runs (size: outcome)"):
+            t.add_column(col)
+        for c in report.confirmations:
+            t.add_row(c.conf or "(unset)", c.target, c.predicted or "-", c.confirmed or "none",
+                      ", ".join(f"{r.size}: {r.outcome}" for r in c.runs) or "-")
+        console.print(t)
+        for c in report.confirmations:
+            console.print(f"{c.conf or '(unset)'} on {c.target}: {c.note}")
     if report.figure:
         console.print(f"figure written to [bold]{report.figure}[/bold]")
     elif report.figure_skipped:

@@ -33,6 +33,7 @@ class PlanReport:
     figure_skipped: str | None = None
     wall_s: float = 0.0  # everything: loading, aligning and fitting, the check, answering
     exported: str | None = None  # the generated stream written by export=
+    confirmations: tuple[Any, ...] = ()  # plan.confirm.Confirmation per target and setting (confirm=)
 
     def to_dict(self) -> dict[str, Any]:
         d = self.result.to_dict()
@@ -45,6 +46,7 @@ class PlanReport:
         d["figure_skipped"] = self.figure_skipped
         d["total_wall_s"] = self.wall_s
         d["exported"] = self.exported
+        d["confirmations"] = [c.to_dict() for c in self.confirmations]
         return d
 
 
@@ -59,11 +61,15 @@ def run(
     rvc_fp32: bool = False,
     export: str | None = None,
     check: bool = True,
+    confirm: Sequence[str] | None = None,
+    confirm_runs: int = 2,
+    runner: Any = None,
     **plan_kwargs: Any,
 ) -> PlanReport:
     """Build or load the trace set, optionally save it, check it on a held-back recording, write the
     stream generated at one size (`export="SIZE:FILE"`, an alloctune compact trace that `simulate`
-    and `trace` read), and plan."""
+    and `trace` read), and plan; `confirm` (a command, `{size}` where the input size goes): run it at
+    each predicted largest size under the target's budget (`plan.confirm`)."""
     t0 = time.perf_counter()
     held = None
     errors = None
@@ -98,7 +104,13 @@ def run(
 
         skipped = budget_figure(result, png)
         figure = None if skipped else str(png)
-    return PlanReport(result, saved, saved_bytes, held, rows, figure, skipped, time.perf_counter() - t0, exported)
+    confirmations: tuple[Any, ...] = ()
+    if confirm is not None:
+        from alloctune.plan.confirm import confirm as confirm_runs_of
+
+        confirmations = tuple(confirm_runs_of(result, confirm, runner=runner, max_runs=confirm_runs))
+    return PlanReport(result, saved, saved_bytes, held, rows, figure, skipped, time.perf_counter() - t0, exported,
+                      confirmations)
 
 
 def error_model(recs: Sequence[tuple[Any, Any]], held: Holdout | None, torch: str | None) -> ErrorModel:
