@@ -39,6 +39,12 @@ def _command(text: Optional[str]) -> Optional[List[str]]:
     return words
 
 
+def _runner():  # noqa: ANN202 - run_trial's own signature
+    from alloctune.run.runner import run_trial
+
+    return run_trial
+
+
 def register(app: typer.Typer) -> None:
     @app.command("plan")
     def plan_cmd(
@@ -113,6 +119,7 @@ def register(app: typer.Typer) -> None:
             progress=progress,
             confirm=_command(confirm),
             confirm_runs=confirm_runs,
+            runner=_runner() if confirm is not None else None,
         )
         if json_out:
             print_json(report.to_dict())

@@ -5,7 +5,8 @@ measured one. The runner caps the process (a per-process budget on this device: 
 given, a card as its memory less the CUDA context) and reports whether the run completed. A
 run that fails steps down by the answer's error bound (at least `MIN_STEP` of the size) and
 runs once more, so an answer is confirmed or refuted in at most `max_runs` runs. Pure logic
-over a `runner` (the real one on a GPU; a fake in tests): no torch here.
+over a `runner` the caller hands in (`run.runner.run_trial` from the CLI; a fake in tests): no
+torch here, and no import of `run/` (which already uses plan's size placeholder).
 """
 
 from __future__ import annotations
@@ -67,8 +68,8 @@ def confirm(result: Any, command: Sequence[str], *, runner: Runner | None = None
         raise InputError("--confirm needs the program after `--`, with {size} where the input size goes")
     if max_runs < 1:
         raise InputError(f"--confirm-runs must be at least 1, got {max_runs}")
-    if runner is None:
-        from alloctune.run.runner import run_trial as runner  # noqa: N813 - the real runner, on a GPU
+    if runner is None:  # the caller hands the real one in (run.runner.run_trial): plan does not import run/
+        raise InputError("--confirm needs a runner")
     env0 = dict(os.environ if base_env is None else base_env)
     grid = as_size(result.step)
     out = []
