@@ -34,7 +34,8 @@ class _Rec:
 def program(x: int, *, law: str = "mixed", layers: int = 6, branch_at: int | None = None, items: int = 2) -> Trace:
     """A forward pass over `items` inputs of size x.
 
-    law: "linear" (activations only), "quadratic" (attention scores only), "mixed" (both).
+    law: "linear" (activations only), "quadratic" (attention scores only), "mixed" (both), "cubic"
+    (activations and a cubic term).
     branch_at: from this size on every layer also takes a 32 MiB workspace (a kernel chosen by shape).
     """
     r = _Rec()
@@ -43,11 +44,13 @@ def program(x: int, *, law: str = "mixed", layers: int = 6, branch_at: int | Non
         act = r.alloc(2 * HIDDEN * x + 4096)
         for _layer in range(layers):
             tmp = []
-            if law in ("linear", "mixed"):
+            if law in ("linear", "mixed", "cubic"):
                 tmp.append(r.alloc(2 * 4 * HIDDEN * x))  # feed-forward up-projection
             if law in ("quadratic", "mixed"):
                 tmp.append(r.alloc(2 * HEADS * x * x))  # attention scores
                 tmp.append(r.alloc(HEADS * x * x + 12 * x))  # softmax mask / lse (mixed terms)
+            if law == "cubic":  # a term no quadratic extrapolates (fitted on three sizes, it is off at a fourth)
+                tmp.append(r.alloc(x * x * x // 8))
             if branch_at is not None and x >= branch_at:
                 ws = r.alloc(32 * MiB)
                 r.free(ws)

@@ -143,3 +143,71 @@ def test_context_larger_than_a_card_is_an_input_error(mixed):
     ts, _ = mixed
     with pytest.raises(InputError, match="context"):
         plan(ts, cards=[256 * MiB], context=512 * MiB)
+
+
+def _cubic_truth(cap):
+    from alloctune.sim.replay import replay as _replay
+
+    lo, hi = 1, 1 << 14
+    while hi - lo > 1:
+        m = (lo + hi) // 2
+        lo, hi = (m, hi) if _replay(program(m, law="cubic"), budget=cap, record_events=False).completed else (lo, m)
+    return lo
+
+
+@pytest.fixture(scope="module")
+def cubic_specs(tmp_path_factory):
+    import pickle
+
+    from plan_programs import snapshot
+
+    d = tmp_path_factory.mktemp("cubic")
+    specs = []
+    for x in (256, 512, 768, 1024):
+        p = d / f"c{x}.pickle"
+        p.write_bytes(pickle.dumps(snapshot(program(x, law="cubic"))))
+        specs.append(f"{p}:{x}")
+    return specs
+
+
+@pytest.mark.parametrize("cap_mib", [150, 400, 600])
+def test_plan_never_over_promises_where_its_own_check_shows_the_extrapolation_is_off(cubic_specs, cap_mib):
+    # a term the fit cannot see (cubic, fitted with at most a quadratic on three sizes): the answer
+    # without a bound lies above the program's real largest size at 400 and 600 MiB
+    from alloctune.plan.service import run as plan_run
+
+    cap = cap_mib << 20
+    truth = _cubic_truth(cap)
+    rep = plan_run(cubic_specs, caps=[cap], curve=[256])
+    item = rep.result.settings[0].largest[0]
+    assert rep.result.errors["checked"] > 0.05  # the largest recording, generated from the others, is off
+    assert int(item.largest) <= truth  # never over
+    assert item.bound is not None and item.bound <= 0.25
+    if item.stopped == "bound":  # said as "at least", with why
+        assert item.first_failing is None and int(item.largest) > 1024
+    else:
+        assert item.stopped == "exceeded" and int(item.largest) >= 0.98 * truth
+    raw = plan_run(cubic_specs, caps=[cap], curve=[256], check=False).result.settings[0].largest[0]
+    if cap_mib > 150:
+        assert int(raw.largest) > truth  # what the unchecked answer would have promised
+
+
+def test_exact_laws_keep_their_exact_answers_with_a_zero_bound(cubic_specs, tmp_path):
+    import pickle
+
+    from alloctune.plan.service import run as plan_run
+    from plan_programs import snapshot
+
+    specs = []
+    for x in (256, 512, 1024, 2048):
+        p = tmp_path / f"m{x}.pickle"
+        p.write_bytes(pickle.dumps(snapshot(program(x))))
+        specs.append(f"{p}:{x}")
+    rep = plan_run(specs, caps=[1 << 30], curve=[256])
+    item = rep.result.settings[0].largest[0]
+    assert rep.result.errors["checked"] == 0 and item.bound == 0.0
+    x = int(item.largest)
+    from alloctune.sim.replay import replay as _replay
+
+    assert _replay(program(x), budget=1 << 30, record_events=False).completed
+    assert not _replay(program(x + 1), budget=1 << 30, record_events=False).completed

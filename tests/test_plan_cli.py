@@ -62,7 +62,8 @@ def test_plan_table_output(snaps, capfd, tmp_path):
     png = tmp_path / "b.png"
     assert cli_exit(["plan", *_specs(snaps), "--card", "4GB,8GB", "--curve", "512", "--rvc", "--png", str(png)]) == 0
     out = capfd.readouterr().out
-    assert "card 4.00 GiB" in out and "card 8.00 GiB" in out and "≥ 8192 *" in out  # all of the search fits
+    # the search runs past 4x the largest recording (8192) to the size that fails
+    assert "card 4.00 GiB" in out and "card 8.00 GiB" in out and "12175 *" in out and "≥" not in out
     assert "RVC" in out and "low" in out and "fp16" in out  # RVC's presets for a 4 and an 8 GB card
     assert "plan took" in out and "conservative" in out
     pytest.importorskip("matplotlib")
@@ -101,3 +102,23 @@ def test_bad_input_is_one_line_exit_2(snaps, capfd, tmp_path, argv, message):
     assert message in "\n".join(err)
     if message != "Missing argument":
         assert len(err) == 1 and err[0].startswith("alloctune: error:"), err
+
+
+def test_the_search_is_open_ended_up_to_the_size_that_fails_and_says_why_it_stopped(snaps, capfd):
+    from alloctune.sim.driver import DEFAULT_OVERHEAD
+
+    card = 4 << 30
+    assert cli_exit(["plan", *_specs(snaps), "--card", "4GiB,140GiB", "--curve", "512", "--json"]) == 0
+    d = json.loads(capfd.readouterr().out)
+    small, big = d["settings"][0]["largest"]
+    # 4 GiB: the answer lies beyond the old 4x ceiling (8192), and it is the program's own boundary
+    x = int(small["largest"])
+    assert x > 4 * 2048 and small["stopped"] == "exceeded" and int(small["first_failing"]) == x + 1
+    assert replay(program(x), total_memory=card, overhead=DEFAULT_OVERHEAD, record_events=False).completed
+    assert not replay(program(x + 1), total_memory=card, overhead=DEFAULT_OVERHEAD, record_events=False).completed
+    # 140 GiB: everything up to 16x the largest recording fits; the search says so instead of guessing on
+    assert big["largest"] == str(16 * 2048) and big["first_failing"] is None and big["stopped"] == "extrapolation"
+    assert "record a larger size" in big["stopped_why"] and d["search"][1] == str(16 * 2048)
+    assert cli_exit(["plan", *_specs(snaps), "--card", "140GiB", "--max-size", "4096", "--curve", "512", "--json"]) == 0
+    capped = json.loads(capfd.readouterr().out)["settings"][0]["largest"][0]
+    assert capped["largest"] == "4096" and capped["stopped"] == "max-size"

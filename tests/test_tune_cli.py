@@ -57,7 +57,11 @@ def test_tune_recommends_expandable_with_its_min_budget(setup):
     best = data["ranking"]["best"]
     assert best["infeasible_below"] < 600 * MiB <= best["min_budget"]
     assert best["min_budget"] - best["infeasible_below"] <= 16 * MiB
-    assert "does not complete at the budget 800 MiB (oom)" in rec["reasons"][""]
+    # nothing is simulated to fit (the program asks for less under expandable than its recording
+    # shows): the closest setting runs at the budget first, then from its pass's peak reserved down
+    assert data["trials"][1]["conf"] == "expandable_segments:True" and data["trials"][1]["budget"] == 800 * MiB
+    assert data["gpu_runs_after_baseline"] <= 4 and data["shortfall"] is None
+    assert "did not complete" in rec["reasons"][""]
     assert data["trials"][0]["purpose"].startswith("baseline") and data["trials"][0]["budget"] is None
     assert data["trials"][0]["throughput"] == 50.0
     assert data["fresh_trials"] == data["trial_count"] == len(data["trials"])
@@ -131,3 +135,21 @@ def test_unknown_platform_is_one_line(setup):
     tmp_path, env = setup
     p = tune(tmp_path, env, "--platform", "macos")
     assert p.returncode == 2 and p.stderr.strip() == "alloctune: error: --platform 'macos' is not known: use linux or windows"
+
+
+def test_when_nothing_fits_two_runs_the_shortfall_in_bytes_and_the_next_steps(setup):
+    tmp_path, env = setup
+    cmd = [PY, "-m", "alloctune", "tune", "--budget", "500MiB", "--knobs", "expandable", "--store",
+           str(tmp_path / "n.jsonl"), "--json", "--", PY, str(tmp_path / "w.py")]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)
+    assert data["trial_count"] == 2 and data["recommendation"]["conf"] is None
+    sf = data["shortfall"]
+    # both settings replay to 900 MiB (the recording's peak); the run is of the setting, not the default
+    assert sf["conf"] == "expandable_segments:True" and sf["missing"] == sf["need"] - 500 * MiB == 400 * MiB
+    assert sf["recording"] and Path(sf["recording"]).exists()
+    assert any("alloctune plan" in s for s in sf["next_steps"])
+    (tmp_path / "n.jsonl").unlink()
+    text = subprocess.run(cmd[:-4] + cmd[-3:], capture_output=True, text=True, env=env, timeout=120).stdout
+    assert f"{400 * MiB} bytes" in text and "next:" in text and sf["recording"] in text

@@ -22,6 +22,29 @@ def _sizes(values: list[str] | None, option: str) -> list[int]:
     return out
 
 
+def _command(text: Optional[str]) -> Optional[List[str]]:
+    """--confirm's program, split as a shell would (no shell runs it)."""
+    import shlex
+
+    from alloctune.errors import InputError
+
+    if text is None:
+        return None
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise InputError(f"--confirm {text!r}: {exc}") from None
+    if not words:
+        raise InputError("--confirm needs a program, e.g. --confirm 'python infer.py --len {size}'")
+    return words
+
+
+def _runner():  # noqa: ANN202 - run_trial's own signature
+    from alloctune.run.runner import run_trial
+
+    return run_trial
+
+
 def register(app: typer.Typer) -> None:
     @app.command("plan")
     def plan_cmd(
@@ -35,8 +58,8 @@ def register(app: typer.Typer) -> None:
         size: Optional[str] = typer.Option(None, "--size", help="answer for this input size: peak reserved, "
                                            "completes per card/cap, min budget, smallest card"),
         step: Optional[str] = typer.Option(None, "--step", help="size grid of the search (default 1 for whole sizes)"),
-        max_size: Optional[str] = typer.Option(None, "--max-size", help="top of the search (default 4x the largest "
-                                               "recorded size)"),
+        max_size: Optional[str] = typer.Option(None, "--max-size", help="top of the search (default: open-ended, "
+                                               "doubling until the size fails, at most 16x the largest recorded size)"),
         curve: Optional[str] = typer.Option(None, "--curve", help="sizes for the min-budget table, e.g. 8,16,32"),
         save: Optional[Path] = typer.Option(None, "--save", help="write the size-parametric trace set here "
                                             "(.atraceset)"),
@@ -51,6 +74,10 @@ def register(app: typer.Typer) -> None:
         context: str = typer.Option("518MiB", "--context", help="CUDA context on a card, not available to the "
                                     "allocator"),
         torch_version: Optional[str] = typer.Option(None, "--torch", help="PyTorch release whose rules to apply"),
+        confirm: Optional[str] = typer.Option(None, "--confirm", help="run this program (quoted, {size} where the "
+                                              "input size goes) at each predicted largest size under the target's "
+                                              "budget; on a failure step down by the bound and run once more"),
+        confirm_runs: int = typer.Option(2, "--confirm-runs", help="runs per answer for --confirm, at most"),
         json_out: bool = typer.Option(False, "--json", help="print machine-readable JSON"),
     ) -> None:
         """Largest input size per card/cap and setting, min budget vs size, and the card one size needs.
@@ -90,6 +117,9 @@ def register(app: typer.Typer) -> None:
             torch=torch_version,
             context=parse_user_size(context, "--context"),
             progress=progress,
+            confirm=_command(confirm),
+            confirm_runs=confirm_runs,
+            runner=_runner() if confirm is not None else None,
         )
         if json_out:
             print_json(report.to_dict())

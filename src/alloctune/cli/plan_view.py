@@ -51,6 +51,10 @@ def render_plan(report: Any) -> None:
                     cells.append("none")
                 else:
                     cell = ("≥ " if x.first_failing is None else "") + x.largest + (" *" if x.extrapolated else "")
+                    if x.bound:
+                        cell += f" ±{x.bound:.0%}"
+                    if x.first_failing is None and x.stopped in ("extrapolation", "bound"):
+                        cell += " ‡"
                     if x.optimistic is not None and x.optimistic != x.largest:
                         cell += f" .. {x.optimistic}"
                     if x.completes_again is not None:
@@ -92,12 +96,24 @@ def render_plan(report: Any) -> None:
                       f"{r.fits_audio_s:g}" if r.fits_audio_s is not None else "-",
                       f"{r.fits_chunk_s:g}" if r.fits_chunk_s is not None else "-", r.verdict)
         console.print(t)
+    if report.confirmations:
+        t = Table(title="--confirm: predicted vs confirmed on the GPU")
+        for col in ("setting", "target", "predicted", "confirmed", "runs (size: outcome)"):
+            t.add_column(col)
+        for c in report.confirmations:
+            t.add_row(c.conf or "(unset)", c.target, c.predicted or "-", c.confirmed or "none",
+                      ", ".join(f"{r.size}: {r.outcome}" for r in c.runs) or "-")
+        console.print(t)
+        for c in report.confirmations:
+            console.print(f"{c.conf or '(unset)'} on {c.target}: {c.note}")
     if report.figure:
         console.print(f"figure written to [bold]{report.figure}[/bold]")
     elif report.figure_skipped:
         warn(report.figure_skipped)
     console.print("* outside the recorded sizes (extrapolated); A .. B: conservative .. optimistic (workspaces "
-                  "fallible); † not monotone: a larger size completes again (see --json completes_again)")
+                  "fallible); † not monotone: a larger size completes again (see --json completes_again); "
+                  "±N%: the memory error bound the answer leaves room for; ‡ the search stopped where an "
+                  "extrapolation means nothing (16x the largest recording, or the bound past 25 %): record a larger size")
     for n in res.notes:
         console.print(f"note: {n}")
     console.print(f"plan took {report.wall_s:.2f} s in all: {res.wall_s:.2f} s answering, "

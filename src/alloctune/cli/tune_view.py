@@ -112,6 +112,11 @@ def render_result(result: Any, rec: Any, store: Path, elapsed: float) -> None:
     for note in result.notes:
         console.print(Text(f"note: {note}"))
     console.print(f"\n[bold]{rec.summary}[/bold]")
+    sf = getattr(result, "shortfall", None)
+    if sf is not None and sf.next_steps:
+        console.print("next:")
+        for step in sf.next_steps:
+            console.print(Text(f"  - {step}"))
     for shell, text in rec.lines.items():
         console.print(f"[dim]{shell}:[/dim]")
         console.print(text, markup=False, highlight=False)

@@ -34,6 +34,57 @@ from alloctune.units import MiB
 
 SCHEMA = "alloctune.plan/1"
 CARD_TOL = 16 * MiB  # smallest-card bisection stops within this
+# Without --max-size the search doubles from 2x the largest recording until the target fails,
+# and gives up at this many times the largest recording: an answer further out rests on laws
+# fitted far away from any size seen, so it is said as "at least", with the size to record next.
+EXTRAPOLATION_LIMIT = 16
+BOUND_LIMIT = 0.25  # a memory error bound past this makes an answer meaningless: the search stops there
+STOPS = {
+    "exceeded": "a size that does not fit was found: the answer is the largest size below it",
+    "extrapolation": f"every size up to {EXTRAPOLATION_LIMIT}x the largest recording fits: further out the "
+                     "extrapolation means nothing (record a larger size to sharpen it)",
+    "max-size": "every size up to --max-size fits",
+    "bound": f"further out the memory error bound passes {BOUND_LIMIT:.0%}: an answer there means nothing "
+             "(record a larger size to sharpen it)",
+}
+
+
+@dataclass(frozen=True)
+class ErrorModel:
+    """How far the memory of a generated stream may be off, from what plan could check.
+
+    `inside`: relative peak error within the recorded sizes (a held-back interior size).
+    `checked`: the relative peak error of extrapolating to the largest recording from the others
+    (`sizes[-2]` is then the last fitted size, `sizes[-1] - sizes[-2]` one step of distance).
+    Beyond the recordings the bound grows with the cube of the distance in such steps from the
+    last fitted size: a term one degree above what the fit can see grows that way, so a linear
+    allowance would over-promise (measured on a program with a cubic term: it did).
+    Zero when the held-back recording is reproduced exactly: every answer is then the
+    simulator's own and today's exact answers stand."""
+
+    inside: float
+    checked: float
+    sizes: tuple[Fraction, ...]  # the recorded sizes, ascending
+    evidence: str
+
+    def at(self, x: Fraction) -> float:
+        xs, e = self.sizes, self.inside
+        if x > xs[-1]:
+            e += self.checked * float((x - xs[-2]) / (xs[-1] - xs[-2])) ** 3
+        elif x < xs[0]:
+            e += self.checked * float((xs[1] - x) / (xs[1] - xs[0])) ** 3
+        return e
+
+    def edge(self, limit: float) -> Fraction | None:
+        """The size above the recordings where the bound reaches `limit` (None: it never does)."""
+        if self.checked <= 0:
+            return None if self.inside < limit else self.sizes[-1]
+        r = max(0.0, (limit - self.inside) / self.checked) ** (1 / 3)
+        xs = self.sizes
+        return max(xs[-1], xs[-2] + Fraction(r).limit_denominator(1000) * (xs[-1] - xs[-2]))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"inside": self.inside, "checked": self.checked, "evidence": self.evidence}
 
 
 @dataclass(frozen=True)
@@ -59,6 +110,9 @@ class Largest:
     probes: int
     completes_again: str | None = None  # not monotone: bisection's answer, above a size that fails
     optimistic: str | None = None  # the same search with every inexact-law request fallible down to nothing
+    stopped: str = "exceeded"  # why the search ended: exceeded | extrapolation | bound | max-size (see `STOPS`)
+    searched_to: str | None = None  # the largest size replayed on the way up
+    bound: float | None = None  # relative memory error bound at the answer (None: nothing checked)
 
     @property
     def monotone(self) -> bool:
@@ -75,6 +129,10 @@ class Largest:
             "probes": self.probes,
             "completes_again": self.completes_again,
             "optimistic": self.optimistic,
+            "stopped": self.stopped,
+            "stopped_why": STOPS[self.stopped],
+            "searched_to": self.searched_to,
+            "bound": self.bound,
         }
 
 
@@ -135,6 +193,7 @@ class PlanResult:
     replays: int
     wall_s: float
     traceset: dict[str, Any] = field(default_factory=dict)  # TraceSet.summary()
+    errors: dict[str, Any] | None = None  # ErrorModel.to_dict(): what the answers' bounds rest on
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -150,6 +209,7 @@ class PlanResult:
             "replays": self.replays,
             "wall_s": self.wall_s,
             "traceset": self.traceset,
+            "errors": self.errors,
         }
 
 
@@ -162,6 +222,7 @@ class _Prober:
         self.torch = torch
         self.context = context
         self.replays = 0
+        self.errors: ErrorModel | None = None
         self._gen: dict[Fraction, Generated] = {}
         self._done: dict[tuple[Any, ...], Any] = {}
 
@@ -190,6 +251,14 @@ class _Prober:
         return r
 
     def completes(self, x: Fraction, settings: SimSettings, target: Target) -> bool:
+        """Whether size `x` completes on `target` with room for the error bound at `x`: the
+        stream must fit the target less that share (a card keeps its CUDA context whole)."""
+        e = self.errors.at(x) if self.errors is not None else 0.0
+        if e > 0:
+            if target.kind == "cap":
+                target = Target("cap", int(target.bytes / (1 + e)))
+            else:
+                target = Target("card", self.context + int((target.bytes - self.context) / (1 + e)))
         return bool(self.run(x, settings, target).completed)
 
 
@@ -207,11 +276,13 @@ def plan(
     context: int = DEFAULT_OVERHEAD,
     bounds: bool = True,
     progress: Callable[[str], None] | None = None,
+    errors: ErrorModel | None = None,
 ) -> PlanResult:
     """Answer the capacity questions for `ts` under each setting in `confs` (allocator strings).
 
     `step`: the size grid (default 1 for whole-number recorded sizes, else a hundredth of the
-    smallest); `max_size`: top of the search (default 4x the largest recorded size).
+    smallest); `max_size`: top of the search (default: open-ended, doubling from 2x the largest
+    recorded size until the target fails, at most `EXTRAPOLATION_LIMIT` x; `Largest.stopped` says which).
     `curve`: sizes for the min-budget curve (default: recorded sizes and points between/above).
     `bounds`: when the recordings carry no fallbacks but have requests that look like workspaces
     (no exact law, or freed by the very next request), also search with those requests fallible
@@ -220,24 +291,33 @@ def plan(
     t0 = time.perf_counter()
     sizes = ts.sizes
     grid, top = _search_range(sizes, step, max_size)
+    limit = None if max_size is not None else max(top, ((sizes[-1] * EXTRAPOLATION_LIMIT) // grid) * grid)
     settings = [(text, SimSettings.from_config(text, torch)) for text in confs]
     targets = _targets(ts, cards, caps, context)
     card_sizes = [t.bytes for t in targets if t.kind == "card"]
     probe = _Prober(ts, torch, context)
+    probe.errors = errors
     inexact = len(workspaces(ts, ts.variants[0]))
     upper = _Prober(ts, torch, context, optimistic=True) if bounds and inexact and not ts.fallbacks else None
+    if upper is not None:
+        upper.errors = errors  # the optimistic end leaves the same room
     curve_sizes = sorted({as_size(x) for x in curve} if curve is not None else _default_curve(sizes, grid))
     at = as_size(size) if size is not None else None
     say = progress or (lambda _m: None)
-    out = [_plan_setting(text, st, probe, upper, targets, grid, top, sizes, curve_sizes, at, torch, say)
+    out = [_plan_setting(text, st, probe, upper, targets, grid, top, limit, sizes, curve_sizes, at, torch, say)
            for text, st in settings]
     summary = ts.summary()
     notes = _notes(ts, summary, inexact, upper is not None, bool(card_sizes) or at is not None, context)
+    if errors is not None:
+        notes.append(f"error bound: {errors.evidence}; every largest size leaves room for it (--json: bound)")
+    elif targets:
+        notes.append("no error bound checked (a saved trace set, or fewer than three recorded sizes): the answers are "
+                     "the simulation of the fitted laws as they are")
     return PlanResult(
         workload=ts.meta.get("workload"),
         recorded_sizes=tuple(size_text(s) for s in sizes),
         step=size_text(grid),
-        search=(size_text(grid), size_text(top)),
+        search=(size_text(grid), size_text(max(_searched(out) or [top]))),
         settings=tuple(out),
         conservative=not ts.fallbacks,
         notes=tuple(notes),
@@ -245,13 +325,14 @@ def plan(
         replays=probe.replays + (upper.replays if upper else 0),
         wall_s=time.perf_counter() - t0,
         traceset=summary,
+        errors=errors.to_dict() if errors is not None else None,
     )
 
 
 def _search_range(sizes: Sequence[Fraction], step: Any, max_size: Any) -> tuple[Fraction, Fraction]:
     """The size grid and the top of the search (a whole number of steps)."""
     grid = _option_size(step, "--step") if step is not None else _default_step(sizes)
-    top = _option_size(max_size, "--max-size") if max_size is not None else sizes[-1] * 4
+    top = _option_size(max_size, "--max-size") if max_size is not None else sizes[-1] * 2
     if top < grid:
         raise InputError(f"--max-size {size_text(top)} is below the size step {size_text(grid)}")
     return grid, (top // grid) * grid
@@ -276,15 +357,16 @@ def _targets(ts: TraceSet, cards: Sequence[int], caps: Sequence[int], context: i
 
 
 def _plan_setting(text: str, st: SimSettings, probe: "_Prober", upper: "_Prober | None", targets: Sequence[Target],
-                  grid: Fraction, top: Fraction, sizes: Sequence[Fraction], curve_sizes: Sequence[Fraction],
-                  at: Fraction | None, torch: str | None, say: Callable[[str], None]) -> SettingPlan:
+                  grid: Fraction, top: Fraction, limit: Fraction | None, sizes: Sequence[Fraction],
+                  curve_sizes: Sequence[Fraction], at: Fraction | None, torch: str | None,
+                  say: Callable[[str], None]) -> SettingPlan:
     """One setting's answers: the largest size per target, the min-budget curve, the budget at one size."""
     largest = []
     for t in targets:
         say(f"{text or '(unset)'}: largest size on {t.label}")
-        item = _largest(probe, st, t, grid, top, sizes)
+        item = _largest(probe, st, t, grid, top, sizes, limit=limit)
         if upper is not None:
-            hi = _largest(upper, st, t, grid, top, sizes, scan=False)
+            hi = _largest(upper, st, t, grid, top, sizes, scan=False, limit=limit)
             item = replace(item, optimistic=hi.largest)
         largest.append(item)
     points = []
@@ -346,11 +428,17 @@ def _default_curve(sizes: Sequence[Fraction], grid: Fraction) -> set[Fraction]:
     return pts
 
 
+def _searched(plans: Sequence[SettingPlan]) -> list[Fraction]:
+    return [as_size(x.searched_to) for p in plans for x in p.largest if x.searched_to is not None]
+
+
 def _largest(probe: _Prober, st: SimSettings, t: Target, grid: Fraction, top: Fraction,
-             recorded: Sequence[Fraction], scan: bool = True) -> Largest:
+             recorded: Sequence[Fraction], scan: bool = True, limit: Fraction | None = None) -> Largest:
     """The largest size on the grid below which every size completes.
 
-    Bisection first (it assumes a larger input never needs less memory), then a check of that
+    The top of the search first: while it completes and lies under `limit`, it doubles (an
+    open-ended search: `stopped` says whether a failing size ended it or the limit did).
+    Bisection next (it assumes a larger input never needs less memory), then a check of that
     assumption: sizes on a `SCAN_RATIO` geometric grid from the smallest recorded size up to the
     answer are replayed too (`scan`; the optimistic bound skips it: it is a bound, and the
     check is most of the cost); the first one that fails starts a new bisection below it. (The
@@ -358,12 +446,26 @@ def _largest(probe: _Prober, st: SimSettings, t: Target, grid: Fraction, top: Fr
     fits, when its requests land in segments differently.)
     """
     before = probe.replays
+    open_ended, limit = limit is not None, top if limit is None else limit
+    lo = grid  # the largest size known to complete on the way up (bisection's low end)
+    errors = getattr(probe, "errors", None)  # a prober without a bound answers as before
+    meaningless = False
+    edge = errors.edge(BOUND_LIMIT) if open_ended and errors is not None else None
+    if edge is not None:
+        edge = max(grid, (edge // grid) * grid)  # where the bound reaches BOUND_LIMIT: no answer past it
+        if edge < limit:
+            limit, top, meaningless = edge, min(top, edge), True
+    while probe.completes(top, st, t) and top < limit:
+        lo, top = top, min(limit, top * 2)
+    reached = size_text(top)
     if probe.completes(top, st, t):
         best, fail = top, None
+        stopped = ("bound" if meaningless else "extrapolation") if open_ended else "max-size"
     elif not probe.completes(grid, st, t):
-        return Largest(t, None, size_text(grid), grid < recorded[0], probe.replays - before)
+        return Largest(t, None, size_text(grid), grid < recorded[0], probe.replays - before, searched_to=reached)
     else:
-        best, fail = _bisect(probe, st, t, grid, 1, int(top / grid))
+        best, fail = _bisect(probe, st, t, grid, int(lo / grid), int(top / grid))
+        stopped = "exceeded"
     again = None
     prev: Fraction | None = None  # the last scanned size that completed
     for x in _scan(recorded[0], best, grid) if scan else ():
@@ -378,9 +480,12 @@ def _largest(probe: _Prober, st: SimSettings, t: Target, grid: Fraction, top: Fr
         else:
             best, fail = None, x
         break
+    if fail is not None:
+        stopped = "exceeded"
     return Largest(t, size_text(best) if best is not None else None, size_text(fail) if fail is not None else None,
                    best is not None and not recorded[0] <= best <= recorded[-1], probe.replays - before,
-                   size_text(again) if again is not None else None)
+                   size_text(again) if again is not None else None, stopped=stopped, searched_to=reached,
+                   bound=errors.at(best) if errors is not None and best is not None else None)
 
 
 SCAN_RATIO = Fraction(102, 100)  # the monotonicity check probes sizes 2 % apart

@@ -13,11 +13,11 @@ from typing import Any, Sequence
 
 from alloctune.errors import InputError
 from alloctune.plan import fileformat
-from alloctune.plan.answer import PlanResult, plan
+from alloctune.plan.answer import ErrorModel, PlanResult, plan
 from alloctune.plan.holdout import Holdout, holdout
 from alloctune.plan.inputs import load_recordings, parse_spec, traceset_from
 from alloctune.plan.rvc import RvcRow, rvc_rows
-from alloctune.plan.traceset import build
+from alloctune.plan.traceset import build, size_text
 
 SCHEMA = "alloctune.plan_report/1"
 
@@ -33,6 +33,7 @@ class PlanReport:
     figure_skipped: str | None = None
     wall_s: float = 0.0  # everything: loading, aligning and fitting, the check, answering
     exported: str | None = None  # the generated stream written by export=
+    confirmations: tuple[Any, ...] = ()  # plan.confirm.Confirmation per target and setting (confirm=)
 
     def to_dict(self) -> dict[str, Any]:
         d = self.result.to_dict()
@@ -45,6 +46,7 @@ class PlanReport:
         d["figure_skipped"] = self.figure_skipped
         d["total_wall_s"] = self.wall_s
         d["exported"] = self.exported
+        d["confirmations"] = [c.to_dict() for c in self.confirmations]
         return d
 
 
@@ -58,15 +60,22 @@ def run(
     rvc_pad: float = 3.0,
     rvc_fp32: bool = False,
     export: str | None = None,
+    check: bool = True,
+    confirm: Sequence[str] | None = None,
+    confirm_runs: int = 2,
+    runner: Any = None,
     **plan_kwargs: Any,
 ) -> PlanReport:
     """Build or load the trace set, optionally save it, check it on a held-back recording, write the
     stream generated at one size (`export="SIZE:FILE"`, an alloctune compact trace that `simulate`
-    and `trace` read), and plan."""
+    and `trace` read), and plan; `confirm` (a command, `{size}` where the input size goes): run it at
+    each predicted largest size under the target's budget (`plan.confirm`)."""
     t0 = time.perf_counter()
     held = None
+    errors = None
+    saved_set = any(Path(parse_spec(i)[0]).is_file() and fileformat.is_traceset(parse_spec(i)[0]) for i in inputs)
     if hold_back is not None:
-        if any(Path(parse_spec(i)[0]).is_file() and fileformat.is_traceset(parse_spec(i)[0]) for i in inputs):
+        if saved_set:
             raise InputError("--hold-back needs the recordings themselves (FILE:SIZE ...), not a saved trace set")
         recs = load_recordings(inputs)
         if len(recs) < 3:
@@ -75,6 +84,11 @@ def run(
         ts = build(recs)
     else:
         ts = traceset_from(inputs)
+        recs = [] if saved_set else None
+    if check and not saved_set and (plan_kwargs.get("cards") or plan_kwargs.get("caps")):
+        recs = recs or load_recordings(inputs)
+        if len(recs) >= 3:
+            errors = error_model(recs, held, plan_kwargs.get("torch"))
     saved = saved_bytes = None
     if save is not None:
         saved_bytes = fileformat.save(ts, save)
@@ -82,7 +96,7 @@ def run(
     exported = None
     if export is not None:
         exported = _export(ts, export)
-    result = plan(ts, **plan_kwargs)
+    result = plan(ts, errors=errors, **plan_kwargs)
     rows = tuple(rvc_rows(result, rvc_pad, not rvc_fp32)) if rvc else ()
     figure = skipped = None
     if png is not None:
@@ -90,7 +104,32 @@ def run(
 
         skipped = budget_figure(result, png)
         figure = None if skipped else str(png)
-    return PlanReport(result, saved, saved_bytes, held, rows, figure, skipped, time.perf_counter() - t0, exported)
+    confirmations: tuple[Any, ...] = ()
+    if confirm is not None:
+        from alloctune.plan.confirm import confirm as confirm_runs_of
+
+        confirmations = tuple(confirm_runs_of(result, confirm, runner=runner, max_runs=confirm_runs))
+    return PlanReport(result, saved, saved_bytes, held, rows, figure, skipped, time.perf_counter() - t0, exported,
+                      confirmations)
+
+
+def error_model(recs: Sequence[tuple[Any, Any]], held: Holdout | None, torch: str | None) -> ErrorModel:
+    """The answers' error bound from what can be checked: the largest recording held back (fit on
+    the rest, generate it: the error of extrapolating one step), and an interior --hold-back
+    check when one was made. Errors are of the simulated peak reserved, generated vs recorded."""
+    from alloctune.plan.traceset import as_size
+
+    xs = tuple(sorted(as_size(x) for x, _ in recs))
+    top = next(x for x, _ in recs if as_size(x) == xs[-1])
+    ext = holdout(recs, top, torch)
+    checked = abs(ext.error_vs_replay)
+    inside = abs(held.error_vs_replay) if held is not None and as_size(held.size) != xs[-1] else 0.0
+    evidence = (f"the largest recording ({size_text(xs[-1])}) generated from the others is off by "
+                f"{ext.error_vs_replay:+.2%} in peak reserved; beyond it the allowance grows with the cube of the "
+                f"distance in steps of {size_text(xs[-1] - xs[-2])}")
+    if held is not None and inside:
+        evidence += f"; inside the recorded sizes {inside:.2%} (the held-back size {held.size})"
+    return ErrorModel(inside, checked, xs, evidence)
 
 
 def _export(ts: Any, spec: str) -> str:

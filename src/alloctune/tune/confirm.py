@@ -10,9 +10,13 @@ found) to the recording as made. GPU runs only confirm what decides the answer:
 1. simulate every candidate (one sweep, plus the optimistic one) and take the one whose
    need most likely lies lowest (`_likely`) and fits the budget;
 2. one batch of independent runs, side by side (each is capped): the best just above and
-   just below its estimate, or, for a range, three runs from its optimistic end down, one
+   just below its estimate, or, for a range, two runs from its optimistic end down, one
    tolerance apart (a tested pass and a tested failure = its measured `min_budget`); and
-   the default at the user's budget unless the baseline already showed it fits there;
+   the default at the user's budget unless the baseline already showed it fits there, or
+   replaying the baseline's own recording (the default's) needs more than the budget by more
+   than the tolerance (`_default_fails`);
+   where no candidate is simulated to fit, instead: one run of the closest at the budget;
+   if it fails, the flow ends with the `Shortfall` (bytes missing, next steps);
 3. only where a run contradicts the simulation, probe further out with steps that double
    from the tested end, then bisect; a recorded capped run is offered to the simulator as
    a calibration, and its re-simulated estimate is tried when it lies inside the bracket;
@@ -23,7 +27,8 @@ found) to the recording as made. GPU runs only confirm what decides the answer:
    simulator counts (`_bound`); runs alone on the GPU and A/B repeats are made only when
    that work could cost the tolerance, until the gap clears the noise, else memory decides.
 
-With an accurate simulator that is two or three GPU runs after the baseline, side by side.
+With an accurate simulator that is two GPU runs after the baseline, side by side (three in
+all); where nothing fits, one.
 """
 
 from __future__ import annotations
@@ -35,10 +40,10 @@ from alloctune.run.trial import TrialResult
 from alloctune.tune.bracket import Bracket, floor_low, half_width, next_budget, tolerance
 from alloctune.tune.candidates import DEFAULT, Candidate
 from alloctune.tune.executors.base import TrialRequest
-from alloctune.tune.model import align_down, align_up
+from alloctune.tune.model import Shortfall, align_down, align_up
 from alloctune.tune.objective import CandidateSummary
 from alloctune.tune.throughput import OverheadBound, compare, overhead_bound, rate
-from alloctune.units import format_mib
+from alloctune.units import MiB, format_mib
 
 if TYPE_CHECKING:
     from alloctune.tune.model import Sweep
@@ -69,6 +74,8 @@ class ConfirmFlow:
         self.floors: dict[str, int | None] = {}
         self.default_proof: str | None = None  # why the default was not run at the budget
         self.bounds: dict[str, OverheadBound | None] = {}  # conf -> simulated allocator slowdown bound
+        self.default_fails: str | None = None  # why the default was not run at the budget (simulated not to fit)
+        self.shortfall: Shortfall | None = None  # no setting fits: the closest, how far off, what next
 
     # ---- GPU runs ----------------------------------------------------------------------------
     def _run(self, reqs: list[TrialRequest]) -> list[TrialResult]:
@@ -299,17 +306,31 @@ class ConfirmFlow:
         # there (when the best is the default itself, its own runs answer "does it fit?").
         # Runs that sample throughput have the GPU alone, and only when the simulated allocator
         # work cannot rule a slowdown out (`_must_measure`).
-        measure = self._must_measure(default, best)
-        reqs = self._opening(best, exclusive=measure) if best is not None else []
-        if best is None or best.knob != DEFAULT:
-            proof = self._default_proven()
-            if proof is not None and not measure:
-                self.at_budget[""] = self.baseline
-                self.default_proof = proof
-                self.t.notes.append(proof)
+        closest = None if best is not None else self._closest(order)
+        if closest is not None:
+            # nothing is simulated to fit: one run of the closest setting at the budget says whether
+            # the program asks for less under the cap than it recorded; if not, say by how much the
+            # budget falls short and what can help, instead of running every candidate
+            if self._confirm_closest(closest):
+                best = closest
             else:
-                reqs.append(TrialRequest("", self.budget, exclusive=measure, purpose="the default at the budget"))
-        self._run(sorted(reqs, key=lambda r: r.exclusive))  # the side by side ones first
+                return self._summaries(default, None, order)
+        else:
+            measure = self._must_measure(default, best)
+            reqs = self._opening(best, exclusive=measure) if best is not None else []
+            if best is None or best.knob != DEFAULT:
+                proof = self._default_proven()
+                fails = self._default_fails() if proof is None else None
+                if proof is not None and not measure:
+                    self.at_budget[""] = self.baseline
+                    self.default_proof = proof
+                    self.t.notes.append(proof)
+                elif fails is not None and best is not None:
+                    self.default_fails = fails
+                    self.t.notes.append(fails)
+                else:
+                    reqs.append(TrialRequest("", self.budget, exclusive=measure, purpose="the default at the budget"))
+            self._run(sorted(reqs, key=lambda r: r.exclusive))  # the side by side ones first
 
         if best is None and self.t.fresh_runs_after_baseline() < self.s.max_gpu_runs:
             best = self._despite_simulation(order)
@@ -389,6 +410,63 @@ class ConfirmFlow:
                 )
                 return c
         return None
+
+    def _closest(self, order: list[Candidate]) -> Candidate | None:
+        """The setting simulated to need the least (none fits). On a tie (within the tolerance) a
+        setting other than the default: the default's need comes from replaying its own recording,
+        so its run would say the least that is new."""
+        known = [c for c in order if c.conf not in self.refused and self._likely(c) is not None]
+        if not known:
+            return None
+        low = min(self._likely(c) for c in known)  # type: ignore[type-var]
+        near = [c for c in known if self._likely(c) <= low + tolerance(self.t, low)]  # type: ignore[operator]
+        return next((c for c in near if c.knob != DEFAULT), near[0])
+
+    def _confirm_closest(self, closest: Candidate) -> bool:
+        """No setting is simulated to fit: run the closest one once at the budget. True when it
+        completed (the program asks for less under a cap than it recorded: tune it as usual);
+        else `shortfall` says by how much the budget falls short and what to do next."""
+        b = self._bracket(closest)
+        res = self._run([TrialRequest(closest.conf, self.budget, ensure_cap=self._gc(closest), record=self._want_calibration(),
+                                      purpose="the closest setting at the budget (simulated not to fit): confirm")])
+        if b.passed is not None:
+            self.t.notes.append(
+                f"the simulation said no setting fits {format_mib(self.budget)}, but {closest.label} completed there: "
+                "the program asks for less memory under this cap than its uncapped recording")
+            # the simulation is off for it: start from what the passing run reserved (a cap above a
+            # run's peak reserved changes nothing), just above and just below, side by side
+            peak = res[0].peak_reserved if res else None
+            b.est, b.floor = (align_up(peak), None) if peak else (None, None)
+            if peak and align_up(peak) < self.budget:
+                h = half_width(self.t, peak)
+                b.lo_tried = True
+                self._run([TrialRequest(closest.conf, x, ensure_cap=self._gc(closest), purpose=why) for x, why in (
+                    (align_up(peak), "at the peak reserved of its pass"),
+                    (align_down(peak - h), "just below the peak reserved of its pass")) if 0 < x < self.budget])
+            return True
+        need = self._likely(closest) or 0
+        confirmed = closest.conf not in self.refused and b.failed is not None
+        self.shortfall = Shortfall(closest.conf, need, self.budget, confirmed, self.baseline.snapshot,
+                                   next_steps(self.baseline.snapshot, self.budget, need, self.t.settings.command))
+        self.t.notes.append(
+            f"no setting is simulated to fit {format_mib(self.budget)}: the closest, {closest.label}, needs "
+            f"{format_mib(need)} ({format_mib(self.shortfall.missing)} more)"
+            + ("; its run at the budget ran out of memory, as simulated: the other settings were not run"
+               if confirmed else "; its run at the budget did not settle it (the setting did not take effect)"))
+        return False
+
+    def _default_fails(self) -> str | None:
+        """Why the default needs no run at the budget because it cannot complete there, or None:
+        the baseline recorded the default itself, and replaying that very recording (its optimistic
+        end, for a program that adapts) needs more than the budget by more than the tolerance."""
+        default = next((c for c in self.cands if c.knob == DEFAULT), None)
+        if default is None or default.conf in self.refused:
+            return None
+        need = self._likely(default)
+        if need is None or need <= self.budget + tolerance(self.t, self.budget):
+            return None  # a thin margin: run it
+        return (f"the default does not complete at the budget: replaying its own recording needs {format_mib(need)}, "
+                f"{format_mib(need - self.budget)} more than {format_mib(self.budget)} (not run on the GPU)")
 
     def _may_beat(self, c: Candidate, focus: Candidate, at_budget: int | None = None) -> bool:
         """Whether `c` could complete at `at_budget` (default: where `focus` failed), given how far
@@ -571,7 +649,9 @@ class ConfirmFlow:
                     c, feasible=at.passed, outcome=at.outcome, wall_s=at.wall_s, peak_reserved=at.peak_reserved,
                     peak_allocated=at.peak_allocated, note=note, **base))
                 continue
-            if est is None or est > self.budget:
+            if c.knob == DEFAULT and self.default_fails:
+                why = self.default_fails
+            elif est is None or est > self.budget:
                 why = f"simulated: does not complete under the budget {format_mib(self.budget)}" if est is None or est > self.budget else ""
                 if est is not None:
                     why += f" (simulated min_budget {format_mib(est)})"
@@ -582,6 +662,27 @@ class ConfirmFlow:
                 why = f"simulated min_budget {format_mib(est)} (rank {rank_no}): not run on the GPU"
             out.append(CandidateSummary(c, feasible=None, note=why, **base))
         return out
+
+
+def next_steps(recording: str | None, budget: int, need: int, command: tuple[str, ...]) -> tuple[str, ...]:
+    """What can help when no allocator setting fits: see where the memory goes (explain, where
+    this install has it; else the report's what-if), find the largest input that fits (plan),
+    or give the budget the closest setting needs."""
+    import importlib.util
+
+    rec = recording or "REC.pickle"
+    cap = f"{budget // MiB}MiB"  # rounded down: the plan stays within the budget
+    at_least = f"{-(-need // MiB)}MiB"  # rounded up: the closest setting's need
+    out = []
+    if importlib.util.find_spec("alloctune.explain") is not None:
+        out.append(f"where the memory goes and what would free it: alloctune explain {rec}")
+    else:
+        out.append(f"where the memory goes: alloctune report {rec} --what-if")
+    cmd = " ".join(command) if command else "CMD"
+    out.append(f"the largest input that fits: alloctune record --size S1,S2,S3 --out sizes/run.pickle -- {cmd} "
+               f"(with {{size}} where the input size goes), then alloctune plan sizes/ --cap {cap}")
+    out.append(f"or a budget of at least {at_least} (the closest setting's simulated need): alloctune tune --budget {at_least} ...")
+    return tuple(out)
 
 
 def _fmt(n: int | None) -> str:

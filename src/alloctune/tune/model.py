@@ -65,7 +65,7 @@ class TuneSettings:
     widen_start: float = 0.015  # confirm: first widening step when the GPU contradicts, fraction of the estimate
     floor_margin: float = 0.04  # confirm: the opening runs go this far under the optimistic simulated min_budget
     confirm_rel_tol: float = 0.02  # confirm: a proven bracket is within this fraction (the 2 % target)
-    opening_probes: int = 3  # confirm: side by side runs around the optimistic end of a simulated range
+    opening_probes: int = 2  # confirm: side by side runs from the optimistic end of a simulated range down (≤ 3 runs in all)
     throughput_tolerance: float = 0.03
     ab_pairs: int = 2  # confirm: A/B repeat pairs at most when throughput might decide
     throughput_check: str = "auto"  # confirm: auto (measure only what the simulated allocator work cannot rule out) | measure
@@ -101,6 +101,29 @@ class TrialRecord:
 
 
 @dataclass(frozen=True)
+class Shortfall:
+    """No setting fits the budget: the closest one, by how much the budget falls short, and
+    what can help next. Why: running every candidate on the GPU to learn what the simulation
+    already said costs several runs of the user's program and ends in the same place."""
+
+    conf: str  # the closest setting ("" = the default)
+    need: int  # its simulated min_budget (for a program that adapts: the optimistic end)
+    budget: int
+    confirmed: bool  # its one run at the budget ran out of memory, as simulated
+    recording: str | None  # the baseline's recording (what explain / plan can read)
+    next_steps: tuple[str, ...] = ()
+
+    @property
+    def missing(self) -> int:
+        """Bytes the budget falls short of the closest setting's simulated need."""
+        return max(0, self.need - self.budget)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"conf": self.conf, "need": self.need, "budget": self.budget, "missing": self.missing,
+                "confirmed": self.confirmed, "recording": self.recording, "next_steps": list(self.next_steps)}
+
+
+@dataclass(frozen=True)
 class TuneResult:
     settings: TuneSettings
     budget: int
@@ -111,6 +134,7 @@ class TuneResult:
     ranking: Ranking
     trials: tuple[TrialRecord, ...]
     notes: tuple[str, ...] = ()
+    shortfall: Shortfall | None = None  # set when no setting fits the budget
 
     @property
     def fresh_trials(self) -> int:
@@ -133,6 +157,7 @@ class TuneResult:
             "trial_count": len(self.trials),
             "fresh_trials": self.fresh_trials,
             "notes": list(self.notes),
+            "shortfall": self.shortfall.to_dict() if self.shortfall is not None else None,
         }
 
 

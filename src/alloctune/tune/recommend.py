@@ -28,6 +28,18 @@ def recommend(result: TuneResult) -> Recommendation:
     best = result.ranking.best
     reasons = dict(result.ranking.reasons)
     budget = format_mib(result.budget)
+    if best is None and result.shortfall is not None:
+        sf = result.shortfall
+        label = sf.conf or "the default"
+        how = ("its run at the budget ran out of memory, as simulated" if sf.confirmed
+               else "its run at the budget did not settle it")
+        return Recommendation(
+            None,
+            f"no setting completes under {budget}: the closest, {label}, is simulated to need {format_mib(sf.need)}, "
+            f"{format_mib(sf.missing)} ({sf.missing} bytes) more than the budget ({how}); no allocator setting "
+            "closes that gap",
+            reasons=reasons,
+        )
     if best is None:
         return Recommendation(
             None,
@@ -58,6 +70,9 @@ def recommend(result: TuneResult) -> Recommendation:
     vs = ""
     if default is not None and default.feasible is False:
         vs = "; the default does not complete there"
+    elif (default is not None and default.feasible is None and default.sim_min_budget is not None
+          and default.sim_min_budget > result.budget):
+        vs = "; the default does not complete there (simulated from its own recording)"
     elif default is not None and default.min_budget:
         vs = f" (default: {format_mib(default.min_budget)})"
     return Recommendation(

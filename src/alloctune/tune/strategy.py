@@ -183,6 +183,7 @@ class Tuner:
         self.notes.extend(platform_notes)
         if async_backend:
             auto_split = False
+        shortfall = None
         if s.strategy == "confirm":
             from alloctune.tune.confirm import ConfirmFlow, SimulationUnavailable
 
@@ -190,7 +191,9 @@ class Tuner:
             if auto_split:
                 cands += [make(MAX_SPLIT, str(v)) for v in grid.values_mb]
             try:
-                summaries = ConfirmFlow(self, baseline, cands, budget).run()
+                flow = ConfirmFlow(self, baseline, cands, budget)
+                summaries = flow.run()
+                shortfall = flow.shortfall
             except SimulationUnavailable as exc:
                 self.notes.append(f"the simulator could not use the baseline's recording ({exc}): every candidate "
                                   "was measured on the GPU instead (the exhaustive strategy)")
@@ -217,7 +220,8 @@ class Tuner:
         summaries = [_replace(sm, trials=counts.get(sm.candidate.conf, 0)) for sm in summaries]
         ranking = rank(summaries, budget, throughput_tolerance=s.throughput_tolerance, noise_rule=s.strategy == "confirm")
         return TuneResult(
-            s, budget, total, baseline, grid, tuple(summaries), ranking, tuple(self.trials), tuple(self.notes)
+            s, budget, total, baseline, grid, tuple(summaries), ranking, tuple(self.trials), tuple(self.notes),
+            shortfall=shortfall,
         )
 
     def _book_ranks(self, baseline: TrialResult) -> None:
