@@ -665,19 +665,14 @@ class ConfirmFlow:
 
 
 def next_steps(recording: str | None, budget: int, need: int, command: tuple[str, ...]) -> tuple[str, ...]:
-    """What can help when no allocator setting fits: see where the memory goes (explain, where
-    this install has it; else the report's what-if), find the largest input that fits (plan),
-    or give the budget the closest setting needs."""
-    import importlib.util
-
+    """What can help when no allocator setting fits: see where the memory goes (explain: sites,
+    what-ifs, remedies), find the largest input that fits (plan), or give the budget the closest
+    setting needs."""
     rec = recording or "REC.pickle"
     cap = f"{budget // MiB}MiB"  # rounded down: the plan stays within the budget
     at_least = f"{-(-need // MiB)}MiB"  # rounded up: the closest setting's need
     out = []
-    if importlib.util.find_spec("alloctune.explain") is not None:
-        out.append(f"where the memory goes and what would free it: alloctune explain {rec}")
-    else:
-        out.append(f"where the memory goes: alloctune report {rec} --what-if")
+    out.append(f"where the memory goes and what would free it: alloctune explain {rec}")
     cmd = " ".join(command) if command else "CMD"
     out.append(f"the largest input that fits: alloctune record --size S1,S2,S3 --out sizes/run.pickle -- {cmd} "
                f"(with {{size}} where the input size goes), then alloctune plan sizes/ --cap {cap}")
