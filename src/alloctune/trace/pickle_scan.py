@@ -17,7 +17,14 @@ full speed; the walk costs a few times the C load (measured in HANDOFF-hostile.m
 
 from __future__ import annotations
 
+import gc
+import re
 import struct
+from collections import Counter
+from itertools import chain, compress, repeat
+from operator import add, eq, is_, mul, not_
+from sys import getrefcount
+from typing import Any
 
 from alloctune.errors import TraceError
 from alloctune.trace.limits import Limits, hint
@@ -281,3 +288,258 @@ def _line_int(data: bytes, pos: int, at: int, fail) -> tuple[int, int]:
         return int(data[pos:end]), end + 1
     except ValueError:
         raise fail("a memo index is not a number", at) from None
+
+
+# ---- the fast path: a C-speed screen of the opcodes, the C load, then a check of what was built ----------
+#
+# The walk above costs a few times the C load because it runs once per opcode in Python (a 68 MB
+# snapshot has 18 M opcodes). Most of what it proves can be had cheaper:
+#  * `screen` tokenizes the stream with one regular expression (C speed) and admits only the
+#    opcodes protocol 4/5 writes for plain data: no global, no call, no PUT with a chosen memo
+#    index (MEMOIZE numbers entries itself, so the memo never outgrows the opcode count), and
+#    tuples only of literal scalars, so nothing hashed while loading nests more than one level.
+#    Anything else (older protocols, bombs, damage) returns None and goes through `scan`.
+#  * the C unpickler then builds the screened stream: with those opcodes it runs no code, and its
+#    memory is bounded by the stream's length as for any stream `scan` accepts.
+#  * `check_built` measures the result per container at C speed (depth, items per container,
+#    expanded object count with shared references counted each time they appear, as `scan`
+#    does), so every limit is enforced on exactly what was built.
+
+_LITERAL_OPS = frozenset(b"N\x88\x89JKM\x8aG\x8cC")  # scalar opcodes that take nothing from the stack
+_TUPLE_OPS = frozenset(b"\x85\x86\x87t)")
+
+
+def _one_byte_counted(op: bytes) -> bytes:
+    """Regex for opcode `op` followed by a 1-byte length and that many bytes (all 256 cases spelled out)."""
+    return re.escape(op) + b"(?:" + b"|".join(re.escape(bytes([k])) + (b".{%d}" % k if k else b"")
+                                              for k in range(256)) + b")"
+
+
+# Ordered by frequency in real snapshots (the regex tries alternatives in turn).
+_FAST_TOKENS = [
+    b"j.{4}",  # LONG_BINGET
+    b"h.",  # BINGET
+    b"\\x94",  # MEMOIZE
+    _one_byte_counted(b"\x8a"),  # LONG1
+    b"K.",  # BININT1
+    b"\\(",  # MARK
+    b"\\}",  # EMPTY_DICT
+    b"u",  # SETITEMS
+    _one_byte_counted(b"\x8c"),  # SHORT_BINUNICODE
+    b"M..",  # BININT2
+    b"J.{4}",  # BININT
+    b"\\x95.{8}",  # FRAME
+    b"\\]",  # EMPTY_LIST
+    b"e",  # APPENDS
+    b"a",  # APPEND
+    b"s",  # SETITEM
+    b"N",  # NONE
+    b"\\x88",  # NEWTRUE
+    b"\\x89",  # NEWFALSE
+    b"G.{8}",  # BINFLOAT
+    b"\\x80[\\x02-\\x05]",  # PROTO 2..5
+    _one_byte_counted(b"C"),  # SHORT_BINBYTES
+]
+# Possessive: no backtracking, the match ends at the first byte that does not start a fast token.
+_FAST_RUN = re.compile(b"(?:" + b"|".join(_FAST_TOKENS) + b")*+", re.S)
+# One token at a time (the fast tokens and the tuple opcodes), to read back the operands of a tuple.
+_TOKEN = re.compile(b"|".join(_FAST_TOKENS) + b"|[\\x85\\x86\\x87t)]", re.S)
+_WINDOW = 1 << 16  # the regex runs window by window, so a tuple's operands are re-read from near it
+_OPERAND_SPAN = 2048  # > 3 literal tokens of at most 257 bytes, with MEMOIZEs
+
+
+class Screened:
+    """What `screen` learned: how many tuples the stream builds (all of literal scalars)."""
+
+    __slots__ = ("tuples", "empty_tuples")
+
+    def __init__(self) -> None:
+        self.tuples = 0
+        self.empty_tuples = 0
+
+
+def screen(data: bytes | bytearray | memoryview) -> Screened | None:
+    """Tokenize `data` at C speed; a `Screened` if every opcode is one the fast path admits, else None.
+
+    None is not a refusal: the caller then runs `scan`, which accepts or refuses with its reasons.
+    """
+    n = len(data)
+    out = Screened()
+    pos = 0
+    pure = 0  # start of the current stretch of fast tokens (a token boundary; stops reset it)
+    windows = [0]  # token boundaries in that stretch where windows started (the last two)
+    run = _FAST_RUN.match
+    while True:
+        end = min(n, pos + _WINDOW)
+        new = run(data, pos, end).end()
+        if new > pos and end < n and new >= end - 300:  # stopped by the window, not by an opcode
+            pos = new
+            windows = [windows[-1], pos]
+            continue
+        pos = new
+        if pos >= n:
+            return None  # no STOP
+        op = data[pos]
+        if op == 0x2E:  # STOP
+            if pos + 1 != n and bytes(data[pos + 1:]).strip(b"\x00\n\r \t"):
+                return None  # trailing data: let `scan` word it
+            return out
+        if op == 0x58 or op == 0x42:  # BINUNICODE, BINBYTES: a 4-byte length
+            if pos + 5 > n:
+                return None
+            pos += 5 + int.from_bytes(data[pos + 1:pos + 5], "little")
+            if pos > n:
+                return None
+        elif op not in _TUPLE_OPS:
+            return None
+        else:
+            if op == 0x29:  # EMPTY_TUPLE
+                out.empty_tuples += 1
+            elif not _literal_operands(data, op, [pure, *windows], pos):
+                return None
+            out.tuples += 1
+            pos += 1
+        pure = pos
+        windows = [pos]
+
+
+def _literal_operands(data, op: int, bounds: list[int], at: int) -> bool:
+    """Whether the tuple built at `at` takes only literal scalars (so it nests one level, never more).
+
+    Tokens are re-read from a known token boundary near `at` (`bounds`: boundaries from which only
+    fast tokens lie up to `at`), never from the middle of an argument.
+    """
+    limit = at - _OPERAND_SPAN
+    base = max((b for b in bounds if b <= limit), default=None)
+    if base is None:
+        start = min(bounds)
+        if at - start > _OPERAND_SPAN + _WINDOW:  # cannot happen: a window starts at least every _WINDOW bytes
+            return False
+    else:
+        start = _FAST_RUN.match(data, base, limit).end()  # the last boundary at or before `limit`
+    toks = [m for m in _TOKEN.finditer(data, start, at) if data[m.start()] != 0x94]  # MEMOIZE takes nothing
+    if op == 0x74:  # TUPLE: every item since the last MARK
+        marks = [i for i, m in enumerate(toks) if data[m.start()] == 0x28]
+        if not marks:
+            return False
+        items = toks[marks[-1] + 1:]
+    else:
+        k = op - 0x84
+        if len(toks) < k:
+            return False  # an operand lies before the span (a string of 256+ bytes, another tuple, ...)
+        items = toks[-k:]
+    return all(data[m.start()] in _LITERAL_OPS for m in items)
+
+
+_DICT = dict
+_SEQS = (list, tuple)
+_CONTAINER_TYPES = frozenset({dict, list, tuple})
+
+
+class OverLimit(Exception):
+    """`check_built` found the built data over a limit (`scan` then words the refusal)."""
+
+
+def check_built(root: Any, limits: Limits, nbytes: int, *, tuples: bool, untracked_are_flat: bool) -> int:
+    """Enforce `limits` on data the C unpickler built from a screened stream; the expanded object count.
+
+    Level by level from the root, a few C-speed passes per level (`map`, `chain`, `compress`), never
+    one Python step per item. A container that appears several times is visited once per level with
+    a weight (its number of appearances), so the count is the one `scan` computes (every appearance
+    counted) in time linear in the distinct containers; a cycle ends at the depth limit. Which
+    containers appear once is read from their reference counts (one from their parent, see `_ONCE`):
+    any other reference only sends a container to the exact count by identity.
+
+    `tuples`: the stream builds tuples, so dict keys may be containers. `untracked_are_flat`: a dict
+    the garbage collector does not track holds only scalars (true when no tuple can have been untracked,
+    see `safe_pickle`), so its items need no look.
+    Raises `OverLimit` naming the limit.
+    """
+    kind = type(root)
+    if kind not in _CONTAINER_TYPES:
+        return 1
+    max_depth = limits.max_depth
+    max_len = limits.max_container
+    max_objects = limits.objects_allowed(nbytes)
+    # A level: the dicts and the lists/tuples that appear once, and (container, appearances) of the others.
+    dicts, seqs = ([root], []) if kind is dict else ([], [root])
+    heavy: list[tuple[Any, int]] = []
+    total = 1
+    depth = 0
+    while dicts or seqs or heavy:
+        depth += 1
+        if depth > max_depth:
+            raise OverLimit(f"containers nest deeper than {max_depth} levels")
+        dlens = list(map(len, dicts))
+        slens = list(map(len, seqs))
+        hitems = [len(o) * (2 if type(o) is dict else 1) for o, _ in heavy]
+        if max(2 * max(dlens, default=0), max(slens, default=0), max(hitems, default=0)) > max_len:
+            raise OverLimit(f"a container holds more than {max_len} items")
+        total += 2 * sum(dlens) + sum(slens) + sum(i * w for i, (_, w) in zip(hitems, heavy))
+        if total > max_objects:
+            raise OverLimit(f"the data expands to more than {max_objects} objects")
+        del dlens, slens, hitems
+        if untracked_are_flat and dicts:
+            dicts = list(compress(dicts, map(gc.is_tracked, dicts)))
+        found = _containers_in(seqs, dicts, tuples, untracked_are_flat)
+        counts: Counter = Counter()
+        distinct: dict[int, Any] = {}
+        groups: dict[int, list] = {}
+        for o, w in heavy:  # containers that appear several times (few, even in a "billion laughs")
+            groups.setdefault(w, []).append(o)
+        for w, group in groups.items():
+            gd = [o for o in group if type(o) is dict]
+            gs = [o for o in group if type(o) is not dict]
+            for part in _containers_in(gs, gd, tuples, untracked_are_flat):
+                ids = list(map(id, part))
+                distinct.update(zip(ids, part))
+                for k, c in Counter(ids).items():
+                    counts[k] += c * w
+        dicts, seqs = [], []
+        for i, part in enumerate(found):
+            if max(map(getrefcount, part), default=_ONCE) > _ONCE:  # some appear elsewhere too
+                once = list(map(eq, map(getrefcount, part), repeat(_ONCE)))
+                shared = list(compress(part, map(not_, once)))
+                part = list(compress(part, once))
+                ids = list(map(id, shared))
+                distinct.update(zip(ids, shared))
+                counts.update(ids)
+            if i == 0:
+                dicts = part
+            elif seqs:
+                seqs.extend(part)
+            else:
+                seqs = part
+        del found
+        heavy = []
+        for k, o in distinct.items():
+            if counts[k] == 1:
+                (dicts if type(o) is dict else seqs).append(o)
+            else:
+                heavy.append((o, counts[k]))
+    return total
+
+
+def _containers_in(seqs: list, dicts: list, keys_too: bool, untracked_are_flat: bool) -> list[list]:
+    """[dicts, lists, tuples] among the items of `seqs` and the values (and keys if `keys_too`) of
+    `dicts`, each once per appearance; `dicts` must be only the tracked ones if `untracked_are_flat`."""
+    out: list[list] = [[], [], []]
+    for part in (seqs, list(map(_DICT.values, dicts)) if dicts else [], dicts if keys_too else []):
+        if not part:
+            continue
+        present = set(map(type, chain.from_iterable(part)))
+        for slot, kind in enumerate((dict, list, tuple)):
+            if kind in present:
+                out[slot].extend(compress(chain.from_iterable(part),
+                                          map(is_, map(type, chain.from_iterable(part)), repeat(kind))))
+    return out
+
+
+def _refs_of_an_only_child() -> int:
+    """`getrefcount` of a container referenced once in the data, as `check_built` reads it."""
+    parent = [[]]
+    found = _containers_in([parent], [], False, False)[1]
+    return list(map(getrefcount, found))[0]
+
+
+_ONCE = _refs_of_an_only_child()
