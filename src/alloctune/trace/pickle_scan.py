@@ -22,7 +22,7 @@ import re
 import struct
 from collections import Counter
 from itertools import chain, compress, repeat
-from operator import add, eq, is_, mul, not_
+from operator import eq, is_, is_not, mul, not_, sub
 from sys import getrefcount
 from typing import Any
 
@@ -349,7 +349,7 @@ _OPERAND_SPAN = 2048  # > 3 literal tokens of at most 257 bytes, with MEMOIZEs
 
 
 class Screened:
-    """What `screen` learned: how many tuples the stream builds (all of literal scalars)."""
+    """What `screen` learned: how many tuples the stream builds (all of literal scalars), and empty ones."""
 
     __slots__ = ("tuples", "empty_tuples")
 
@@ -395,9 +395,10 @@ def screen(data: bytes | bytearray | memoryview) -> Screened | None:
         else:
             if op == 0x29:  # EMPTY_TUPLE
                 out.empty_tuples += 1
-            elif not _literal_operands(data, op, [pure, *windows], pos):
+            elif _literal_operands(data, op, [pure, *windows], pos):
+                out.tuples += 1
+            else:
                 return None
-            out.tuples += 1
             pos += 1
         pure = pos
         windows = [pos]
@@ -434,13 +435,16 @@ def _literal_operands(data, op: int, bounds: list[int], at: int) -> bool:
 _DICT = dict
 _SEQS = (list, tuple)
 _CONTAINER_TYPES = frozenset({dict, list, tuple})
+_ONLY_DICTS = {dict}
+_ITEMS_PER_LEN = {dict: 2, list: 1, tuple: 1}  # a dict's keys and values both count
 
 
 class OverLimit(Exception):
     """`check_built` found the built data over a limit (`scan` then words the refusal)."""
 
 
-def check_built(root: Any, limits: Limits, nbytes: int, *, tuples: bool, untracked_are_flat: bool) -> int:
+def check_built(root: Any, limits: Limits, nbytes: int, *, tuples: int, empty_tuples: bool,
+                untracked_are_flat: bool) -> int:
     """Enforce `limits` on data the C unpickler built from a screened stream; the expanded object count.
 
     Level by level from the root, a few C-speed passes per level (`map`, `chain`, `compress`), never
@@ -450,11 +454,28 @@ def check_built(root: Any, limits: Limits, nbytes: int, *, tuples: bool, untrack
     containers appear once is read from their reference counts (one from their parent, see `_ONCE`):
     any other reference only sends a container to the exact count by identity.
 
-    `tuples`: the stream builds tuples, so dict keys may be containers. `untracked_are_flat`: a dict
-    the garbage collector does not track holds only scalars (true when no tuple can have been untracked,
-    see `safe_pickle`), so its items need no look.
+    `tuples`, `empty_tuples`: what `screen` counted. Dict keys can only be containers if the stream
+    builds tuples; rather than look at every key, the walk first looks at values only and then
+    accounts for every tuple the stream built: if each is found, and referenced exactly as often as
+    the walk found it, none is a key (a key would hold one more reference); otherwise it walks again,
+    keys included. `untracked_are_flat`: a dict the garbage collector does not track holds only
+    scalars (true when no tuple can have been untracked, see `safe_pickle`), so its items need no look.
     Raises `OverLimit` naming the limit.
     """
+    if not tuples or empty_tuples:  # `()` is one shared object: account for it by looking at keys
+        return _measure(root, limits, nbytes, tuples > 0 or empty_tuples, untracked_are_flat, None)
+    seen: dict[int, tuple] = {}
+    edges: Counter = Counter()
+    total = _measure(root, limits, nbytes, False, untracked_are_flat, (seen, edges))
+    if len(seen) == tuples and all(map(eq, map(sub, map(getrefcount, seen.values()), map(edges.__getitem__, seen)),
+                                       repeat(_TUPLE_REFS_HELD))):
+        return total
+    seen.clear()
+    return _measure(root, limits, nbytes, True, untracked_are_flat, None)
+
+
+def _measure(root: Any, limits: Limits, nbytes: int, keys_too: bool, flat: bool,
+             tuple_log: tuple[dict[int, tuple], Counter] | None) -> int:
     kind = type(root)
     if kind not in _CONTAINER_TYPES:
         return 1
@@ -472,29 +493,56 @@ def check_built(root: Any, limits: Limits, nbytes: int, *, tuples: bool, untrack
             raise OverLimit(f"containers nest deeper than {max_depth} levels")
         dlens = list(map(len, dicts))
         slens = list(map(len, seqs))
-        hitems = [len(o) * (2 if type(o) is dict else 1) for o, _ in heavy]
+        hobjs = [o for o, _ in heavy]
+        hitems = list(map(mul, map(len, hobjs), map(_ITEMS_PER_LEN.__getitem__, map(type, hobjs))))
         if max(2 * max(dlens, default=0), max(slens, default=0), max(hitems, default=0)) > max_len:
             raise OverLimit(f"a container holds more than {max_len} items")
-        total += 2 * sum(dlens) + sum(slens) + sum(i * w for i, (_, w) in zip(hitems, heavy))
+        total += 2 * sum(dlens) + sum(slens) + sum(map(mul, hitems, (w for _, w in heavy)))
+        del hobjs
         if total > max_objects:
             raise OverLimit(f"the data expands to more than {max_objects} objects")
         del dlens, slens, hitems
-        if untracked_are_flat and dicts:
+        if flat and dicts:
             dicts = list(compress(dicts, map(gc.is_tracked, dicts)))
-        found = _containers_in(seqs, dicts, tuples, untracked_are_flat)
+        leaves = _Leaves()
+        found = _containers_in(seqs, dicts, keys_too, flat, leaves)
+        if tuple_log is not None and found[2]:
+            ids = list(map(id, found[2]))
+            tuple_log[0].update(zip(ids, found[2]))
+            tuple_log[1].update(ids)
         counts: Counter = Counter()
         distinct: dict[int, Any] = {}
         groups: dict[int, list] = {}
-        for o, w in heavy:  # containers that appear several times (few, even in a "billion laughs")
+        for o, w in heavy:  # containers that appear several times, by their number of appearances
             groups.setdefault(w, []).append(o)
         for w, group in groups.items():
-            gd = [o for o in group if type(o) is dict]
-            gs = [o for o in group if type(o) is not dict]
-            for part in _containers_in(gs, gd, tuples, untracked_are_flat):
-                ids = list(map(id, part))
-                distinct.update(zip(ids, part))
-                for k, c in Counter(ids).items():
+            gd = list(compress(group, map(is_, map(type, group), repeat(_DICT))))
+            if flat and gd:
+                gd = list(compress(gd, map(gc.is_tracked, gd)))
+            gs = list(compress(group, map(is_not, map(type, group), repeat(_DICT)))) if len(gd) != len(group) else []
+            occ = [x for part in _containers_in(gs, gd, keys_too, flat, leaves, w) for x in part]  # noqa: C416
+            ids = list(map(id, occ))
+            distinct.update(zip(ids, occ))
+            per = Counter(ids)
+            if w == 1:
+                counts.update(per)
+            else:
+                for k, c in per.items():
                     counts[k] += c * w
+            if tuple_log is not None:
+                tups = [x for x in occ if type(x) is tuple]
+                ids = list(map(id, tups))
+                tuple_log[0].update(zip(ids, tups))
+                tuple_log[1].update(ids)
+        del heavy
+        if leaves.largest >= 0:  # dicts of scalars one level down: counted here, nothing below them
+            if depth + 1 > max_depth:
+                raise OverLimit(f"containers nest deeper than {max_depth} levels")
+            if leaves.largest > max_len:
+                raise OverLimit(f"a container holds more than {max_len} items")
+            total += leaves.items
+            if total > max_objects:
+                raise OverLimit(f"the data expands to more than {max_objects} objects")
         dicts, seqs = [], []
         for i, part in enumerate(found):
             if max(map(getrefcount, part), default=_ONCE) > _ONCE:  # some appear elsewhere too
@@ -517,21 +565,50 @@ def check_built(root: Any, limits: Limits, nbytes: int, *, tuples: bool, untrack
                 (dicts if type(o) is dict else seqs).append(o)
             else:
                 heavy.append((o, counts[k]))
+        del distinct
     return total
 
 
-def _containers_in(seqs: list, dicts: list, keys_too: bool, untracked_are_flat: bool) -> list[list]:
+class _Leaves:
+    """Untracked dicts found as items (when `flat`): they hold only scalars, so only their sizes matter."""
+
+    __slots__ = ("items", "largest")
+
+    def __init__(self) -> None:
+        self.items = 0  # keys and values, summed over every appearance
+        self.largest = -1  # items of the largest; -1: none found
+
+
+def _containers_in(seqs: list, dicts: list, keys_too: bool, flat: bool, leaves: _Leaves | None = None,
+                   weight: int = 1) -> list[list]:
     """[dicts, lists, tuples] among the items of `seqs` and the values (and keys if `keys_too`) of
-    `dicts`, each once per appearance; `dicts` must be only the tracked ones if `untracked_are_flat`."""
+    `dicts`, each once per appearance; `dicts` must be only the tracked ones if `flat`, and then
+    untracked dicts found are not returned but added to `leaves` (times `weight`)."""
     out: list[list] = [[], [], []]
     for part in (seqs, list(map(_DICT.values, dicts)) if dicts else [], dicts if keys_too else []):
         if not part:
             continue
         present = set(map(type, chain.from_iterable(part)))
+        if flat and leaves is not None and present == _ONLY_DICTS:  # e.g. the frame lists of a snapshot
+            tracked = list(map(gc.is_tracked, chain.from_iterable(part)))
+            if not any(tracked):  # all dicts of scalars: their sizes are all that matters
+                sizes = list(map(len, chain.from_iterable(part)))
+                leaves.items += 2 * sum(sizes) * weight
+                leaves.largest = max(leaves.largest, 2 * max(sizes))
+                continue
         for slot, kind in enumerate((dict, list, tuple)):
-            if kind in present:
-                out[slot].extend(compress(chain.from_iterable(part),
-                                          map(is_, map(type, chain.from_iterable(part)), repeat(kind))))
+            if kind not in present:
+                continue
+            got = list(compress(chain.from_iterable(part), map(is_, map(type, chain.from_iterable(part)),
+                                                               repeat(kind))))
+            if slot == 0 and flat and leaves is not None:
+                tracked = list(map(gc.is_tracked, got))
+                if not all(tracked):
+                    sizes = list(map(len, compress(got, map(not_, tracked))))
+                    leaves.items += 2 * sum(sizes) * weight
+                    leaves.largest = max(leaves.largest, 2 * max(sizes))
+                    got = list(compress(got, tracked))
+            out[slot].extend(got)
     return out
 
 
@@ -543,3 +620,14 @@ def _refs_of_an_only_child() -> int:
 
 
 _ONCE = _refs_of_an_only_child()
+
+
+def _refs_held_by_the_log() -> int:
+    """References to a tuple beyond its structural ones while `check_built` reads its tuple log."""
+    t = tuple([1, 2])  # built at run time: a literal would also be held by the code object
+    seen = {id(t): t}
+    del t
+    return list(map(getrefcount, seen.values()))[0]
+
+
+_TUPLE_REFS_HELD = _refs_held_by_the_log()

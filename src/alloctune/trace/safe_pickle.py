@@ -68,7 +68,7 @@ def safe_loads(data: bytes | bytearray, limits: Limits | None = None) -> Any:
     lim = limits or Limits.from_env()
     screened = screen(data)
     if screened is not None:
-        value = _fast_load(data, lim, screened.tuples > 0, screened.empty_tuples > 0)
+        value = _fast_load(data, lim, screened.tuples, screened.empty_tuples > 0)
         if value is not _NOT_FAST:
             return value
     return scanned_loads(data, lim)
@@ -91,7 +91,7 @@ def scanned_loads(data: bytes | bytearray, limits: Limits | None = None) -> Any:
 _NOT_FAST = object()
 
 
-def _fast_load(data: bytes | bytearray, lim: Limits, tuples: bool, empty_tuples: bool) -> Any:
+def _fast_load(data: bytes | bytearray, lim: Limits, tuples: int, empty_tuples: bool) -> Any:
     """Build a screened stream with the C unpickler and check it; `_NOT_FAST` sends it to `scan`.
 
     The garbage collector is off meanwhile: it is what would untrack a tuple (and then maybe the dict
@@ -108,9 +108,9 @@ def _fast_load(data: bytes | bytearray, lim: Limits, tuples: bool, empty_tuples:
         except Exception:  # noqa: BLE001 - damaged: `scan` finds and words the reason
             return _NOT_FAST
         try:
-            check_built(value, lim, len(data), tuples=tuples, untracked_are_flat=flat)
+            check_built(value, lim, len(data), tuples=tuples, empty_tuples=empty_tuples, untracked_are_flat=flat)
             if flat and tuples and _collections() != before:
-                check_built(value, lim, len(data), tuples=tuples, untracked_are_flat=False)
+                check_built(value, lim, len(data), tuples=tuples, empty_tuples=empty_tuples, untracked_are_flat=False)
         except OverLimit as exc:
             del value
             scan(data, lim)  # words the refusal as always (with the byte offset)
