@@ -173,7 +173,8 @@ def main() -> int:
     ]
     for label, got in rows:
         p = got["plain"]
-        cells = [f"{got[m]['wall']:.2f} / {got[m]['cpu']:.2f} s, {got[m]['peak_kib'] / 1024:.0f} MiB" for m, _ in METHODS]
+        cells = [f"{got[m]['wall']:.2f} / {got[m]['cpu']:.2f} s, {got[m]['peak_kib'] / 1024:.0f} MiB"
+                 for m, _ in METHODS]
         lines.append(f"| {label} | {p['events']} | " + " | ".join(cells)
                      + f" | **{got['safe']['wall'] / p['wall']:.2f}x**, {got['safe']['peak_kib'] / p['peak_kib']:.2f}x"
                      + f" | {got['scan']['wall'] / p['wall']:.2f}x |")

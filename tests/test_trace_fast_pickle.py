@@ -71,7 +71,8 @@ def test_screen_never_admits_a_code_pickle(tmp_path, name):
 
 
 @pytest.mark.parametrize("blob", [hp.memo_bomb(), b"\x80\x04Nq\x05.", b"\x80\x04Np5\n.", b"\x80\x04N2\x86.",
-                                  b"\x80\x04N0N.", b"\x80\x04(N1N.", b"\x80\x04\x8f(K\x01\x90.", b"\x80\x04(K\x01\x91."],
+                                  b"\x80\x04N0N.", b"\x80\x04(N1N.", b"\x80\x04\x8f(K\x01\x90.",
+                                  b"\x80\x04(K\x01\x91."],
                          ids=["long_binput", "binput", "put", "dup", "pop", "pop_mark", "set", "frozenset"])
 def test_screen_leaves_memo_indices_and_unusual_opcodes_to_the_scan(blob):
     assert ps.screen(blob) is None

@@ -12,11 +12,14 @@ appears), direct length. It admits only the opcodes plain containers and scalars
 enforces `Limits`; a container may not be modified after it was placed inside another one
 (legit pickles fill a container before storing it; the rule rules out cycles and shapes
 that grow after they were counted). Anything it accepts is then built by the C unpickler at
-full speed; the walk costs a few times the C load (measured in HANDOFF-hostile.md).
+full speed; the walk costs several times the C load (bench/snapshot_load.py), so streams as
+`_dump_snapshot` writes them take the fast path below (`screen`, then `check_built`) and `scan`
+handles the rest and words every refusal.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import re
 import struct
@@ -315,35 +318,41 @@ def _one_byte_counted(op: bytes) -> bytes:
                                               for k in range(256)) + b")"
 
 
-# Ordered by frequency in real snapshots (the regex tries alternatives in turn).
-_FAST_TOKENS = [
-    b"j.{4}",  # LONG_BINGET
-    b"h.",  # BINGET
-    b"\\x94",  # MEMOIZE
-    _one_byte_counted(b"\x8a"),  # LONG1
-    b"K.",  # BININT1
-    b"\\(",  # MARK
-    b"\\}",  # EMPTY_DICT
-    b"u",  # SETITEMS
-    _one_byte_counted(b"\x8c"),  # SHORT_BINUNICODE
-    b"M..",  # BININT2
-    b"J.{4}",  # BININT
-    b"\\x95.{8}",  # FRAME
-    b"\\]",  # EMPTY_LIST
-    b"e",  # APPENDS
-    b"a",  # APPEND
-    b"s",  # SETITEM
-    b"N",  # NONE
-    b"\\x88",  # NEWTRUE
-    b"\\x89",  # NEWFALSE
-    b"G.{8}",  # BINFLOAT
-    b"\\x80[\\x02-\\x05]",  # PROTO 2..5
-    _one_byte_counted(b"C"),  # SHORT_BINBYTES
-]
-# Possessive: no backtracking, the match ends at the first byte that does not start a fast token.
-_FAST_RUN = re.compile(b"(?:" + b"|".join(_FAST_TOKENS) + b")*+", re.S)
-# One token at a time (the fast tokens and the tuple opcodes), to read back the operands of a tuple.
-_TOKEN = re.compile(b"|".join(_FAST_TOKENS) + b"|[\\x85\\x86\\x87t)]", re.S)
+@functools.cache
+def _patterns() -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
+    """(a run of fast tokens, one token); compiled on first use (tens of ms: not at import).
+
+    The run is possessive: no backtracking, it ends at the first byte that does not start a fast
+    token. One token (the fast ones and the tuple opcodes) serves to read back a tuple's operands.
+    """
+    fast = [  # ordered by frequency in real snapshots (the regex tries alternatives in turn)
+        b"j.{4}",  # LONG_BINGET
+        b"h.",  # BINGET
+        b"\\x94",  # MEMOIZE
+        _one_byte_counted(b"\x8a"),  # LONG1
+        b"K.",  # BININT1
+        b"\\(",  # MARK
+        b"\\}",  # EMPTY_DICT
+        b"u",  # SETITEMS
+        _one_byte_counted(b"\x8c"),  # SHORT_BINUNICODE
+        b"M..",  # BININT2
+        b"J.{4}",  # BININT
+        b"\\x95.{8}",  # FRAME
+        b"\\]",  # EMPTY_LIST
+        b"e",  # APPENDS
+        b"a",  # APPEND
+        b"s",  # SETITEM
+        b"N",  # NONE
+        b"\\x88",  # NEWTRUE
+        b"\\x89",  # NEWFALSE
+        b"G.{8}",  # BINFLOAT
+        b"\\x80[\\x02-\\x05]",  # PROTO 2..5
+        _one_byte_counted(b"C"),  # SHORT_BINBYTES
+    ]
+    return (re.compile(b"(?:" + b"|".join(fast) + b")*+", re.S),
+            re.compile(b"|".join(fast) + b"|[\\x85\\x86\\x87t)]", re.S))
+
+
 _WINDOW = 1 << 16  # the regex runs window by window, so a tuple's operands are re-read from near it
 _OPERAND_SPAN = 2048  # > 3 literal tokens of at most 257 bytes, with MEMOIZEs
 
@@ -368,7 +377,7 @@ def screen(data: bytes | bytearray | memoryview) -> Screened | None:
     pos = 0
     pure = 0  # start of the current stretch of fast tokens (a token boundary; stops reset it)
     windows = [0]  # token boundaries in that stretch where windows started (the last two)
-    run = _FAST_RUN.match
+    run = _patterns()[0].match
     while True:
         end = min(n, pos + _WINDOW)
         new = run(data, pos, end).end()
@@ -410,6 +419,7 @@ def _literal_operands(data, op: int, bounds: list[int], at: int) -> bool:
     Tokens are re-read from a known token boundary near `at` (`bounds`: boundaries from which only
     fast tokens lie up to `at`), never from the middle of an argument.
     """
+    fast_run, token = _patterns()
     limit = at - _OPERAND_SPAN
     base = max((b for b in bounds if b <= limit), default=None)
     if base is None:
@@ -417,8 +427,8 @@ def _literal_operands(data, op: int, bounds: list[int], at: int) -> bool:
         if at - start > _OPERAND_SPAN + _WINDOW:  # cannot happen: a window starts at least every _WINDOW bytes
             return False
     else:
-        start = _FAST_RUN.match(data, base, limit).end()  # the last boundary at or before `limit`
-    toks = [m for m in _TOKEN.finditer(data, start, at) if data[m.start()] != 0x94]  # MEMOIZE takes nothing
+        start = fast_run.match(data, base, limit).end()  # the last boundary at or before `limit`
+    toks = [m for m in token.finditer(data, start, at) if data[m.start()] != 0x94]  # MEMOIZE takes nothing
     if op == 0x74:  # TUPLE: every item since the last MARK
         marks = [i for i, m in enumerate(toks) if data[m.start()] == 0x28]
         if not marks:
@@ -590,11 +600,9 @@ def _containers_in(seqs: list, dicts: list, keys_too: bool, flat: bool, leaves: 
             continue
         present = set(map(type, chain.from_iterable(part)))
         if flat and leaves is not None and present == _ONLY_DICTS:  # e.g. the frame lists of a snapshot
-            tracked = list(map(gc.is_tracked, chain.from_iterable(part)))
-            if not any(tracked):  # all dicts of scalars: their sizes are all that matters
-                sizes = list(map(len, chain.from_iterable(part)))
-                leaves.items += 2 * sum(sizes) * weight
-                leaves.largest = max(leaves.largest, 2 * max(sizes))
+            if not any(map(gc.is_tracked, chain.from_iterable(part))):  # all dicts of scalars: sizes suffice
+                leaves.items += 2 * sum(map(len, chain.from_iterable(part))) * weight
+                leaves.largest = max(leaves.largest, 2 * max(map(len, chain.from_iterable(part))))
                 continue
         for slot, kind in enumerate((dict, list, tuple)):
             if kind not in present:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bz2
 import copyreg
+import functools
 import gc
 import gzip
 import io
@@ -98,7 +99,8 @@ def _fast_load(data: bytes | bytearray, lim: Limits, tuples: int, empty_tuples: 
     holding it), and `check_built` skips the items of untracked dicts only while no tuple can be
     untracked. Any collection in between (another thread) and the check is redone looking at every dict.
     """
-    flat = _FLAT_IF_UNTRACKED and not empty_tuples and (not tuples or _TUPLES_BORN_TRACKED)
+    flat_if_untracked, tuples_born_tracked = _gc_facts()
+    flat = flat_if_untracked and not empty_tuples and (not tuples or tuples_born_tracked)
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -131,6 +133,7 @@ def _collections() -> int:
     return sum(s["collections"] for s in gc.get_stats())
 
 
+@functools.cache
 def _gc_facts() -> tuple[bool, bool]:
     """What `check_built` may assume of this interpreter, tried on tiny pickles.
 
@@ -149,8 +152,6 @@ def _gc_facts() -> tuple[bool, bool]:
         if was_enabled:
             gc.enable()
 
-
-_FLAT_IF_UNTRACKED, _TUPLES_BORN_TRACKED = _gc_facts()
 
 
 def _refuse_global(data: bytes | bytearray, at: int) -> None:
