@@ -156,28 +156,33 @@ def main() -> int:
             rows.append((label, got))
             print(label, json.dumps(got), flush=True)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+    def ratio(got: dict, method: str, key: str) -> float:
+        return got[method][key] / got["plain"][key]
+
     head = rows[0][1]
     lines = [
-        f"## Snapshot load: safe load {head['safe']['wall'] / head['plain']['wall']:.2f}x the time and "
-        f"{head['safe']['peak_kib'] / head['plain']['peak_kib']:.2f}x the peak memory of plain pickle.load "
-        f"(`{cmd}`, {stamp})",
+        f"## Snapshot load: alloctune's safe load takes {ratio(head, 'safe', 'cpu'):.2f}x the CPU time "
+        f"({ratio(head, 'safe', 'wall'):.2f}x the wall time) and {ratio(head, 'safe', 'peak_kib'):.2f}x the peak "
+        f"memory of plain pickle.load on a {rows[0][0].split('(')[-1].rstrip(')')} snapshot (`{cmd}`, {stamp})",
         "",
-        f"`{cmd}` on {platform.machine()} ({os.cpu_count()} cores, shared), Python {platform.python_version()}. "
-        "Each cell: best of "
-        f"{args.reps} fresh processes; wall / CPU seconds, then the peak resident memory the load added. "
-        "Ratios are to plain `pickle.load` of the same file (for .xz: `lzma` + `pickle.loads`).",
+        f"`{cmd}` on {platform.machine()} ({os.cpu_count()} cores, shared with other jobs: wall times vary, "
+        f"CPU times less), Python {platform.python_version()}. Each cell: best of {args.reps} fresh processes; "
+        "wall / CPU seconds, then the peak resident memory the load added (VmHWM). Ratios are to plain "
+        "`pickle.load` of the same file (for .xz: `lzma` + `pickle.loads`). `safe load`: screen + C load + "
+        "limits check (what alloctune runs now); `scan + load`: the opcode walk, then the C load (what it ran "
+        "before); `no check`: the restricted unpickler alone, no limits.",
         "",
-        "| file | events | " + " | ".join(t for _, t in METHODS) + " | safe / plain (time, memory) | "
-        "scan + load / plain (time) |",
+        "| file | events | " + " | ".join(t for _, t in METHODS)
+        + " | safe ÷ plain: CPU, wall, memory | scan + load ÷ plain: CPU |",
         "|---|---|" + "---|" * len(METHODS) + "---|---|",
     ]
     for label, got in rows:
-        p = got["plain"]
         cells = [f"{got[m]['wall']:.2f} / {got[m]['cpu']:.2f} s, {got[m]['peak_kib'] / 1024:.0f} MiB"
                  for m, _ in METHODS]
-        lines.append(f"| {label} | {p['events']} | " + " | ".join(cells)
-                     + f" | **{got['safe']['wall'] / p['wall']:.2f}x**, {got['safe']['peak_kib'] / p['peak_kib']:.2f}x"
-                     + f" | {got['scan']['wall'] / p['wall']:.2f}x |")
+        lines.append(f"| {label} | {got['plain']['events']} | " + " | ".join(cells)
+                     + f" | **{ratio(got, 'safe', 'cpu'):.2f}x**, {ratio(got, 'safe', 'wall'):.2f}x, "
+                     f"{ratio(got, 'safe', 'peak_kib'):.2f}x | {ratio(got, 'scan', 'cpu'):.2f}x |")
     print()
     print("\n".join(lines))
     if not args.no_results:

@@ -515,7 +515,7 @@ def _measure(root: Any, limits: Limits, nbytes: int, keys_too: bool, flat: bool,
         if flat and dicts:
             dicts = list(compress(dicts, map(gc.is_tracked, dicts)))
         leaves = _Leaves()
-        found = _containers_in(seqs, dicts, keys_too, flat, leaves)
+        found = _containers_in(seqs, dicts, keys_too, flat, leaves, 1, max_len)
         if tuple_log is not None and found[2]:
             ids = list(map(id, found[2]))
             tuple_log[0].update(zip(ids, found[2]))
@@ -530,7 +530,7 @@ def _measure(root: Any, limits: Limits, nbytes: int, keys_too: bool, flat: bool,
             if flat and gd:
                 gd = list(compress(gd, map(gc.is_tracked, gd)))
             gs = list(compress(group, map(is_not, map(type, group), repeat(_DICT)))) if len(gd) != len(group) else []
-            occ = [x for part in _containers_in(gs, gd, keys_too, flat, leaves, w) for x in part]  # noqa: C416
+            occ = [x for part in _containers_in(gs, gd, keys_too, flat, leaves, w, max_len) for x in part]  # noqa: C416
             ids = list(map(id, occ))
             distinct.update(zip(ids, occ))
             per = Counter(ids)
@@ -559,9 +559,10 @@ def _measure(root: Any, limits: Limits, nbytes: int, keys_too: bool, flat: bool,
                 once = list(map(eq, map(getrefcount, part), repeat(_ONCE)))
                 shared = list(compress(part, map(not_, once)))
                 part = list(compress(part, once))
-                ids = list(map(id, shared))
-                distinct.update(zip(ids, shared))
-                counts.update(ids)
+                del once
+                distinct.update(zip(map(id, shared), shared))
+                counts.update(map(id, shared))
+                del shared
             if i == 0:
                 dicts = part
             elif seqs:
@@ -590,25 +591,32 @@ class _Leaves:
 
 
 def _containers_in(seqs: list, dicts: list, keys_too: bool, flat: bool, leaves: _Leaves | None = None,
-                   weight: int = 1) -> list[list]:
+                   weight: int = 1, max_len: int = 0) -> list[list]:
     """[dicts, lists, tuples] among the items of `seqs` and the values (and keys if `keys_too`) of
     `dicts`, each once per appearance; `dicts` must be only the tracked ones if `flat`, and then
-    untracked dicts found are not returned but added to `leaves` (times `weight`)."""
+    untracked dicts found are not returned but added to `leaves` (times `weight`; `leaves.largest`
+    is exact only when over `max_len`, a bound otherwise)."""
     out: list[list] = [[], [], []]
-    for part in (seqs, list(map(_DICT.values, dicts)) if dicts else [], dicts if keys_too else []):
-        if not part:
-            continue
-        present = set(map(type, chain.from_iterable(part)))
+    sources = []  # each: a function giving a fresh iterator over the items (no list of them is kept)
+    if seqs:
+        sources.append(lambda: chain.from_iterable(seqs))
+    if dicts:
+        sources.append(lambda: chain.from_iterable(map(_DICT.values, dicts)))
+        if keys_too:
+            sources.append(lambda: chain.from_iterable(dicts))
+    for items in sources:
+        present = set(map(type, items()))
         if flat and leaves is not None and present == _ONLY_DICTS:  # e.g. the frame lists of a snapshot
-            if not any(map(gc.is_tracked, chain.from_iterable(part))):  # all dicts of scalars: sizes suffice
-                leaves.items += 2 * sum(map(len, chain.from_iterable(part))) * weight
-                leaves.largest = max(leaves.largest, 2 * max(map(len, chain.from_iterable(part))))
+            if not any(map(gc.is_tracked, items())):  # all dicts of scalars: their sizes suffice
+                n = 2 * sum(map(len, items()))
+                leaves.items += n * weight
+                # the largest only matters if it could be over the limit (saves a pass)
+                leaves.largest = max(leaves.largest, 2 * max(map(len, items())) if n > max_len else n)
                 continue
         for slot, kind in enumerate((dict, list, tuple)):
             if kind not in present:
                 continue
-            got = list(compress(chain.from_iterable(part), map(is_, map(type, chain.from_iterable(part)),
-                                                               repeat(kind))))
+            got = list(compress(items(), map(is_, map(type, items()), repeat(kind))))
             if slot == 0 and flat and leaves is not None:
                 tracked = list(map(gc.is_tracked, got))
                 if not all(tracked):
