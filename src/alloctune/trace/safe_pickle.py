@@ -67,7 +67,10 @@ def safe_loads(data: bytes | bytearray, limits: Limits | None = None) -> Any:
     that is not plain data or exceeds a limit.
     """
     lim = limits or Limits.from_env()
-    screened = screen(data)
+    try:
+        screened = screen(data)
+    except Exception:  # noqa: BLE001 - whatever the screen cannot read, the scan words
+        screened = None
     if screened is not None:
         value = _fast_load(data, lim, screened.tuples, screened.empty_tuples > 0)
         if value is not _NOT_FAST:
@@ -117,6 +120,9 @@ def _fast_load(data: bytes | bytearray, lim: Limits, tuples: int, empty_tuples: 
             del value
             scan(data, lim)  # words the refusal as always (with the byte offset)
             raise PickleRejected(f"{exc}; {_hint_for(exc)}") from None  # only if scan disagreed
+        except Exception:  # noqa: BLE001 - unforeseen (out of memory, ...): the scan decides
+            del value
+            return _NOT_FAST
         return value
     finally:
         if was_enabled:
