@@ -24,7 +24,7 @@ import gc
 import re
 import struct
 from collections import Counter
-from itertools import chain, compress, repeat
+from itertools import chain, compress, groupby, repeat
 from operator import eq, is_, is_not, mul, not_, sub
 from sys import getrefcount
 from typing import Any
@@ -492,23 +492,22 @@ def _measure(root: Any, limits: Limits, nbytes: int, keys_too: bool, flat: bool,
     max_depth = limits.max_depth
     max_len = limits.max_container
     max_objects = limits.objects_allowed(nbytes)
-    # A level: the dicts and the lists/tuples that appear once, and (container, appearances) of the others.
+    # A level: the dicts and the lists/tuples that appear once, and the others with their appearances.
     dicts, seqs = ([root], []) if kind is dict else ([], [root])
-    heavy: list[tuple[Any, int]] = []
+    hobjs: list = []
+    hweights: list[int] = []
     total = 1
     depth = 0
-    while dicts or seqs or heavy:
+    while dicts or seqs or hobjs:
         depth += 1
         if depth > max_depth:
             raise OverLimit(f"containers nest deeper than {max_depth} levels")
         dlens = list(map(len, dicts))
         slens = list(map(len, seqs))
-        hobjs = [o for o, _ in heavy]
         hitems = list(map(mul, map(len, hobjs), map(_ITEMS_PER_LEN.__getitem__, map(type, hobjs))))
         if max(2 * max(dlens, default=0), max(slens, default=0), max(hitems, default=0)) > max_len:
             raise OverLimit(f"a container holds more than {max_len} items")
-        total += 2 * sum(dlens) + sum(slens) + sum(map(mul, hitems, (w for _, w in heavy)))
-        del hobjs
+        total += 2 * sum(dlens) + sum(slens) + sum(map(mul, hitems, hweights))
         if total > max_objects:
             raise OverLimit(f"the data expands to more than {max_objects} objects")
         del dlens, slens, hitems
@@ -516,21 +515,24 @@ def _measure(root: Any, limits: Limits, nbytes: int, keys_too: bool, flat: bool,
             dicts = list(compress(dicts, map(gc.is_tracked, dicts)))
         leaves = _Leaves()
         found = _containers_in(seqs, dicts, keys_too, flat, leaves, 1, max_len)
+        del dicts, seqs
         if tuple_log is not None and found[2]:
             ids = list(map(id, found[2]))
             tuple_log[0].update(zip(ids, found[2]))
             tuple_log[1].update(ids)
         counts: Counter = Counter()
         distinct: dict[int, Any] = {}
-        groups: dict[int, list] = {}
-        for o, w in heavy:  # containers that appear several times, by their number of appearances
-            groups.setdefault(w, []).append(o)
-        for w, group in groups.items():
+        # containers that appear several times, by their number of appearances (C-speed grouping)
+        order = sorted(range(len(hobjs)), key=hweights.__getitem__)
+        for w, grp in groupby(order, key=hweights.__getitem__):
+            group = list(map(hobjs.__getitem__, grp))
             gd = list(compress(group, map(is_, map(type, group), repeat(_DICT))))
             if flat and gd:
                 gd = list(compress(gd, map(gc.is_tracked, gd)))
             gs = list(compress(group, map(is_not, map(type, group), repeat(_DICT)))) if len(gd) != len(group) else []
             occ = [x for part in _containers_in(gs, gd, keys_too, flat, leaves, w, max_len) for x in part]  # noqa: C416
+            if not occ:
+                continue
             ids = list(map(id, occ))
             distinct.update(zip(ids, occ))
             per = Counter(ids)
@@ -544,7 +546,7 @@ def _measure(root: Any, limits: Limits, nbytes: int, keys_too: bool, flat: bool,
                 ids = list(map(id, tups))
                 tuple_log[0].update(zip(ids, tups))
                 tuple_log[1].update(ids)
-        del heavy
+        del hobjs, hweights, order
         if leaves.largest >= 0:  # dicts of scalars one level down: counted here, nothing below them
             if depth + 1 > max_depth:
                 raise OverLimit(f"containers nest deeper than {max_depth} levels")
@@ -555,14 +557,17 @@ def _measure(root: Any, limits: Limits, nbytes: int, keys_too: bool, flat: bool,
                 raise OverLimit(f"the data expands to more than {max_objects} objects")
         dicts, seqs = [], []
         for i, part in enumerate(found):
-            if max(map(getrefcount, part), default=_ONCE) > _ONCE:  # some appear elsewhere too
-                once = list(map(eq, map(getrefcount, part), repeat(_ONCE)))
+            refs = list(map(getrefcount, part))
+            if max(refs, default=_ONCE) > _ONCE:  # some appear elsewhere too
+                once = list(map(eq, refs, repeat(_ONCE)))
                 shared = list(compress(part, map(not_, once)))
                 part = list(compress(part, once))
                 del once
-                distinct.update(zip(map(id, shared), shared))
-                counts.update(map(id, shared))
-                del shared
+                ids = list(map(id, shared))
+                distinct.update(zip(ids, shared))
+                counts.update(ids)
+                del shared, ids
+            del refs
             if i == 0:
                 dicts = part
             elif seqs:
@@ -570,13 +575,19 @@ def _measure(root: Any, limits: Limits, nbytes: int, keys_too: bool, flat: bool,
             else:
                 seqs = part
         del found
-        heavy = []
-        for k, o in distinct.items():
-            if counts[k] == 1:
-                (dicts if type(o) is dict else seqs).append(o)
-            else:
-                heavy.append((o, counts[k]))
-        del distinct
+        objs = list(distinct.values())
+        weights = list(map(counts.__getitem__, distinct))
+        del distinct, counts
+        single = list(map(eq, weights, repeat(1)))
+        if any(single):  # appear once after all (referenced from another level too)
+            again = list(compress(objs, single))
+            is_dict = list(map(is_, map(type, again), repeat(_DICT)))
+            dicts.extend(compress(again, is_dict))
+            seqs.extend(compress(again, map(not_, is_dict)))
+            del again, is_dict
+        hobjs = list(compress(objs, map(not_, single)))
+        hweights = list(compress(weights, map(not_, single)))
+        del objs, weights, single
     return total
 
 
@@ -597,34 +608,42 @@ def _containers_in(seqs: list, dicts: list, keys_too: bool, flat: bool, leaves: 
     untracked dicts found are not returned but added to `leaves` (times `weight`; `leaves.largest`
     is exact only when over `max_len`, a bound otherwise)."""
     out: list[list] = [[], [], []]
-    sources = []  # each: a function giving a fresh iterator over the items (no list of them is kept)
-    if seqs:
-        sources.append(lambda: chain.from_iterable(seqs))
-    if dicts:
-        sources.append(lambda: chain.from_iterable(map(_DICT.values, dicts)))
+    sources = []  # (a function giving a fresh iterator over the items, whether to look at their types first)
+    if seqs:  # lists are often all dicts (events, frames): worth a first look
+        sources.append((lambda: chain.from_iterable(seqs), True))
+    if dicts:  # the values of tracked dicts: some are containers, most are not
+        sources.append((lambda: chain.from_iterable(map(_DICT.values, dicts)), False))
         if keys_too:
-            sources.append(lambda: chain.from_iterable(dicts))
-    for items in sources:
-        present = set(map(type, items()))
-        if flat and leaves is not None and present == _ONLY_DICTS:  # e.g. the frame lists of a snapshot
-            if not any(map(gc.is_tracked, items())):  # all dicts of scalars: their sizes suffice
-                n = 2 * sum(map(len, items()))
-                leaves.items += n * weight
-                # the largest only matters if it could be over the limit (saves a pass)
-                leaves.largest = max(leaves.largest, 2 * max(map(len, items())) if n > max_len else n)
+            sources.append((lambda: chain.from_iterable(dicts), True))
+    for items, look_first in sources:
+        if look_first:
+            present = set(map(type, items()))
+            if present.isdisjoint(_CONTAINER_TYPES):
                 continue
+            if flat and leaves is not None and present == _ONLY_DICTS:  # e.g. the frame lists of a snapshot
+                if not any(map(gc.is_tracked, items())):  # all dicts of scalars: their sizes suffice
+                    n = 2 * sum(map(len, items()))
+                    leaves.items += n * weight
+                    # the largest only matters if it could be over the limit (saves a pass)
+                    leaves.largest = max(leaves.largest, 2 * max(map(len, items())) if n > max_len else n)
+                    continue
+        got = list(compress(items(), map(_CONTAINER_TYPES.__contains__, map(type, items()))))
+        if not got:
+            continue
+        kinds = list(map(type, got))
         for slot, kind in enumerate((dict, list, tuple)):
-            if kind not in present:
+            these = list(compress(got, map(is_, kinds, repeat(kind)))) if len(set(kinds)) > 1 else (
+                got if kinds[0] is kind else [])
+            if not these:
                 continue
-            got = list(compress(items(), map(is_, map(type, items()), repeat(kind))))
             if slot == 0 and flat and leaves is not None:
-                tracked = list(map(gc.is_tracked, got))
+                tracked = list(map(gc.is_tracked, these))
                 if not all(tracked):
-                    sizes = list(map(len, compress(got, map(not_, tracked))))
+                    sizes = list(map(len, compress(these, map(not_, tracked))))
                     leaves.items += 2 * sum(sizes) * weight
                     leaves.largest = max(leaves.largest, 2 * max(sizes))
-                    got = list(compress(got, tracked))
-            out[slot].extend(got)
+                    these = list(compress(these, tracked))
+            out[slot].extend(these)
     return out
 
 
