@@ -141,10 +141,10 @@ def _collections() -> int:
 
 @functools.cache
 def _gc_facts() -> tuple[bool, bool]:
-    """What `check_built` may assume of this interpreter, tried on tiny pickles.
-
-    (a dict holding a list or a dict is tracked, a tuple the unpickler builds and a dict holding it
-    are tracked while the collector is off). CPython keeps both; elsewhere every dict is looked at.
+    """What `check_built` may assume of this interpreter, tried on tiny pickles: whether a dict
+    holding a list or a dict is tracked, and whether a tuple the unpickler builds (and a dict
+    holding it) is tracked while the collector is off. CPython keeps both; where either fails,
+    every dict is looked at.
     """
     was_enabled = gc.isenabled()
     gc.disable()
@@ -157,7 +157,6 @@ def _gc_facts() -> tuple[bool, bool]:
     finally:
         if was_enabled:
             gc.enable()
-
 
 
 def _refuse_global(data: bytes | bytearray, at: int) -> None:
