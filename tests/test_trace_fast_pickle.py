@@ -255,6 +255,19 @@ def test_hostile_admitted_streams_are_refused_in_bounded_time(blob, needle):
     assert time.monotonic() - start < 20
 
 
+def test_dense_container_streams_are_left_to_the_scan():
+    """A big stream of mostly container opcodes would cost far more memory built than a snapshot: scanned."""
+    blob = deep_lists(600_000)  # 1.2 MB: 600k nested lists built would be ~45 MB of lists for nothing
+    assert len(blob) > ps._DENSE_FROM
+    assert ps.screen(blob) is None
+    with pytest.raises(TraceError, match="nest deeper than 64"):
+        safe_loads(blob)
+    chain_ = b"\x80\x04]\x94" + b"".join(b"]j" + i.to_bytes(4, "little") + b"a\x94" for i in range(200_000)) + b"."
+    assert len(chain_) > ps._DENSE_FROM and ps.screen(chain_) is None  # nesting through the memo, 8 bytes a level
+    snap = pickle.dumps({"device_traces": [hp.plain_snapshot(20_000)["device_traces"][0]]}, protocol=4)
+    assert len(snap) > ps._DENSE_FROM and ps.screen(snap) is not None  # a genuine snapshot is far less dense
+
+
 def test_laughs_are_counted_without_expanding_them():
     blob = laughs_without_pop(levels=7)  # 10**7 leaves: over the 4M default, in a few hundred bytes
     built = pickle.loads(blob)
