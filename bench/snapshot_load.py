@@ -118,17 +118,21 @@ def _build(path: Path, size: int, files: list[Path], copy_events: bool) -> None:
         pickle.dump(out, f, protocol=4)  # what torch's _dump_snapshot writes (pickle's default since 3.8)
 
 
-def measure(method: str, path: Path, reps: int) -> dict:
-    best: dict | None = None
+def run_child(method: str, path: Path) -> dict:
+    res = subprocess.run([sys.executable, "-c", CHILD, method, str(path), str(ROOT / "src")],
+                         capture_output=True, text=True, check=True)
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def measure_all(path: Path, reps: int) -> dict[str, dict]:
+    """Best of `reps` per method and figure, the methods taking turns (so a busy spell hits them alike)."""
+    best: dict[str, dict] = {}
     for _ in range(reps):
-        res = subprocess.run([sys.executable, "-c", CHILD, method, str(path), str(ROOT / "src")],
-                             capture_output=True, text=True, check=True)
-        row = json.loads(res.stdout.strip().splitlines()[-1])
-        if best is None:
-            best = row
-        else:  # best of each figure: the machine is shared
-            best = {k: min(best[k], row[k]) if k != "events" else row[k] for k in row}
-    assert best is not None
+        for method, _label in METHODS:
+            row = run_child(method, path)
+            old = best.get(method)
+            best[method] = row if old is None else {k: min(old[k], row[k]) if k != "events" else row[k]
+                                                    for k in row}
     return best
 
 
@@ -152,7 +156,7 @@ def main() -> int:
             if (SHARED / rel).is_file():
                 inputs.append((f"original: {rel}", SHARED / rel))
         for label, path in inputs:
-            got = {m: measure(m, path, args.reps) for m, _ in METHODS}
+            got = measure_all(path, args.reps)
             rows.append((label, got))
             print(label, json.dumps(got), flush=True)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -167,7 +171,8 @@ def main() -> int:
         f"memory of plain pickle.load on a {rows[0][0].split('(')[-1].rstrip(')')} snapshot (`{cmd}`, {stamp})",
         "",
         f"`{cmd}` on {platform.machine()} ({os.cpu_count()} cores, shared with other jobs: wall times vary, "
-        f"CPU times less), Python {platform.python_version()}. Each cell: best of {args.reps} fresh processes; "
+        f"CPU times less), Python {platform.python_version()}. Each cell: best of {args.reps} fresh processes "
+        "(the methods take turns); "
         "wall / CPU seconds, then the peak resident memory the load added (VmHWM). Ratios are to plain "
         "`pickle.load` of the same file (for .xz: `lzma` + `pickle.loads`). `safe load`: screen + C load + "
         "limits check (what alloctune runs now); `scan + load`: the opcode walk, then the C load (what it ran "
