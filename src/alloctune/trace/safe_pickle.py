@@ -7,14 +7,21 @@ global: the restricted unpickler below can only build the plain containers and s
 that pickle encodes with its own opcodes.
 
 Refusing globals is not enough: the C unpickler trusts the stream's shape (memo indices,
-nesting, shared references), so every stream is first walked by `pickle_scan.scan`, which
-proves it plain data within `Limits`; only then does the C unpickler build it at full speed.
+nesting, shared references). Two ways to prove a stream plain data within `Limits`:
+- fast (what `_dump_snapshot` writes): `pickle_scan.screen` tokenizes it at C speed and admits
+  only opcodes that cannot run code, grow the memo past the opcode count or hash deep tuples;
+  the C unpickler builds it; `pickle_scan.check_built` enforces the limits on the result.
+- anything else (older protocols, damage, bombs): `pickle_scan.scan` walks every opcode in
+  Python before anything is built, and words every refusal.
 Decompression is bounded too (`Limits.max_decompressed`): an xz of zeros stops at the limit.
 """
 
 from __future__ import annotations
 
 import bz2
+import copyreg
+import functools
+import gc
 import gzip
 import io
 import lzma
@@ -26,7 +33,7 @@ from typing import Any
 from alloctune.errors import TraceError, UnsafePickleError
 from alloctune.input_file import read_input_bytes
 from alloctune.trace.limits import Limits, hint
-from alloctune.trace.pickle_scan import NeedsGlobal, scan
+from alloctune.trace.pickle_scan import NeedsGlobal, OverLimit, PickleRejected, check_built, scan, screen
 
 # Magic bytes of the compressed containers we open (sniffed, the suffix may lie).
 GZIP_MAGIC = b"\x1f\x8b"
@@ -53,20 +60,139 @@ class RestrictedUnpickler(pickle.Unpickler):
         )
 
 
-def safe_loads(data: bytes, limits: Limits | None = None) -> Any:
-    """Unpickle bytes that `scan` proved plain data within `limits`.
+def safe_loads(data: bytes | bytearray, limits: Limits | None = None) -> Any:
+    """Unpickle bytes proven plain data within `limits` (see the module doc for how).
 
     Raises `UnsafePickleError` on any global, `TraceError` (via `scan`) on anything else
     that is not plain data or exceeds a limit.
     """
+    lim = limits or Limits.from_env()
     try:
-        scan(data, limits)
-    except NeedsGlobal:
-        # The prefix up to the global was proven plain; the restricted unpickler reaches the
-        # global there and refuses it by name (find_class / persistent_load / extension code).
-        RestrictedUnpickler(io.BytesIO(data)).load()
-        raise UnsafePickleError("refused to load the pickle: it refers to code or out-of-band data") from None
+        screened = screen(data)
+    except Exception:  # noqa: BLE001 - whatever the screen cannot read, the scan words
+        screened = None
+    if screened is not None:
+        value = _fast_load(data, lim, screened.tuples, screened.empty_tuples > 0)
+        if value is not _NOT_FAST:
+            return value
+    return scanned_loads(data, lim)
+
+
+def scanned_loads(data: bytes | bytearray, limits: Limits | None = None) -> Any:
+    """The path for every stream the screen does not admit: `scan` each opcode, then build.
+
+    Also what `safe_loads` did for every stream before the screen existed (bench/snapshot_load.py
+    compares the two).
+    """
+    lim = limits or Limits.from_env()
+    try:
+        scan(data, lim)
+    except NeedsGlobal as exc:
+        _refuse_global(data, exc.args[0])
     return RestrictedUnpickler(io.BytesIO(data)).load()
+
+
+_NOT_FAST = object()
+
+
+def _fast_load(data: bytes | bytearray, lim: Limits, tuples: int, empty_tuples: bool) -> Any:
+    """Build a screened stream with the C unpickler and check it; `_NOT_FAST` sends it to `scan`.
+
+    The garbage collector is off meanwhile: it is what would untrack a tuple (and then maybe the dict
+    holding it), and `check_built` skips the items of untracked dicts only while no tuple can be
+    untracked. Any collection in between (another thread) and the check is redone looking at every dict.
+    """
+    flat_if_untracked, tuples_born_tracked = _gc_facts()
+    flat = flat_if_untracked and not empty_tuples and (not tuples or tuples_born_tracked)
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        before = _collections()
+        try:
+            value = RestrictedUnpickler(io.BytesIO(data)).load()
+        except Exception:  # noqa: BLE001 - damaged: `scan` finds and words the reason
+            return _NOT_FAST
+        try:
+            check_built(value, lim, len(data), tuples=tuples, empty_tuples=empty_tuples, untracked_are_flat=flat)
+            if flat and tuples and _collections() != before:
+                check_built(value, lim, len(data), tuples=tuples, empty_tuples=empty_tuples, untracked_are_flat=False)
+        except OverLimit as exc:
+            del value
+            scan(data, lim)  # words the refusal as always (with the byte offset)
+            raise PickleRejected(f"{exc}; {_hint_for(exc)}") from None  # only if scan disagreed
+        except Exception:  # noqa: BLE001 - unforeseen (out of memory, ...): the scan decides
+            del value
+            return _NOT_FAST
+        return value
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _hint_for(exc: OverLimit) -> str:
+    text = str(exc)
+    field = "max_depth" if "nest" in text else "max_container" if "holds" in text else "max_objects"
+    return hint(field)
+
+
+def _collections() -> int:
+    return sum(s["collections"] for s in gc.get_stats())
+
+
+@functools.cache
+def _gc_facts() -> tuple[bool, bool]:
+    """What `check_built` may assume of this interpreter, tried on tiny pickles: whether a dict
+    holding a list or a dict is tracked, and whether a tuple the unpickler builds (and a dict
+    holding it) is tracked while the collector is off. CPython keeps both; where either fails,
+    every dict is looked at.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with_containers = all(gc.is_tracked(pickle.loads(p)) for p in (
+            b"\x80\x04}(\x8c\x01a]u.", b"\x80\x04}(\x8c\x01a}u."))
+        t = pickle.loads(b"\x80\x04K\x01K\x02\x86.")
+        with_tuple = pickle.loads(b"\x80\x04}(\x8c\x01aK\x01K\x02\x86u.")
+        return with_containers, gc.is_tracked(t) and gc.is_tracked(with_tuple)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _refuse_global(data: bytes | bytearray, at: int) -> None:
+    """Refuse the stream at the global / persistent id / extension code at byte `at`, by name.
+
+    `scan` proved everything before `at` plain data; the restricted unpickler is given the bytes
+    up to the end of that opcode and STOPs after it (same length, so frames still add up), so it
+    reaches it and refuses it (`find_class`, `persistent_load`) and never reads anything the file
+    has after it. Extension codes are named from
+    copyreg's registry without unpickling: the C unpickler would take a cached one without
+    asking `find_class`.
+    """
+    op = data[at]
+    if op in (0x82, 0x83, 0x84):  # EXT1, EXT2, EXT4
+        width = {0x82: 1, 0x83: 2, 0x84: 4}[op]
+        code = int.from_bytes(data[at + 1:at + 1 + width], "little")
+        key = copyreg._inverted_registry.get(code)  # type: ignore[attr-defined]
+        what = f"the global '{key[0]}.{key[1]}'" if key else f"extension code {code}"
+        raise UnsafePickleError(
+            f"refused to load the pickle: it asks for {what}, which could run code; "
+            "a memory snapshot holds only plain data, so this file is not one (or was tampered with)"
+        )
+    end = at + 1
+    if op in (0x63, 0x69):  # GLOBAL, INST: two text lines
+        end = data.find(b"\n", data.find(b"\n", end) + 1) + 1
+    elif op == 0x50:  # PERSID: one text line
+        end = data.find(b"\n", end) + 1
+    if end <= at:
+        end = len(data)
+    try:
+        RestrictedUnpickler(io.BytesIO(bytes(data[:end]) + b"." * (len(data) - end))).load()
+    except UnsafePickleError:
+        raise
+    except Exception:  # noqa: BLE001 - whatever stopped it, the stream names code
+        pass
+    raise UnsafePickleError("refused to load the pickle: it refers to code or out-of-band data")
 
 
 def sniff_compression(head: bytes) -> str | None:
