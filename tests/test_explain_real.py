@@ -94,3 +94,18 @@ def test_against_the_leak_free_run_the_gap_splits_exactly(leak, clean):
         cmp.categories[k] for k in ("cached_free", "inactive_split", "rounding")) == cmp.gap
     best = max(cmp.sites, key=lambda s: s.delta or 0)
     assert best.site.split(" ")[0].endswith(f".py:{facts(leak)['kept_line']}")
+
+
+@pytest.mark.parametrize("name", ["train_leak", "convnext_leak"])
+def test_at_the_last_allocation_the_growing_bytes_are_what_the_list_holds(name):
+    """After the program's last allocation only its tear-down is left (the function that held the list
+    returned before the dump): there the list held every step's tensor, as the process measured."""
+    from alloctune.trace import load_trace
+    from alloctune.trace.model import ALLOC
+
+    path = DATA / f"{name}.pickle.xz"
+    req = load_trace(path).requests
+    last = max(i for i, op in enumerate(req.ops) if op == ALLOC)
+    ex = api.explain(path, what_if=False, at=req.event_index[last])
+    top = max(ex.sites, key=lambda s: s.growing_bytes)
+    assert top.growing_bytes == pytest.approx(facts(name)["kept_bytes"], rel=0.02)

@@ -160,15 +160,24 @@ def analyse(trace: Trace, group: str = "line", repeat_marks: Sequence[int] | Non
     kept = _without_first_time(life, rep, site_of, outlived)
     growth = _growth(life, rep, site_of, kept)
     if starts:
-        # the last repetition has no successor to outlive: a block a growing site made there and the
-        # program held until its tear-down (freed after its last allocation, or never) is kept like its
-        # predecessors -- when blocks like it (same stack and size) were kept before
+        # the last repetition has no successor to outlive: a block a growing site made there is kept
+        # like its predecessors when blocks like it (same stack and size) were kept before and it is
+        # freed with them -- never, or in the same burst of the tear-down (a list dropped at the end
+        # frees its items one after the other) -- not by the step itself, as a temporary of the same
+        # shape is
         grow = {s for s, (g, _) in growth.items() if g}
-        like = {(site_of[k], life.stack[k], life.size[k]) for k in range(len(kept)) if kept[k]}
-        last_alloc = life.alloc[-1]
+        frees: dict[tuple[int, int, int], list[int]] = defaultdict(list)
+        for k in range(len(kept)):
+            if kept[k]:
+                frees[(site_of[k], life.stack[k], life.size[k])].append(life.free[k])
         for k, a in enumerate(life.alloc):
-            if (a >= starts[-1] and life.free[k] > last_alloc and site_of[k] in grow
-                    and (site_of[k], life.stack[k], life.size[k]) in like):
+            key = (site_of[k], life.stack[k], life.size[k])
+            if a < starts[-1] or site_of[k] not in grow or key not in frees:
+                continue
+            fs = frees[key]
+            lo, hi = min(fs), max(fs)
+            slack = (hi - lo) // len(fs) + 2  # the burst's own spacing, and a neighbour's free
+            if life.free[k] >= life.n and hi >= life.n or lo - slack <= life.free[k] <= hi + slack:
                 outlived[k] = kept[k] = True
     return Analysis(trace, life, lb, rep, site_of, labels, [None] * len(labels), lib_of,
                     "none" if table is None else "python", outlived, growth, infos, group, kept=kept)
