@@ -17,11 +17,7 @@ def read_input_bytes(path: str | Path, *, expected: str, error: type[InputError]
 
     `expected` completes "is a directory, expected ..." (e.g. "the log file").
     """
-    p = Path(path)
-    if not p.exists():
-        raise error(f"{p}: no such file")
-    if p.is_dir():
-        raise error(f"{p}: is a directory, expected {expected}")
+    p = existing_file(path, expected=expected, error=error)
     try:
         return p.read_bytes()
     except OSError as exc:
@@ -29,3 +25,13 @@ def read_input_bytes(path: str | Path, *, expected: str, error: type[InputError]
 
 
 # ---- what a file holds, from its first bytes ------------------------------------------------
+
+
+def existing_file(path: str | Path, *, expected: str, error: type[InputError] = InputError) -> Path:
+    """`path` as a Path, or `error` when it is missing or a directory (the first two of the three ways)."""
+    p = Path(path)
+    if not p.exists():
+        raise error(f"{p}: no such file")
+    if p.is_dir():
+        raise error(f"{p}: is a directory, expected {expected}")
+    return p

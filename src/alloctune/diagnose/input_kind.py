@@ -76,11 +76,9 @@ def open_input(path: str | Path, *, expected: str, error: type[InputError] = Inp
 
     from alloctune.trace.safe_pickle import sniff_compression
 
-    p = Path(path)
-    if not p.exists():
-        raise error(f"{p}: no such file")
-    if p.is_dir():
-        raise error(f"{p}: is a directory, expected {expected}")
+    from alloctune.input_file import existing_file
+
+    p = existing_file(path, expected=expected, error=error)
     try:
         fh = p.open("rb")
         kind = sniff_compression(fh.peek(8)[:8])  # peek: a FIFO cannot be rewound

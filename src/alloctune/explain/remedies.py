@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from alloctune.explain.core import Analysis
-from alloctune.explain.what_if import WHAT_IF_ABS_TOL, WHAT_IF_REL_TOL, recorded_conf
+from alloctune.explain.what_if import WHAT_IF_ABS_TOL, WHAT_IF_REL_TOL, recorded_conf, rewritten
 from alloctune.trace.model import EMPTY_CACHE, RequestStream, Trace
 
 # Driver work, as measured on the H200 (bench/results/driver_cost.md); tune's TuneSettings defaults.
@@ -53,14 +53,7 @@ def with_empty_cache(trace: Trace, at: Sequence[int]) -> Trace:
             out.append(EMPTY_CACHE, -1, -1, req.streams[r], req.event_index[r])
         new_index[r] = len(out)
         out.append(req.ops[r], req.sizes[r], req.rids[r], req.streams[r], req.event_index[r])
-    new_index[len(req)] = len(out)
-    out.fallbacks = {new_index[i]: v for i, v in req.fallbacks.items()}
-    from dataclasses import replace
-
-    seg = [replace(e, request_index=new_index[min(e.request_index, len(req))]) for e in trace.segment_events]
-    return Trace(source=trace.source, device=trace.device, requests=out, segment_events=seg,
-                 allocator_settings=dict(trace.allocator_settings), events=[], meta=dict(trace.meta or {}),
-                 total_memory=trace.total_memory)
+    return rewritten(trace, out, new_index)
 
 
 def repetition_ends(an: Analysis) -> list[int]:

@@ -62,6 +62,13 @@ def free_at_repeat_end(an: Analysis, sites: Iterable[int]) -> Trace:
         if req.ops[r] == FREE and req.rids[r] in moved_rids:
             continue
         out.append(req.ops[r], req.sizes[r], req.rids[r], req.streams[r], req.event_index[r])
+    return rewritten(trace, out, new_index)
+
+
+def rewritten(trace: Trace, out: RequestStream, new_index: list[int]) -> Trace:
+    """`trace` with its requests replaced by `out`; `new_index[r]` is where old request r went (its
+    fallbacks and the segment events that happened at it follow it)."""
+    req = trace.requests
     new_index[len(req)] = len(out)
     out.fallbacks = {new_index[i]: v for i, v in req.fallbacks.items()}
     seg = [replace(e, request_index=new_index[min(e.request_index, len(req))]) for e in trace.segment_events]
