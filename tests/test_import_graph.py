@@ -37,11 +37,7 @@ LAYERS: list[set[str]] = [
 ]
 
 # Known loops and upward imports, each to be removed when fixed (keep this list short).
-KNOWN_MODULE_LOOPS: list[set[str]] = [
-    # trace/cache.py <-> trace/load.py: owned by another session in issue 26's round; break it by
-    # moving what both need below them, then delete this entry.
-    {"alloctune.trace.cache", "alloctune.trace.load"},
-]
+KNOWN_MODULE_LOOPS: list[set[str]] = []
 KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 

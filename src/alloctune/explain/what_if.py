@@ -21,7 +21,7 @@ from typing import Iterable, Sequence
 
 from alloctune.explain.core import Analysis
 from alloctune.explain.model import Explanation, WhatIfResult
-from alloctune.trace.model import ALLOC, FREE, RequestStream, Trace
+from alloctune.trace.model import FREE, RequestStream, Trace
 
 MAX_SITE_WHAT_IFS = 5
 WHAT_IF_REL_TOL = 0.002

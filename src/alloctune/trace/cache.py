@@ -109,7 +109,7 @@ def load_cached(
 ) -> Trace:
     """`load(path, device, partial)` through the cache (the hook `trace.load.load_trace` calls)."""
     from alloctune.trace.compact import to_compact_dict, trace_from_compact_bytes
-    from alloctune.trace.load import read_sidecar
+    from alloctune.trace.sidecar import read_sidecar
     from alloctune.trace.stream import with_run_record
 
     digest = _content_hash(Path(path)) if cache_dir() is not None else None

@@ -8,13 +8,13 @@ line that says what to do, because these files come from users' bug reports.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from alloctune.errors import TraceError
 from alloctune.trace.compact import is_compact, trace_from_compact_bytes
 from alloctune.trace.model import Trace
+from alloctune.trace.sidecar import read_sidecar  # noqa: F401  (re-exported: where callers look for it)
 from alloctune.trace.safe_pickle import load_pickle_bytes, read_decompressed
 from alloctune.trace.stream import build_stream, run_record, stream_context, with_run_record
 from alloctune.trace.validate import check_events, check_settings, check_snapshot, device_bound
@@ -91,26 +91,6 @@ def _fmt_devices(devs: list[int]) -> str:
     return ", ".join(map(str, devs)) if devs else "none"
 
 
-def read_sidecar(path: str | Path) -> dict[str, Any]:
-    """The `NAME.json` next to `NAME.pickle[.xz|.gz]` (the shared traces' run record), or {}."""
-    path = Path(path)
-    name = path.name
-    for suffix in (".xz", ".gz", ".bz2"):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-            break
-    if name.endswith(".pickle"):
-        name = name[: -len(".pickle")]
-    elif "." in name:
-        name = name.rsplit(".", 1)[0]
-    side = path.with_name(name + ".json")
-    if side == path or not side.is_file():
-        return {}
-    try:
-        meta = json.loads(side.read_text())
-    except (OSError, ValueError) as exc:
-        raise TraceError(f"{side}: the sidecar JSON next to the trace is unreadable ({exc}); fix or remove it") from exc
-    return meta if isinstance(meta, dict) else {}
 
 
 def trace_from_snapshot(

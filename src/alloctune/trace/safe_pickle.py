@@ -22,7 +22,6 @@ import bz2
 import copyreg
 import functools
 import gc
-import gzip
 import io
 import lzma
 import pickle
