@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 SHARED = ROOT.parent / "shared" / "traces"
-STACKS = ROOT / "bench" / "gpu-results" / "batch8" / "a"
+STACKS = ROOT / "tests" / "data" / "explain_gpu"  # real H200 recordings with Python stacks
 MB = 1_000_000
 
 # Run in a fresh interpreter: argv = method, path. Prints one JSON line.

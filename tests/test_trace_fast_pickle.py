@@ -311,10 +311,10 @@ def test_nothing_after_a_refused_global_is_read():
 
 # ---- real recordings -----------------------------------------------------------------------------------
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
-STACKS = Path(__file__).resolve().parents[1] / "bench" / "gpu-results" / "batch8" / "a" / "timm_default.pickle.xz"
+STACKS = Path(__file__).resolve().parent / "data" / "explain_gpu" / "train_leak.pickle.xz"  # real, with Python stacks
 
 
-@pytest.mark.parametrize("path", [TRACES / "rvc_ec1" / "default.pickle.xz", STACKS], ids=["rvc_ec1", "timm-stacks"])
+@pytest.mark.parametrize("path", [TRACES / "rvc_ec1" / "default.pickle.xz", STACKS], ids=["rvc_ec1", "train-stacks"])
 def test_real_recordings_load_fast_and_unchanged(path):
     if not path.is_file():
         pytest.skip(f"{path} is absent")
