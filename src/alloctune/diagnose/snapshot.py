@@ -323,6 +323,8 @@ def diagnose_snapshot(
         judged = _judge_by_numbers(allocated, request, reserved_free, largest, b)
     if judged.confirm:
         evidence.append(f"confirm on the GPU: {judged.confirm}")
+    if judged.verdict == "shortage":
+        evidence.extend(shortage_next_steps(source, b.bytes, meta.get("cmd")))
     return SnapshotDiagnosis(
         source=source, verdict=judged.verdict, summary=judged.summary, state_source=state_source,
         oom_event_index=oom_i, oom_count=oom_count, request=request, alloc_size=needed, pool=pool,
@@ -347,6 +349,17 @@ def _cap_bracket(events: Sequence[Mapping[str, Any]], oom_i: int, reserved: int,
         elif action in ("segment_free", "segment_unmap"):
             level -= int(e.get("size", 0))
     return max(peak, reserved), reserved + needed
+
+
+def shortage_next_steps(source: str, budget: int | None, cmd: Sequence[str] | None) -> list[str]:
+    """What can help when no setting can (#29.4): see what holds the memory and what freeing it would
+    buy, and find the largest input that fits the budget."""
+    snap = shlex.quote(source) if source != "<snapshot>" else "SNAPSHOT"
+    prog = ("python " + shlex.join(cmd)) if cmd else "CMD"
+    cap = f" --cap {_size_arg(budget)}" if budget else ""
+    return [f"next: where the memory goes and what freeing it would buy: alloctune explain {snap}",
+            f"next: the largest input that fits: alloctune record --size S1,S2,S3 --out sizes/run.pickle -- {prog} "
+            f"(with {{size}} where the input size goes), then alloctune plan sizes/{cap}"]
 
 
 def _map_evidence(request: int, needed: int, pool: str, reserved: int, allocated: int, largest: int, nfree: int,

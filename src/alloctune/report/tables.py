@@ -92,4 +92,5 @@ def diagnosis_cells(d: SnapshotDiagnosis) -> list[tuple[str, str]]:
         cells.append(("recommendation", d.recommendation))
     if d.confirm:
         cells.append(("confirm on the GPU", d.confirm))
+    cells.extend(("next", e.removeprefix("next: ")) for e in d.evidence if e.startswith("next: "))
     return cells
