@@ -105,3 +105,15 @@ def test_cli_snapshot_out(traces_dir, tmp_path):
                           "--conf", "", "--conf", "expandable_segments:True", "--snapshot-out", str(out)],
                          capture_output=True, text=True, timeout=120)
     assert two.returncode == 2 and two.stderr.startswith("alloctune: error: ") and "one --conf" in two.stderr
+
+
+def test_recorded_failures_follow_the_replays_rules(traces_dir):
+    """A capped run that survived 1881 failed requests (cuDNN falling back): under its cap the snapshot's
+    segment events are the replay's, recorded failures included."""
+    trace = load_trace(traces_dir / "rvc_ec1" / "default_cap85.pickle.xz")
+    cap = trace.meta["cap"]
+    sim = replay(trace, None, budget=cap, torch="2.11")
+    snap = simulated_snapshot(trace, None, budget=cap, torch="2.11")
+    assert _segment_events(snap) == [(e.action, e.addr, e.size, e.stream) for e in sim.segment_events
+                                     if e.action != "oom"]
+    assert _peak(snap) == sim.peak_reserved == snap["alloctune_simulated"]["peak_reserved"]

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from alloctune.sim.driver import H200_TOTAL
-from alloctune.sim.replay import _address_model, make_allocator
+from alloctune.sim.replay import _address_model, _fall_back, make_allocator
 from alloctune.sim.settings import SimSettings
 from alloctune.trace.model import ALLOC, EMPTY_CACHE, FAILED_ALLOC, FREE, Trace
 
@@ -49,61 +49,55 @@ def simulated_snapshot(
     frames_of = _frames_lookup(trace)
 
     def on_event(ev: Any) -> None:
-        e = {"action": ev.action, "addr": ev.addr, "size": ev.size, "stream": ev.stream, "time_us": alloc.request_index,
-             "frames": []}
-        if ev.action == "oom":
-            e["device_free"] = max(total - alloc.stats.reserved, 0)
-        out.append(e)
+        out.append({"action": ev.action, "addr": ev.addr, "size": ev.size, "stream": ev.stream,
+                    "time_us": alloc.request_index, "frames": []})
 
     alloc.on_event = on_event
     req = trace.requests
-    live: dict[int, Any] = {}
+    live: dict[int, tuple[Any, int]] = {}  # allocation id -> (block, request index that made it)
     for i, (op, size, rid, stream) in enumerate(req):
         alloc.request_index = i
-        if op == ALLOC or op == FAILED_ALLOC:
+        if op == ALLOC:  # the replay loop's rules: fallbacks for a failed allocation, none for a recorded failure
             b = alloc.malloc(size, stream)
             if b is None and i in req.fallbacks:
-                for smaller in req.fallbacks[i]:
-                    b = alloc.malloc(smaller, stream)
-                    if b is not None:
-                        size = smaller
-                        break
+                b = _fall_back(alloc.malloc, req.fallbacks[i], stream)
             if b is None:
-                if op == ALLOC:
-                    break  # the program would have died here (the allocator wrote the `oom` entry)
-                continue  # a recorded failure the program survived (a workspace it then did without)
-            if op == FAILED_ALLOC:  # it fits here, though the program never got it: give it straight back
-                alloc.free(b)
-                continue
-            out.append({"action": "alloc", "addr": b.addr, "size": size, "stream": stream, "time_us": i,
+                break  # the program would have died here (the allocator wrote the `oom` entry)
+            out.append({"action": "alloc", "addr": b.addr, "size": b.requested, "stream": stream, "time_us": i,
                         "frames": frames_of(i)})
-            live[rid] = (b, size, i)
+            live[rid] = (b, i)
+        elif op == FAILED_ALLOC:
+            b = alloc.malloc(size, stream)
+            if b is not None:  # it fits here, though the program never got it: give it straight back
+                alloc.free(b)
         elif op == FREE:
             got = live.pop(rid, None)
             if got is None:
                 continue
-            b, nbytes, made = got
+            b, made = got
             for action in ("free_requested", "free_completed"):
-                out.append({"action": action, "addr": b.addr, "size": nbytes, "stream": b.seg.stream, "time_us": i,
-                            "frames": frames_of(made)})
+                out.append({"action": action, "addr": b.addr, "size": b.requested, "stream": b.seg.stream,
+                            "time_us": i, "frames": frames_of(made)})
             alloc.free(b)
         elif op == EMPTY_CACHE:
             alloc.empty_cache()
     if out and out[-1]["action"] == "oom" and alloc.oom is not None and alloc.oom.device_free is not None:
         out[-1]["device_free"] = int(alloc.oom.device_free)  # what the device model had left at the failure
-    made_at = {id(b): i for b, _, i in live.values()}
+    made_at = {b.addr: i for b, i in live.values()}
     segments = []
     for seg in alloc.segment_table():
-        seg = dict(seg, device=0, active_size=seg["allocated_size"], segment_pool_id=[0, 0], frames=[])
-        seg["blocks"] = [dict(blk, frames=[]) for blk in seg["blocks"]]
-        segments.append(seg)
-    _attach_block_frames(segments, live, made_at, frames_of)
+        blocks = [dict(blk, frames=frames_of(made_at[blk["address"]])
+                       if blk["state"] == "active_allocated" and blk["address"] in made_at else [])
+                  for blk in seg["blocks"]]
+        segments.append(dict(seg, device=0, active_size=seg["allocated_size"], segment_pool_id=[0, 0], frames=[],
+                             blocks=blocks))
     return {
         "segments": segments,
         "device_traces": [out],
         "allocator_settings": _torch_settings(settings, config),
         SIMULATED_KEY: {"source": trace.source, "config": _conf_text(config), "budget": budget,
-                        "total_memory": total, "requests_done": alloc.request_index + 1},
+                        "total_memory": total, "requests_done": alloc.request_index + 1,
+                        "peak_reserved": alloc.stats.reserved_peak},
     }
 
 
@@ -138,15 +132,6 @@ def _frames_lookup(trace: Trace) -> Any:
         return [dict(x) for x in f] if isinstance(f, list) else []
 
     return frames
-
-
-def _attach_block_frames(segments: list[dict[str, Any]], live: dict[int, Any], made_at: dict[int, int],
-                         frames_of: Any) -> None:
-    by_addr = {b.addr: made_at[id(b)] for b, _, _ in live.values()}
-    for seg in segments:
-        for blk in seg["blocks"]:
-            if blk["state"] == "active_allocated" and blk["address"] in by_addr:
-                blk["frames"] = frames_of(by_addr[blk["address"]])
 
 
 def _conf_text(config: Any) -> str:
@@ -195,12 +180,5 @@ def export_simulated_run(
                               addresses="model" if addresses == "model" else "recorded")
     path = write_snapshot(snap, out)
     events = snap["device_traces"][0]
-    level = peak = 0
-    for e in events:
-        if e["action"] in ("segment_alloc", "segment_map"):
-            level += e["size"]
-            peak = max(peak, level)
-        elif e["action"] in ("segment_free", "segment_unmap"):
-            level -= e["size"]
-    return {"path": str(path), "events": len(events), "peak_reserved": peak,
+    return {"path": str(path), "events": len(events), "peak_reserved": snap[SIMULATED_KEY]["peak_reserved"],
             "oom": bool(events) and events[-1]["action"] == "oom", "config": config.format()}
