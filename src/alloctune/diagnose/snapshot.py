@@ -324,7 +324,10 @@ def diagnose_snapshot(
     if judged.confirm:
         evidence.append(f"confirm on the GPU: {judged.confirm}")
     if judged.verdict == "shortage":
-        evidence.extend(shortage_next_steps(source, b.bytes, meta.get("cmd")))
+        cmd = meta.get("cmd")
+        steps = shortage_next_steps(shlex.quote(source) if source != "<snapshot>" else "SNAPSHOT", b.bytes,
+                                    ("python " + shlex.join(cmd)) if cmd else "CMD")
+        evidence.extend(f"next: {step}" for step in steps)
     return SnapshotDiagnosis(
         source=source, verdict=judged.verdict, summary=judged.summary, state_source=state_source,
         oom_event_index=oom_i, oom_count=oom_count, request=request, alloc_size=needed, pool=pool,
@@ -340,25 +343,21 @@ def diagnose_snapshot(
 def _cap_bracket(events: Sequence[Mapping[str, Any]], oom_i: int, reserved: int, needed: int) -> tuple[int, int]:
     """Where a cap nobody recorded must lie: at least the most the run reserved before the OOM (it got
     that), below what it held plus the segment it was refused. A hint for --budget, not a budget."""
+    from alloctune.trace.model import reserved_change
+
     level = peak = 0
     for e in events[:oom_i]:
-        action = e.get("action")
-        if action in ("segment_alloc", "segment_map"):
-            level += int(e.get("size", 0))
-            peak = max(peak, level)
-        elif action in ("segment_free", "segment_unmap"):
-            level -= int(e.get("size", 0))
+        level += reserved_change(str(e.get("action")), int(e.get("size", 0)))
+        peak = max(peak, level)
     return max(peak, reserved), reserved + needed
 
 
-def shortage_next_steps(source: str, budget: int | None, cmd: Sequence[str] | None) -> list[str]:
-    """What can help when no setting can (#29.4): see what holds the memory and what freeing it would
-    buy, and find the largest input that fits the budget."""
-    snap = shlex.quote(source) if source != "<snapshot>" else "SNAPSHOT"
-    prog = ("python " + shlex.join(cmd)) if cmd else "CMD"
-    cap = f" --cap {_size_arg(budget)}" if budget else ""
-    return [f"next: where the memory goes and what freeing it would buy: alloctune explain {snap}",
-            f"next: the largest input that fits: alloctune record --size S1,S2,S3 --out sizes/run.pickle -- {prog} "
+def shortage_next_steps(recording: str, budget: int | None, command: str) -> list[str]:
+    """What can help when no setting can (#29.4), for `diagnose` and `tune` alike: see what holds the
+    memory and what freeing it would buy, and find the largest input that fits the budget."""
+    cap = f" --cap {budget // MiB}MiB" if budget else ""  # rounded down: the plan stays within the budget
+    return [f"where the memory goes and what would free it: alloctune explain {recording}",
+            f"the largest input that fits: alloctune record --size S1,S2,S3 --out sizes/run.pickle -- {command} "
             f"(with {{size}} where the input size goes), then alloctune plan sizes/{cap}"]
 
 

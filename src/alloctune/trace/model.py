@@ -134,13 +134,19 @@ RESERVE_ACTIONS = frozenset(("segment_alloc", "segment_map"))
 RELEASE_ACTIONS = frozenset(("segment_free", "segment_unmap"))
 
 
-def reserved_delta(e: SegmentEvent) -> int:
-    """How an event changes reserved bytes: +size for alloc/map, -size for free/unmap, 0 for `oom`."""
-    if e.action in RESERVE_ACTIONS:
-        return e.size
-    if e.action in RELEASE_ACTIONS:
-        return -e.size
+def reserved_change(action: str, size: int) -> int:
+    """How an event changes reserved bytes: +size for alloc/map, -size for free/unmap, 0 otherwise
+    (`oom`, and every request-level action of a raw snapshot history)."""
+    if action in RESERVE_ACTIONS:
+        return size
+    if action in RELEASE_ACTIONS:
+        return -size
     return 0
+
+
+def reserved_delta(e: SegmentEvent) -> int:
+    """`reserved_change` of a segment event."""
+    return reserved_change(e.action, e.size)
 
 
 def peak_reserved(events: Iterable[SegmentEvent]) -> int:

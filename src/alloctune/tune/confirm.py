@@ -668,14 +668,10 @@ def next_steps(recording: str | None, budget: int, need: int, command: tuple[str
     """What can help when no allocator setting fits: see where the memory goes (explain: sites,
     what-ifs, remedies), find the largest input that fits (plan), or give the budget the closest
     setting needs."""
-    rec = recording or "REC.pickle"
-    cap = f"{budget // MiB}MiB"  # rounded down: the plan stays within the budget
+    from alloctune.diagnose.snapshot import shortage_next_steps
+
     at_least = f"{-(-need // MiB)}MiB"  # rounded up: the closest setting's need
-    out = []
-    out.append(f"where the memory goes and what would free it: alloctune explain {rec}")
-    cmd = " ".join(command) if command else "CMD"
-    out.append(f"the largest input that fits: alloctune record --size S1,S2,S3 --out sizes/run.pickle -- {cmd} "
-               f"(with {{size}} where the input size goes), then alloctune plan sizes/ --cap {cap}")
+    out = shortage_next_steps(recording or "REC.pickle", budget, " ".join(command) if command else "CMD")
     out.append(f"or a budget of at least {at_least} (the closest setting's simulated need): alloctune tune --budget {at_least} ...")
     return tuple(out)
 
