@@ -290,9 +290,9 @@ def diagnose_snapshot(
     pinned = _pinned_segments(mm, pool, stream)
     pinned_free = sum(p.free for p in pinned)
 
-    from alloctune.trace.stream import run_record
+    from alloctune.trace.stream import run_record, with_run_record
 
-    meta = {**run_record(dict(snap), source), **(sidecar_meta(source) if source != "<snapshot>" else {})}
+    meta = with_run_record(run_record(snap, source), sidecar_meta(source) if source != "<snapshot>" else {})
     torch_version = meta.get("torch") or meta.get("torch_version")
     b = budget_of_run(budget, meta, reserved, device_free, budget_source)
     needed = allocation_size(request, SizeRules.from_settings(settings))

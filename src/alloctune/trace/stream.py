@@ -73,7 +73,7 @@ rounded request, rid = -1). `event_index` points into the raw `device_traces` li
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from alloctune.errors import TraceError
 from alloctune.trace.model import (
@@ -154,7 +154,7 @@ class StreamBuild:
     addresses: list[int] | None = None  # with keep_addresses: each request's block address (0: none)
 
 
-def run_record(snapshot: dict[str, Any], source: str = "<snapshot>") -> dict[str, Any]:
+def run_record(snapshot: Mapping[str, Any], source: str = "<snapshot>") -> dict[str, Any]:
     """The agent's run record of a snapshot (`RUN_RECORD_KEY`), checked; {} when there is none.
 
     Untrusted input: known fields of the wrong type, a non-dict record or an over-long command
