@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
+
+from runlog import append_section
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -43,14 +44,10 @@ def main() -> int:
         print(" | ".join(rows[-1]), flush=True)
     head = ("recording", "moment", "reserved", "largest categories", "reps", "conserves", "map", "s (with load)")
     table = "| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n" + "\n".join("| " + " | ".join(r) + " |" for r in rows)
-    out = HERE / "results" / "explain_conservation.md"
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    new = not out.exists()
-    with out.open("a") as fh:
-        if new:
-            fh.write("# explain: categories sum to reserved memory on every recording\n")
-        fh.write(f"\n## {stamp}\n\n`PYTHONPATH=src python bench/explain_conservation.py` "
-                 f"({len(rows)} recordings, {bad} not conserving)\n\n{table}\n")
+    append_section(HERE / "results" / "explain_conservation.md",
+                   "explain: categories sum to reserved memory on every recording",
+                   f"`PYTHONPATH=src python bench/explain_conservation.py` ({len(rows)} recordings, {bad} not conserving)",
+                   table)
     print(f"{len(rows)} recordings, {bad} not conserving")
     return 1 if bad else 0
 

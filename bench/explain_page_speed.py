@@ -16,8 +16,9 @@ import argparse
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
+
+from runlog import append_section
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
@@ -70,14 +71,8 @@ def main() -> None:
     table = "| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n" + "\n".join(
         "| " + " | ".join(r) + " |" for r in rows)
     print(table)
-    out = HERE / "results" / "explain_page.md"
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    new = not out.exists()
-    with out.open("a") as f:
-        if new:
-            f.write("# What the explain page adds to explain (time, size)\n")
-        f.write(f"\n## {stamp}\n\n`PYTHONPATH=src python bench/explain_page_speed.py --requests {args.requests}`\n\n"
-                f"{table}\n")
+    append_section(HERE / "results" / "explain_page.md", "What the explain page adds to explain (time, size)",
+                   f"`PYTHONPATH=src python bench/explain_page_speed.py --requests {args.requests}`", table)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,9 @@ import argparse
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
+
+from runlog import append_section
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
@@ -91,13 +92,9 @@ def main() -> None:
     table = "\n".join(f"| {k:<{width}} | {v} |" for k, v in rows)
     print(table)
     print(f"(building the synthetic trace took {build:.1f} s, not counted)")
-    out = HERE / "results" / "explain_speed.md"
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    with out.open("a") as f:
-        if out.stat().st_size == 0:
-            f.write("# explain speed on a 1 M-request compact trace with stacks\n\n")
-        f.write(f"\n## {stamp}\n\n`PYTHONPATH=src python bench/explain_speed.py --requests {args.requests}`\n\n"
-                f"| what | value |\n|---|---|\n{table}\n")
+    append_section(HERE / "results" / "explain_speed.md", "explain speed on a 1 M-request compact trace with stacks",
+                   f"`PYTHONPATH=src python bench/explain_speed.py --requests {args.requests}`",
+                   f"| what | value |\n|---|---|\n{table}")
 
 
 if __name__ == "__main__":

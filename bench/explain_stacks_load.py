@@ -16,8 +16,9 @@ import pickle
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
+
+from runlog import append_section
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
@@ -63,14 +64,10 @@ def main() -> None:
     table = "| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n" + "\n".join(
         "| " + " | ".join(r) + " |" for r in rows)
     print(table)
-    out = HERE / "results" / "explain_stacks_load.md"
-    new = not out.exists()
-    with out.open("a") as fh:
-        if new:
-            fh.write("# explain on a snapshot with Python stacks: load and explain time\n")
-        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        fh.write(f"\n## {stamp}\n\n`PYTHONPATH=src python bench/explain_stacks_load.py --steps {args.steps}`"
-                 f" (2-core machine, shared)\n\n{table}\n")
+    append_section(HERE / "results" / "explain_stacks_load.md",
+                   "explain on a snapshot with Python stacks: load and explain time",
+                   f"`PYTHONPATH=src python bench/explain_stacks_load.py --steps {args.steps}` (2-core machine, shared)",
+                   table)
 
 
 if __name__ == "__main__":

@@ -65,6 +65,18 @@ def log_results(lines: list[str], **kw) -> None:
             log_result(text, **kw)
 
 
+def append_section(path: str | os.PathLike, title: str, command: str, body: str) -> None:
+    """Append one dated section (`## DATE`, the exact command, then `body`, a table) to a results page,
+    starting the page with `# title` when it is new: the benches that keep their runs in one page."""
+    path = Path(path)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    new = not path.exists() or path.stat().st_size == 0
+    with path.open("a", encoding="utf-8") as fh:
+        if new:
+            fh.write(f"# {title}\n")
+        fh.write(f"\n## {stamp}\n\n{command}\n\n{body}\n")
+
+
 def import_here() -> None:
     """Put bench/ on the path, for a script loaded by file (tests) rather than run as `python bench/X.py`."""
     here = str(Path(__file__).resolve().parent)
