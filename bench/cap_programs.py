@@ -8,17 +8,25 @@ line `DONE items=N` at the end, so a run that completes is told from one that di
   hubert     transformers HuBERT-base encoder on 4-16 s of audio with autograd left on (no backward)
   trainkeep  a torch.nn Transformer classifier trained with AdamW that keeps each step's logits on the GPU
 
+The same programs with one remedy applied by hand (issue 29: what alloctune predicts for a remedy is
+checked against these): `hubert_nograd` (under torch.no_grad()), `hubert_cublas`
+(CUBLAS_WORKSPACE_CONFIG=:4096:8 set before the first matmul), `seg_ec` (gc.collect() +
+torch.cuda.empty_cache() after every image), `convnext_bench` (torch.backends.cudnn.benchmark = True).
+
 Usage: python bench/cap_programs.py NAME
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import torch
 
 
-def seg() -> int:
+def seg(release: bool = False) -> int:
+    import gc
+
     import torchvision
 
     torch.manual_seed(0)
@@ -30,12 +38,17 @@ def seg() -> int:
             x = torch.randn(2, 3, h, w, device="cuda")
             out = model(x)["out"]
             out.argmax(1).cpu()
+            if release:
+                del x, out
+                gc.collect()
+                torch.cuda.empty_cache()
     return len(sizes)
 
 
-def convnext() -> int:
+def convnext(benchmark: bool = False) -> int:
     import timm
 
+    torch.backends.cudnn.benchmark = benchmark
     torch.manual_seed(0)
     model = timm.create_model("convnext_tiny", pretrained=False).cuda().eval()
     sides = [224, 288, 384, 256, 448, 320, 512, 416, 352, 480]
@@ -46,15 +59,20 @@ def convnext() -> int:
     return len(sides)
 
 
-def hubert() -> int:
+def hubert(grad: bool = True, cublas: str | None = None) -> int:
+    import os
+
     from transformers import HubertConfig, HubertModel
 
+    if cublas:  # read when the cuBLAS handle's workspace is first made: before the first matmul
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = cublas
     torch.manual_seed(0)
     model = HubertModel(HubertConfig()).cuda().eval()
     seconds = [4, 9, 6, 16, 12, 7, 14]
     for s in seconds:  # autograd on: activations are kept for a backward that never comes
         wav = torch.randn(1, 16000 * s, device="cuda")
-        model(wav).last_hidden_state.mean().item()
+        with contextlib.nullcontext() if grad else torch.no_grad():  # the hand-applied remedy: no_grad
+            model(wav).last_hidden_state.mean().item()
     return len(seconds)
 
 
@@ -78,7 +96,9 @@ def trainkeep() -> int:
     return steps
 
 
-PROGRAMS = {"seg": seg, "convnext": convnext, "hubert": hubert, "trainkeep": trainkeep}
+PROGRAMS = {"seg": seg, "convnext": convnext, "hubert": hubert, "trainkeep": trainkeep,
+            "hubert_nograd": lambda: hubert(grad=False), "hubert_cublas": lambda: hubert(cublas=":4096:8"),
+            "seg_ec": lambda: seg(release=True), "convnext_bench": lambda: convnext(benchmark=True)}
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] not in PROGRAMS:

@@ -30,7 +30,7 @@ def main() -> int:
     ap.add_argument("--out", required=True, help="path prefix for PREFIX.json (+ PREFIX.pickle.xz with --record)")
     ap.add_argument("--cap", type=int, default=0, help="per-process cap in bytes (0 = none)")
     ap.add_argument("--record", action="store_true")
-    ap.add_argument("--stacks", default="python", choices=("python", "all"))
+    ap.add_argument("--stacks", default="python", choices=("python", "all", "none"))
     ap.add_argument("--size", default=None, help="input size, stored in the sidecar")
     ap.add_argument("target", nargs=argparse.REMAINDER)
     a = ap.parse_args()
@@ -41,8 +41,12 @@ def main() -> int:
     if a.cap:
         torch.cuda.set_per_process_memory_fraction(a.cap / total)
     if a.record:
-        torch.cuda.memory._record_memory_history(max_entries=5_000_000, context="alloc" if a.stacks == "python" else "all",
-                                                 stacks=a.stacks)
+        if a.stacks == "none":  # sizes and addresses only: the smallest file (capacity planning needs no frames)
+            torch.cuda.memory._record_memory_history(max_entries=5_000_000, context=None, stacks="python")
+        else:
+            torch.cuda.memory._record_memory_history(max_entries=5_000_000,
+                                                     context="alloc" if a.stacks == "python" else "all",
+                                                     stacks=a.stacks)
     outcome, msg = "ok", None
     t0 = time.perf_counter()
     sys.argv = target[1:] if target[0] == "-m" else target

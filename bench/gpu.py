@@ -117,6 +117,18 @@ python3 bench/diagnose_cap_gpu.py
         r"""
 python3 bench/record_stacks_cost.py
 """, 300),
+    "plan-sharp": Job(
+        "issue #28 data (bench/gpu_plan_sharp.py): HuBERT / timm / Llama recorded at 3 sizes, calibration runs, "
+        "the real largest size under 2 caps x default/expandable by bisection; env: JOBS (12), DEADLINE (520 s)",
+        r"""
+python3 bench/gpu_plan_sharp.py --out "$OUT/d" --jobs "${JOBS:-12}" --deadline "${DEADLINE:-520}"
+""", 560),
+    "remedies": Job(
+        "issue #29 data (bench/gpu_remedies.py): programs recorded by alloctune, and the same programs with each "
+        "remedy applied by hand, real min budgets by bisection; env: JOBS (8), DEADLINE (520 s)",
+        r"""
+python3 bench/gpu_remedies.py --out "$OUT/d" --jobs "${JOBS:-8}" --deadline "${DEADLINE:-520}"
+""", 560),
     "pytest-gpu": Job(
         "every GPU-marked test (pytest -m gpu)",
         r"""
