@@ -10,8 +10,8 @@ line `DONE items=N` at the end, so a run that completes is told from one that di
 
 The same programs with one remedy applied by hand (issue 29: what alloctune predicts for a remedy is
 checked against these): `hubert_nograd` (under torch.no_grad()), `hubert_cublas`
-(CUBLAS_WORKSPACE_CONFIG=:4096:8 set before the first matmul), `seg_ec` (gc.collect() +
-torch.cuda.empty_cache() after every image), `convnext_bench` (torch.backends.cudnn.benchmark = True).
+(CUBLAS_WORKSPACE_CONFIG=:4096:8 set before the first matmul), `seg_ec`
+(torch.cuda.empty_cache() after every image), `convnext_bench` (torch.backends.cudnn.benchmark = True).
 
 Usage: python bench/cap_programs.py NAME
 """
@@ -25,8 +25,6 @@ import torch
 
 
 def seg(release: bool = False) -> int:
-    import gc
-
     import torchvision
 
     torch.manual_seed(0)
@@ -38,9 +36,7 @@ def seg(release: bool = False) -> int:
             x = torch.randn(2, 3, h, w, device="cuda")
             out = model(x)["out"]
             out.argmax(1).cpu()
-            if release:
-                del x, out
-                gc.collect()
+            if release:  # the release point alloctune simulates: the end of every repetition (x, out still held)
                 torch.cuda.empty_cache()
     return len(sizes)
 

@@ -33,18 +33,32 @@ import gpu_recordings as gr  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 PROGRAMS = ["hubert", "hubert_nograd", "hubert_cublas", "seg", "seg_ec", "convnext", "convnext_bench"]
 RECORD = {"hubert": [], "hubert_nograd_agent": ["--no-grad"], "seg": [], "convnext": []}
+# calibration runs (the same program under a cap between its peak allocated and peak reserved, where cuDNN
+# falls back to smaller workspaces): what turns the conservative min budget into one number
+CALIBRATE = {"hubert_nograd_agent": ["--no-grad"], "seg": [], "convnext": [], "hubert": []}
 
 
-def record(out: Path, name: str, extra: list[str]) -> dict:
+def record(out: Path, name: str, extra: list[str], budget: int = 0, tag: str = "") -> dict:
     prog = name.removesuffix("_agent").removesuffix("_nograd") if extra else name
+    extra = extra + (["--budget", f"{budget}B"] if budget else [])
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-    cmd = [sys.executable, "-m", "alloctune", "run", *extra, "--record", str(out / f"rec_{name}.pickle"), "--json",
+    cmd = [sys.executable, "-m", "alloctune", "run", *extra, "--record", str(out / f"rec_{name}{tag}.pickle"), "--json",
            "--", sys.executable, "bench/cap_programs.py", prog]
     t = time.monotonic()
     p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    (out / f"rec_{name}.log").write_text(p.stdout + "\n--- stderr\n" + p.stderr)
-    return {"name": name, "cmd": " ".join(cmd[1:]), "rc": p.returncode, "wall_s": round(time.monotonic() - t, 1)}
+    (out / f"rec_{name}{tag}.log").write_text(p.stdout + "\n--- stderr\n" + p.stderr)
+    return {"name": name + tag, "cmd": " ".join(cmd[1:]), "rc": p.returncode, "wall_s": round(time.monotonic() - t, 1)}
+
+
+def trial(out: Path, name: str) -> dict | None:
+    log = out / f"rec_{name}.log"
+    if not log.exists():
+        return None
+    try:
+        return json.loads(log.read_text().split("\n--- stderr")[0])
+    except ValueError:
+        return None
 
 
 def main() -> None:
@@ -52,14 +66,24 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--jobs", type=int, default=8)
     ap.add_argument("--deadline", type=float, default=520)
+    ap.add_argument("--only", default="", help="comma list of programs (peaks + bisections) to run")
+    ap.add_argument("--calibrate", action="store_true", help="only the calibration runs (needs the recordings in --out)")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     pool = gr.Pool(a.jobs, a.deadline, out / "log.txt")
-    with ThreadPoolExecutor(len(PROGRAMS) + len(RECORD)) as ex:
-        recs = [ex.submit(record, out, n, x) for n, x in RECORD.items()]
-        peaks = dict(zip(PROGRAMS, ex.map(lambda p: pool.run(out / f"peak_{p}", ["bench/cap_programs.py", p], ""),
-                                          PROGRAMS)))
+    programs = a.only.split(",") if a.only else PROGRAMS
+    cal_jobs = []
+    for name, extra in CALIBRATE.items():
+        r = trial(out, name) if a.calibrate else None
+        if r and r.get("peak_allocated") and r.get("peak_reserved"):
+            al, res = r["peak_allocated"], r["peak_reserved"]
+            cal_jobs += [(name, extra, (al + res) // 2, "_cal_mid"), (name, extra, int(al * 1.04), "_cal_tight")]
+    with ThreadPoolExecutor(len(programs) + len(RECORD) + len(cal_jobs)) as ex:
+        recs = [ex.submit(record, out, *j) for j in cal_jobs] if a.calibrate else [
+            ex.submit(record, out, n, x) for n, x in RECORD.items()]
+        peaks = dict(zip(programs, ex.map(lambda p: pool.run(out / f"peak_{p}", ["bench/cap_programs.py", p], ""),
+                                          programs)))
         recorded = [r.result() for r in recs]
     print(f"recordings and peaks done at {time.monotonic() - gr.T0:.0f}s", flush=True)
     tasks = []
@@ -72,7 +96,7 @@ def main() -> None:
                                                       t[1], t[2], 8), tasks))
     result = {"recorded": recorded, "peaks": {p: (r or {}).get("stats") for p, r in peaks.items()},
               "min_budget": {b["name"][4:]: b for b in bis}}
-    (out / "remedies.json").write_text(json.dumps(result, indent=1))
+    (out / ("remedies_cal.json" if a.calibrate else "remedies.json")).write_text(json.dumps(result, indent=1))
     for b in bis:
         print(json.dumps({k: v for k, v in b.items() if k != "runs"}), flush=True)
     print(f"remedies done in {time.monotonic() - gr.T0:.0f}s", flush=True)
