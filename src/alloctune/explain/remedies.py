@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 from alloctune.explain.core import Analysis
 from alloctune.explain.what_if import WHAT_IF_ABS_TOL, WHAT_IF_REL_TOL, recorded_conf, rewritten
+from alloctune.explain.repeats import loop_tops
 from alloctune.trace.model import EMPTY_CACHE, RequestStream, Trace
 
 # Driver work, as measured on the H200 (bench/results/driver_cost.md); tune's TuneSettings defaults.
@@ -61,7 +62,11 @@ def repetition_ends(an: Analysis) -> list[int]:
     repetition where live bytes are at their lowest in the repetition (its temporaries gone) -- where
     a program's own `empty_cache()` after a step or a request sits. The anchor that marks repetitions
     can fall anywhere inside one (RVC's recurring first block is allocated mid-chunk), so the
-    boundary itself is not the place."""
+    boundary itself is not the place. With Python stacks the loop's own frame says exactly where its
+    body begins again (`repeats.loop_tops`); the lowest-live rule is for recordings without them."""
+    tops = loop_tops(an.trace.requests, an.repeats)
+    if tops is not None:
+        return tops
     starts, lb = list(an.repeats.starts), an.live_before
     out = []
     for j in range(1, len(starts)):

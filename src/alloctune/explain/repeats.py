@@ -194,3 +194,73 @@ def live_before(req: RequestStream) -> list[int]:
             live -= size_of.pop(rid, 0)
     out[len(req)] = live
     return out
+
+
+def loop_tops(req: RequestStream, rep: Repeats) -> list[int] | None:
+    """Where each repetition's loop body begins again, from the Python stacks: one request index per
+    repetition after the first, or None where the stacks cannot tell.
+
+    Why: a program's own `empty_cache()` (or any per-step action) sits at the end of its loop body,
+    i.e. just before the body's first allocation of the next step. The anchor that marks repetitions
+    is only some allocation that recurs once per step; it can fall mid-body (RVC's recurring block is
+    allocated mid-chunk). The loop's own frame says where the body starts over: it is the outermost
+    frame of the anchor's stack whose line moves within a repetition; the body begins again where
+    that line jumps back (the first allocation of a step runs the body's earliest line)."""
+    table, ids = req.stack_table, req.stack_ids
+    if table is None or ids is None or table.dropped is not None or rep.count < 2 or not rep.anchor:
+        return None
+    if not rep.anchor.startswith("stack "):
+        return None
+    frames = [table.frames[f] for f in table.stacks[int(rep.anchor.split()[1])]]
+    allocs = [r for r in range(rep.starts[0], rep.end) if req.ops[r] == ALLOC and ids[r] >= 0]
+    for depth in range(len(frames) - 1, -1, -1):  # outermost first
+        code = frames[depth][0], frames[depth][2]
+        lines = _lines_in(table, ids, allocs, code)
+        if lines is None:
+            continue
+        if len({ln for _, ln in lines}) < 2:
+            continue  # this frame stays on one line for the whole loop: the loop is deeper
+        return _tops(lines, rep)
+    return None
+
+
+def _lines_in(table: Any, ids: Sequence[int], allocs: Sequence[int], code: tuple[str, str]) -> list[tuple[int, int]] | None:
+    """(request, line in the frame of `code`) for every allocation, or None where one misses that frame
+    (then it is not the loop's frame: the loop's own frame is on every allocation of its body)."""
+    out = []
+    line_of: dict[int, int | None] = {}
+    for r in allocs:
+        s = ids[r]
+        ln = line_of.get(s, -1)
+        if ln == -1:
+            ln = next((table.frames[f][1] for f in table.stacks[s]
+                       if (table.frames[f][0], table.frames[f][2]) == code), None)
+            line_of[s] = ln
+        if ln is None:
+            return None
+        out.append((r, ln))
+    return out
+
+
+def _tops(lines: Sequence[tuple[int, int]], rep: Repeats) -> list[int] | None:
+    """The request where the loop frame's line jumps back to its lowest value last, between each pair of
+    anchors: the top of the loop body. None where a window has no jump back."""
+    out = []
+    k = 0
+    for j in range(1, rep.count):
+        lo, hi = rep.starts[j - 1], rep.starts[j]
+        while k < len(lines) and lines[k][0] <= lo:
+            k += 1
+        best = None
+        prev = lines[k - 1][1] if k else None
+        i = k
+        while i < len(lines) and lines[i][0] <= hi:
+            r, ln = lines[i]
+            if prev is not None and ln < prev and (best is None or ln <= best[1]):
+                best = (r, ln)
+            prev = ln
+            i += 1
+        if best is None:
+            return None
+        out.append(best[0])
+    return out

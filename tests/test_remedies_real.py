@@ -1,0 +1,64 @@
+"""The release-point remedy against a real program that calls `empty_cache()` by hand (H200 data,
+tests/data/remedies_gpu/real.json says how it was measured).
+
+`seg` is torchvision DeepLabV3 at mixed image sizes; `seg_ec` is the same program with
+`torch.cuda.empty_cache()` after every image. alloctune sees only `seg`'s recording; the facts it
+is checked against are what the other process did and measured: where its calls fell in its own
+request stream, its peak reserved (a separate uncapped run) and its real min budget (bisection).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from alloctune.explain.core import analyse
+from alloctune.explain.remedies import repetition_ends, with_empty_cache
+from alloctune.sim.budget import min_budget
+from alloctune.sim.replay import replay
+from alloctune.trace import load_trace
+from alloctune.trace.fallible import optimistic
+from alloctune.trace.model import EMPTY_CACHE
+
+DATA = Path(__file__).parent / "data" / "remedies_gpu"
+REAL = json.loads((DATA / "real.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def seg():
+    return load_trace(DATA / "seg.pickle.xz")
+
+
+def test_release_points_fall_where_the_program_called_empty_cache(seg):
+    """The loop's frame puts each point just before the body's first allocation of the next image:
+    the place of the hand-written call, as the other recording shows it (its own empty_cache
+    requests, mapped back to `seg`'s request indices)."""
+    real = load_trace(DATA / "seg_ec.pickle.xz").requests
+    calls = [i for i, op in enumerate(real.ops) if op == EMPTY_CACHE]
+    in_seg = [i - k for k, i in enumerate(calls)]
+    ends = repetition_ends(analyse(seg))
+    assert ends == in_seg[: len(ends)]
+    assert len(ends) == len(in_seg) - 1  # the call after the last image comes after the work is done
+
+
+def test_release_points_predict_the_real_peak_reserved(seg):
+    ends = repetition_ends(analyse(seg))
+    r = replay(with_empty_cache(seg, ends), None)
+    assert r.peak_reserved == REAL["peaks"]["seg_ec"]["reserved"]
+    assert r.peak_reserved < REAL["peaks"]["seg"]["reserved"]
+
+
+def test_release_points_min_budget_brackets_the_real_one(seg):
+    """Under a cap cuDNN falls back to smaller workspaces; with no calibration the replay gives a
+    conservative end (workspaces fixed) and an optimistic one (workspace-shaped requests fallible
+    down to nothing). The real min budget of the hand-remedied program lies between, and for this
+    network (its convolutions fall back to algorithms without a workspace) within 0.5 % of the
+    optimistic end."""
+    w = with_empty_cache(seg, repetition_ends(analyse(seg)))
+    cons = min_budget(w, None, rel_tol=0.002, abs_tol=1 << 20).budget
+    opt = min_budget(optimistic(w), None, rel_tol=0.002, abs_tol=1 << 20).budget
+    real = REAL["min_budget"]["seg_ec"]
+    assert real["fails_at"] < cons and opt <= real["min_budget"] * 1.005
+    assert abs(opt - real["min_budget"]) <= 0.005 * real["min_budget"]
