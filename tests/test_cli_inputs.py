@@ -34,6 +34,8 @@ from cli_run import run_cli as _run
         (["plan", "a.pickle:7", "--context", "512"], "--context 512: give a unit"),
         (["demo", "--budget", "2"], "--budget 2: give a unit: did you mean 2GiB?"),
         (["tune", "--budget", "6", "--", "true"], "--budget 6: give a unit: did you mean 6GiB?"),
+        # a count of bytes pasted from a tool's output: bytes is what was meant
+        (["plan", "a.pickle:7", "--cap", "1491075072"], "did you mean 1491075072B (bytes, 1.39 GiB)?"),
     ],
 )
 def test_bad_numbers_are_one_line_errors(capsys, args, needle):

@@ -112,6 +112,9 @@ def parse_user_size(text: str | int, option: str = "size") -> int:
             raise SizeError(f"{option} must be a finite size such as 6GiB, got {raw!r}")
         raise SizeError(f"{option}: cannot read size {raw!r}: expected a number with a unit, e.g. 6GiB, 512MiB")
     if not m.group(2):
+        if float(m.group(1)) >= 1 << 20:  # nobody means a million GiB: a count of bytes
+            raise SizeError(f"{option} {raw}: give a unit: did you mean {raw}B (bytes, "
+                            f"{format_size(int(float(m.group(1))))})?")
         raise SizeError(f"{option} {raw}: give a unit: did you mean {raw}GiB? ({raw}MiB, or {raw}B for bytes)")
     value = parse_size(raw)
     if value <= 0:
