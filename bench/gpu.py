@@ -129,6 +129,15 @@ python3 bench/gpu_plan_sharp.py --out "$OUT/d" --jobs "${JOBS:-12}" --deadline "
         r"""
 python3 bench/gpu_remedies.py --out "$OUT/d" --jobs "${JOBS:-8}" --deadline "${DEADLINE:-520}"
 """, 560),
+    "tune-sharp": Job(
+        "issue #28: tune of four real models (HuBERT, Llama generate, DeepLabV3, ConvNeXt) under budgets where the "
+        "default fails (bench/gpu_tune_real.py --budgets sharp), one at a time: runs and wall time against one run",
+        r"""
+mkdir -p "$OUT/tune"
+python3 bench/gpu_tune_real.py --out "$OUT/tune" --jobs 1 --timeout "${TRIAL_TIMEOUT:-150}" --budgets sharp \
+  --only "${ONLY:-hubert,llama,seg,convnext}" >"$OUT/tune/stdout.txt" 2>&1
+cat "$OUT/tune/summary.md"
+""", 480),
     "pytest-gpu": Job(
         "every GPU-marked test (pytest -m gpu)",
         r"""

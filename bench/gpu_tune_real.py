@@ -44,11 +44,19 @@ WORKLOADS: dict[str, list[str]] = {
     "llama": [PY, "bench/real_workloads.py", "llama", "--count", "4", "--quiet"],
     "rvc": [PY, "-m", "alloctune.workloads.rvc", "--count", "2", "--quiet"],
     "diffusion": [PY, "-m", "alloctune.workloads.diffusion", "--count", "3", "--quiet"],
+    # the capped programs of bench/diagnose_cap_gpu.py (issue 28: tune under budgets where the default fails)
+    "seg": [PY, "bench/cap_programs.py", "seg"],
+    "convnext": [PY, "bench/cap_programs.py", "convnext"],
 }
+# budgets where the default fails and some setting fits (ground truth: bench/results/diagnose_cap_gpu.md for seg and
+# convnext, batch 13's bisections for hubert and llama): `--budgets sharp`
+SHARP = {"hubert": "740MiB", "llama": "415MiB", "seg": "1434MiB", "convnext": "517MiB"}
 MiB = 1 << 20
 
 
-def run_all(names: list[str], out: Path, jobs: int, timeout: float, on_row=None) -> list[dict]:
+def run_all(names: list[str], out: Path, jobs: int, timeout: float, on_row=None,
+            budgets: dict[str, str] | None = None) -> list[dict]:
+    budgets = budgets or {}
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.setdefault("COLUMNS", "100")
@@ -60,7 +68,8 @@ def run_all(names: list[str], out: Path, jobs: int, timeout: float, on_row=None)
             name = pending.pop(0)
             d = out / name
             d.mkdir(parents=True, exist_ok=True)
-            cmd = [PY, "-m", "alloctune", "tune", "--json", "--store", str(d / "trials.jsonl"), "--", *WORKLOADS[name]]
+            cmd = [PY, "-m", "alloctune", "tune", "--json", "--store", str(d / "trials.jsonl"),
+                   *(["--budget", budgets[name]] if name in budgets else []), "--", *WORKLOADS[name]]
             so, se = (d / "tune.json").open("w"), (d / "tune.stderr").open("w")
             proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=so, stderr=se, start_new_session=True)
             running[name] = (proc, time.monotonic(), d, [so, se])
@@ -90,6 +99,10 @@ def run_all(names: list[str], out: Path, jobs: int, timeout: float, on_row=None)
 
 def summarize(name: str, d: Path, rc: int, wall: float) -> dict:
     row: dict = {"workload": name, "command": WORKLOADS[name][1:], "rc": rc, "wall_s": round(wall, 1)}
+    try:
+        row["budget"] = json.loads((d / "tune.json").read_text()).get("budget")
+    except (OSError, ValueError):
+        pass
     try:
         data = json.loads((d / "tune.json").read_text())
     except (OSError, ValueError):
@@ -207,7 +220,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=390.0, help="per tune, seconds (then Ctrl-C; the store keeps its trials)")
     ap.add_argument("--compare", type=Path, default=None, help="truth.jsonl (gpu_truth.py) or bisect_results.json: compare a finished summary")
     ap.add_argument("--summary", type=Path, default=None, help="summary.json of a finished run (with --compare)")
+    ap.add_argument("--budgets", default="", help="'sharp' (SHARP: budgets where the default fails) or NAME=SIZE,...; "
+                    "default: the whole card")
     args = ap.parse_args(argv)
+    budgets = dict(SHARP) if args.budgets == "sharp" else dict(
+        kv.split("=", 1) for kv in args.budgets.split(",") if "=" in kv)
     if args.compare is not None:
         print(compare(args.summary or Path(args.out) / "summary.json", args.compare))
         return 0
@@ -239,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                 for snap in _snapshots(work / name):  # the recordings: the before/after table is computed from them
                     tar.add(snap, arcname=f"{name}/rec/{snap.name}")
 
-    rows = run_all(names, work, max(1, args.jobs), args.timeout, on_row=save)
+    rows = run_all(names, work, max(1, args.jobs), args.timeout, on_row=save, budgets=budgets)
     save(rows)
     print((out / "summary.md").read_text())
     sys.path.insert(0, str(Path(__file__).resolve().parent))
