@@ -138,6 +138,13 @@ python3 bench/gpu_tune_real.py --out "$OUT/tune" --jobs 1 --timeout "${TRIAL_TIM
   --only "${ONLY:-hubert,llama,seg,convnext}" >"$OUT/tune/stdout.txt" 2>&1
 cat "$OUT/tune/summary.md"
 """, 480),
+    "plan-confirm": Job(
+        "issue #28 item 4: `plan --confirm` of the plan-sharp recordings (env PLAN_DATA: that job's folder, "
+        "CASES: workload:c1|c2:default|expandable,...), against the real largest sizes it bisected",
+        r"""
+python3 bench/gpu_plan_confirm.py --data "${PLAN_DATA:?PLAN_DATA: the plan-sharp folder}" --out "$OUT" \
+  ${CASES:+--cases "$CASES"}
+""", 420),
     "pytest-gpu": Job(
         "every GPU-marked test (pytest -m gpu)",
         r"""

@@ -1,0 +1,63 @@
+"""`plan --confirm` on the GPU (issue 28 item 4; job `plan-confirm` of bench/gpu.py): the plan of the
+size recordings of `bench/gpu_plan_sharp.py`, confirmed by running the program at the predicted size
+under each cap, against the real largest size that job bisected (`truth.json` beside the recordings).
+
+    python bench/gpu_plan_confirm.py --data DIR [--cases hubert:c1:default,...] --out "$OUT/plan_confirm"
+
+Prints one line per case (predicted, confirmed, GPU runs, real largest size / smallest failing size)
+and writes confirm.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFS = {"default": "", "expandable": "expandable_segments:True"}
+DEFAULT_CASES = "hubert:c1:default,timm:c1:default,llama:c1:default,llama:c2:expandable"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", required=True, help="the plan-sharp job's folder (size_*.pickle.xz, truth.json)")
+    ap.add_argument("--cases", default=DEFAULT_CASES)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    data, out = Path(a.data), Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    truth = {r["name"]: r for r in json.loads((data / "truth.json").read_text())["bisections"]}
+    sizes = json.loads((data / "truth.json").read_text())["sizes"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    rows = []
+    for case in a.cases.split(","):
+        w, tag, setting = case.split(":")
+        t = truth[f"plan_{w}_{setting}_{tag}"]
+        inputs = [f"{data}/size_{w}_{s}.pickle.xz:{s}" for s in sizes[w]]
+        prog = f"{sys.executable} bench/real_workloads.py {w} --count 1 --quiet --size {{size}}"
+        cmd = [sys.executable, "-m", "alloctune", "plan", *inputs, "--cap", f"{t['cap']}B", "-c", CONFS[setting], "--json", "--confirm", prog]
+        t0 = time.monotonic()
+        p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+        wall = time.monotonic() - t0
+        (out / f"{w}_{tag}_{setting}.json").write_text(p.stdout)
+        (out / f"{w}_{tag}_{setting}.stderr").write_text(p.stderr)
+        row = {"case": case, "rc": p.returncode, "wall_s": round(wall, 1), "largest_ok": t["largest_ok"],
+               "smallest_fail": t["smallest_fail"], "cmd": " ".join(cmd[1:])}
+        try:
+            res = json.loads(p.stdout)
+            conf = res.get("confirm") or res.get("confirmations") or []
+            row["confirm"] = conf
+        except ValueError:
+            row["error"] = p.stderr.strip().splitlines()[-1:] if p.stderr.strip() else "no JSON"
+        rows.append(row)
+        print(json.dumps(row)[:600], flush=True)
+    (out / "confirm.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
