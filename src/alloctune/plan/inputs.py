@@ -69,6 +69,33 @@ def load_recordings(specs: Sequence[str]) -> list[tuple[Any, Trace]]:
     return out
 
 
+def load_calibrations(specs: Sequence[str], inputs: Sequence[str] = ()) -> list[tuple[Any, Trace, str]]:
+    """Capped runs of the program that teach its fallbacks: each `FILE[:SIZE]` of `specs` (the size
+    from the sidecar when not given; none is allowed only where the trace set cannot generate the run),
+    and every recording of a directory in `inputs` that completed although some request failed (a
+    capped `record --size` run whose workspaces fell back)."""
+    out: list[tuple[Any, Trace, str]] = []
+    for spec in specs:
+        path, size = parse_spec(spec)
+        if not path.is_file():
+            raise InputError(f"--calibration {spec}: no such file")
+        trace = load_trace(path)
+        if size is None:
+            size = read_sidecar(path).get("size")
+        if FAILED_ALLOC not in trace.requests.ops:
+            raise InputError(f"--calibration {spec}: no request failed in this run, so it shows no fallback "
+                             "(record it under a smaller --budget)")
+        out.append((size, trace, str(path)))
+    named = {parse_spec(s)[0] for s in inputs}
+    for path, size in (expand(inputs) if any(parse_spec(s)[0].is_dir() for s in inputs) else ()):
+        if path in named:
+            continue
+        trace = load_trace(path)
+        if FAILED_ALLOC in trace.requests.ops and trace.meta.get("outcome") != "oom":
+            out.append((size, trace, str(path)))
+    return out
+
+
 def traceset_from(specs: Sequence[str]) -> TraceSet:
     """One saved trace set, or recordings at two or more sizes (aligned and fitted here)."""
     if not specs:
@@ -87,4 +114,4 @@ def traceset_from(specs: Sequence[str]) -> TraceSet:
     return build(recs)
 
 
-__all__ = ["parse_spec", "expand", "load_recordings", "traceset_from"]
+__all__ = ["parse_spec", "expand", "load_recordings", "load_calibrations", "traceset_from"]
