@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from alloctune.errors import InputError
 from alloctune.plan.align import Token, pair, structure
-from alloctune.trace.fallible import NO_WORKSPACE, has_cpp_frames, learn_from_calibration, tag_by_frames
-from alloctune.trace.model import ALLOC, EMPTY_CACHE, Trace
+from alloctune.trace.fallible import NO_WORKSPACE, SCRATCH_MIN, has_cpp_frames, learn_from_calibration, tag_by_frames
+from alloctune.trace.model import ALLOC, EMPTY_CACHE, FREE, Trace
 from alloctune.units import MiB, format_size
 
 if TYPE_CHECKING:
@@ -58,14 +58,16 @@ class Evidence:
     cap: int | None  # the cap of a calibration run
     learned: int  # fallible requests it showed in its own stream
     placed: int  # of those, placed on the trace set's main structure
+    same_kind: int = 0  # further requests of the same shape taken as fallible too (`_same_kind`)
 
     def text(self) -> str:
         at = f" at size {self.size}" if self.size else ""
         cap = f" capped at {format_size(self.cap)}" if self.cap else ""
         what = {"calibration": "a calibration run", "frames": "C++ frames of a recording",
                 "store": "a tune store's capped runs"}[self.kind]
+        kind = f", {self.same_kind} more of the same shape" if self.same_kind else ""
         return (f"{what}{at}{cap} ({Path(self.source).name}): {self.learned} fallible request(s), "
-                f"{self.placed} placed on these recordings")
+                f"{self.placed} placed on these recordings{kind}")
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "text": self.text()}
@@ -113,7 +115,7 @@ class Learned:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Learned":
         sites = tuple({int(i): _rule_from(r) for i, r in s.items()} for s in d.get("sites") or ())
-        evidence = tuple(Evidence(**{k: e[k] for k in ("kind", "source", "size", "cap", "learned", "placed")})
+        evidence = tuple(Evidence(**{k: e[k] for k in ("kind", "source", "size", "cap", "learned", "placed", "same_kind")})
                          for e in d.get("evidence") or ())
         return cls(sites, evidence)
 
@@ -185,9 +187,38 @@ def from_calibration(ts: "TraceSet", capped: Trace, size: Any, uncapped: Trace |
         gen = ts.generate(size)
         uncapped, x = gen.trace, gen.size
     model = learn_from_calibration(uncapped, capped)
-    sites = place(ts, uncapped, _relative(uncapped, model.sites))
+    placed = place(ts, uncapped, _relative(uncapped, model.sites))
+    sites = tuple(_same_kind(ts, v, p) for v, p in zip(ts.variants, placed))
     return Learned(sites, (Evidence(kind, source, size_text(x) if x is not None else _text(size), model.calibration_cap,
-                                    len(model.sites), len(sites[0])),))
+                                    len(model.sites), len(placed[0]), len(sites[0]) - len(placed[0])),))
+
+
+def _same_kind(ts: "TraceSet", v: "Variant", placed: dict[int, Any]) -> dict[int, Any]:
+    """`placed` and every other request of `v` shaped like the workspaces a calibration saw fall back.
+
+    Why: a cap presses only the requests at the program's peak, so a calibration sees one or two of
+    its workspaces fail (HuBERT under a cap: the largest of its seven convolution workspaces), while
+    a larger input under the target's cap presses the others too. Having seen the program give up a
+    workspace, the requests of the same shape are taken as the same kind: freed by the very next
+    request (used by one kernel), at least `SCRATCH_MIN` bytes at the largest recorded size, and
+    growing with the input (a fixed-size buffer is not chosen by shape). They settle on what the
+    calibrated ones did (no workspace when all of those settled small, else the largest fraction seen).
+    Frames need no such step: they name every workspace."""
+    if not placed:
+        return placed
+    fractions = [r for r in placed.values() if not isinstance(r, int)]
+    rule: Any = max(fractions) if fractions else NO_WORKSPACE
+    top = max(v.sizes)
+    out = dict(placed)
+    n = len(v.ops)
+    for i, (op, k) in enumerate(zip(v.ops, v.law)):
+        if op != ALLOC or k < 0 or i in out or not (i + 1 < n and v.ops[i + 1] == FREE and v.owner[i + 1] == i):
+            continue
+        law = ts.laws[k]
+        grows = law.kind == "floor" or (law.kind == "poly" and law.degree >= 1) or law.kind == "table"
+        if grows and law(top) >= SCRATCH_MIN:
+            out[i] = rule
+    return out
 
 
 def from_frames(ts: "TraceSet", trace: Trace, size: Any, source: str = "recording") -> Learned | None:
@@ -216,7 +247,8 @@ def from_store(ts: "TraceSet", path: str | Path, load: Any = None) -> Learned:
             capped = load(t["snapshot"])
             part = from_calibration(ts, capped, None, uncapped, source=str(path), kind="store")
             e = part.evidence[0]
-            part = Learned(part.sites, (Evidence("store", str(path), None, int(t["budget"]), e.learned, e.placed),))
+            part = Learned(part.sites, (Evidence("store", str(path), None, int(t["budget"]), e.learned, e.placed,
+                                                 e.same_kind),))
             out = part.merged(out)
     if not out.evidence:
         raise InputError(f"{path}: the tune store has no capped recorded run that survived an OOM (nothing fell back)")
