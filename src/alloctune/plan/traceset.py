@@ -333,12 +333,28 @@ def _meta(meta: dict[str, Any] | None, recs: Sequence[tuple[Fraction, Trace]], f
     meta.setdefault("sources", {size_text(x): t.source for x, t in recs})
     peaks = {size_text(x): _recorded_peak(t) for x, t in recs}
     meta.setdefault("recorded_peak_reserved", {k: v for k, v in peaks.items() if v is not None})
-    commands = {size_text(x): t.meta["command"] for x, t in recs if isinstance(t.meta.get("command"), list)}
+    commands = {size_text(x): _command(t.meta) for x, t in recs if _command(t.meta)}
     if commands:
         meta.setdefault("commands", commands)  # the program's command per size (record's sidecar): for hints
     if "workload" not in meta and first.meta.get("workload"):
         meta["workload"] = first.meta["workload"]
     return meta
+
+
+def _command(meta: dict[str, Any]) -> list[str] | None:
+    """The recorded command: record's sidecar `command`, else a `workload` that is a command line."""
+    import shlex
+
+    cmd = meta.get("command")
+    if isinstance(cmd, list) and all(isinstance(w, str) for w in cmd):
+        return cmd
+    workload = meta.get("workload")
+    if isinstance(workload, str) and " " in workload:
+        try:
+            return shlex.split(workload)
+        except ValueError:
+            return None
+    return None
 
 
 def _recorded_peak(trace: Trace) -> int | None:
