@@ -99,8 +99,8 @@ def rows(data: Path) -> list[dict]:
 
 
 def table(rs: list[dict]) -> str:
-    lines = ["| workload | evidence | setting | cap | plan | real largest ok | real smallest fail | vs truth | bar met |"
-             " decided by |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| workload | evidence | setting | cap | plan | real largest ok | real smallest fail | vs truth "
+             "| bar met | decided by |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rs:
         lines.append(f"| {r['workload']} | {r['evidence']} | {r['setting']} | {r['cap']} ({r['cap_bytes'] / 2**20:.0f} "
                      f"MiB) | {r['answer']} | {r['ok']} | {r['fail'] if r['fail'] is not None else '-'} | "

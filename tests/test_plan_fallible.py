@@ -171,7 +171,8 @@ def test_a_tune_store_of_the_program_is_a_calibration(tmp_path, truth):
     save_compact(run, capped)
     store = tmp_path / "store.jsonl"
     lines = [{"schema": 1, "kind": "header", "command": ["conv"]},
-             {"schema": 1, "kind": "trial", "key": {}, "result": {"budget": None, "snapshot": str(base), "outcome": "ok"}},
+             {"schema": 1, "kind": "trial", "key": {},
+              "result": {"budget": None, "snapshot": str(base), "outcome": "ok"}},
              {"schema": 1, "kind": "trial", "key": {}, "result": {"budget": 700 * MiB, "snapshot": str(capped),
                                                                   "outcome": "ok", "num_ooms": 3}}]
     store.write_text("\n".join(json.dumps(x) for x in lines) + "\n{torn")

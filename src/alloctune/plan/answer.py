@@ -194,7 +194,7 @@ class PlanResult:
     wall_s: float
     traceset: dict[str, Any] = field(default_factory=dict)  # TraceSet.summary()
     errors: dict[str, Any] | None = None  # ErrorModel.to_dict(): what the answers' bounds rest on
-    fallible: dict[str, Any] = field(default_factory=dict)  # `_fallible`: what decided the workspaces, or what to record
+    fallible: dict[str, Any] = field(default_factory=dict)  # `_fallible`: what decided the workspaces / what to record
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -115,7 +115,8 @@ class Learned:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Learned":
         sites = tuple({int(i): _rule_from(r) for i, r in s.items()} for s in d.get("sites") or ())
-        evidence = tuple(Evidence(**{k: e[k] for k in ("kind", "source", "size", "cap", "learned", "placed", "same_kind")})
+        keys = ("kind", "source", "size", "cap", "learned", "placed", "same_kind")
+        evidence = tuple(Evidence(**{k: e[k] for k in keys})
                          for e in d.get("evidence") or ())
         return cls(sites, evidence)
 

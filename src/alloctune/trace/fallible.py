@@ -192,7 +192,7 @@ class _Walk:
                 self._same_alloc()
             elif uo == co == ALLOC and c.sizes[self.ic] < u.sizes[self.iu] and self._failed_before(u.sizes[self.iu]):
                 self._cached_fallback()
-            elif (uo == co == FREE and self.rid_map.get(c.rids[self.ic]) == u.rids[self.iu]) or uo == co == FAILED_ALLOC:
+            elif uo == co == FREE and self.rid_map.get(c.rids[self.ic]) == u.rids[self.iu]:
                 self.iu += 1
                 self.ic += 1
             else:  # out of step: find the capped request again a little further on in the uncapped stream
@@ -218,7 +218,8 @@ class _Walk:
         size = u.sizes[self.iu]
         nxt_u = _next_alloc(u, self.iu + 1)
         ic = self.ic
-        if ic < len(c) and c.ops[ic] == ALLOC and c.sizes[ic] < size and (nxt_u is None or u.sizes[nxt_u] != c.sizes[ic]):
+        replaced = ic < len(c) and c.ops[ic] == ALLOC and c.sizes[ic] < size
+        if replaced and (nxt_u is None or u.sizes[nxt_u] != c.sizes[ic]):
             settled = c.sizes[ic]
             self.rid_map[c.rids[ic]] = u.rids[self.iu]
             self.ic += 1
