@@ -217,3 +217,33 @@ def test_cli_calibrated_text_says_which_evidence_decided(tmp_path, capfd):
     out = " ".join(capfd.readouterr().out.split())
     assert "one number per answer: 5 workspace request(s) decided by calibration" in out and " .. " not in out.split(
         "min budget")[0]
+
+
+def test_a_record_directory_with_a_capped_run_decides_by_itself(tmp_path, capfd, truth):
+    for s, t in _recordings():
+        save_compact(t, tmp_path / f"conv-{s}.atrace")
+        (tmp_path / f"conv-{s}.json").write_text(json.dumps({"size": str(s)}))
+    save_compact(_run(110, CAP)[1], tmp_path / "conv-cal.atrace")
+    (tmp_path / "conv-cal.json").write_text(json.dumps({"size": "110", "cap": CAP, "outcome": "ok"}))
+    assert cli_exit(["plan", str(tmp_path), "--cap", f"{CAP}B", "--curve", "40", "--json"]) == 0
+    d = json.loads(capfd.readouterr().out)
+    assert d["recorded_sizes"] == ["40", "80", "120"]  # the capped run is evidence, not a size point
+    assert d["fallible"]["decided_by"] == "calibration" and _sharp(d["settings"][0]["largest"][0]["largest"], truth)
+
+
+def test_bad_evidence_is_one_line(tmp_path, capfd):
+    specs = []
+    for s, t in _recordings():
+        p = tmp_path / f"conv{s}.atrace"
+        save_compact(t, p)
+        specs.append(f"{p}:{s}")
+    cal = tmp_path / "cal.atrace"
+    save_compact(_run(110, CAP)[1], cal)
+    cases = [["--store", str(tmp_path / "none.jsonl")], ["--calibration", str(tmp_path / "none.atrace")],
+             ["--calibration", str(cal)]]  # no size given and no sidecar to say it
+    (tmp_path / "empty.jsonl").write_text('{"schema": 1, "kind": "header"}\n')
+    cases.append(["--store", str(tmp_path / "empty.jsonl")])
+    for extra in cases:
+        assert cli_exit(["plan", *specs, "--cap", f"{CAP}B", "--curve", "40", *extra]) == 2, extra
+        err = capfd.readouterr().err
+        assert err.startswith("alloctune: error:") and "Traceback" not in err and err.count("\n") <= 2, err

@@ -434,8 +434,13 @@ def _notes(ts: TraceSet, summary: dict[str, Any], inexact: int, bounded: bool, c
             + (f"; the other {kept} workspace-shaped request(s) are taken as fixed ({why})" if kept else "")
         )
     elif ts.learned is not None:
-        notes.append("the fallible-request evidence given could not be placed on these recordings (another program, "
-                     "or its stream differs from theirs): " + "; ".join(e.text() for e in ts.learned.evidence))
+        unplaced = [e for e in ts.learned.evidence if e.learned]
+        notes.append(
+            ("the fallible-request evidence given could not be placed on these recordings (another program, or its "
+             "stream differs from theirs): " if unplaced else
+             "the evidence given shows no request falling back (a calibration whose first failure was fatal, or "
+             "that never failed: record one under a cap between the peak allocated and the peak reserved): ")
+            + "; ".join(e.text() for e in ts.learned.evidence))
     if not ts.identical:
         notes.append(
             "the recordings differ in structure (a branch taken at some sizes only): between two recorded sizes of "
