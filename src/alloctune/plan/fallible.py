@@ -241,11 +241,11 @@ def from_store(ts: "TraceSet", path: str | Path, load: Any = None) -> Learned:
     base = next((t for t in trials if t.get("budget") is None and t.get("snapshot") and t.get("outcome") == "ok"), None)
     if base is None:
         raise InputError(f"{path}: the tune store has no uncapped recorded run of the program to learn against")
-    uncapped = load(base["snapshot"])
+    uncapped = load(_snapshot(path, base["snapshot"]))
     out = Learned(tuple({} for _ in ts.variants))
     for t in trials:
         if t.get("budget") and t.get("snapshot") and t.get("num_ooms") and t.get("outcome") == "ok":
-            capped = load(t["snapshot"])
+            capped = load(_snapshot(path, t["snapshot"]))
             part = from_calibration(ts, capped, None, uncapped, source=str(path), kind="store")
             e = part.evidence[0]
             part = Learned(part.sites, (Evidence("store", str(path), None, int(t["budget"]), e.learned, e.placed,
@@ -254,6 +254,17 @@ def from_store(ts: "TraceSet", path: str | Path, load: Any = None) -> Learned:
     if not out.evidence:
         raise InputError(f"{path}: the tune store has no capped recorded run that survived an OOM (nothing fell back)")
     return out
+
+
+def _snapshot(store: str | Path, name: str) -> Path:
+    """A recorded run named in a store: as written (tune's working directory), else beside the store."""
+    p = Path(name)
+    if p.is_file():
+        return p
+    beside = Path(store).parent / p
+    if beside.is_file():
+        return beside
+    raise InputError(f"--store {store}: the recorded run {name} it names is gone (tune's work directory was removed?)")
 
 
 def _store_trials(path: Path) -> list[dict[str, Any]]:
