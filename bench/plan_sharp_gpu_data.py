@@ -6,9 +6,10 @@ seconds, timm resnet50 image side, a Llama prompt length), calibration runs of t
 at the middle size under a cap (`cal_{workload}_{size}_{mid,tight}`), and `truth.json`: the real
 largest size that completes under two caps x two settings, by bisection in fresh processes.
 
-For each workload x cap x setting: plan's answer from the recordings alone, and with every
+For each workload x cap x setting: plan's answer from the recordings alone, with every
 calibration run of that workload given as `--calibration` (the evidence that decides which
-workspaces fall back), against the largest size seen to fit and the smallest seen to fail.
+workspaces fall back), and with a recording of the program on other inputs with C++ stacks
+(`FRAMES`, HuBERT only), against the largest size seen to fit and the smallest seen to fail.
 The bar (#28): never at or above the smallest failing size, within 2 % of the largest fitting,
 no range where a calibration exists, no "≥" where the truth is within 8x the largest recording.
 
@@ -28,6 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "bench")]
 CONFS = {"default": "", "expandable": "expandable_segments:True"}
+# Recordings with C++ stacks of the same program on other inputs (an earlier session, kept in the repository).
+FRAMES = {"hubert": ROOT / "tests" / "data" / "size_recordings" / "hubert_2clips_cpp.pickle.xz"}
 
 
 def _recordings(data: Path, workload: str, sizes: list[int]) -> list[str]:
@@ -77,7 +80,8 @@ def rows(data: Path) -> list[dict]:
     for workload in sorted(sizes):
         caps = sorted({b["cap"] for b in bis.values() if b["name"].startswith(f"plan_{workload}_")})
         cals = _calibrations(data, workload)
-        for label, cal in (("recordings", []), ("+ calibration", cals)):
+        frames = [str(FRAMES[workload])] if workload in FRAMES and FRAMES[workload].is_file() else []
+        for label, cal in (("recordings", []), ("+ calibration", cals), ("+ C++ frames, other input", frames)):
             if label != "recordings" and not cal:
                 continue
             t0 = time.perf_counter()
@@ -125,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     append_section(args.out / "plan_sharp_gpu_data.md", "plan on real H200 data vs the real bisection (#28)",
                    command(), body)
     for workload in sorted({r["workload"] for r in rs}):
-        for ev in ("recordings", "+ calibration"):
+        for ev in ("recordings", "+ calibration", "+ C++ frames, other input"):
             part = [r for r in rs if r["workload"] == workload and r["evidence"] == ev]
             if part:
                 cells = ", ".join(f"{r['setting']} {r['cap']} {r['answer']} (real {r['ok']}/{r['fail']})" for r in part)

@@ -33,7 +33,7 @@ def test_rvc_audio_seconds_held_back_within_one_percent():
     assert h.same_structure and abs(h.error_vs_real) <= 0.01
 
 
-def _hubert_plan(calibrations):
+def _hubert_plan(calibrations, extra=()):
     import json
 
     from alloctune.plan.service import run
@@ -46,7 +46,7 @@ def _hubert_plan(calibrations):
     caps = sorted({b["cap"] for b in bis.values()})
     confs = {"default": "", "expandable": "expandable_segments:True"}
     rep = run(specs, caps=caps, confs=list(confs.values()), curve=[],
-              calibrations=[f"{DATA / c}:16" for c in calibrations])
+              calibrations=[f"{DATA / c}:16" for c in calibrations] + list(extra))
     out = []
     for s, name in zip(rep.result.settings, confs):
         for x in s.largest:
@@ -72,3 +72,15 @@ def test_hubert_without_evidence_is_a_range_that_names_the_calibration_to_record
     assert res.fallible["decided_by"] == "none" and res.fallible["range"]
     assert "--calibration calibration-" in res.fallible["record"] and "hubert" in res.fallible["record"]
     assert any(int(x.largest) < 0.9 * ok for x, ok, _ in answers)  # the conservative end is far below the truth
+
+
+def test_hubert_frames_from_a_run_of_other_inputs_decide_too():
+    """A recording with C++ stacks of the same program on other clips (an earlier session): its cuDNN frames name
+    the workspaces, placed on the size recordings by alignment; the answers are the real largest sizes."""
+    cpp = DATA / "hubert_2clips_cpp.pickle.xz"
+    if not cpp.is_file():
+        pytest.skip("no hubert C++-stack recording")
+    res, answers = _hubert_plan([], extra=[str(cpp)])
+    assert res.fallible["decided_by"] == "frames" and not res.fallible["range"]
+    for x, ok, fail in answers:
+        assert x.optimistic is None and int(x.largest) < fail and abs(int(x.largest) / ok - 1) <= 0.02, x

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from alloctune.errors import InputError
 from alloctune.plan.align import Token, pair, structure
 from alloctune.trace.fallible import NO_WORKSPACE, SCRATCH_MIN, has_cpp_frames, learn_from_calibration, tag_by_frames
-from alloctune.trace.model import ALLOC, EMPTY_CACHE, FREE, Trace
+from alloctune.trace.model import ALLOC, EMPTY_CACHE, FAILED_ALLOC, FREE, Trace
 from alloctune.units import MiB, format_size
 
 if TYPE_CHECKING:
@@ -296,8 +296,9 @@ def _text(size: Any) -> str | None:
 def learn(ts: "TraceSet", recordings: Sequence[tuple[Any, Trace]] = (),
           calibrations: Sequence[tuple[Any, Trace, str]] = (), store: str | Path | None = None) -> Learned | None:
     """Every kind of evidence given, merged (None: none taught anything). `recordings`: the trace
-    set's own (size, trace) pairs, read for C++ frames; `calibrations`: (size or None, capped
-    trace, source name); the uncapped counterpart is the recording at that size when there is one."""
+    set's own (size, trace) pairs, read for C++ frames; `calibrations`: (size or None, run, source
+    name), a capped run whose requests failed (the uncapped counterpart is the recording at that size
+    when there is one) and/or a run with C++ stacks (placed by alignment, whatever its input)."""
     from alloctune.plan.traceset import as_size
 
     by_size = {as_size(x): t for x, t in recordings}
@@ -307,9 +308,13 @@ def learn(ts: "TraceSet", recordings: Sequence[tuple[Any, Trace]] = (),
         part = from_frames(ts, trace, x, str(trace.source))
         if part is not None:
             parts.append(part)
-    for x, capped, source in calibrations:
-        uncapped = by_size.get(as_size(x)) if x is not None else None
-        parts.append(from_calibration(ts, capped, x, uncapped, source))
+    for x, run, source in calibrations:
+        frames = from_frames(ts, run, x, source)  # a run with C++ stacks names its workspaces itself
+        if frames is not None:
+            parts.append(frames)
+        if FAILED_ALLOC in run.requests.ops:
+            uncapped = by_size.get(as_size(x)) if x is not None else None
+            parts.append(from_calibration(ts, run, x, uncapped, source))
     if store is not None:
         parts.append(from_store(ts, store))
     for part in parts:  # later parts first: a calibration overrides frames' "no workspace"
