@@ -247,3 +247,17 @@ def test_bad_evidence_is_one_line(tmp_path, capfd):
         assert cli_exit(["plan", *specs, "--cap", f"{CAP}B", "--curve", "40", *extra]) == 2, extra
         err = capfd.readouterr().err
         assert err.startswith("alloctune: error:") and "Traceback" not in err and err.count("\n") <= 2, err
+
+
+def test_python_api_takes_the_evidence(tmp_path, truth):
+    from alloctune.plan import plan as api_plan
+
+    specs = []
+    for s, t in _recordings():
+        p = tmp_path / f"conv{s}.atrace"
+        save_compact(t, p)
+        specs.append(f"{p}:{s}")
+    cal = tmp_path / "cal.atrace"
+    save_compact(_run(110, CAP)[1], cal)
+    res = api_plan(specs, calibrations=[f"{cal}:110"], caps=[CAP], curve=[])
+    assert res.fallible["decided_by"] == "calibration" and _sharp(res.settings[0].largest[0].largest, truth)
