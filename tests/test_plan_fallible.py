@@ -261,3 +261,24 @@ def test_python_api_takes_the_evidence(tmp_path, truth):
     save_compact(_run(110, CAP)[1], cal)
     res = api_plan(specs, calibrations=[f"{cal}:110"], caps=[CAP], curve=[])
     assert res.fallible["decided_by"] == "calibration" and _sharp(res.settings[0].largest[0].largest, truth)
+
+
+def test_a_damaged_learned_entry_in_a_saved_set_is_refused(tmp_path):
+    import gzip
+
+    from alloctune.errors import TraceError
+
+    recs = _recordings()
+    ts = build(recs)
+    from dataclasses import replace
+
+    path = tmp_path / "conv.atraceset"
+    fileformat.save(replace(ts, learned=learn(ts, recs, [(120, _run(120, 1000 * MiB)[1], "cal")])), path)
+    d = json.loads(gzip.decompress(path.read_bytes()))
+    for bad in ({"sites": [{"0": -5}]}, {"sites": [{"99999": 1}]}, {"sites": [{"3": "7/2"}]},
+                {"evidence": [{"kind": "x", "source": "s", "size": None, "cap": None, "learned": 1, "placed": 1,
+                               "same_kind": 0}]}):
+        blob = json.dumps({**d, "learned": {**d["learned"], **bad}}).encode()
+        (tmp_path / "bad.atraceset").write_bytes(gzip.compress(blob))
+        with pytest.raises(TraceError):
+            fileformat.load(tmp_path / "bad.atraceset")

@@ -99,7 +99,8 @@ class Learned:
         return out
 
     def merged(self, other: "Learned") -> "Learned":
-        """Both: a calibrated rule wins over a frames one (it says what the request became)."""
+        """Both pieces of evidence; where both name a request, this one's rule is kept (`learn` merges
+        later evidence over earlier, so a calibration's rule wins over frames' "no workspace")."""
         sites = tuple({**b, **a} for a, b in zip(_pad(self.sites, other.sites), _pad(other.sites, self.sites)))
         return Learned(sites, self.evidence + other.evidence)
 
@@ -114,10 +115,15 @@ class Learned:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Learned":
+        """Read back `to_dict` (a saved trace set); ValueError on anything it could not have written."""
         sites = tuple({int(i): _rule_from(r) for i, r in s.items()} for s in d.get("sites") or ())
         keys = ("kind", "source", "size", "cap", "learned", "placed", "same_kind")
-        evidence = tuple(Evidence(**{k: e[k] for k in keys})
-                         for e in d.get("evidence") or ())
+        evidence = tuple(Evidence(**{k: e[k] for k in keys}) for e in d.get("evidence") or ())
+        for e in evidence:
+            counts = (e.learned, e.placed, e.same_kind) + ((e.cap,) if e.cap is not None else ())
+            known = e.kind in ("calibration", "frames", "store")
+            if not known or not all(isinstance(n, int) and n >= 0 for n in counts):
+                raise ValueError("learned fallible requests: damaged evidence")
         return cls(sites, evidence)
 
 
@@ -130,7 +136,10 @@ def _rule_json(rule: Any) -> Any:
 
 
 def _rule_from(value: Any) -> Any:
-    return int(value) if isinstance(value, int) else Fraction(str(value))
+    rule = int(value) if isinstance(value, int) else Fraction(str(value))
+    if not (0 <= rule <= SMALL if isinstance(rule, int) else 0 < rule < 1):
+        raise ValueError(f"learned fallible requests: a fallback of {value!r} is not one")
+    return rule
 
 
 # ---- placing one stream's fallible requests on the trace set's structures -----------------------------
