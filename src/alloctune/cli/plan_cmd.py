@@ -78,6 +78,11 @@ def register(app: typer.Typer) -> None:
                                               "input size goes) at each predicted largest size under the target's "
                                               "budget; on a failure step down by the bound and run once more"),
         confirm_runs: int = typer.Option(2, "--confirm-runs", help="runs per answer for --confirm, at most"),
+        calibration: Optional[List[str]] = typer.Option(None, "--calibration", help="a capped run of the program "
+                                                        "whose workspaces fell back, FILE[:SIZE] (repeatable): "
+                                                        "which requests it gives up, so each answer is one number"),
+        store: Optional[Path] = typer.Option(None, "--store", help="a tune store of the same program: its capped "
+                                             "recorded runs teach the fallbacks, as --calibration does"),
         json_out: bool = typer.Option(False, "--json", help="print machine-readable JSON"),
     ) -> None:
         """Largest input size per card/cap and setting, min budget vs size, and the card one size needs.
@@ -120,6 +125,8 @@ def register(app: typer.Typer) -> None:
             confirm=_command(confirm),
             confirm_runs=confirm_runs,
             runner=_runner() if confirm is not None else None,
+            calibrations=list(calibration or []),
+            store=store,
         )
         if json_out:
             print_json(report.to_dict())

@@ -11,9 +11,24 @@ from typing import Any
 
 def render_plan(report: Any) -> None:
     """Print the plan report: header, saved/exported files, hold-back check and the answer tables."""
-    from rich.table import Table
+    res = report.result
+    _header(report)
+    confs = [s.conf or "(unset)" for s in res.settings]
+    if res.settings and res.settings[0].largest:
+        _largest_table(res, confs)
+    _curve_table(res, confs)
+    if res.settings and res.settings[0].at_size:
+        _at_size_table(res, confs)
+    if report.rvc:
+        _rvc_table(report.rvc)
+    if report.confirmations:
+        _confirm_table(report.confirmations)
+    _footer(report)
 
-    from alloctune.cli.common import console, warn
+
+def _header(report: Any) -> None:
+    """The recordings and their laws, files written, the hold-back check."""
+    from alloctune.cli.common import console
     from alloctune.units import format_size
 
     res = report.result
@@ -37,31 +52,58 @@ def render_plan(report: Any) -> None:
             f"{format_size(h.peak_generated)}, {h.error_vs_replay:+.2%} vs the recording replayed{real}"
             + ("" if h.same_structure else "; structure differs from the recording")
         )
-    confs = [s.conf or "(unset)" for s in res.settings]
-    if res.settings and res.settings[0].largest:
-        t = Table(title=f"largest size that completes (search {res.search[0]}..{res.search[1]}, step {res.step})")
-        t.add_column("target")
-        for c in confs:
-            t.add_column(c, justify="right")
-        for k, item in enumerate(res.settings[0].largest):
-            cells = []
-            for s in res.settings:
-                x = s.largest[k]
-                if x.largest is None:
-                    cells.append("none")
-                else:
-                    cell = ("≥ " if x.first_failing is None else "") + x.largest + (" *" if x.extrapolated else "")
-                    if x.bound:
-                        cell += f" ±{x.bound:.0%}"
-                    if x.first_failing is None and x.stopped in ("extrapolation", "bound"):
-                        cell += " ‡"
-                    if x.optimistic is not None and x.optimistic != x.largest:
-                        cell += f" .. {x.optimistic}"
-                    if x.completes_again is not None:
-                        cell += " †"
-                    cells.append(cell)
-            t.add_row(item.target.label, *cells)
-        console.print(t)
+
+
+def _largest_cell(x: Any) -> str:
+    """One answer with its marks (see the legend in `_footer`)."""
+    if x.largest is None:
+        return "none"
+    cell = ("≥ " if x.first_failing is None else "") + x.largest + (" *" if x.extrapolated else "")
+    if x.bound:
+        cell += f" ±{x.bound:.0%}"
+    if x.first_failing is None and x.stopped in ("extrapolation", "bound"):
+        cell += " ‡"
+    if x.optimistic is not None and x.optimistic != x.largest:
+        cell += f" .. {x.optimistic}"
+    if x.completes_again is not None:
+        cell += " †"
+    return cell
+
+
+def _largest_table(res: Any, confs: list[str]) -> None:
+    from rich.table import Table
+
+    from alloctune.cli.common import console
+
+    t = Table(title=f"largest size that completes (search {res.search[0]}..{res.search[1]}, step {res.step})")
+    t.add_column("target")
+    for c in confs:
+        t.add_column(c, justify="right")
+    for k, item in enumerate(res.settings[0].largest):
+        t.add_row(item.target.label, *[_largest_cell(s.largest[k]) for s in res.settings])
+    console.print(t)
+    _fallible_line(res.fallible)
+
+
+def _fallible_line(f: dict[str, Any]) -> None:
+    """Which evidence decided the workspace requests, or the commands that would make a range one number."""
+    from alloctune.cli.common import console
+
+    if not f:
+        return
+    if f["decided_by"] not in ("none", "recorded fallbacks"):
+        console.print(f"one number per answer: {f['requests']} workspace request(s) decided by "
+                      f"{f['decided_by']} (" + "; ".join(e["text"] for e in f["evidence"]) + ")")
+    elif f.get("range") and f.get("record"):
+        console.print(f"[bold]to make each A .. B one number[/bold]: {f['record']}")
+
+
+def _curve_table(res: Any, confs: list[str]) -> None:
+    from rich.table import Table
+
+    from alloctune.cli.common import console
+    from alloctune.units import format_size
+
     t = Table(title="min budget (peak reserved uncapped) by size")
     t.add_column("size", justify="right")
     for c in confs:
@@ -74,38 +116,64 @@ def render_plan(report: Any) -> None:
             cells.append(f"{mb} ({format_size(q.peak_reserved)})")
         t.add_row(p.size + (" *" if p.extrapolated else ""), *cells)
     console.print(t)
-    if res.settings and res.settings[0].at_size:
-        a0 = res.settings[0].at_size
-        t = Table(title=f"size {a0.size}")
-        for col in ("setting", "peak reserved", "min budget", "smallest card", *a0.completes):
-            t.add_column(col, justify="right")
-        for s, c in zip(res.settings, confs):
-            a = s.at_size
-            t.add_row(c, format_size(a.peak_reserved), format_size(a.min_budget) if a.min_budget else "n/a",
-                      format_size(a.smallest_card) if a.smallest_card else "n/a",
-                      *["yes" if ok else "OOM" for ok in a.completes.values()])
-        console.print(t)
-        for n in a0.notes:
-            warn(n)
-    if report.rvc:
-        t = Table(title="RVC: the chunk that fits vs RVC's preset")
-        for col in ("setting", "card", "preset", "preset chunk s", "fits audio s", "fits chunk s", "verdict"):
-            t.add_column(col)
-        for r in report.rvc:
-            t.add_row(r.conf or "(unset)", r.target, r.preset, f"{r.preset_chunk_s:g}",
-                      f"{r.fits_audio_s:g}" if r.fits_audio_s is not None else "-",
-                      f"{r.fits_chunk_s:g}" if r.fits_chunk_s is not None else "-", r.verdict)
-        console.print(t)
-    if report.confirmations:
-        t = Table(title="--confirm: predicted vs confirmed on the GPU")
-        for col in ("setting", "target", "predicted", "confirmed", "runs (size: outcome)"):
-            t.add_column(col)
-        for c in report.confirmations:
-            t.add_row(c.conf or "(unset)", c.target, c.predicted or "-", c.confirmed or "none",
-                      ", ".join(f"{r.size}: {r.outcome}" for r in c.runs) or "-")
-        console.print(t)
-        for c in report.confirmations:
-            console.print(f"{c.conf or '(unset)'} on {c.target}: {c.note}")
+
+
+def _at_size_table(res: Any, confs: list[str]) -> None:
+    from rich.table import Table
+
+    from alloctune.cli.common import console, warn
+    from alloctune.units import format_size
+
+    a0 = res.settings[0].at_size
+    t = Table(title=f"size {a0.size}")
+    for col in ("setting", "peak reserved", "min budget", "smallest card", *a0.completes):
+        t.add_column(col, justify="right")
+    for s, c in zip(res.settings, confs):
+        a = s.at_size
+        t.add_row(c, format_size(a.peak_reserved), format_size(a.min_budget) if a.min_budget else "n/a",
+                  format_size(a.smallest_card) if a.smallest_card else "n/a",
+                  *["yes" if ok else "OOM" for ok in a.completes.values()])
+    console.print(t)
+    for n in a0.notes:
+        warn(n)
+
+
+def _rvc_table(rows: Any) -> None:
+    from rich.table import Table
+
+    from alloctune.cli.common import console
+
+    t = Table(title="RVC: the chunk that fits vs RVC's preset")
+    for col in ("setting", "card", "preset", "preset chunk s", "fits audio s", "fits chunk s", "verdict"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r.conf or "(unset)", r.target, r.preset, f"{r.preset_chunk_s:g}",
+                  f"{r.fits_audio_s:g}" if r.fits_audio_s is not None else "-",
+                  f"{r.fits_chunk_s:g}" if r.fits_chunk_s is not None else "-", r.verdict)
+    console.print(t)
+
+
+def _confirm_table(confirmations: Any) -> None:
+    from rich.table import Table
+
+    from alloctune.cli.common import console
+
+    t = Table(title="--confirm: predicted vs confirmed on the GPU")
+    for col in ("setting", "target", "predicted", "confirmed", "runs (size: outcome)"):
+        t.add_column(col)
+    for c in confirmations:
+        t.add_row(c.conf or "(unset)", c.target, c.predicted or "-", c.confirmed or "none",
+                  ", ".join(f"{r.size}: {r.outcome}" for r in c.runs) or "-")
+    console.print(t)
+    for c in confirmations:
+        console.print(f"{c.conf or '(unset)'} on {c.target}: {c.note}")
+
+
+def _footer(report: Any) -> None:
+    """The figure, the legend, the notes and the time taken."""
+    from alloctune.cli.common import console, warn
+
+    res = report.result
     if report.figure:
         console.print(f"figure written to [bold]{report.figure}[/bold]")
     elif report.figure_skipped:

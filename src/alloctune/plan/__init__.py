@@ -16,16 +16,27 @@ from alloctune.plan.answer import PlanResult
 from alloctune.plan.traceset import TraceSet, build
 
 
-def plan(source: TraceSet | str | Sequence[str], **kwargs: Any) -> PlanResult:
+def plan(source: TraceSet | str | Sequence[str], *, calibrations: Sequence[str] = (), store: Any = None,
+         **kwargs: Any) -> PlanResult:
     """Answer the capacity questions for a trace set, a `.atraceset` path, or `FILE:SIZE` specs.
 
-    Keyword arguments are those of `alloctune.plan.answer.plan` (confs, cards, caps, size, ...).
+    `calibrations` (capped runs or C++-stack recordings, `FILE[:SIZE]`) and `store` (a tune store)
+    decide the program's fallible workspaces (`plan.fallible`; `plan.service.run` also reads the
+    recordings' own frames). Other keyword arguments are those of `alloctune.plan.answer.plan`
+    (confs, cards, caps, size, ...).
     """
+    from dataclasses import replace
+
     from alloctune.plan.answer import plan as answer
-    from alloctune.plan.inputs import traceset_from
+    from alloctune.plan.fallible import learn
+    from alloctune.plan.inputs import load_calibrations, traceset_from
 
     if not isinstance(source, TraceSet):
         source = traceset_from([source] if isinstance(source, str) else list(source))
+    if calibrations or store is not None:
+        learned = learn(source, (), load_calibrations(calibrations), store)
+        if learned is not None:
+            source = replace(source, learned=learned if source.learned is None else learned.merged(source.learned))
     return answer(source, **kwargs)
 
 

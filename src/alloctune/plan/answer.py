@@ -194,6 +194,7 @@ class PlanResult:
     wall_s: float
     traceset: dict[str, Any] = field(default_factory=dict)  # TraceSet.summary()
     errors: dict[str, Any] | None = None  # ErrorModel.to_dict(): what the answers' bounds rest on
+    fallible: dict[str, Any] = field(default_factory=dict)  # `_fallible`: what decided the workspaces / what to record
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -210,6 +211,7 @@ class PlanResult:
             "wall_s": self.wall_s,
             "traceset": self.traceset,
             "errors": self.errors,
+            "fallible": self.fallible,
         }
 
 
@@ -298,7 +300,9 @@ def plan(
     probe = _Prober(ts, torch, context)
     probe.errors = errors
     inexact = len(workspaces(ts, ts.variants[0]))
-    upper = _Prober(ts, torch, context, optimistic=True) if bounds and inexact and not ts.fallbacks else None
+    decided = ts.learned is not None and ts.learned.decided_by != "none"
+    upper = (_Prober(ts, torch, context, optimistic=True)
+             if bounds and inexact and not ts.fallbacks and not decided else None)
     if upper is not None:
         upper.errors = errors  # the optimistic end leaves the same room
     curve_sizes = sorted({as_size(x) for x in curve} if curve is not None else _default_curve(sizes, grid))
@@ -308,6 +312,7 @@ def plan(
            for text, st in settings]
     summary = ts.summary()
     notes = _notes(ts, summary, inexact, upper is not None, bool(card_sizes) or at is not None, context)
+    fallible = _fallible(ts, out, inexact, context)
     if errors is not None:
         notes.append(f"error bound: {errors.evidence}; every largest size leaves room for it (--json: bound)")
     elif targets:
@@ -319,14 +324,41 @@ def plan(
         step=size_text(grid),
         search=(size_text(grid), size_text(max(_searched(out) or [top]))),
         settings=tuple(out),
-        conservative=not ts.fallbacks,
+        conservative=not ts.fallbacks and not decided,
         notes=tuple(notes),
         context_bytes=context,
         replays=probe.replays + (upper.replays if upper else 0),
         wall_s=time.perf_counter() - t0,
         traceset=summary,
         errors=errors.to_dict() if errors is not None else None,
+        fallible=fallible,
     )
+
+
+def _fallible(ts: TraceSet, plans: Sequence["SettingPlan"], inexact: int, context: int) -> dict[str, Any]:
+    """What decided the workspace requests (`decided_by`: calibration / frames / store, or none), the
+    evidence, and where an answer is still a range (conservative .. optimistic) the commands that make
+    it one number (`record`)."""
+    from alloctune.plan.fallible import record_hint
+
+    learned = ts.learned
+    decided = learned is not None and learned.decided_by != "none"
+    out: dict[str, Any] = {
+        "decided_by": learned.decided_by if decided else ("recorded fallbacks" if ts.fallbacks else "none"),
+        "requests": learned.requests if decided else len(ts.fallbacks),
+        "workspace_shaped": inexact,
+        "evidence": [e.to_dict() for e in learned.evidence] if learned is not None else [],
+        "range": False,
+        "record": None,
+    }
+    for p in plans:
+        for x in p.largest:
+            if x.optimistic is not None and x.optimistic != x.largest:
+                out["range"] = True
+                if out["record"] is None:
+                    budget = x.target.bytes if x.target.kind == "cap" else x.target.bytes - context
+                    out["record"] = record_hint(ts, x.optimistic, budget)
+    return out
 
 
 def _search_range(sizes: Sequence[Fraction], step: Any, max_size: Any) -> tuple[Fraction, Fraction]:
@@ -381,7 +413,7 @@ def _notes(ts: TraceSet, summary: dict[str, Any], inexact: int, bounded: bool, c
            context: int) -> list[str]:
     """What a reader must know to trust the answers (conservative or bounded, structure, laws, context)."""
     notes = []
-    if not ts.fallbacks:
+    if not ts.fallbacks and (ts.learned is None or ts.learned.decided_by == "none"):
         notes.append(
             "conservative: no fallible-request model in these recordings (a request the program would retry "
             "smaller, such as a cuDNN workspace, is taken as fatal), so real largest sizes can only be larger"
@@ -389,8 +421,26 @@ def _notes(ts: TraceSet, summary: dict[str, Any], inexact: int, bounded: bool, c
                "law, or freed by the next request) fallible down to nothing: the real answer lies between"
                if bounded else "")
         )
-    else:
+    elif ts.fallbacks:
         notes.append(f"{len(ts.fallbacks)} fallible request(s) honoured with the fallback sizes recorded at one size")
+    if ts.learned is not None and ts.learned.decided_by != "none":
+        kept = max(0, inexact - ts.learned.requests)
+        why = ("their C++ stacks say they are not workspaces" if "frames" in ts.learned.decided_by else
+               "they never fell back there, so an answer can only be small; a calibration capped near the answer "
+               "tests the ones that matter")
+        notes.append(
+            f"one answer: {ts.learned.requests} workspace request(s) fall back as learned from "
+            + "; ".join(e.text() for e in ts.learned.evidence)
+            + (f"; the other {kept} workspace-shaped request(s) are taken as fixed ({why})" if kept else "")
+        )
+    elif ts.learned is not None:
+        unplaced = [e for e in ts.learned.evidence if e.learned]
+        notes.append(
+            ("the fallible-request evidence given could not be placed on these recordings (another program, or its "
+             "stream differs from theirs): " if unplaced else
+             "the evidence given shows no request falling back (a calibration whose first failure was fatal, or "
+             "that never failed: record one under a cap between the peak allocated and the peak reserved): ")
+            + "; ".join(e.text() for e in ts.learned.evidence))
     if not ts.identical:
         notes.append(
             "the recordings differ in structure (a branch taken at some sizes only): between two recorded sizes of "

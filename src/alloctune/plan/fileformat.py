@@ -35,6 +35,7 @@ def to_dict(ts: TraceSet) -> dict[str, Any]:
         "laws": [law.to_json() for law in ts.laws],
         "fallbacks": {str(k): list(v) for k, v in ts.fallbacks.items()},
         "variants": [_variant_dict(v) for v in ts.variants],
+        "learned": ts.learned.to_dict() if ts.learned is not None else None,  # plan.fallible: learned once, kept
     }
 
 
@@ -69,12 +70,26 @@ def from_dict(d: dict[str, Any], source: str = "<traceset>") -> TraceSet:
             allocator_settings=dict(d.get("allocator_settings") or {}),
             meta=dict(d.get("meta") or {}),
             fallbacks={int(k): tuple(int(s) for s in v) for k, v in (d.get("fallbacks") or {}).items()},
+            learned=_learned_from(d.get("learned"), variants),
         )
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         raise TraceError(f"{source}: the trace set is damaged ({type(exc).__name__}: {exc})") from None
     if not variants:
         raise TraceError(f"{source}: the trace set has no request structure")
     return ts
+
+
+def _learned_from(d: Any, variants: tuple[Variant, ...]) -> Any:
+    """The learned fallible requests (plan.fallible), each index checked against its variant."""
+    if d is None:
+        return None
+    from alloctune.plan.fallible import Learned
+
+    learned = Learned.from_dict(d)
+    for sites, v in zip(learned.sites, variants):
+        if any(not 0 <= i < len(v.ops) for i in sites):
+            raise ValueError("a learned fallible request lies outside its structure")
+    return learned
 
 
 def _variant_from(d: dict[str, Any], n_laws: int) -> Variant:

@@ -15,6 +15,7 @@ from alloctune.errors import InputError
 from alloctune.plan import fileformat
 from alloctune.plan.traceset import TraceSet, as_size, build
 from alloctune.trace.load import load_trace, read_sidecar
+from alloctune.trace.fallible import has_cpp_frames
 from alloctune.trace.model import FAILED_ALLOC, Trace
 
 _TRACE_SUFFIXES = (".pickle", ".pickle.xz", ".pickle.gz", ".pickle.bz2", ".atrace", ".atrace.gz")
@@ -69,6 +70,33 @@ def load_recordings(specs: Sequence[str]) -> list[tuple[Any, Trace]]:
     return out
 
 
+def load_calibrations(specs: Sequence[str], inputs: Sequence[str] = ()) -> list[tuple[Any, Trace, str]]:
+    """Runs of the program that teach its fallbacks: each `FILE[:SIZE]` of `specs`, a capped run whose
+    requests failed or a recording with C++ stacks (the size from the sidecar when not given),
+    and every recording of a directory in `inputs` that completed although some request failed (a
+    capped `record --size` run whose workspaces fell back)."""
+    out: list[tuple[Any, Trace, str]] = []
+    for spec in specs:
+        path, size = parse_spec(spec)
+        if not path.is_file():
+            raise InputError(f"--calibration {spec}: no such file")
+        trace = load_trace(path)
+        if size is None:
+            size = read_sidecar(path).get("size")
+        if FAILED_ALLOC not in trace.requests.ops and not has_cpp_frames(trace):
+            raise InputError(f"--calibration {spec}: no request failed in this run and it has no C++ stacks, so it "
+                             "shows no fallback (run it under a smaller --budget, or record it with --stacks all)")
+        out.append((size, trace, str(path)))
+    named = {parse_spec(s)[0] for s in inputs}
+    for path, size in (expand(inputs) if any(parse_spec(s)[0].is_dir() for s in inputs) else ()):
+        if path in named:
+            continue
+        trace = load_trace(path)
+        if FAILED_ALLOC in trace.requests.ops and trace.meta.get("outcome") != "oom":
+            out.append((size, trace, str(path)))
+    return out
+
+
 def traceset_from(specs: Sequence[str]) -> TraceSet:
     """One saved trace set, or recordings at two or more sizes (aligned and fitted here)."""
     if not specs:
@@ -87,4 +115,4 @@ def traceset_from(specs: Sequence[str]) -> TraceSet:
     return build(recs)
 
 
-__all__ = ["parse_spec", "expand", "load_recordings", "traceset_from"]
+__all__ = ["parse_spec", "expand", "load_recordings", "load_calibrations", "traceset_from"]

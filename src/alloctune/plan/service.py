@@ -64,12 +64,17 @@ def run(
     confirm: Sequence[str] | None = None,
     confirm_runs: int = 2,
     runner: Any = None,
+    calibrations: Sequence[str] = (),
+    store: str | Path | None = None,
     **plan_kwargs: Any,
 ) -> PlanReport:
     """Build or load the trace set, optionally save it, check it on a held-back recording, write the
     stream generated at one size (`export="SIZE:FILE"`, an alloctune compact trace that `simulate`
     and `trace` read), and plan; `confirm` (a command, `{size}` where the input size goes): run it at
-    each predicted largest size under the target's budget (`plan.confirm`)."""
+    each predicted largest size under the target's budget (`plan.confirm`). `calibrations` (capped
+    recordings FILE[:SIZE]) and `store` (a tune store of the program), together with C++ frames in
+    the recordings and the capped recordings of a `record --size` directory, decide which requests
+    the program gives up under a cap (`plan.fallible`), so each answer is one number."""
     t0 = time.perf_counter()
     held = None
     errors = None
@@ -82,9 +87,15 @@ def run(
             raise InputError("--hold-back needs recordings at three or more sizes (two to fit, one to check)")
         held = holdout(recs, hold_back, plan_kwargs.get("torch"))
         ts = build(recs)
-    else:
+    elif saved_set:
         ts = traceset_from(inputs)
-        recs = [] if saved_set else None
+        recs = []
+    else:
+        recs = load_recordings(inputs)
+        if len(recs) < 2:
+            raise InputError("recordings at two or more input sizes are needed (FILE:SIZE FILE:SIZE ...)")
+        ts = build(recs)
+    ts = _with_learned(ts, recs, inputs, calibrations, store)
     if check and not saved_set and (plan_kwargs.get("cards") or plan_kwargs.get("caps")):
         recs = recs or load_recordings(inputs)
         if len(recs) >= 3:
@@ -111,6 +122,23 @@ def run(
         confirmations = tuple(confirm_runs_of(result, confirm, runner=runner, max_runs=confirm_runs))
     return PlanReport(result, saved, saved_bytes, held, rows, figure, skipped, time.perf_counter() - t0, exported,
                       confirmations)
+
+
+def _with_learned(ts: Any, recs: Sequence[tuple[Any, Any]], inputs: Sequence[str], calibrations: Sequence[str],
+                  store: str | Path | None) -> Any:
+    """The trace set with the fallible requests every piece of evidence teaches (`plan.fallible.learn`)."""
+    from dataclasses import replace
+
+    from alloctune.plan.fallible import learn
+    from alloctune.plan.inputs import load_calibrations
+
+    cals = load_calibrations(calibrations, inputs)
+    learned = learn(ts, recs, cals, store)
+    if learned is None:
+        return ts
+    if ts.learned is not None:  # a saved trace set keeps what it learned before
+        learned = learned.merged(ts.learned)
+    return replace(ts, learned=learned)
 
 
 def error_model(recs: Sequence[tuple[Any, Any]], held: Holdout | None, torch: str | None) -> ErrorModel:

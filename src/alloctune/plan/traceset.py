@@ -86,6 +86,7 @@ class TraceSet:
     allocator_settings: dict[str, Any]
     meta: dict[str, Any]  # workload, unit, sources, recorded peaks per size
     fallbacks: dict[int, tuple[int, ...]] = field(default_factory=dict)  # variant 0 request -> fallback sizes
+    learned: Any = None  # plan.fallible.Learned: fallible workspaces placed on every variant (None: no evidence)
 
     @property
     def identical(self) -> bool:
@@ -141,6 +142,8 @@ class TraceSet:
         req.event_index = list(range(len(v.ops)))
         if v is self.variants[0]:
             req.fallbacks = dict(self.fallbacks)
+        if self.learned is not None:
+            req.fallbacks.update(self.learned.fallbacks(self.variants.index(v), sizes))
         if fallible_inexact:
             for i in workspaces(self, v):
                 req.fallbacks.setdefault(i, (0,))
@@ -330,9 +333,28 @@ def _meta(meta: dict[str, Any] | None, recs: Sequence[tuple[Fraction, Trace]], f
     meta.setdefault("sources", {size_text(x): t.source for x, t in recs})
     peaks = {size_text(x): _recorded_peak(t) for x, t in recs}
     meta.setdefault("recorded_peak_reserved", {k: v for k, v in peaks.items() if v is not None})
+    commands = {size_text(x): _command(t.meta) for x, t in recs if _command(t.meta)}
+    if commands:
+        meta.setdefault("commands", commands)  # the program's command per size (record's sidecar): for hints
     if "workload" not in meta and first.meta.get("workload"):
         meta["workload"] = first.meta["workload"]
     return meta
+
+
+def _command(meta: dict[str, Any]) -> list[str] | None:
+    """The recorded command: record's sidecar `command`, else a `workload` that is a command line."""
+    import shlex
+
+    cmd = meta.get("command")
+    if isinstance(cmd, list) and all(isinstance(w, str) for w in cmd):
+        return cmd
+    workload = meta.get("workload")
+    if isinstance(workload, str) and " " in workload:
+        try:
+            return shlex.split(workload)
+        except ValueError:
+            return None
+    return None
 
 
 def _recorded_peak(trace: Trace) -> int | None:

@@ -68,6 +68,9 @@ class FallbackModel:
     # its fallback). The replay retries the full size first: it may hold more memory than the
     # program did there, and releases the cache on a failure the program did not have.
     cached_replacements: int = 0
+    # Uncapped request index -> the ladder learned there (a calibration; empty otherwise): where
+    # in the program each fallback happened, for traces whose byte sizes differ (plan.fallible).
+    sites: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -134,116 +137,135 @@ def learn_from_calibration(
 
     Both recordings are of the same program, so their streams are identical until the first
     failure; after a failed request the capped run asks for smaller sizes (or nothing) and
-    then goes on as before. The walk matches ALLOCs by size and FREEs through the mapping of
-    allocation ids; it skips empty_cache() differences (a capped run releases at other
-    moments) and re-synchronises within `window` requests; past a point it cannot explain,
-    it stops learning and counts what is left (`unaligned_requests`).
+    then goes on as before. The walk (`_Walk`) matches ALLOCs by size and FREEs through the
+    mapping of allocation ids; it skips empty_cache() differences (a capped run releases at
+    other moments) and re-synchronises within `window` requests; past a point it cannot
+    explain, it stops learning and counts what is left (`unaligned_requests`).
     """
-    u, c = uncapped.requests, capped.requests
-    nu, nc = len(u), len(c)
-    iu = ic = 0
-    rid_map: dict[int, int] = {}  # capped rid -> uncapped rid
-    dropped: set[int] = set()  # uncapped rids the capped run never allocated (replaced by nothing)
-    ladders: dict[int, tuple[int, ...]] = {}
-    conflicts = sticky = 0
-    # A failure counts as survivable only once the program is seen going on in step with the
-    # uncapped run (CONFIRM matching allocations later); a fatal OOM is followed by clean-up.
-    pending: tuple[int, tuple[int, ...], int] | None = None
-    while iu < nu and ic < nc:
-        uo, co = u.ops[iu], c.ops[ic]
-        if uo == EMPTY_CACHE:
-            iu += 1
-            continue
-        if co == EMPTY_CACHE:
-            ic += 1
-            continue
-        if uo == FREE and u.rids[iu] in dropped:
-            iu += 1
-            continue
-        if co == FAILED_ALLOC:
-            tries = []
-            while ic < nc and c.ops[ic] == FAILED_ALLOC:
-                tries.append(c.sizes[ic])
-                ic += 1
-            if uo == FAILED_ALLOC:  # the uncapped run failed too (a program probing memory)
-                while iu < nu and u.ops[iu] == FAILED_ALLOC:
-                    iu += 1
-                continue
-            if uo != ALLOC or not _rounds_to(u.sizes[iu], tries[0]):
-                ic -= len(tries)
-                break  # a failure we cannot attribute: stop learning here
-            size = u.sizes[iu]
-            nxt_u = _next_alloc(u, iu + 1)
-            if ic < nc and c.ops[ic] == ALLOC and c.sizes[ic] < size and (nxt_u is None or u.sizes[nxt_u] != c.sizes[ic]):
-                settled = c.sizes[ic]
-                rid_map[c.rids[ic]] = u.rids[iu]
-                ic += 1
-            else:
-                settled = NO_WORKSPACE
-                dropped.add(u.rids[iu])
-            if pending is not None:  # the program went on to its next (attributable) request
-                conflicts += _commit(ladders, pending)
-            pending = (size, _ladder(size, tries[1:], settled), 0)
-            iu += 1
-            continue
-        if uo == co == ALLOC and u.sizes[iu] == c.sizes[ic]:
-            rid_map[c.rids[ic]] = u.rids[iu]
-            iu += 1
-            ic += 1
-            if pending is not None:
-                size, ladder, seen = pending
-                pending = (size, ladder, seen + 1)
-                if seen + 1 >= CONFIRM:  # the program went on as before: the failure was survivable
-                    conflicts += _commit(ladders, pending)
-                    pending = None
-            continue
-        if uo == co == ALLOC and c.sizes[ic] < u.sizes[iu] and (
-                u.sizes[iu] in ladders or (pending is not None and pending[0] == u.sizes[iu])):
-            # A size that failed before is now asked for smaller at once: the library cached
-            # the algorithm it fell back to (cuDNN's plan cache), so no failure is recorded.
-            # The program went on, so a pending failure was survivable.
-            if pending is not None:
-                conflicts += _commit(ladders, pending)
-                pending = None
-            rid_map[c.rids[ic]] = u.rids[iu]
-            sticky += 1
-            iu += 1
-            ic += 1
-            continue
-        if uo == co == FREE and rid_map.get(c.rids[ic]) == u.rids[iu]:
-            iu += 1
-            ic += 1
-            continue
-        if uo == co == FAILED_ALLOC:
-            iu += 1
-            ic += 1
-            continue
-        # Out of step: find the capped request again a little further on in the uncapped stream.
-        j = _resync(u, c, iu, ic, rid_map, window)
-        if j is None:
-            break
-        iu = j
-    method = "calibration"
+    walk = _Walk(uncapped.requests, capped.requests, window)
+    walk.run()
     if cap is None:
         cap = capped.meta.get("cap") if capped.meta else None
     return FallbackModel(
-        ladders=ladders,
-        method=method,
+        ladders=walk.ladders,
+        method="calibration",
         calibration_cap=int(cap) if cap else None,
-        aligned_requests=ic,
-        unaligned_requests=nc - ic,
-        conflicts=conflicts,
-        cached_replacements=sticky,
+        aligned_requests=walk.ic,
+        unaligned_requests=len(capped.requests) - walk.ic,
+        conflicts=walk.conflicts,
+        cached_replacements=walk.sticky,
+        sites=walk.sites,
     )
 
 
-def _commit(ladders: dict[int, tuple[int, ...]], pending: tuple[int, tuple[int, ...], int]) -> int:
-    """Keep a confirmed ladder (the first one seen for its size); 1 if it conflicts with that one."""
-    size, ladder, _ = pending
-    if size in ladders:
-        return int(ladders[size] != ladder)
-    ladders[size] = ladder
-    return 0
+class _Walk:
+    """The alignment of `learn_from_calibration`, one named step per kind of request pair.
+
+    A failure counts as survivable only once the program is seen going on in step with the
+    uncapped run (CONFIRM matching allocations later); a fatal OOM is followed by clean-up.
+    `sites`: uncapped request index -> the ladder learned there (where it failed, or where a
+    cached fallback was asked for at once), so a size-parametric trace can place it by position.
+    """
+
+    def __init__(self, u: RequestStream, c: RequestStream, window: int) -> None:
+        self.u, self.c, self.window = u, c, window
+        self.iu = self.ic = 0
+        self.rid_map: dict[int, int] = {}  # capped rid -> uncapped rid
+        self.dropped: set[int] = set()  # uncapped rids the capped run never allocated (replaced by nothing)
+        self.ladders: dict[int, tuple[int, ...]] = {}
+        self.sites: dict[int, tuple[int, ...]] = {}
+        self.conflicts = self.sticky = 0
+        self.pending: tuple[int, tuple[int, ...], int, int] | None = None  # size, ladder, seen, uncapped index
+
+    def run(self) -> None:
+        u, c = self.u, self.c
+        while self.iu < len(u) and self.ic < len(c):
+            uo, co = u.ops[self.iu], c.ops[self.ic]
+            if uo == EMPTY_CACHE or (uo == FREE and u.rids[self.iu] in self.dropped):
+                self.iu += 1
+            elif co == EMPTY_CACHE:
+                self.ic += 1
+            elif co == FAILED_ALLOC:
+                if not self._failure(uo):
+                    return  # a failure we cannot attribute: stop learning here
+            elif uo == co == ALLOC and u.sizes[self.iu] == c.sizes[self.ic]:
+                self._same_alloc()
+            elif uo == co == ALLOC and c.sizes[self.ic] < u.sizes[self.iu] and self._failed_before(u.sizes[self.iu]):
+                self._cached_fallback()
+            elif uo == co == FREE and self.rid_map.get(c.rids[self.ic]) == u.rids[self.iu]:
+                self.iu += 1
+                self.ic += 1
+            else:  # out of step: find the capped request again a little further on in the uncapped stream
+                j = _resync(u, c, self.iu, self.ic, self.rid_map, self.window)
+                if j is None:
+                    return
+                self.iu = j
+
+    def _failure(self, uo: int) -> bool:
+        """A run of failed requests in the capped stream: what the uncapped request became."""
+        u, c = self.u, self.c
+        tries = []
+        while self.ic < len(c) and c.ops[self.ic] == FAILED_ALLOC:
+            tries.append(c.sizes[self.ic])
+            self.ic += 1
+        if uo == FAILED_ALLOC:  # the uncapped run failed too (a program probing memory)
+            while self.iu < len(u) and u.ops[self.iu] == FAILED_ALLOC:
+                self.iu += 1
+            return True
+        if uo != ALLOC or not _rounds_to(u.sizes[self.iu], tries[0]):
+            self.ic -= len(tries)
+            return False
+        size = u.sizes[self.iu]
+        nxt_u = _next_alloc(u, self.iu + 1)
+        ic = self.ic
+        replaced = ic < len(c) and c.ops[ic] == ALLOC and c.sizes[ic] < size
+        if replaced and (nxt_u is None or u.sizes[nxt_u] != c.sizes[ic]):
+            settled = c.sizes[ic]
+            self.rid_map[c.rids[ic]] = u.rids[self.iu]
+            self.ic += 1
+        else:
+            settled = NO_WORKSPACE
+            self.dropped.add(u.rids[self.iu])
+        self._commit()  # the program went on to its next (attributable) request
+        self.pending = (size, _ladder(size, tries[1:], settled), 0, self.iu)
+        self.iu += 1
+        return True
+
+    def _same_alloc(self) -> None:
+        self.rid_map[self.c.rids[self.ic]] = self.u.rids[self.iu]
+        self.iu += 1
+        self.ic += 1
+        if self.pending is not None:
+            size, ladder, seen, at = self.pending
+            self.pending = (size, ladder, seen + 1, at)
+            if seen + 1 >= CONFIRM:  # the program went on as before: the failure was survivable
+                self._commit()
+
+    def _failed_before(self, size: int) -> bool:
+        return size in self.ladders or (self.pending is not None and self.pending[0] == size)
+
+    def _cached_fallback(self) -> None:
+        """A size that failed before is now asked for smaller at once: the library cached the
+        algorithm it fell back to (cuDNN's plan cache), so no failure is recorded. The program
+        went on, so a pending failure was survivable."""
+        self._commit()
+        self.sites.setdefault(self.iu, (self.c.sizes[self.ic],))
+        self.rid_map[self.c.rids[self.ic]] = self.u.rids[self.iu]
+        self.sticky += 1
+        self.iu += 1
+        self.ic += 1
+
+    def _commit(self) -> None:
+        """Keep a confirmed ladder (the first one seen for its size; a different one is a conflict)."""
+        if self.pending is None:
+            return
+        size, ladder, _, at = self.pending
+        self.pending = None
+        self.sites[at] = ladder
+        if size in self.ladders:
+            self.conflicts += int(self.ladders[size] != ladder)
+        else:
+            self.ladders[size] = ladder
 
 
 def _next_alloc(rs: RequestStream, start: int) -> int | None:
@@ -299,6 +321,7 @@ def combine(a: FallbackModel, b: FallbackModel) -> FallbackModel:
         unaligned_requests=a.unaligned_requests + b.unaligned_requests,
         conflicts=a.conflicts + b.conflicts,
         cached_replacements=a.cached_replacements + b.cached_replacements,
+        sites={**b.sites, **a.sites},
     )
 
 
