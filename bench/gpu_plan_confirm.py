@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFS = {"default": "", "expandable": "expandable_segments:True"}
-DEFAULT_CASES = "hubert:c1:default,timm:c1:default,llama:c1:default,llama:c2:expandable"
+DEFAULT_CASES = "hubert:c1:default,hubert:c2:expandable,timm:c1:default,llama:c2:default"
 
 
 def main() -> None:
@@ -28,19 +28,40 @@ def main() -> None:
     ap.add_argument("--data", required=True, help="the plan-sharp job's folder (size_*.pickle.xz, truth.json)")
     ap.add_argument("--cases", default=DEFAULT_CASES)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--extra", default="timm=640,768", help="more sizes to record first (WORKLOAD=S,S;...): "
+                    "what plan asks for when its bound stops the search")
     a = ap.parse_args()
     data, out = Path(a.data), Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     truth = {r["name"]: r for r in json.loads((data / "truth.json").read_text())["bisections"]}
     sizes = json.loads((data / "truth.json").read_text())["sizes"]
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    procs = []
+    for spec in filter(None, a.extra.split(";")):
+        w, _, ss = spec.partition("=")
+        for s in ss.split(","):
+            prefix = out / f"size_{w}_{s}"
+            procs.append(subprocess.Popen([sys.executable, "bench/capwrap.py", "--out", str(prefix), "--record",
+                                           "--stacks", "none", "--size", s, "--", "bench/real_workloads.py", w,
+                                           "--count", "1", "--quiet", "--size", s], cwd=ROOT, env=env))
+            sizes[w] = sorted(set(sizes[w]) | {int(s)})
+    for p in procs:
+        p.wait(timeout=300)
+
+    def rec(w: str, s: int) -> str:
+        f = out / f"size_{w}_{s}.pickle.xz"
+        return f"{f if f.exists() else data / f.name}:{s}"
+
     rows = []
     for case in a.cases.split(","):
         w, tag, setting = case.split(":")
         t = truth[f"plan_{w}_{setting}_{tag}"]
-        inputs = [f"{data}/size_{w}_{s}.pickle.xz:{s}" for s in sizes[w]]
+        inputs = [rec(w, s) for s in sizes[w]]
+        cals = [f"--calibration={c}:{c.name.split('_')[2]}" for c in sorted(data.glob(f"cal_{w}_*.pickle.xz"))]
         prog = f"{sys.executable} bench/real_workloads.py {w} --count 1 --quiet --size {{size}}"
-        cmd = [sys.executable, "-m", "alloctune", "plan", *inputs, "--cap", f"{t['cap']}B", "-c", CONFS[setting], "--json", "--confirm", prog]
+        cmd = [sys.executable, "-m", "alloctune", "plan", *inputs, "--cap", f"{t['cap']}B", "-c", CONFS[setting],
+               *cals, "--json", "--confirm", prog]
         t0 = time.monotonic()
         p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
         wall = time.monotonic() - t0
@@ -56,7 +77,7 @@ def main() -> None:
             row["error"] = p.stderr.strip().splitlines()[-1:] if p.stderr.strip() else "no JSON"
         rows.append(row)
         print(json.dumps(row)[:600], flush=True)
-    (out / "confirm.json").write_text(json.dumps(rows, indent=1))
+    (out / "confirm.json").write_text(json.dumps({"sizes": sizes, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
