@@ -111,3 +111,23 @@ def test_a_bad_confirm_command_is_one_line_and_exit_2(capfd, text, message):
     assert cli_exit(["plan", "a.pickle:1", "b.pickle:2", "--cap", "1GiB", "--confirm", text]) == 2
     err = capfd.readouterr().err
     assert err.startswith("alloctune: error: ") and message in err and "Traceback" not in err
+
+
+def test_a_bounded_answer_that_holds_is_tried_at_the_top_of_its_bound():
+    """The answer kept room for its bound and held on the GPU: the second run tries the size that room
+    would allow, and the answer is the larger size that completed (the real capacity is 1030 here)."""
+    gpu = GPU(per_size=MiB * 1000 // 1030)
+    (c,) = confirm(_result("1000", bound=0.05), ["prog", "{size}"], runner=gpu, base_env={})
+    assert [x for x, _, _ in gpu.calls] == [1000, 1050]
+    assert c.confirmed == "1000" and "did not" in c.note and len(c.runs) == 2
+    gpu = GPU(per_size=MiB * 1000 // 1060)
+    (c,) = confirm(_result("1000", bound=0.05), ["prog", "{size}"], runner=gpu, base_env={})
+    assert c.confirmed == "1050" and "the answer is 1050" in c.note
+
+
+def test_an_exact_answer_needs_no_second_run_and_a_missing_gpu_is_not_an_over_promise():
+    gpu = GPU()
+    (c,) = confirm(_result("1000", bound=0.0, first_failing="1001"), ["prog", "{size}"], runner=gpu, base_env={})
+    assert len(gpu.calls) == 1 and c.confirmed == "1000"
+    (c,) = confirm(_result("1000"), ["prog", "{size}"], runner=GPU(outcome="no-cuda"), base_env={})
+    assert c.confirmed is None and "not a memory answer" in c.note and "over-promised" not in c.note

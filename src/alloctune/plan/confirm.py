@@ -105,7 +105,25 @@ def _one(conf: str, item: Any, context: int, grid: Fraction, command: Sequence[s
         nxt = ((x * (1 - step)) // grid) * grid
         x = nxt if nxt < x else x - grid
     pred = item.largest
-    if confirmed == pred:
+    up = _upper(item, x, grid) if confirmed == pred and len(runs) < max_runs else None
+    if up is not None:
+        # the answer left room for its bound (or is a range) and held: try the size that room would allow
+        text = size_text(up)
+        res = runner([a.replace(placeholder, text) for a in command], conf=conf or None, budget=budget,
+                     env={**env0, size_env: text}, stdout_to_stderr=True)
+        runs.append(ConfirmRun(text, budget, res.outcome, res.peak_reserved, res.wall_s))
+        if res.outcome == "ok":
+            confirmed = text
+    if runs and runs[-1].outcome not in ("ok", "oom", "timeout") and confirmed is None:
+        note = (f"not confirmed: the run ended with {runs[-1].outcome!r}, not a memory answer (no GPU, a crash): "
+                "run the program by hand at the predicted size to see why")
+    elif up is not None and confirmed == size_text(up):
+        note = (f"confirmed above the prediction: {pred} and {confirmed} (the upper end of its error bound or "
+                f"range) completed under {t.label} in {len(runs)} runs: the answer is {confirmed}")
+    elif up is not None:
+        note = (f"confirmed: size {pred} completed under {t.label}; {size_text(up)}, the upper end of its error "
+                f"bound or range, did not ({runs[-1].outcome}): the answer is {pred} ({len(runs)} runs)")
+    elif confirmed == pred:
         note = f"confirmed: size {pred} completed under {t.label} in 1 run"
     elif confirmed is not None:
         note = (f"the prediction {pred} failed on the GPU ({runs[0].outcome}); {confirmed} completed "
@@ -115,6 +133,20 @@ def _one(conf: str, item: Any, context: int, grid: Fraction, command: Sequence[s
         note = (f"not confirmed in {len(runs)} run(s) (last: {last}): the simulation over-promised for this "
                 "program; record at a size near the answer and plan again")
     return Confirmation(conf, t.label, pred, confirmed, tuple(runs), note)
+
+
+def _upper(item: Any, x: Fraction, grid: Fraction) -> Fraction | None:
+    """Where to look once the predicted size held: the optimistic end of a range, or the size the
+    answer's error bound kept back (the memory it may be off, taken as the same share of the size,
+    as the step down is). None when the simulation itself saw the next size fail with no bound left."""
+    opt = getattr(item, "optimistic", None)
+    if opt is not None and as_size(opt) > x:
+        return as_size(opt)
+    bound = Fraction(item.bound or 0.0).limit_denominator(10000)
+    if bound <= 0:
+        return None
+    up = ((x * (1 + bound)) // grid) * grid
+    return up if up > x else None
 
 
 __all__ = ["Confirmation", "ConfirmRun", "confirm", "SCHEMA"]
