@@ -25,13 +25,13 @@ PKG = "alloctune"
 LAYERS: list[set[str]] = [
     {"errors"},
     {"units", "schema"},
-    {"progress", "input_file"},                        # shared leaves: progress callbacks, reading an input file
+    {"progress"},                                       # shared: steps of a core operation, trials of a sweep
     {"config"},                                         # allocator settings, knobs, shell lines
     {"trace"},                                          # recordings: safe load, request stream
     {"sim"},                                            # the allocator model, replay, sweep; `simulate`, demo
     {"diagnose", "plan", "explain", "guard", "monitor", "agent", "workloads"},
     {"report", "run"},                                  # figures / HTML; running a workload under the agent
-    {"tune", "diagnosis", "trace_files"},               # tune drives run + sim; core entry points
+    {"tune"},                                           # tune drives run + sim
     {"api", PKG},                                       # the public face (`alloctune/__init__.py` is `alloctune`)
     {"cli", "__main__"},
 ]

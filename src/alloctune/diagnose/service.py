@@ -2,7 +2,7 @@
 
 Why a module of its own: `alloctune diagnose` takes either kind of input, and reading it
 (a file, `-` for stdin, the checks on options that only apply to snapshots) is the same for
-the CLI and the Python API. The diagnosis itself stays in `alloctune.diagnose`.
+the CLI and the Python API. The diagnosis itself is the rest of `diagnose/`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def read_log(source: str | Path | None, stdin: BinaryIO | None = None) -> str:
             raise InputError("no input: give a file with the OOM message, or pipe the log into 'alloctune diagnose -'")
         data = stream.read()
     else:
-        from alloctune.input_file import read_input_bytes
+        from alloctune.trace.input_file import read_input_bytes
 
         data = read_input_bytes(source, expected="the log file")
     from alloctune.diagnose.text import decode_log
