@@ -108,14 +108,17 @@ class AgentOutputs:
         folder = self.config.get("oom_dir") or self.config.get("report_dir") or "."
         path = os.path.join(folder, f"oom-snapshot.{os.getpid()}.pickle")
         try:
-            snap = self.torch.cuda.memory._snapshot()
-            snap = {**snap, RUN_RECORD_KEY: self.run_record()}
-            if self.empty_cache_calls is not None:
-                snap[EMPTY_CACHE_MARKS_KEY] = list(self.empty_cache_calls)
-            self._write_snapshot(snap, path)
+            self._write_snapshot(self._with_record(self.torch.cuda.memory._snapshot()), path)
             self.oom_snapshot = path
         except Exception as exc:
             self._note(f"OOM snapshot failed: {exc}")
+
+    def _with_record(self, snap: dict[str, Any]) -> dict[str, Any]:
+        """`snap` plus the run record and, when recording, the program's empty_cache() calls."""
+        snap = {**snap, RUN_RECORD_KEY: self.run_record()}
+        if self.empty_cache_calls is not None:
+            snap[EMPTY_CACHE_MARKS_KEY] = list(self.empty_cache_calls)
+        return snap
 
     @staticmethod
     def _write_snapshot(snap: dict[str, Any], path: str) -> None:
@@ -274,9 +277,7 @@ class AgentOutputs:
         record = self.config.get("record")
         if record:
             path = self._record_path(record)
-            snap = {**snap, RUN_RECORD_KEY: self.run_record()}
-            if self.empty_cache_calls is not None:
-                snap[EMPTY_CACHE_MARKS_KEY] = list(self.empty_cache_calls)
+            snap = self._with_record(snap)
             self._write_snapshot(snap, path)
             report["snapshot"] = path
             report["segment_sizes"] = segment_sizes(snap, self.device or 0)
