@@ -150,7 +150,7 @@ def test_diagnose_log(rendered):
 
 
 def test_diagnose_snapshot(rendered, traces_dir):
-    from alloctune.diagnosis import explain_snapshot
+    from alloctune.diagnose.service import explain_snapshot
     from alloctune.report.tables import diagnosis_cells
 
     d = explain_snapshot(traces_dir / "llm" / "default_cap85.pickle.xz", what_if=False)

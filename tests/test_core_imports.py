@@ -58,7 +58,7 @@ print(json.dumps({"failed": failed, "leaked": leaked}))
 
 # Modules #20 names explicitly: if discovery ever missed them, the test would pass without checking them.
 MUST_COVER = {
-    "alloctune.units", "alloctune.sim.replay", "alloctune.sim.simulate", "alloctune.api", "alloctune.diagnosis",
+    "alloctune.units", "alloctune.sim.replay", "alloctune.sim.simulate", "alloctune.api", "alloctune.diagnose.service",
     "alloctune.sim.sweep", "alloctune.sim.addresses", "alloctune.sim.sizes", "alloctune.trace.fallible",
     "alloctune.tune.confirm", "alloctune.diagnose.what_if", "alloctune.config.effective",
 }

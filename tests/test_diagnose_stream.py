@@ -268,7 +268,7 @@ def test_utf16_log_through_stdin():
 def test_progress_waits_before_drawing():
     from rich.console import Console
 
-    from alloctune.cli.progress import progress_on_stderr
+    from alloctune.progress import progress_on_stderr
 
     buf = io.StringIO()
     con = Console(file=buf, force_terminal=True, width=80, color_system=None)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from alloctune.diagnosis import read_log
+from alloctune.diagnose.service import read_log
 from alloctune.errors import InputError, TraceError
-from alloctune.input_file import read_input_bytes
+from alloctune.trace.input_file import read_input_bytes
 from alloctune.trace.safe_pickle import read_decompressed
 
 

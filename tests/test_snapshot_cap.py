@@ -17,7 +17,7 @@ import pytest
 from fake_torch import install
 
 from alloctune.diagnose.snapshot import diagnose_snapshot
-from alloctune.diagnosis import diagnose_input
+from alloctune.diagnose.service import diagnose_input
 from alloctune.errors import TraceError
 from alloctune.trace import load_snapshot
 from alloctune.trace.load import read_sidecar

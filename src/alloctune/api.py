@@ -24,7 +24,7 @@ from typing import Any
 from alloctune.config.effective import check_setting
 from alloctune.errors import AlloctuneError
 from alloctune.sim.simulate import simulate
-from alloctune.trace_files import convert_trace, trace_info
+from alloctune.trace.service import convert_trace, trace_info
 
 __all__ = [
     "ApiUnavailable", "check_setting", "convert_trace", "diagnose", "diagnose_all", "diagnose_snapshot", "explain",
@@ -72,7 +72,7 @@ def diagnose_all(text_or_exception: object, platform: str | None = None) -> list
 def diagnose_snapshot(snapshot: Any, *, budget: int | str | None = None, device: int = 0, oom: int = -1,
                       what_if: bool = True) -> Any:
     """The `SnapshotDiagnosis` of the OOM recorded in a snapshot file (`alloctune diagnose --snapshot`)."""
-    from alloctune.diagnosis import explain_snapshot
+    from alloctune.diagnose.service import explain_snapshot
 
     return explain_snapshot(snapshot, budget=budget, device=device, oom=oom, what_if=what_if)
 

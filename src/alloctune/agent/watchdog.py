@@ -65,7 +65,7 @@ class Watchdog:
                 except OSError:
                     pass
                 fd = None  # EOF: the runner closed it or died; the pid check decides
-            if not _alive(runner):
+            if not pid_alive(runner):
                 break
         pgid = os.getpgrp()
         for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 0.0)):
@@ -96,8 +96,9 @@ def _is_watch_pipe(fd: int, ino: int) -> bool:
     return stat.S_ISFIFO(st.st_mode) and st.st_ino == ino
 
 
-def _alive(pid: int) -> bool:
-    """Whether a process exists and is not a zombie (a killed runner is a zombie until reaped)."""
+def pid_alive(pid: int) -> bool:
+    """Whether a process exists and is not a zombie (a killed runner is a zombie until reaped).
+    Also the runner's check (`run.process`): one rule for "is that process still there"."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -159,8 +159,9 @@ def register(app: typer.Typer) -> None:
         import json
         import sys
 
-        from alloctune.cli.progress import progress_on_stderr
-        from alloctune.diagnosis import diagnose_input
+        from alloctune.cli.render import err_console
+        from alloctune.diagnose.service import diagnose_input
+        from alloctune.progress import progress_on_stderr
 
         on_message = None
         if show_all and json_out:
@@ -172,7 +173,7 @@ def register(app: typer.Typer) -> None:
             def on_message(found, d) -> None:
                 sys.stdout.write(_message_line(found, d) + "\n")
 
-        with progress_on_stderr(quiet=json_out, after=2.0) as progress:
+        with progress_on_stderr(quiet=json_out, console=err_console, after=2.0) as progress:
             kind, result = diagnose_input(source, snapshot=snapshot, platform=platform, budget=budget, device=device,
                                           oom=oom, what_if=not no_what_if, progress=progress, on_message=on_message)
         if json_out:

@@ -31,8 +31,9 @@ def register(app: typer.Typer) -> None:
         """Where the memory goes: categories that sum exactly to reserved memory, sites (your line and the
         library frame), growth per repetition, and simulated what-ifs."""
         from alloctune import api
-        from alloctune.cli.progress import progress_on_stderr
+        from alloctune.cli.render import err_console
         from alloctune.errors import InputError
+        from alloctune.progress import progress_on_stderr
 
         if len(recordings) > 1:
             if against is not None or at is not None:
@@ -69,11 +70,11 @@ def register(app: typer.Typer) -> None:
         if html_out is not None:  # the explanation and its page from one load
             from alloctune.report.explain_html import write_explain_html
 
-            with progress_on_stderr(quiet=json_out) as progress:
+            with progress_on_stderr(quiet=json_out, console=err_console) as progress:
                 ex = write_explain_html(recording, html_out, at=at_value, group=group, top=top, what_if=what_if,
                                         what_if_dir=what_if_dir, device=device, progress=progress)
         else:
-            with progress_on_stderr(quiet=json_out) as progress:
+            with progress_on_stderr(quiet=json_out, console=err_console) as progress:
                 ex = api.explain(recording, at=at_value, group=group, top=top, what_if=what_if,
                                  what_if_dir=what_if_dir, device=device, progress=progress)
         if json_out:

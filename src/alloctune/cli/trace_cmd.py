@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
         """Requests by kind, streams, peaks, segment and OOM events, settings, inferred empty_cache() calls."""
         from alloctune.cli.render import err_console
         from alloctune.progress import progress_on_stderr
-        from alloctune.trace_files import trace_info
+        from alloctune.trace.service import trace_info
 
         with progress_on_stderr(quiet=json_out, console=err_console) as progress:
             summary = trace_info(file, device, partial=partial, progress=progress)
@@ -48,7 +48,7 @@ def register(app: typer.Typer) -> None:
         from alloctune.cli.common import console, print_json
         from alloctune.cli.render import err_console
         from alloctune.progress import progress_on_stderr
-        from alloctune.trace_files import convert_trace
+        from alloctune.trace.service import convert_trace
         from alloctune.units import format_size
 
         with progress_on_stderr(quiet=json_out, console=err_console) as progress:

@@ -1,7 +1,7 @@
 """What a file handed to `alloctune diagnose` is, by its content: a log, a snapshot, a trace, or else.
 
 Why in `diagnose/`: recognising a pickle snapshot or a compact trace needs the trace loader's
-sniffers, and a shared leaf (`alloctune.input_file`) must import nothing above it. The readers
+sniffers, which the plain file reader (`alloctune.trace.input_file`) does without. The readers
 decompress on the fly (gzip, xz, bz2) with the same one-line errors as `read_input_bytes`.
 """
 
@@ -76,7 +76,7 @@ def open_input(path: str | Path, *, expected: str, error: type[InputError] = Inp
 
     from alloctune.trace.safe_pickle import sniff_compression
 
-    from alloctune.input_file import existing_file
+    from alloctune.trace.input_file import existing_file
 
     p = existing_file(path, expected=expected, error=error)
     try:

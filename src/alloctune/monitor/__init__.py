@@ -3,7 +3,7 @@
 NVML sees what the driver sees: memory used per GPU and per process. Only the allocator inside
 a process knows how much of that is reserved-but-free; processes started by `alloctune run`
 publish those numbers every second in `$ALLOCTUNE_STATE_DIR/live-<pid>.json` (written by
-`alloctune.agent.bootstrap`). No torch here.
+`alloctune.agent.outputs`). No torch here.
 
     nvml.py    the NVML facade (a fake in tests, `nvidia-ml-py` for real)
     sample.py  live files and samples: one per interval, joined by pid

@@ -3,7 +3,7 @@
 NVML sees what the driver sees: memory used per GPU and per process. Only the allocator
 inside a process knows how much of that is reserved-but-free, split into unusable pieces, or
 retried; processes started by `alloctune run` publish those numbers every second in
-`$ALLOCTUNE_STATE_DIR/live-<pid>.json` (written by `alloctune.agent.bootstrap`). A sample joins
+`$ALLOCTUNE_STATE_DIR/live-<pid>.json` (written by `alloctune.agent.outputs`). A sample joins
 the two by pid.
 
 Sampling is a plain function over a small NVML facade (`NvmlFacade`), so tests drive it with

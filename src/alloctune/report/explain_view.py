@@ -81,26 +81,58 @@ def explain_view(trace: Trace, ex: Explanation, an: Any = None, max_points: int 
 
     `an`: the `explain.core.Analysis` explain used (recomputed with `ex.group` when None; it is
     deterministic, so the same)."""
-    from alloctune.diagnose.memory_map import _settings_and_budget, map_after_request
-    from alloctune.explain.core import _categorise, analyse
-    from alloctune.sim.driver import H200_TOTAL
-    from alloctune.sim.replay import _address_model, make_allocator
+    from alloctune.explain.core import analyse
 
     if an is None:
         an = analyse(trace, ex.group)
-    life = an.life
-    req = trace.requests
-    n = len(req)
-    mo = ex.moment
-    after = int(mo["request"])
-    samples = _sample_points(n, after, len(life.alloc), max_points)
+    after = int(ex.moment["request"])
+    samples = _sample_points(len(trace.requests), after, len(an.life.alloc), max_points)
+    row_of_site, top_rows = _site_rows(ex, an)
+    run = _replay_samples(trace, an, samples, after, row_of_site, top_rows)
+    m = len(run.reserved)
+    samples = samples[:m]
+    if not samples:
+        raise TraceError(f"{trace.source}: nothing to draw over time (the replay stopped before the first request)")
+    recorded, moment_i = _check_against(trace, ex, samples, after, run)
+    mm, map_source, owners = _map_and_owners(trace, an, ex, after, run.owners, row_of_site, run.notes)
+    ot = OverTime(tuple(samples), tuple(trace.requests.event_index[s] for s in samples),
+                  {c: tuple(v) for c, v in run.categories.items()}, tuple(run.reserved), tuple(run.allocated),
+                  tuple((r, tuple(col[:m])) for r, col in zip(top_rows, run.sites)), moment_i, recorded)
+    return ExplainView(ex, ot, mm, map_source, owners, tuple(run.notes))
+
+
+def _site_rows(ex: Explanation, an: Any) -> tuple[dict[int, int], list[int]]:
+    """Each stack id's row in `ex.sites` (OTHER when not listed), and the rows drawn over time."""
     label_set = set(an.labels)
     rows = {s.site: i for i, s in enumerate(ex.sites) if s.site in label_set}
     row_of_site = {sid: rows.get(label, OTHER) for sid, label in enumerate(an.labels)}
     top_rows = [i for i, s in enumerate(ex.sites) if s.site in rows and s.bytes > 0][:TOP_SITES_SHOWN]
-    top_index = {r: j for j, r in enumerate(top_rows)}
+    return row_of_site, top_rows
 
-    # The replay: the settings, budget and recorded segment addresses of `map_after_request`.
+
+@dataclass
+class _Sampled:
+    """What the replay read at the sample points: one value per point in each column."""
+
+    categories: dict[str, list[int]]
+    reserved: list[int]
+    allocated: list[int]
+    sites: list[list[int]]  # per drawn site row, live requested bytes
+    owners: dict[int, int] = field(default_factory=dict)  # simulated block address -> allocation, at the moment
+    notes: list[str] = field(default_factory=list)
+
+
+def _replay_samples(trace: Trace, an: Any, samples: list[int], after: int, row_of_site: dict[int, int],
+                    top_rows: list[int]) -> _Sampled:
+    """One pass through the Python model with the settings, budget and recorded segment addresses
+    of `map_after_request`, reading the totals and filing the live blocks at each sample point."""
+    from alloctune.diagnose.memory_map import _settings_and_budget
+    from alloctune.sim.driver import H200_TOTAL
+    from alloctune.sim.replay import _address_model, make_allocator
+
+    life = an.life
+    req = trace.requests
+    top_index = {r: j for j, r in enumerate(top_rows)}
     settings, budget = _settings_and_budget(trace)
     alloc = make_allocator(settings, budget=budget, total_memory=int(trace.total_memory or H200_TOTAL),
                            addresses=_address_model(trace, "recorded", None), record_events=False)
@@ -110,14 +142,9 @@ def explain_view(trace: Trace, ex: Explanation, an: Any = None, max_points: int 
     index: dict[int, int] = {}
     live: set[int] = set()
     k_next = 0
-    cat_cols: dict[str, list[int]] = {c: [] for c in CATEGORIES}
-    reserved: list[int] = []
-    allocated: list[int] = []
-    site_cols: list[list[int]] = [[] for _ in top_rows]
-    owners_sim: dict[int, int] = {}
-    mismatch: list[str] = []
+    run = _Sampled({c: [] for c in CATEGORIES}, [], [], [[] for _ in top_rows])
     si = 0
-    for i in range(n):
+    for i in range(len(req)):
         if si >= len(samples):
             break
         op = ops[i]
@@ -133,7 +160,7 @@ def explain_view(trace: Trace, ex: Explanation, an: Any = None, max_points: int 
                 if b is not None:
                     break
             if b is None:
-                mismatch.append(f"the simulation runs out of memory at request {i}, the recording did not")
+                run.notes.append(f"the simulation runs out of memory at request {i}, the recording did not")
                 break
             blocks[rids[i]] = (b, k)
         elif op == FREE:
@@ -155,50 +182,72 @@ def explain_view(trace: Trace, ex: Explanation, an: Any = None, max_points: int 
             continue
         si += 1
         ks = sorted(live)
-        cats, _ = _categorise(an, ks, i)  # explain's own rule, with the blocks live here
-        sums = dict.fromkeys(CATEGORIES, 0)
-        per_top = [0] * len(top_rows)
-        requested = 0
-        for k in ks:
-            size = life.size[k]
-            sums[cats[k]] += size
-            requested += size
-            j = top_index.get(row_of_site[an.site_of[k]])
-            if j is not None:
-                per_top[j] += size
-        sums["rounding"] = st.allocated - requested
-        sums["inactive_split"] = st.inactive_split_bytes
-        sums["cached_free"] = st.reserved - st.allocated - st.inactive_split_bytes
-        for c in CATEGORIES:
-            cat_cols[c].append(sums[c])
-        reserved.append(st.reserved)
-        allocated.append(st.allocated)
-        for j, v in enumerate(per_top):
-            site_cols[j].append(v)
+        _read_point(run, an, ks, i, st, row_of_site, top_index)
         if i == after:
-            owners_sim = {blocks[rids[life.alloc[k]]][0].addr: k for k in ks if rids[life.alloc[k]] in blocks}
-    m = len(reserved)
-    samples = samples[:m]
-    if not samples:
-        raise TraceError(f"{trace.source}: nothing to draw over time (the replay stopped before the first request)")
+            run.owners = {blocks[rids[life.alloc[k]]][0].addr: k for k in ks if rids[life.alloc[k]] in blocks}
+    return run
+
+
+def _read_point(run: _Sampled, an: Any, ks: list[int], i: int, st: Any, row_of_site: dict[int, int],
+                top_index: dict[int, int]) -> None:
+    """Append one sample point: the categories of the live allocations `ks` after request `i` by
+    explain's own rule (the overhead ones from the allocator's totals `st`), the drawn sites' bytes."""
+    from alloctune.explain.core import _categorise
+
+    life = an.life
+    cats, _ = _categorise(an, ks, i)  # explain's own rule, with the blocks live here
+    sums = dict.fromkeys(CATEGORIES, 0)
+    per_top = [0] * len(top_index)
+    requested = 0
+    for k in ks:
+        size = life.size[k]
+        sums[cats[k]] += size
+        requested += size
+        j = top_index.get(row_of_site[an.site_of[k]])
+        if j is not None:
+            per_top[j] += size
+    sums["rounding"] = st.allocated - requested
+    sums["inactive_split"] = st.inactive_split_bytes
+    sums["cached_free"] = st.reserved - st.allocated - st.inactive_split_bytes
+    for c in CATEGORIES:
+        run.categories[c].append(sums[c])
+    run.reserved.append(st.reserved)
+    run.allocated.append(st.allocated)
+    for j, v in enumerate(per_top):
+        run.sites[j].append(v)
+
+
+def _check_against(trace: Trace, ex: Explanation, samples: list[int], after: int,
+                   run: _Sampled) -> tuple[tuple[int, ...], int]:
+    """The recording's reserved bytes at the points (a note where the replay differs) and the
+    moment's index among them; at the moment the categories must be the explanation's."""
     from alloctune.explain.moment import reserved_after
 
     rec_all = reserved_after(trace)
     recorded = tuple(rec_all[s] for s in samples)
-    off = sum(1 for a, b in zip(reserved, recorded) if a != b)
-    notes = list(mismatch)
+    off = sum(1 for a, b in zip(run.reserved, recorded) if a != b)
     if off:
-        notes.append(f"at {off} of {m} sample points the simulated reserved bytes differ from the recording's; "
-                     "the overhead categories there are the simulation's")
+        run.notes.append(f"at {off} of {len(run.reserved)} sample points the simulated reserved bytes differ from "
+                         "the recording's; the overhead categories there are the simulation's")
     moment_i = samples.index(after) if after in samples else 0
-    if after in samples and reserved[moment_i] == ex.reserved:
-        got = {c: cat_cols[c][moment_i] for c in CATEGORIES}
+    if after in samples and run.reserved[moment_i] == ex.reserved:
+        got = {c: run.categories[c][moment_i] for c in CATEGORIES}
         want = {c.name: c.bytes for c in ex.categories}
         if got != want:
             raise TraceError(f"{trace.source}: internal check failed: the categories over time give {got} at the "
                              f"moment, explain {want}")
+    return recorded, moment_i
 
-    mm, map_source = map_after_request(trace, after, ex.reserved, int(mo["event"]))
+
+def _map_and_owners(trace: Trace, an: Any, ex: Explanation, after: int, owners_sim: dict[int, int],
+                    row_of_site: dict[int, int], notes: list[str]) -> tuple[MemoryMap, str, dict[int, tuple[int, str]]]:
+    """The memory map at the moment and, for each live block in it, its (site row, category): owners
+    from the simulated blocks or, when the map is the recorded one, from the recorded addresses."""
+    from alloctune.diagnose.memory_map import map_after_request
+    from alloctune.explain.core import _categorise
+
+    life = an.life
+    mm, map_source = map_after_request(trace, after, ex.reserved, int(ex.moment["event"]))
     owners: dict[int, tuple[int, str]] = {}
     cats_now, _ = _categorise(an, sorted(k for k in range(len(life.alloc))
                                          if life.alloc[k] <= after < life.free[k]), after)
@@ -211,7 +260,7 @@ def explain_view(trace: Trace, ex: Explanation, an: Any = None, max_points: int 
             evs = []
         addr_owner = {}
         for k in cats_now:
-            e = req.event_index[life.alloc[k]]
+            e = trace.requests.event_index[life.alloc[k]]
             if 0 <= e < len(evs) and isinstance(evs[e].get("addr"), int):
                 addr_owner[evs[e]["addr"]] = k
     for seg in mm.segments:
@@ -223,10 +272,7 @@ def explain_view(trace: Trace, ex: Explanation, an: Any = None, max_points: int 
     if len(owners) != live_blocks:
         notes.append(f"{live_blocks - len(owners)} of {live_blocks} live blocks in the map could not be matched "
                      "to their allocation; they are drawn without a site")
-    ot = OverTime(tuple(samples), tuple(req.event_index[s] for s in samples),
-                  {c: tuple(v) for c, v in cat_cols.items()}, tuple(reserved), tuple(allocated),
-                  tuple((r, tuple(col[:m])) for r, col in zip(top_rows, site_cols)), moment_i, recorded)
-    return ExplainView(ex, ot, mm, map_source, owners, tuple(notes))
+    return mm, map_source, owners
 
 
 def explain_recording(recording: Any, *, at: Any = None, group: str = "line", top: int = 20, what_if: bool = True,

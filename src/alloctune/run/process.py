@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from alloctune.agent.watchdog import pid_alive  # whether a process exists and is not a zombie
 from alloctune.errors import EnvironmentProblem
 
 
@@ -77,21 +78,6 @@ def _die_with_parent(parent: int):
             os.kill(os.getpid(), signal.SIGKILL)
 
     return preexec
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process `pid` exists and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except (OSError, IndexError):
-        return True
 
 
 def group_alive(pgid: int) -> bool:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Iterable, Mapping, Sequence
 
+from alloctune.run.reports import memory_fields
+
 RANK_SCHEMA = 1
 # How bad an outcome is, worst first: the trial of a job is as bad as its worst rank.
 SEVERITY = ("budget-too-large", "oom", "crash", "timeout", "no-cuda", "ok")
@@ -61,10 +63,7 @@ def summarize_ranks(reports: Iterable[Mapping[str, Any]]) -> tuple[RankSummary, 
             pid=r.get("pid"),
             device=r.get("device"),
             outcome=str(r.get("outcome") or "crash"),
-            peak_reserved=stats.get("reserved_bytes.all.peak"),
-            peak_allocated=stats.get("allocated_bytes.all.peak"),
-            num_alloc_retries=stats.get("num_alloc_retries"),
-            num_ooms=stats.get("num_ooms"),
+            **memory_fields(stats),
             snapshot=r.get("snapshot"),
             error=f"{exc.get('type')}: {str(exc.get('message') or '').splitlines()[0] if exc.get('message') else ''}"
             if exc else None,

@@ -20,7 +20,17 @@ from alloctune.units import MiB
 _THROUGHPUT_RE = re.compile(r"throughput\s*[=:]\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([^\s,;]*)", re.I)
 
 
+# The evidence fields a trial and each rank carry, and the agent's `memory_stats` names behind them.
+MEMORY_FIELDS = {"peak_reserved": "reserved_bytes.all.peak", "peak_allocated": "allocated_bytes.all.peak",
+                 "num_alloc_retries": "num_alloc_retries", "num_ooms": "num_ooms"}
+
+
 # ---- reading the child's reports -------------------------------------------------------------
+def memory_fields(stats: Mapping[str, Any]) -> dict[str, Any]:
+    """The peaks, retries and OOMs of one report's `stats` (None where the agent had none)."""
+    return {name: stats.get(key) for name, key in MEMORY_FIELDS.items()}
+
+
 def read_reports(report_dir: Path) -> list[dict[str, Any]]:
     reports = []
     for path in sorted(report_dir.glob("report.*.json")):

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from alloctune.errors import TraceError, UnsafePickleError
-from alloctune.input_file import read_input_bytes
+from alloctune.trace.input_file import read_input_bytes
 from alloctune.trace.limits import Limits, hint
 from alloctune.trace.pickle_scan import NeedsGlobal, OverLimit, PickleRejected, check_built, scan, screen
 

@@ -228,15 +228,8 @@ def build_stream(
     gc_threshold = float(settings.get("garbage_collection_threshold") or 0.0)
     limit = limit or Limit()
     limit_bytes = limit.bytes
-    marked = _place_marks(events, marks) if marks is not None else None
-
-    req = RequestStream()
-    seg_events: list[SegmentEvent] = []
-    out = StreamBuild(req, seg_events, marked=marked is not None)
-    if marked is not None:
-        out.unmatched_marks = marked.pop(-1, 0)
-    addrs: list[int] | None = [] if keep_addresses else None
-    out.addresses = addrs
+    out, marked = _start_build(events, marks, keep_addresses)
+    req, addrs = out.requests, out.addresses
 
     live: dict[tuple[int, int], int] = {}  # (addr, stream) -> rid
     segments: set[int] = set()  # addresses of cudaMalloc'd segments (not expandable ranges)
@@ -246,18 +239,14 @@ def build_stream(
     n = len(events)
     # Local aliases: this loop runs ~1M times for the llm traces.
     append = req.append
-    seg_append = seg_events.append
+    seg_append = out.segment_events.append
 
     i = 0
     while i < n:
         ev = events[i]
         action = ev.get("action")
         if marked is not None and marked.get(i) == _SILENT:  # a marked call that released nothing
-            out.marked_calls.append(len(req))
-            out.empty_cache_bursts.append(len(req))
-            append(EMPTY_CACHE, -1, -1, ev.get("stream", 0), i)
-            if addrs is not None:
-                addrs.append(0)
+            _program_call(out, ev.get("stream", 0), i, marked=True)
         if action == "alloc":
             key = (ev["addr"], ev["stream"])
             if key in live:
@@ -282,11 +271,7 @@ def build_stream(
                     addrs.append(ev["addr"])
         elif action in RELEASE_ACTIONS:
             # A maximal burst of releases: decide whose it is from what follows.
-            j = i
-            burst_bytes = 0
-            while j < n and events[j].get("action") in RELEASE_ACTIONS:
-                burst_bytes += events[j]["size"]
-                j += 1
+            j = _burst_end(events, i, n)
             nxt = events[j] if j < n else None
             if marked is not None:
                 # the marks decide the ambiguous case; a burst no malloc follows cannot be the
@@ -295,32 +280,11 @@ def build_stream(
             else:
                 program = _is_program_empty_cache(nxt, reserved, peak_reserved, gc_threshold, limit, limit_bytes)
             if program:
-                if marked is not None and marked.get(i) == _BURST:
-                    out.marked_calls.append(len(req))
-                out.empty_cache_bursts.append(len(req))
-                append(EMPTY_CACHE, -1, -1, ev["stream"], i)
-                if addrs is not None:
-                    addrs.append(0)
+                _program_call(out, ev["stream"], i, marked=marked is not None and marked.get(i) == _BURST)
                 owner = len(req) - 1
             else:
                 owner = len(req)  # the request whose malloc comes next
-            for k in range(i, j):
-                e = events[k]
-                seg_append(SegmentEvent(e["action"], e["addr"], e["size"], e["stream"], k, owner))
-                if e["action"] == "segment_free":
-                    if e["addr"] in segments:
-                        segments.discard(e["addr"])
-                    else:
-                        out.unmatched_segment_frees += 1
-                        if out.first_unmatched_index < 0:
-                            out.first_unmatched_index = k
-            reserved -= burst_bytes
-            if reserved < 0:  # unmapped more than was ever mapped in the trace
-                if not out.unmatched_segment_frees:
-                    out.unmatched_segment_frees = 1
-                if out.first_unmatched_index < 0:
-                    out.first_unmatched_index = i
-                reserved = 0
+            reserved = _release_segments(events, i, j, owner, out, segments, reserved)
             i = j
             continue
         elif action in GROW_ACTIONS:
@@ -339,13 +303,66 @@ def build_stream(
         # free_requested, snapshot, annotations: not requests (see module doc).
         i += 1
     if marked is not None and marked.get(n) == _SILENT:  # a call after the last event
-        out.marked_calls.append(len(req))
-        out.empty_cache_bursts.append(len(req))
-        append(EMPTY_CACHE, -1, -1, 0, n)
-        if addrs is not None:
-            addrs.append(0)
+        _program_call(out, 0, n, marked=True)
     collect_stacks(events, req)
     return out
+
+
+def _start_build(events: Sequence[dict[str, Any]], marks: Sequence[Sequence[int]] | None,
+                 keep_addresses: bool) -> tuple[StreamBuild, dict[int, int] | None]:
+    """The empty result, and the agent's marks placed on the events (None without marks)."""
+    marked = _place_marks(events, marks) if marks is not None else None
+    out = StreamBuild(RequestStream(), [], marked=marked is not None, addresses=[] if keep_addresses else None)
+    if marked is not None:
+        out.unmatched_marks = marked.pop(-1, 0)
+    return out, marked
+
+
+def _program_call(out: StreamBuild, stream: int, index: int, *, marked: bool) -> None:
+    """One `empty_cache()` call of the program, as an EMPTY_CACHE request before event `index`
+    (`marked`: placed by the agent's marks rather than inferred)."""
+    req = out.requests
+    if marked:
+        out.marked_calls.append(len(req))
+    out.empty_cache_bursts.append(len(req))
+    req.append(EMPTY_CACHE, -1, -1, stream, index)
+    if out.addresses is not None:
+        out.addresses.append(0)
+
+
+def _burst_end(events: Sequence[dict[str, Any]], i: int, n: int) -> int:
+    """The index after the maximal run of segment releases that starts at event `i`."""
+    j = i
+    while j < n and events[j].get("action") in RELEASE_ACTIONS:
+        j += 1
+    return j
+
+
+def _release_segments(events: Sequence[dict[str, Any]], i: int, j: int, owner: int, out: StreamBuild,
+                      segments: set[int], reserved: int) -> int:
+    """Record the releases `events[i:j]` as segment events of request `owner`, matched against the
+    segments the trace allocated; the reserved bytes after them (unmatched ones counted in `out`)."""
+    seg_append = out.segment_events.append
+    burst_bytes = 0
+    for k in range(i, j):
+        e = events[k]
+        burst_bytes += e["size"]
+        seg_append(SegmentEvent(e["action"], e["addr"], e["size"], e["stream"], k, owner))
+        if e["action"] == "segment_free":
+            if e["addr"] in segments:
+                segments.discard(e["addr"])
+            else:
+                out.unmatched_segment_frees += 1
+                if out.first_unmatched_index < 0:
+                    out.first_unmatched_index = k
+    reserved -= burst_bytes
+    if reserved < 0:  # unmapped more than was ever mapped in the trace
+        if not out.unmatched_segment_frees:
+            out.unmatched_segment_frees = 1
+        if out.first_unmatched_index < 0:
+            out.first_unmatched_index = i
+        reserved = 0
+    return reserved
 
 
 def collect_stacks(events: Sequence[dict[str, Any]], req: RequestStream) -> None:

@@ -1,7 +1,7 @@
 """Inspect and convert recorded allocator histories: the `alloctune trace` capability.
 
-Why here: the checks on the arguments, the loading and the conversion result are the same
-for the CLI and the Python API; `alloctune.trace` keeps the formats themselves.
+Why a module of its own: the checks on the arguments, the loading and the conversion result are
+the same for the CLI and the Python API (`alloctune.api`); the rest of `trace/` keeps the formats.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Reading a file a person named on the command line: one readable line when it is not there.
 
-Why shared: the log `diagnose` reads and the snapshot every trace command reads fail the same
-three ways (missing, a directory, unreadable), and each said so in its own words. One reader
-gives one wording; the caller picks the error class and names what was expected instead.
+Why one reader, and why in `trace/`: the log `diagnose` reads and the snapshot every trace
+command reads fail the same three ways (missing, a directory, unreadable), and each said so in
+its own words. One reader gives one wording; the caller picks the error class and names what
+was expected instead. It lives with the trace loader, its lowest user (`diagnose/` sits above).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Why a module of its own: `alloctune diagnose` takes either kind of input, and reading it
 (a file, `-` for stdin, the checks on options that only apply to snapshots) is the same for
-the CLI and the Python API. The diagnosis itself stays in `alloctune.diagnose`.
+the CLI and the Python API. The diagnosis itself is the rest of `diagnose/`.
 """
 
 from __future__ import annotations
@@ -16,15 +16,20 @@ from alloctune.errors import InputError
 from alloctune.progress import Progress, no_progress
 
 
+def _stdin(stdin: BinaryIO | None) -> BinaryIO:
+    """The stream to read for `-`: `stdin` if given, else this process's; a terminal is no input."""
+    stream = stdin if stdin is not None else getattr(sys.stdin, "buffer", None)
+    if stream is None or (hasattr(stream, "isatty") and stream.isatty()):
+        raise InputError("no input: give a file with the OOM message, or pipe the log into 'alloctune diagnose -'")
+    return stream
+
+
 def read_log(source: str | Path | None, stdin: BinaryIO | None = None) -> str:
     """The text to diagnose: a file, or `stdin` for `-` / None (UTF-8 or UTF-16; bad bytes replaced)."""
     if source is None or str(source) == "-":
-        stream = stdin if stdin is not None else getattr(sys.stdin, "buffer", None)
-        if stream is None or (hasattr(stream, "isatty") and stream.isatty()):
-            raise InputError("no input: give a file with the OOM message, or pipe the log into 'alloctune diagnose -'")
-        data = stream.read()
+        data = _stdin(stdin).read()
     else:
-        from alloctune.input_file import read_input_bytes
+        from alloctune.trace.input_file import read_input_bytes
 
         data = read_input_bytes(source, expected="the log file")
     from alloctune.diagnose.text import decode_log
@@ -140,10 +145,7 @@ def _open_log(source: str | Path | None, stdin: BinaryIO | None) -> tuple[Any, i
     from alloctune.diagnose.input_kind import open_input, read_head, sniff_bytes
 
     if source is None or str(source) == "-":
-        stream = stdin if stdin is not None else getattr(sys.stdin, "buffer", None)
-        if stream is None or (hasattr(stream, "isatty") and stream.isatty()):
-            raise InputError("no input: give a file with the OOM message, or pipe the log into 'alloctune diagnose -'")
-        head, read = read_head(stream.read)
+        head, read = read_head(_stdin(stdin).read)
         kind, what = sniff_bytes(head)
         if kind in ("snapshot", "compact"):
             raise InputError(f"stdin holds {what}: save it to a file and run 'alloctune diagnose FILE'")
