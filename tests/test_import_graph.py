@@ -239,9 +239,7 @@ KNOWN_LONG_FUNCTIONS: dict[str, str] = {
     "trace/pickle_scan.py:scan": "the opcode walk, a hot loop over every opcode; its own change measures a split",
     "trace/pickle_scan.py:_measure": "the limits walk over what was built; its own change",
     "diagnose/verdict.py:_native": "the native-OOM verdict; its own change",
-    "trace/fallible.py:learn_from_calibration": "its own change",
     "tune/confirm.py:ConfirmFlow.run": "its own change",
-    "cli/plan_view.py:render_plan": "its own change",
 }
 
 

@@ -13,7 +13,8 @@ from typing import Any, Sequence
 
 from alloctune.errors import InputError
 from alloctune.plan import fileformat
-from alloctune.plan.answer import ErrorModel, PlanResult, plan
+from alloctune.plan.answer import PlanResult, plan
+from alloctune.plan.bound import ErrorModel
 from alloctune.plan.holdout import Holdout, holdout
 from alloctune.plan.inputs import load_recordings, parse_spec, traceset_from
 from alloctune.plan.rvc import RvcRow, rvc_rows
