@@ -161,7 +161,8 @@ def release_points(an: Analysis, base_min_budget: int | None, every: Sequence[in
     return out
 
 
-def simulated_remedies(an: Analysis, base_min_budget: int | None, conf: str | None = None) -> list[Remedy]:
+def simulated_remedies(an: Analysis, base_min_budget: int | None, conf: str | None = None,
+                       command: str = "CMD") -> list[Remedy]:
     """Every remedy the recording alone can answer: release points, the Janitor's policies and the
     workspace caps that apply (the latter also without repetitions)."""
     from alloctune.explain.janitor_sim import janitor_remedies
@@ -171,7 +172,7 @@ def simulated_remedies(an: Analysis, base_min_budget: int | None, conf: str | No
     out = release_points(an, base_min_budget, conf=conf)
     if out:
         out += janitor_remedies(an, base_min_budget, conf)
-    return out + workspace_remedies(an.trace, base_min_budget, conf)
+    return out + workspace_remedies(an.trace, base_min_budget, conf, command=command)
 
 
 def best_release(remedies: Sequence[Remedy]) -> Remedy | None:

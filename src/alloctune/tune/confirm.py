@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from alloctune.run.trial import TrialResult
@@ -81,7 +82,7 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
         self.bounds: dict[str, OverheadBound | None] = {}  # conf -> simulated allocator slowdown bound
         self.default_fails: str | None = None  # why the default was not run at the budget (simulated not to fit)
         self.shortfall: Shortfall | None = None  # no setting fits: the closest, how far off, what next
-
+        self.no_grad: tuple[str, TrialResult] | None = None  # (setting, its run) confirming torch.no_grad()
 
     # ---- GPU runs ----------------------------------------------------------------------------
     def _run(self, reqs: list[TrialRequest]) -> list[TrialResult]:
@@ -92,6 +93,9 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
         return out
 
     def _learn(self, req: TrialRequest, res: TrialResult) -> None:
+        if req.no_grad:  # a remedy's confirming run says nothing about the setting's bracket
+            self.no_grad = (req.conf, res)
+            return
         if res.warnings and req.conf not in self.refused:
             self.refused[req.conf] = "; ".join(res.warnings)
             return
@@ -258,7 +262,17 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
                 self.t.notes.append(fails)
             else:
                 reqs.append(TrialRequest("", self.budget, exclusive=measure, purpose="the default at the budget"))
-        self._run(sorted(reqs, key=lambda r: r.exclusive))  # the side by side ones first
+        self._run(sorted(reqs + self._remedy_runs(best), key=lambda r: r.exclusive))  # the side by side ones first
+
+    def _remedy_runs(self, c: Candidate | None) -> list[TrialRequest]:
+        """The remedies that need a confirming run, under `c` at the budget, side by side with the
+        flow's first batch (one run each; today: autograd off, when the baseline ran inference with it on)."""
+        if c is None or not self.s.remedies:
+            return []
+        from alloctune.tune.remedies import no_grad_request
+
+        req = no_grad_request(self.baseline, c.conf, self.budget)
+        return [replace(req, ensure_cap=req.ensure_cap or self._gc(c))] if req is not None else []
 
     def _settle_best(self, best: Candidate | None, default: Candidate,
                      fits: list[Candidate]) -> tuple[Candidate | None, list[Candidate]]:
@@ -347,7 +361,8 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
         else `shortfall` says by how much the budget falls short and what to do next."""
         b = self._bracket(closest)
         res = self._run([TrialRequest(closest.conf, self.budget, ensure_cap=self._gc(closest), record=self._want_calibration(),
-                                      purpose="the closest setting at the budget (simulated not to fit): confirm")])
+                                      purpose="the closest setting at the budget (simulated not to fit): confirm")]
+                        + self._remedy_runs(closest))
         if b.passed is not None:
             self.t.notes.append(
                 f"the simulation said no setting fits {format_mib(self.budget)}, but {closest.label} completed there: "

@@ -188,14 +188,14 @@ class ReportMixin:
 
 def next_steps(recording: str | None, budget: int, need: int, command: tuple[str, ...]) -> tuple[str, ...]:
     """What can help when no allocator setting fits: see where the memory goes (explain: sites,
-    what-ifs, remedies), find the largest input that fits (plan), or give the budget the closest
-    setting needs."""
+    what-ifs, remedies), give the budget the closest setting needs, and, last, the next command: find
+    the largest input that fits (plan) or split a service's inputs (guard.chunked)."""
     from alloctune.diagnose.snapshot import shortage_next_steps
 
     at_least = f"{-(-need // MiB)}MiB"  # rounded up: the closest setting's need
-    out = shortage_next_steps(recording or "REC.pickle", budget, " ".join(command) if command else "CMD")
-    out.append(f"or a budget of at least {at_least} (the closest setting's simulated need): alloctune tune --budget {at_least} ...")
-    return tuple(out)
+    budget_line = f"or a budget of at least {at_least} (the closest setting's simulated need): alloctune tune --budget {at_least} ..."
+    return tuple(shortage_next_steps(recording or "REC.pickle", budget, " ".join(command) if command else "CMD",
+                                     before=(budget_line,)))
 
 
 def _fmt(n: int | None) -> str:
