@@ -62,7 +62,8 @@ def with_remedies(an: Any, ex: Explanation) -> Explanation:
     from dataclasses import replace
 
     from alloctune.explain import utilization as ut
-    from alloctune.explain.remedies import activity, min_budget, simulated_remedies
+    from alloctune.explain.remedies import activity, min_budget
+    from alloctune.explain.remedy_set import simulated_remedies
     from alloctune.explain.what_if import recorded_conf
 
     trace = an.trace

@@ -159,28 +159,3 @@ def release_points(an: Analysis, base_min_budget: int | None, every: Sequence[in
             base_act, f"torch.cuda.empty_cache() after {what}, or between a service's requests: "
             f"alloctune.guard.Janitor(every_n={n})", cleanups=len(points), janitor={"every_n": n}))
     return out
-
-
-def simulated_remedies(an: Analysis, base_min_budget: int | None, conf: str | None = None,
-                       command: str = "CMD") -> list[Remedy]:
-    """Every remedy the recording alone can answer: release points, the Janitor's policies and the
-    workspace caps that apply (the latter also without repetitions)."""
-    from alloctune.explain.janitor_sim import janitor_remedies
-    from alloctune.explain.workspaces import workspace_remedies
-
-    conf = recorded_conf(an.trace) if conf is None else conf
-    out = release_points(an, base_min_budget, conf=conf)
-    if out:
-        out += janitor_remedies(an, base_min_budget, conf)
-    return out + workspace_remedies(an.trace, base_min_budget, conf, command=command)
-
-
-def best_release(remedies: Sequence[Remedy]) -> Remedy | None:
-    """The release policy with the lowest min budget that saves memory; on a tie (within 1 MiB) the
-    one with the fewest clean-ups (each one costs a device sync and re-allocation)."""
-    found = [r for r in remedies if r.janitor is not None and r.min_budget is not None and (r.saving or 0) > 0]
-    if not found:
-        return None
-    low = min(r.min_budget for r in found)  # type: ignore[type-var]
-    near = [r for r in found if r.min_budget - low <= WHAT_IF_ABS_TOL]  # type: ignore[operator]
-    return min(near, key=lambda r: (r.cleanups or 0, r.min_budget))

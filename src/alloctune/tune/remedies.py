@@ -117,7 +117,8 @@ def tune_remedies(sim: Any, baseline: TrialResult, conf: str, summaries: Sequenc
     the utilization table. A simulated remedy's saving is against the same simulation of the recording
     as it ran under `conf` (like with like: a measured min budget carries the simulator's error)."""
     from alloctune.explain.core import analyse
-    from alloctune.explain.remedies import best_release, min_budget, simulated_remedies
+    from alloctune.explain.remedies import min_budget
+    from alloctune.explain.remedy_set import best_release, simulated_remedies
 
     notes: list[str] = []
     remedies: list[Remedy] = []
