@@ -174,3 +174,24 @@ def test_cudnn_candidates_need_a_confirming_run_and_carry_the_bound():
     # the bound: every cuDNN workspace given up = the program that never asked for one
     assert off.bound == min_budget(without, "", without) < min_budget(t, "", t)
     assert rem["cudnn_v7_api"].confirm.startswith("TORCH_CUDNN_V8_API_DISABLED=1 alloctune record")
+
+
+def test_explain_page_and_terminal_carry_the_remedies_and_the_utilization_table(traces_dir, tmp_path):
+    import subprocess
+    import sys
+
+    from alloctune.report.explain_html import write_explain_html
+
+    rec = traces_dir / "rvc_ec0" / "default.pickle.xz"
+    ex = write_explain_html(rec, tmp_path / "p.html")
+    page = (tmp_path / "p.html").read_text()
+    assert "Remedies (program-level" in page and "Utilization (peak allocated" in page
+    assert "janitor_by_size" in page and "needs a confirming run" in page and ex.utilization.held_back[:20] in page
+    import alloctune
+
+    src = str(__import__("pathlib").Path(alloctune.__file__).resolve().parents[1])
+    out = subprocess.run([sys.executable, "-m", "alloctune", "explain", str(rec), "--top", "3"], capture_output=True,
+                         text=True, env={"PYTHONPATH": src, "COLUMNS": "200", "PATH": "/usr/bin:/bin"}, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "remedies (program-level, on this recording):" in out.stdout and "remedy janitor_by_size" in out.stdout
+    assert "0.97 is not reached" in out.stdout
