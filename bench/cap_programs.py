@@ -8,6 +8,11 @@ line `DONE items=N` at the end, so a run that completes is told from one that di
   hubert     transformers HuBERT-base encoder on 4-16 s of audio with autograd left on (no backward)
   trainkeep  a torch.nn Transformer classifier trained with AdamW that keeps each step's logits on the GPU
 
+Remedies applied by hand (#29: the truth `tune`'s and `explain`'s remedies are checked against):
+
+  hubert_nograd  hubert with the line tune offers added: torch.inference_mode() around the forward calls
+  seg_ec         seg calling gc.collect() + torch.cuda.empty_cache() after every image
+
 Usage: python bench/cap_programs.py NAME
 """
 
@@ -78,7 +83,33 @@ def trainkeep() -> int:
     return steps
 
 
-PROGRAMS = {"seg": seg, "convnext": convnext, "hubert": hubert, "trainkeep": trainkeep}
+def hubert_nograd() -> int:
+    with torch.inference_mode():
+        return hubert()
+
+
+def seg_ec() -> int:
+    import gc
+
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.segmentation.deeplabv3_resnet50(weights=None, weights_backbone=None,
+                                                               num_classes=21).cuda().eval()
+    sizes = [(512, 512), (640, 480), (896, 896), (480, 640), (768, 1024), (1024, 768), (720, 1280), (960, 960)]
+    with torch.no_grad():
+        for h, w in sizes:
+            x = torch.randn(2, 3, h, w, device="cuda")
+            out = model(x)["out"]
+            out.argmax(1).cpu()
+            del x, out
+            gc.collect()
+            torch.cuda.empty_cache()
+    return len(sizes)
+
+
+PROGRAMS = {"seg": seg, "convnext": convnext, "hubert": hubert, "trainkeep": trainkeep,
+            "hubert_nograd": hubert_nograd, "seg_ec": seg_ec}
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] not in PROGRAMS:
