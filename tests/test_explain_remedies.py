@@ -195,3 +195,19 @@ def test_explain_page_and_terminal_carry_the_remedies_and_the_utilization_table(
     assert out.returncode == 0, out.stderr
     assert "remedies (program-level, on this recording):" in out.stdout and "remedy janitor_by_size" in out.stdout
     assert "0.97 is not reached" in out.stdout
+
+
+@pytest.mark.parametrize("conf", ["", "expandable_segments:True", "max_split_size_mb:128"])
+def test_what_holds_utilization_back_is_explains_split_of_the_replay_at_its_peak(traces_dir, conf):
+    """The fast split (native replay for the moment, the model up to it) against explain run on the replay
+    written as a snapshot (its own moment and memory map): the same bytes, category by category."""
+    from alloctune.explain.core import explain_trace
+    from alloctune.explain.utilization import peak_split
+    from alloctune.sim.export import simulated_snapshot
+    from alloctune.trace.load import trace_from_snapshot
+
+    t = load_trace(traces_dir / "rvc_ec0" / "default.pickle.xz")
+    ps = peak_split(t, conf)
+    ex = explain_trace(trace_from_snapshot(simulated_snapshot(t, conf or None), None, source="sim"), top=1)
+    assert (ps["reserved"], ps["allocated"]) == (ex.reserved, ex.moment["allocated"])
+    assert {k: ps[k] for k in ex.overhead} == ex.overhead

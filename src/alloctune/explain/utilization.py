@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from alloctune.trace.model import Trace
+from alloctune.trace.model import Trace, reserved_delta
 from alloctune.units import format_size
 
 TARGET = 0.97
@@ -70,25 +70,59 @@ def remedy_rows(remedies: Sequence[Any]) -> list[UtilizationRow]:
                            getattr(r, "trace", None)) for r in remedies]
 
 
-def held_back(trace: Trace, conf: str) -> str:
-    """What keeps utilization below 1 at the peak of `trace` replayed under `conf`: explain's split
-    of the free bytes there (the replay written as a snapshot and explained at its peak)."""
-    from alloctune.explain.core import explain_trace
-    from alloctune.sim.export import simulated_snapshot
-    from alloctune.trace.load import trace_from_snapshot
+def peak_split(trace: Trace, conf: str) -> dict[str, int]:
+    """The memory at the peak of `trace` replayed uncapped under `conf`, at explain's moment (of the
+    requests after which reserved is at its peak, the one holding the most live bytes): reserved,
+    allocated, and the idle bytes split as explain splits them (`inactive_split`: free pieces of
+    segments that hold live blocks; `cached_free`: the rest of what is reserved but not allocated;
+    `rounding`: allocated minus requested). The native replay finds the moment; the Python model
+    replays up to it for the state (the same allocator; only the model keeps its blocks)."""
+    from alloctune.sim.replay import replay, state_at
+    from alloctune.trace.model import ALLOC, FREE
 
-    snap = simulated_snapshot(trace, conf or None)
-    ex = explain_trace(trace_from_snapshot(snap, None, source=f"{trace.source} under {conf or 'the default'}"), top=1)
-    o, reserved = ex.overhead, ex.reserved or 1
-    parts = [(o.get("inactive_split", 0), "free pieces of segments that also hold live blocks (fragmentation: "
+    events = replay(trace, conf or None, reference=trace).segment_events
+    req = trace.requests
+    n = len(req)
+    ops, sizes, rids = req.ops, req.sizes, req.rids
+    level = peak = live = 0
+    best_live, at, k = -1, n - 1, 0
+    size_of: dict[int, int] = {}
+    after: list[int] = []  # reserved after each request
+    for r in range(n):
+        while k < len(events) and events[k].request_index <= r:
+            level += reserved_delta(events[k])
+            k += 1
+        after.append(level)
+        peak = max(peak, level)
+    for r in range(n):  # live requested bytes after request r; the best moment at the peak
+        if ops[r] == ALLOC:
+            size_of[rids[r]] = sizes[r]
+            live += sizes[r]
+        elif ops[r] == FREE:
+            live -= size_of.pop(rids[r], 0)
+        if after[r] == peak and live > best_live:
+            best_live, at = live, r
+    st = state_at(trace, conf or None, at + 1, reference=trace).stats
+    split = int(st.inactive_split_bytes)
+    return {"reserved": int(st.reserved), "allocated": int(st.allocated), "inactive_split": split,
+            "cached_free": int(st.reserved) - int(st.allocated) - split,
+            "rounding": int(st.allocated) - int(st.requested)}
+
+
+def held_back(trace: Trace, conf: str) -> str:
+    """What keeps utilization below 1 at the peak of `trace` replayed under `conf` (`peak_split`)."""
+    o = peak_split(trace, conf)
+    reserved = o["reserved"] or 1
+    parts = [(o["inactive_split"], "free pieces of segments that also hold live blocks (fragmentation: "
               "expandable segments or a smaller max_split_size_mb reduce it)"),
-             (o.get("cached_free", 0), "whole free segments kept by the cache (a release point returns them)"),
-             (o.get("rounding", 0), "rounding of each request up to its block size (no allocator setting removes "
+             (o["cached_free"], "free memory the cache keeps in segments with no live block (a release point "
+              "before the peak returns it)"),
+             (o["rounding"], "rounding of each request up to its block size (no allocator setting removes "
               "it; fewer, larger requests do)")]
     parts.sort(key=lambda p: -p[0])
     said = "; ".join(f"{format_size(b)} ({100.0 * b / reserved:.1f} %) {what}" for b, what in parts if b > 0)
-    return (f"at the peak under {conf or 'the default'} ({format_size(ex.reserved)} reserved): "
-            f"{said or 'nothing idle'}")
+    return (f"at the peak under {conf or 'the default'} ({format_size(o['reserved'])} reserved, "
+            f"{format_size(o['allocated'])} allocated): {said or 'nothing idle'}")
 
 
 def table(rows: Sequence[UtilizationRow], trace: Trace | None = None) -> UtilizationTable:
