@@ -24,6 +24,7 @@ def test_empty_cache_after_every_chunk_gives_the_real_peak_of_the_program_that_d
     real = json.loads((traces_dir / "rvc_ec1" / f"{setting}.json").read_text())["stats"]["reserved_bytes.all.peak"]
     assert every.peak_reserved == real
     assert every.extra_driver_calls > 0 and every.extra_seconds > 0 and "Janitor(every_n=1)" in every.how_to
+    assert every.janitor == {"args": {"every_n": 1}, "use": "janitor"}
 
 
 def test_release_points_sit_where_the_live_bytes_are_lowest(traces_dir):
@@ -57,7 +58,7 @@ def test_explain_json_carries_the_remedies(traces_dir):
     assert util["reachable"] is False and "is not reached" in util["held_back"]
 
 
-def _stepwise_janitor_run(trace, ends, by_size, sizes):
+def _stepwise_janitor_run(trace, ends, by_size, sizes, **kwargs):
     """An independent run of the real Janitor: one pass of the Python allocator model, the Janitor
     reading its live statistics at each repetition end and emptying its cache for real."""
     from alloctune.guard.janitor import ALLOCATED, RESERVED, Janitor
@@ -68,7 +69,7 @@ def _stepwise_janitor_run(trace, ends, by_size, sizes):
     alloc = make_allocator(SimSettings(), total_memory=trace.total_memory or 150109880320)
     st = alloc.stats
     jan = Janitor(stats_fn=lambda: {RESERVED: st.reserved, ALLOCATED: st.allocated}, empty_cache=alloc.empty_cache,
-                  clock=lambda: 0.0)
+                  clock=lambda: 0.0, **kwargs)
     req, live, cleaned_at, k = trace.requests, {}, [], 0
     if by_size:
         jan.before(sizes[0])
@@ -113,6 +114,7 @@ def test_janitor_told_sizes_matches_the_program_that_empties_after_every_chunk(t
     assert by_size.cleanups is not None and by_size.cleanups < 15
     assert abs(by_size.peak_reserved - real) <= 0.01 * real
     assert "janitor.request(size)" in by_size.how_to
+    assert by_size.janitor == {"args": {}, "use": "janitor.request(size)"}
 
 
 BLAS_WS = [{"filename": "aten/src/ATen/cuda/CublasHandlePool.cpp", "line": 190, "name": "at::cuda::getNewWorkspace()"},
@@ -211,3 +213,16 @@ def test_what_holds_utilization_back_is_explains_split_of_the_replay_at_its_peak
     ex = explain_trace(trace_from_snapshot(simulated_snapshot(t, conf or None), None, source="sim"), top=1)
     assert (ps["reserved"], ps["allocated"]) == (ex.reserved, ex.moment["allocated"])
     assert {k: ps[k] for k in ex.overhead} == ex.overhead
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_the_janitor_arguments_of_a_release_point_reproduce_it(traces_dir, n):
+    """`Janitor(**remedy.janitor["args"])` run live (the Python model, the real Janitor) cleans exactly where the
+    release point was simulated, and reaches its peak."""
+    from alloctune.explain.janitor_sim import repetition_sizes
+
+    an = analyse(load_trace(traces_dir / "rvc_ec0" / "default.pickle.xz"))
+    rem = next(r for r in release_points(an, None, every=(n,)))
+    ends = repetition_ends(an)
+    cleaned, peak = _stepwise_janitor_run(an.trace, ends, False, repetition_sizes(an, ends), **rem.janitor["args"])
+    assert cleaned == ends[n - 1::n] and peak == rem.peak_reserved

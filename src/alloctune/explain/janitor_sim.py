@@ -143,7 +143,7 @@ def janitor_remedies(an: Analysis, base: int | None, conf: str) -> list[Remedy]:
         out.append(simulated(
             name, what, with_empty_cache(trace, points) if points else trace, conf, trace, base, base_act,
             f"janitor = alloctune.guard.Janitor({args}); around each request: {use}",
-            cleanups=len(points), janitor=dict(kwargs, by_size=by_size),
+            cleanups=len(points), janitor={"args": dict(kwargs), "use": "janitor.request(size)" if by_size else "janitor"},
             notes=("decided on the uncapped replay: under a cap the allocator's own retries also free cached "
                    "blocks, so the Janitor's clean-ups there may differ",)))
     return out

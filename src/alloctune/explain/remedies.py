@@ -56,7 +56,9 @@ class Remedy:
     confirm: str | None = None  # the command of the run that would confirm it
     bound: int | None = None  # a simulated lower bound on min_budget, when only that is known
     cleanups: int | None = None  # empty_cache() calls it makes (release policies)
-    janitor: dict[str, Any] | None = None  # guard.Janitor(...) keyword arguments that reproduce it
+    # how a service gets it: {"args": guard.Janitor(...) keyword arguments, "use": "janitor" (`with janitor:`
+    # around each request) or "janitor.request(size)" (`with janitor.request(size):`)}
+    janitor: dict[str, Any] | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
     trace: Any = field(default=None, repr=False, compare=False)  # the rewritten recording (not in JSON)
 
@@ -157,5 +159,5 @@ def release_points(an: Analysis, base_min_budget: int | None, every: Sequence[in
             "empty_cache_each_repetition" if n == 1 else f"empty_cache_every_{n}_repetitions",
             f"empty_cache() at the end of {what}", with_empty_cache(trace, points), conf, trace, base_min_budget,
             base_act, f"torch.cuda.empty_cache() after {what}, or between a service's requests: "
-            f"alloctune.guard.Janitor(every_n={n})", cleanups=len(points), janitor={"every_n": n}))
+            f"alloctune.guard.Janitor(every_n={n})", cleanups=len(points), janitor={"args": {"every_n": n}, "use": "janitor"}))
     return out
