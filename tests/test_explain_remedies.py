@@ -226,3 +226,23 @@ def test_the_janitor_arguments_of_a_release_point_reproduce_it(traces_dir, n):
     ends = repetition_ends(an)
     cleaned, peak = _stepwise_janitor_run(an.trace, ends, False, repetition_sizes(an, ends), **rem.janitor["args"])
     assert cleaned == ends[n - 1::n] and peak == rem.peak_reserved
+
+
+def test_explain_flags_inference_with_autograd_from_the_run_record(tmp_path):
+    """A recording whose sidecar (as `alloctune record` writes it) counted module calls with autograd on and no
+    backward gets the no_grad candidate, with the run that confirms it; one that trained does not."""
+    from explain_programs import training_loop, write
+
+    from alloctune import api
+
+    snap, _ = training_loop(steps=4)
+    for counts, expect in (({"module_calls_with_grad": 40, "module_calls_without_grad": 0, "backward_calls": 0}, True),
+                           ({"module_calls_with_grad": 40, "module_calls_without_grad": 0, "backward_calls": 4}, False)):
+        rec = write(snap, tmp_path / f"r{int(expect)}.pickle")
+        rec.with_suffix(".json").write_text(json.dumps({"autograd": counts, "command": ["python", "infer.py"]}))
+        d = api.explain(rec).to_dict()
+        ng = [r for r in d["remedies"] if r["name"] == "no_grad"]
+        assert bool(ng) is expect
+        if expect:
+            assert ng[0]["method"] == "needs a confirming run" and ng[0]["min_budget"] is None
+            assert ng[0]["confirm"].startswith("alloctune run --no-grad --record nograd.pickle -- python infer.py")

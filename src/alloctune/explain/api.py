@@ -63,13 +63,16 @@ def with_remedies(an: Any, ex: Explanation) -> Explanation:
 
     from alloctune.explain import utilization as ut
     from alloctune.explain.remedies import activity, min_budget
-    from alloctune.explain.remedy_set import simulated_remedies
+    from alloctune.explain.remedy_set import no_grad_candidate, simulated_remedies
     from alloctune.explain.what_if import recorded_conf
 
     trace = an.trace
     conf = recorded_conf(trace)
     base = ex.min_budget if ex.min_budget is not None else min_budget(trace, conf, trace)
     remedies = simulated_remedies(an, base, conf)
+    ng = no_grad_candidate(trace)
+    if ng is not None:
+        remedies.append(ng)
     peak, peak_alloc, _, _ = activity(trace, conf, trace)
     rows = [ut.UtilizationRow("recording", "as it ran", conf, base, peak, peak_alloc, "simulated")]
     table = ut.table(rows + ut.remedy_rows(remedies), trace)
