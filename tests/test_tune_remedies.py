@@ -148,3 +148,30 @@ def test_a_shortage_ends_with_the_next_command_plan_then_chunked_in_tune_and_dia
     nexts = [e for e in tight.evidence if e.startswith("next: ")]
     assert tight.verdict == "shortage" and "alloctune plan sizes/" in nexts[-2] and "guard.chunked" in nexts[-1]
     assert tight.evidence[-1] == nexts[-1]
+
+
+def test_the_remedies_are_simulated_once_beside_the_gpu_runs(traces_dir, monkeypatch):
+    """Simulated in a thread while the GPU runs (the planned best); reused when the best stayed the same."""
+    import threading
+
+    import alloctune.tune.remedies as tr
+    from alloctune.run.trial import TrialResult
+    from alloctune.tune.simulator import SimulatorFromTrace
+
+    calls = []
+    real = tr.simulate
+
+    def counted(sim, baseline, conf, command):
+        calls.append((conf, threading.current_thread().name))
+        return real(sim, baseline, conf, command)
+
+    monkeypatch.setattr(tr, "simulate", counted)
+    path = str(traces_dir / "rvc_ec0" / "default.pickle.xz")
+    probe = TrialResult(command=COMMAND, conf="", budget=None, outcome="ok", exit_code=0, wall_s=1.0,
+                        snapshot=path, total_memory=150109880320, torch_version="2.11.0")
+    needs = SimulatorFromTrace(probe).estimates(["", "expandable_segments:True"])
+    ev = FakeEvaluator(needs=needs, snapshot=path, total=150109880320)
+    s = TuneSettings(command=COMMAND, budget=needs[""] - 64 * MiB, knobs=parse_knobs(["expandable"]), platform="linux")
+    res = Tuner(ev, s, simulator_factory=lambda b: SimulatorFromTrace(b)).run()
+    assert calls == [("expandable_segments:True", "alloctune-remedies")]
+    assert res.remedies.remedies and all(r.conf == "expandable_segments:True" for r in res.remedies.remedies)

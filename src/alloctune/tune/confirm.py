@@ -83,6 +83,7 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
         self.default_fails: str | None = None  # why the default was not run at the budget (simulated not to fit)
         self.shortfall: Shortfall | None = None  # no setting fits: the closest, how far off, what next
         self.no_grad: tuple[str, TrialResult] | None = None  # (setting, its run) confirming torch.no_grad()
+        self.early: Any = None  # Future of `tune.remedies.simulate` under the planned best, run beside the GPU
 
     # ---- GPU runs ----------------------------------------------------------------------------
     def _run(self, reqs: list[TrialRequest]) -> list[TrialResult]:
@@ -204,6 +205,7 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
         fits = [c for c in order if self._likely(c) is not None and self._likely(c) <= self.budget]
         best = fits[0] if fits else None
         closest = None if best is not None else self._closest(order)
+        self._simulate_remedies(best or closest)
         if closest is not None:
             # nothing is simulated to fit: one run of the closest setting at the budget says whether
             # the program asks for less under the cap than it recorded; if not, say by how much the
@@ -221,6 +223,27 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
         if focus is not None and focus.knob != DEFAULT:
             self._throughput(default, focus)
         return self._summaries(default, focus, order)
+
+    def _simulate_remedies(self, c: Candidate | None) -> None:
+        """Start simulating the remedies under the planned best (or closest) setting in a thread: CPU
+        work of seconds on a large recording, done while the GPU runs instead of after them."""
+        if c is None or not self.s.remedies:
+            return
+        import threading
+        from concurrent.futures import Future
+
+        from alloctune.tune.remedies import simulate
+
+        fut: Future = Future()
+
+        def work() -> None:  # a daemon thread: an interrupted tune does not wait for it
+            try:
+                fut.set_result(simulate(self.sim, self.baseline, c.conf, " ".join(self.s.command)))
+            except BaseException as exc:  # noqa: BLE001 - handed to whoever waits for it
+                fut.set_exception(exc)
+
+        threading.Thread(target=work, name="alloctune-remedies", daemon=True).start()
+        self.early = fut
 
     def _simulate(self) -> None:
         """Every candidate's simulated min_budget (and optimistic end) from the baseline's recording."""

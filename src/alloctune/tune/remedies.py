@@ -111,24 +111,43 @@ def setting_rows(trace: Any, summaries: Sequence["CandidateSummary"]) -> list[Ut
     return rows
 
 
-def tune_remedies(sim: Any, baseline: TrialResult, conf: str, summaries: Sequence["CandidateSummary"],
-                  no_grad: Remedy | None, command: str) -> RemedyReport:
-    """The simulated remedies under `conf` (the best or closest setting), the measured no-grad one, and
-    the utilization table. A simulated remedy's saving is against the same simulation of the recording
-    as it ran under `conf` (like with like: a measured min budget carries the simulator's error)."""
+@dataclass(frozen=True)
+class Simulated:
+    """The remedies one recording answers under one setting (what `tune_remedies` starts from)."""
+
+    conf: str
+    trace: Any  # the recording (None: none to simulate)
+    remedies: tuple[Remedy, ...]
+    notes: tuple[str, ...]
+
+
+def simulate(sim: Any, baseline: TrialResult, conf: str, command: str) -> Simulated:
+    """The simulated remedies under `conf`. A remedy's saving is against the same simulation of the
+    recording as it ran under `conf` (like with like: a measured min budget carries the simulator's
+    error). CPU only, safe in a thread beside the GPU runs (it reads the recording, writes nothing shared)."""
     from alloctune.explain.core import analyse
     from alloctune.explain.remedies import min_budget
-    from alloctune.explain.remedy_set import best_release, simulated_remedies
+    from alloctune.explain.remedy_set import simulated_remedies
 
-    notes: list[str] = []
-    remedies: list[Remedy] = []
     trace = None
     try:
         trace = _trace(sim, baseline)
-        if trace is not None:
-            remedies = simulated_remedies(analyse(trace), min_budget(trace, conf, trace), conf, command=command)
+        if trace is None:
+            return Simulated(conf, None, (), ())
+        rems = simulated_remedies(analyse(trace), min_budget(trace, conf, trace), conf, command=command)
+        return Simulated(conf, trace, tuple(rems), ())
     except Exception as exc:  # noqa: BLE001 - the settings stand without the remedies
-        notes.append(f"remedies not simulated ({type(exc).__name__}: {exc})")
+        return Simulated(conf, trace, (), (f"remedies not simulated ({type(exc).__name__}: {exc})",))
+
+
+def tune_remedies(sim: Any, baseline: TrialResult, conf: str, summaries: Sequence["CandidateSummary"],
+                  no_grad: Remedy | None, command: str, early: Simulated | None = None) -> RemedyReport:
+    """The simulated remedies under `conf` (the best or closest setting; `early`: simulated while the GPU
+    ran, used when it was for the same setting), the measured no-grad one, and the utilization table."""
+    from alloctune.explain.remedy_set import best_release
+
+    done = early if early is not None and early.conf == conf else simulate(sim, baseline, conf, command)
+    trace, remedies, notes = done.trace, list(done.remedies), list(done.notes)
     if no_grad is not None:
         remedies.append(no_grad)
     best = best_release(remedies)

@@ -244,7 +244,8 @@ class Tuner:
         if flow.no_grad is not None:  # against the same simulator's need of the recording with autograd on
             ng_conf, trial = flow.no_grad
             ng = no_grad_remedy(trial, ng_conf, flow.est.get(ng_conf), self.simulator_factory, command)
-        report = tune_remedies(flow.sim, flow.baseline, conf, summaries, ng, command)
+        early = flow.early.result() if flow.early is not None else None  # simulated beside the GPU runs
+        report = tune_remedies(flow.sim, flow.baseline, conf, summaries, ng, command, early=early)
         self.notes.extend(report.notes)
         if ng is not None:
             self.notes.append(f"inference ran with autograd on and no backward: {ng.notes[0]}; the line to add: "
