@@ -3,9 +3,11 @@
 Two tables, both over programs whose truth is known exactly (no GPU):
 
 1. `tune` (the confirm flow) against the scripted workload of the tests (`tests/tune_fakes.py`:
-   each setting completes iff its cap >= its need), with an exact simulator, a simulated range
-   (a program that adapts) and a budget no setting fits: GPU runs in all (the recording
-   included), the answer against the best need, and the shortfall where nothing fits.
+   each setting completes iff its cap >= its need), with an exact simulation, a simulated range
+   (a program that adapts) and a budget no setting fits, each also as an inference program run with
+   autograd on (#29: the agent's no-grad switch confirms `torch.no_grad()` in one run; the program
+   needs 900 MiB less without autograd): GPU runs in all (the recording included), the answer
+   against the best need, the shortfall where nothing fits and what then fits.
 2. `plan` on a synthetic program with a cubic term (`tests/plan_programs.py`, law="cubic",
    recorded at 256..1024): the largest size under each cap with the error bound (default) and
    without it (`check=False`, the answer as before), against the program's own boundary
@@ -42,20 +44,34 @@ def tune_rows() -> list[tuple[str, int, str, str]]:
         def floors(self, confs):
             return {c: self.evaluator.need(c) for c in confs}
 
+    class NoGradAware(FakeSimulator):  # a no-grad run's recording simulates to the need without autograd
+        def __init__(self, ev, trial=None):
+            super().__init__(ev, error=-ev.no_grad_saving if trial is not None and trial.no_grad else 0)
+
+    # #29: inference with autograd on (modules called with grad mode, no backward); 900 MiB less without it
+    infer = {"module_calls_with_grad": 120, "module_calls_without_grad": 0, "backward_calls": 0}
     rows = []
-    for name, budget, sim in (("exact simulation", 2600, FakeSimulator), ("simulated range", 2600, Range),
-                              ("no setting fits", 1500, FakeSimulator)):
-        ev = FakeEvaluator()
+    for name, budget, sim, grad in (("exact simulation", 2600, FakeSimulator, None),
+                                    ("simulated range", 2600, Range, None),
+                                    ("no setting fits", 1500, FakeSimulator, None),
+                                    ("exact simulation, inference with autograd on", 2600, NoGradAware, infer),
+                                    ("no setting fits, inference with autograd on", 1500, NoGradAware, infer)):
+        ev = FakeEvaluator(autograd=grad, no_grad_saving=900 * MiB)
         s = TuneSettings(command=("w",), budget=budget * MiB, knobs=parse_knobs(None), platform="linux")
-        res = Tuner(ev, s, simulator_factory=lambda b, sim=sim, ev=ev: sim(ev)).run()
+        res = Tuner(ev, s, simulator_factory=lambda b, sim=sim, ev=ev: sim(ev, b) if sim is NoGradAware else sim(ev)).run()
         best = res.ranking.best
         truth = min(split_need(32), *ev.needs.values())
         if best is not None:
             answer = f"{best.candidate.conf or 'default'} {best.min_budget // MiB} MiB (best need {truth // MiB} MiB)"
         else:
             answer = "none"
+        ng = next((r for r in (res.remedies.remedies if res.remedies else ()) if r.name == "no_grad"), None)
+        if ng is not None:
+            answer += f"; no_grad ({ng.method}): {ng.min_budget // MiB} MiB"
         sf = res.shortfall
         short = f"{sf.missing} B ({sf.conf})" if sf else "-"
+        if sf is not None and ng is not None and sf.next_steps[0].startswith("inference without autograd"):
+            short += "; next: torch.inference_mode() fits"
         rows.append((name, len(ev.calls), answer, short))
     return rows
 

@@ -153,3 +153,37 @@ def test_when_nothing_fits_two_runs_the_shortfall_in_bytes_and_the_next_steps(se
     (tmp_path / "n.jsonl").unlink()
     text = subprocess.run(cmd[:-4] + cmd[-3:], capture_output=True, text=True, env=env, timeout=120).stdout
     assert f"{400 * MiB} bytes" in text and "next:" in text and sf["recording"] in text
+
+
+# Inference with autograd on (#29.2): the module is called with grad mode on and nothing runs backward; the
+# 300 MiB autograd keeps for the backward only exist while grad mode is on.
+INFER = """
+import torch
+class Encoder(torch.nn.Module):
+    def forward(self, x):
+        torch.cuda.fake_alloc(400 << 20)
+        torch.cuda.fake_alloc(200 << 20)
+        if torch.is_grad_enabled():
+            torch.cuda.fake_alloc(300 << 20)
+Encoder()(None)
+print("throughput: 50 items/s")
+"""
+
+
+def test_inference_with_autograd_is_confirmed_by_one_run_and_ends_the_shortage(setup):
+    tmp_path, env = setup
+    (tmp_path / "infer.py").write_text(INFER)
+    cmd = [PY, "-m", "alloctune", "tune", "--budget", "700MiB", "--knobs", "expandable", "--store",
+           str(tmp_path / "g.jsonl"), "--json", "--", PY, str(tmp_path / "infer.py")]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)
+    # the recording, the closest setting at the budget, and the one run with autograd off by the agent
+    assert data["trial_count"] == 3 and data["trials"][0]["inference_with_grad"] is True
+    assert [t["no_grad"] for t in data["trials"]] == [False, False, True]
+    ng = next(r for r in data["remedies"] if r["name"] == "no_grad")
+    assert ng["method"] == "measured" and ng["peak_reserved"] == 600 * MiB and "torch.inference_mode()" in ng["how_to"]
+    assert data["shortfall"]["next_steps"][0].startswith("inference without autograd")
+    (tmp_path / "g.jsonl").unlink()
+    text = subprocess.run(cmd[:-4] + cmd[-3:], capture_output=True, text=True, env=env, timeout=120).stdout
+    assert "no_grad: min budget" in text and "with torch.inference_mode()" in text and "utilization" in text

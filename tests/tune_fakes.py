@@ -40,7 +40,7 @@ THROUGHPUT = {"garbage_collection_threshold:0.6": 90.0}
 
 class FakeEvaluator:
     def __init__(self, needs=None, *, total=8 * GiB, crash_on=None, timeout_on=None, snapshot="/dev/null",
-                 ignored=(), throughputs=None):
+                 ignored=(), throughputs=None, autograd=None, no_grad_saving=0):
         """`ignored`: settings the child silently does not apply (read back as the default);
         `throughputs`: conf -> samples handed out in turn (noise), else THROUGHPUT / 100."""
         self.needs = dict(NEEDS if needs is None else needs)
@@ -52,14 +52,19 @@ class FakeEvaluator:
         self.timeout_on = timeout_on
         self.snapshot = snapshot
         self.calls: list[tuple[str, int | None, int, bool, bool]] = []
+        self.autograd = autograd  # what the baseline's agent counted (module calls with grad, backward calls)
+        self.no_grad_saving = no_grad_saving  # bytes the program needs less with autograd off
+        self.no_grad_calls: list[tuple[str, int | None]] = []
 
     def need(self, conf: str) -> int:
         if conf.startswith("max_split_size_mb:"):
             return split_need(int(conf.split(":")[1]))
         return self.needs[conf]
 
-    def __call__(self, conf, budget, *, repeat=0, record=False, ensure_cap=False):
+    def __call__(self, conf, budget, *, repeat=0, record=False, ensure_cap=False, no_grad=False):
         self.calls.append((conf, budget, repeat, record, ensure_cap))
+        if no_grad:
+            self.no_grad_calls.append((conf, budget))
         base = dict(command=COMMAND, conf=conf, budget=budget, wall_s=1.0, total_memory=self.total,
                     torch_version="2.11.0+cu130", device_name="Fake H200", repeat=repeat)
         if conf == self.crash_on:
@@ -67,7 +72,7 @@ class FakeEvaluator:
         if conf == self.timeout_on:
             return TrialResult(outcome="timeout", exit_code=-15, error="killed at the timeout", **base)
         applied = "" if conf in self.ignored else conf
-        need = self.need(applied)
+        need = self.need(applied) - (self.no_grad_saving if no_grad else 0)
         ok = budget is None or budget >= need
         peak_reserved = min(need, budget) if budget is not None else need
         warnings = (f"the allocator parsed '', not {conf!r} (the program set its own?)",) if conf in self.ignored else ()
@@ -84,6 +89,8 @@ class FakeEvaluator:
             throughput_unit="items/s",
             snapshot=self.snapshot if record else None,
             segment_sizes=tuple(SEGMENTS) if record else None,
+            autograd=self.autograd if record else None,
+            no_grad=no_grad,
             **base,
         )
 

@@ -117,13 +117,35 @@ def _render(ex) -> None:  # ex: Explanation
     for w in ex.what_if:
         console.print(f"  what if: {w.what}: {_fmt(w.min_budget)} (saves {_fmt(w.saves)})", markup=False, soft_wrap=True)
         console.print(f"    {w.command.splitlines()[-1]}", markup=False, soft_wrap=True)
-    for r in ex.remedies:
-        change = ("no change" if not r.saving else f"saves {_fmt(r.saving)}" if r.saving > 0
-                  else f"costs {_fmt(-r.saving)}")
-        console.print(f"  remedy: {r.name}: min budget {_fmt(r.min_budget)} ({change}), {r.extra_driver_calls} more "
-                      f"driver calls (at most {r.extra_seconds * 1e3:.0f} ms) -- {r.code}", markup=False, soft_wrap=True)
+    _render_remedies(ex)
     for note in ex.notes:
         console.print(f"note: {note}", markup=False, soft_wrap=True)
+
+
+def _render_remedies(ex) -> None:  # ex: Explanation
+    """Each remedy with what it buys and how to get it, then the utilization table (#29.5, #29.6)."""
+    from alloctune.cli.render import console
+    from alloctune.explain.utilization import render_lines
+
+    if ex.remedies:
+        console.print("remedies (program-level, on this recording):", markup=False)
+    for r in ex.remedies:
+        if r.min_budget is None:
+            bound = f", at best {_fmt(r.bound)} (simulated bound)" if r.bound is not None else ""
+            console.print(f"  {r.name}: {r.what}: {r.method}{bound} -- {r.how_to}", markup=False, soft_wrap=True)
+            if r.confirm:
+                console.print(f"    confirm: {r.confirm}", markup=False, soft_wrap=True)
+            continue
+        change = ("no change" if not r.saving else f"saves {_fmt(r.saving)}" if r.saving > 0
+                  else f"costs {_fmt(-r.saving)}")
+        calls = f", {r.extra_driver_calls} more driver calls (at most {r.extra_seconds * 1e3:.0f} ms)" \
+            if r.extra_driver_calls else ""
+        console.print(f"  {r.name}: min budget {_fmt(r.min_budget)} ({change}, {r.method}){calls} -- {r.how_to}",
+                      markup=False, soft_wrap=True)
+    if ex.utilization is not None:
+        console.print("utilization (peak allocated / peak reserved, uncapped) and min budget:", markup=False)
+        for line in render_lines(ex.utilization):
+            console.print(line, markup=False, soft_wrap=True)
 
 
 def _render_against(cmp) -> None:  # cmp: Comparison

@@ -60,6 +60,11 @@ def register(app: typer.Typer) -> None:
         address: Optional[str] = typer.Option(
             None, "--address", help="--executor ray: 'auto' or HOST:PORT of a running cluster (default: a local Ray)."
         ),
+        remedies: bool = typer.Option(
+            True, "--remedies/--no-remedies", help="confirm: program-level remedies beside the settings (release "
+            "points, the Janitor, workspace caps: simulated; torch.no_grad() for inference run with autograd on: "
+            "one confirming run)."
+        ),
         json_out: bool = typer.Option(False, "--json", help="Print every trial and the recommendation as JSON."),
     ) -> None:
         """Simulate every allocator setting from one recorded run, confirm the best on the GPU, recommend it.
@@ -78,7 +83,7 @@ def register(app: typer.Typer) -> None:
             command, budget=parse_user_size(budget, "--budget") if budget is not None else None, knobs=knobs, strategy=strategy,
             platform=platform, store=store, resume=resume, simulate_first=simulate_first, repeat=repeat,
             timeout=timeout, max_gpu_runs=max_gpu_runs, throughput=throughput, on_trial_start=shown.started, on_trial_end=shown.finished,
-            progress=shown.simulating, executor_name=executor, jobs=jobs, address=address,
+            progress=shown.simulating, executor_name=executor, jobs=jobs, address=address, remedies=remedies,
         )
         shown.count = lambda: len(session.tuner.trials)
         if session.moved_previous is not None:

@@ -111,6 +111,7 @@ def render_result(result: Any, rec: Any, store: Path, elapsed: float) -> None:
         console.print(Text.assemble(("→ " if chosen else "- ", "bold green" if chosen else ""), f"{label}: {text}"))
     for note in result.notes:
         console.print(Text(f"note: {note}"))
+    render_remedies(result)
     console.print(f"\n[bold]{rec.summary}[/bold]")
     sf = getattr(result, "shortfall", None)
     if sf is not None and sf.next_steps:
@@ -126,3 +127,35 @@ def render_result(result: Any, rec: Any, store: Path, elapsed: float) -> None:
         f"\n{len(result.trials)} trials ({fresh} run, {after} after the baseline, {len(result.trials) - fresh} from "
         f"the store) in {elapsed:.0f} s; store: {store}"
     )
+
+
+def render_remedies(result: Any) -> None:
+    """The program-level remedies beside the settings and the utilization table (#29)."""
+    from rich.text import Text
+
+    from alloctune.cli.common import console
+    from alloctune.explain.utilization import render_lines
+
+    rep = getattr(result, "remedies", None)
+    if rep is None or (not rep.remedies and rep.utilization is None):
+        return
+    if rep.remedies:
+        console.print("remedies (program-level, beside the setting):")
+    for r in rep.remedies:
+        mark = "→ " if r is rep.best_release else "- "
+        if r.min_budget is None:
+            bound = f", at best {_fmt(r.bound)} (simulated bound)" if r.bound is not None else ""
+            head = f"{r.name}: {r.method}{bound}"
+        else:
+            change = "no change" if not r.saving else (f"saves {_fmt(r.saving)}" if r.saving > 0
+                                                         else f"costs {_fmt(-r.saving)}")
+            head = f"{r.name}: min budget {_fmt(r.min_budget)} ({change}, {r.method})"
+        console.print(Text(f"  {mark}{head} -- {r.how_to}"))
+        if r.method != "simulated" and r.notes:
+            console.print(Text(f"      {r.notes[0]}"))
+        if r.confirm and r.min_budget is None:
+            console.print(Text(f"      confirm: {r.confirm}"))
+    if rep.utilization is not None:
+        console.print("utilization (peak allocated / peak reserved of the uncapped replay) and min budget:")
+        for line in render_lines(rep.utilization):
+            console.print(Text(line))

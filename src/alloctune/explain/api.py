@@ -50,13 +50,33 @@ def explain(
         progress("simulating what-ifs", 2, 3)
         ex = what_ifs(an, ex, source_arg=str(recording if not isinstance(recording, Trace) else trace.source),
                       out_dir=what_if_dir)
-        from dataclasses import replace
-
-        from alloctune.explain.remedies import release_points
-
-        ex = replace(ex, remedies=tuple(release_points(an, ex.min_budget)))
+        progress("simulating remedies", 2, 3)
+        ex = with_remedies(an, ex)
     progress("done", 3, 3)
     return ex
+
+
+def with_remedies(an: Any, ex: Explanation) -> Explanation:
+    """`ex` with the program-level remedies simulated on its recording (#29) and the utilization table
+    of the recording as it ran beside each remedy."""
+    from dataclasses import replace
+
+    from alloctune.explain import utilization as ut
+    from alloctune.explain.remedies import activity, min_budget
+    from alloctune.explain.remedy_set import no_grad_candidate, simulated_remedies
+    from alloctune.explain.what_if import recorded_conf
+
+    trace = an.trace
+    conf = recorded_conf(trace)
+    base = ex.min_budget if ex.min_budget is not None else min_budget(trace, conf, trace)
+    remedies = simulated_remedies(an, base, conf)
+    ng = no_grad_candidate(trace)
+    if ng is not None:
+        remedies.append(ng)
+    peak, peak_alloc, _, _ = activity(trace, conf, trace)
+    rows = [ut.UtilizationRow("recording", "as it ran", conf, base, peak, peak_alloc, "simulated")]
+    table = ut.table(rows + ut.remedy_rows(remedies), trace)
+    return replace(ex, remedies=tuple(remedies), min_budget=base, utilization=table)
 
 
 def aligned_labels(this: Trace, other: Trace, group: str = "line") -> list[str] | None:

@@ -75,6 +75,7 @@ class Explanation:
     min_budget: int | None = None  # the recording's own min budget (what-ifs compare with it)
     notes: tuple[str, ...] = ()
     remedies: tuple[Any, ...] = ()  # program-level remedies simulated on the recording (`explain.remedies.Remedy`)
+    utilization: Any = None  # `explain.utilization.UtilizationTable`: the recording and each remedy
 
     @property
     def reserved(self) -> int:
@@ -99,6 +100,7 @@ class Explanation:
             "min_budget": self.min_budget,
             "what_if": [w.to_dict() for w in self.what_if],
             "remedies": [r.to_dict() for r in self.remedies],
+            "utilization": self.utilization.to_dict() if self.utilization is not None else None,
             "notes": list(self.notes),
         }
 

@@ -352,6 +352,9 @@ def explain_section(view: ExplainView, heading: str = "h2", prefix: str = "") ->
         rows += [(_e(w.what), _fmt(w.min_budget), _fmt(w.saves), f"<code>{_e(w.command.splitlines()[-1])}</code>")
                  for w in ex.what_if]
         parts.append(_table(("what", "min budget", "saves", "reproduce"), rows, numeric=(1, 2)))
+    from alloctune.report.remedies_html import remedies_section
+
+    parts.append(remedies_section(ex.remedies, ex.utilization))
     notes = list(ex.notes) + list(view.notes)
     if notes:
         parts.append("<ul>" + "".join(f'<li class="muted">{_e(n)}</li>' for n in notes) + "</ul>")

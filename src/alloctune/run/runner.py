@@ -434,7 +434,7 @@ class TrialEvaluator:
         return max(60.0, 5 * self._baseline_wall)
 
     def __call__(self, conf: str, budget: int | None, *, repeat: int = 0, record: bool = False,
-                 ensure_cap: bool = False) -> TrialResult:
+                 ensure_cap: bool = False, no_grad: bool = False) -> TrialResult:
         with self._count_lock:
             self.count += 1
             number = self.count
@@ -451,6 +451,7 @@ class TrialEvaluator:
             repeat=repeat,
             torch_version=self.torch_version,
             env=self.env,
+            no_grad=no_grad,
             pid_file=self.workdir / f"running-{number:04d}.json",
         )
         if record and budget is None and result.outcome in ("ok", "oom"):

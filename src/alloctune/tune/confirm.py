@@ -33,27 +33,33 @@ all); where nothing fits, one.
 
 from __future__ import annotations
 
+from __future__ import annotations
+
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from alloctune.run.trial import TrialResult
-from alloctune.tune.bracket import Bracket, floor_low, half_width, next_budget, tolerance
+from alloctune.tune.bracket import Bracket, half_width, next_budget, tolerance
 from alloctune.tune.candidates import DEFAULT, Candidate
+from alloctune.tune.confirm_choice import ChoiceMixin
+from alloctune.tune.confirm_report import ReportMixin, next_steps
 from alloctune.tune.executors.base import TrialRequest
 from alloctune.tune.model import Shortfall, align_down, align_up
 from alloctune.tune.objective import CandidateSummary
-from alloctune.tune.throughput import OverheadBound, compare, overhead_bound, rate
-from alloctune.units import MiB, format_mib
+from alloctune.tune.throughput import OverheadBound
+from alloctune.units import format_mib
 
 if TYPE_CHECKING:
     from alloctune.tune.model import Sweep
+
+__all__ = ["ConfirmFlow", "SimulationUnavailable", "next_steps"]
 
 
 class SimulationUnavailable(Exception):
     """The baseline's recording cannot be simulated: the tuner measures every candidate instead."""
 
 
-class ConfirmFlow:
+class ConfirmFlow(ChoiceMixin, ReportMixin):
     """One run of the flow (module doc) inside a `Tuner`, which owns trials, store and notes."""
 
     def __init__(self, tuner: "Sweep", baseline: TrialResult, cands: list[Candidate], budget: int):
@@ -76,6 +82,8 @@ class ConfirmFlow:
         self.bounds: dict[str, OverheadBound | None] = {}  # conf -> simulated allocator slowdown bound
         self.default_fails: str | None = None  # why the default was not run at the budget (simulated not to fit)
         self.shortfall: Shortfall | None = None  # no setting fits: the closest, how far off, what next
+        self.no_grad: tuple[str, TrialResult] | None = None  # (setting, its run) confirming torch.no_grad()
+        self.early: Any = None  # Future of `tune.remedies.simulate` under the planned best, run beside the GPU
 
     # ---- GPU runs ----------------------------------------------------------------------------
     def _run(self, reqs: list[TrialRequest]) -> list[TrialResult]:
@@ -86,6 +94,9 @@ class ConfirmFlow:
         return out
 
     def _learn(self, req: TrialRequest, res: TrialResult) -> None:
+        if req.no_grad:  # a remedy's confirming run says nothing about the setting's bracket
+            self.no_grad = (req.conf, res)
+            return
         if res.warnings and req.conf not in self.refused:
             self.refused[req.conf] = "; ".join(res.warnings)
             return
@@ -133,99 +144,6 @@ class ConfirmFlow:
     def _bracket(self, c: Candidate) -> Bracket:
         return self.brackets.setdefault(c.conf, Bracket(self.est.get(c.conf), self._floor(c)))
 
-    def _opening(self, c: Candidate, exclusive: bool = False) -> list[TrialRequest]:
-        """The first runs of a candidate, independent of each other (side by side):
-
-        * a simulation that is exact about this program: just above and just below the
-          estimate (a pass and a failure within the tolerance prove it);
-        * a range (workspace-shaped requests the program may give up): `opening_probes` runs
-          from the optimistic end down, one tolerance apart -- measured on convolution
-          workloads, the real need lies at or a few % under it, so one batch usually proves
-          the bracket. The lowest is recorded while a calibration could teach the simulator.
-
-        `exclusive`: the top run (the likeliest pass) has the GPU alone, as a throughput sample.
-        """
-        b = self._bracket(c)
-        b.lo_tried = True
-        top = next_budget(self.t, b, self.budget)
-        if top is None:
-            return []
-        if b.floor is not None:  # from the optimistic end down, one tolerance apart
-            top = min(self.budget, align_up(b.floor))
-            budgets, lowest = [top], floor_low(self.t, b)
-            while len(budgets) < max(2, self.s.opening_probes):
-                nxt = max(align_up(budgets[-1] - tolerance(self.t, budgets[-1])), lowest)
-                if nxt >= budgets[-1] or nxt <= 0:
-                    break
-                budgets.append(nxt)
-            purpose = "best: at the optimistic simulated min_budget"
-        else:  # just above and just below the estimate
-            budgets = [top]
-            low = align_down(b.est - half_width(self.t, b.est)) if b.est is not None and top >= b.est else 0
-            if 0 < low < top:
-                budgets.append(low)
-            purpose = "best: just above the simulated min_budget" if b.est is not None else "best: at the budget (not simulated)"
-        reqs = [TrialRequest(c.conf, top, exclusive=exclusive, ensure_cap=self._gc(c), purpose=purpose)]
-        for k, x in enumerate(budgets[1:], 1):
-            last = k == len(budgets) - 1
-            why = "below the optimistic simulated min_budget" if b.floor is not None else "just below the simulated min_budget"
-            reqs.append(TrialRequest(c.conf, x, ensure_cap=self._gc(c), record=last and self._want_calibration(),
-                                     purpose=f"best: {why}"))
-        return reqs
-
-    def _below(self, c: Candidate) -> list[TrialRequest]:
-        """Runs under `c`'s tested pass, one tolerance apart (one batch, side by side), down to
-        where its need can lie (the optimistic end less `floor_margin`, else just under the
-        estimate): for a challenger that passed where the best failed."""
-        b = self._bracket(c)
-        if b.passed is None:
-            return []
-        lo = b.failed or 0
-        if b.floor is not None:
-            lowest = floor_low(self.t, b)
-        elif b.est is not None:
-            lowest = align_down(b.est - half_width(self.t, b.est))
-        else:
-            lowest = 0
-        budgets: list[int] = []
-        x = b.passed
-        while len(budgets) < max(2, self.s.opening_probes) and x > lowest:
-            nxt = align_up(x - tolerance(self.t, x))
-            if nxt <= lo or nxt >= x:
-                break
-            budgets.append(nxt)
-            x = nxt
-        if budgets:
-            b.lo_tried = True
-        return [TrialRequest(c.conf, x, ensure_cap=self._gc(c), purpose=f"under where {c.label} passed")
-                for x in budgets]
-
-    def _hinted(self, c: Candidate, budget: int) -> bool:
-        """Whether `budget` is one of the two runs around the re-simulated estimate."""
-        hint = self.hints.get(c.conf)
-        if hint is None:
-            return False
-        h = half_width(self.t, hint)
-        return budget in (align_down(hint - h), align_up(hint + h), min(self.budget, align_up(hint + h)))
-
-    def _hint_pair(self, c: Candidate, b: Bracket) -> list[int]:
-        """Both runs around the re-simulated estimate at once, when it lies inside a tested bracket
-        and neither run has been made: one side by side batch instead of two in a row."""
-        hint = self.hints.get(c.conf)
-        if hint is None or b.passed is None or b.failed is None or not b.failed < hint < b.passed:
-            return []
-        h = half_width(self.t, hint)
-        pair = [align_down(hint - h), align_up(hint + h)]
-        return pair if all(b.failed < x < b.passed for x in pair) and pair[0] < pair[1] else []
-
-    def _want_calibration(self) -> bool:
-        """Record capped runs until one has shown how the program adapts (then the simulator knows),
-        and only while the recording has requests a calibration could explain (`can_learn`)."""
-        return not self.calibrated and hasattr(self.sim, "calibrate") and bool(getattr(self.sim, "can_learn", True))
-
-    @staticmethod
-    def _gc(c: Candidate) -> bool:
-        return "garbage_collection_threshold:" in c.conf
 
     def _settle(self, c: Candidate, rival: Candidate | None = None) -> Candidate:
         """Probe `c` until its bracket is proven, infeasible, or out of runs; returns `c`, or
@@ -277,8 +195,58 @@ class ConfirmFlow:
         likely = self._latest(c) if b.floor is None else b.est
         return b.failed is not None and likely is not None and b.failed > likely
 
+
     # ---- the flow ----------------------------------------------------------------------------
     def run(self) -> list[CandidateSummary]:
+        """The flow (module doc): simulate, open with one batch, settle the best, challenge it."""
+        self._simulate()
+        order = sorted(self.cands, key=lambda c: (self._est_key(c), c.knob != DEFAULT, c.conf))
+        default = next((c for c in self.cands if c.knob == DEFAULT), Candidate(""))
+        fits = [c for c in order if self._likely(c) is not None and self._likely(c) <= self.budget]
+        best = fits[0] if fits else None
+        closest = None if best is not None else self._closest(order)
+        self._simulate_remedies(best or closest)
+        if closest is not None:
+            # nothing is simulated to fit: one run of the closest setting at the budget says whether
+            # the program asks for less under the cap than it recorded; if not, say by how much the
+            # budget falls short and what can help, instead of running every candidate
+            if not self._confirm_closest(closest):
+                return self._summaries(default, None, order)
+            best = closest
+        else:
+            self._open(best, default)
+        if best is None and self.t.fresh_runs_after_baseline() < self.s.max_gpu_runs:
+            best = self._despite_simulation(order)
+        focus, tried = self._settle_best(best, default, fits)
+        if focus is not None:
+            focus = self._challenge(focus, default, fits, tried)
+        if focus is not None and focus.knob != DEFAULT:
+            self._throughput(default, focus)
+        return self._summaries(default, focus, order)
+
+    def _simulate_remedies(self, c: Candidate | None) -> None:
+        """Start simulating the remedies under the planned best (or closest) setting in a thread: CPU
+        work of seconds on a large recording, done while the GPU runs instead of after them."""
+        if c is None or not self.s.remedies:
+            return
+        import threading
+        from concurrent.futures import Future
+
+        from alloctune.tune.remedies import simulate
+
+        fut: Future = Future()
+
+        def work() -> None:  # a daemon thread: an interrupted tune does not wait for it
+            try:
+                fut.set_result(simulate(self.sim, self.baseline, c.conf, " ".join(self.s.command)))
+            except BaseException as exc:  # noqa: BLE001 - handed to whoever waits for it
+                fut.set_exception(exc)
+
+        threading.Thread(target=work, name="alloctune-remedies", daemon=True).start()
+        self.early = fut
+
+    def _simulate(self) -> None:
+        """Every candidate's simulated min_budget (and optimistic end) from the baseline's recording."""
         if self.t.simulator_factory is None or not self.baseline.snapshot:
             raise SimulationUnavailable("the baseline wrote no recording")
         try:
@@ -296,46 +264,43 @@ class ConfirmFlow:
                 f"{bracketed} candidate(s) simulated as a range: from the replay with every workspace-shaped request "
                 "given up (where the real need was found on convolution workloads) to the replay as recorded; "
                 "the GPU measured where in it each one that ran lies")
-        order = sorted(self.cands, key=lambda c: (self._est_key(c), c.knob != DEFAULT, c.conf))
-        default = next((c for c in self.cands if c.knob == DEFAULT), Candidate(""))
-        fits = [c for c in order if self._likely(c) is not None and self._likely(c) <= self.budget]
-        best = fits[0] if fits else None
 
-        # batch 1 (independent runs, side by side): the best around where its need likely lies,
-        # and the default at the user's budget unless the baseline already showed it completes
-        # there (when the best is the default itself, its own runs answer "does it fit?").
-        # Runs that sample throughput have the GPU alone, and only when the simulated allocator
-        # work cannot rule a slowdown out (`_must_measure`).
-        closest = None if best is not None else self._closest(order)
-        if closest is not None:
-            # nothing is simulated to fit: one run of the closest setting at the budget says whether
-            # the program asks for less under the cap than it recorded; if not, say by how much the
-            # budget falls short and what can help, instead of running every candidate
-            if self._confirm_closest(closest):
-                best = closest
+    def _open(self, best: Candidate | None, default: Candidate) -> None:
+        """Batch 1 (independent runs, side by side): the best around where its need likely lies, and
+        the default at the user's budget unless the baseline already showed it completes there or
+        replaying its recording shows it cannot (when the best is the default itself, its own runs
+        answer "does it fit?"). Runs that sample throughput have the GPU alone, and only when the
+        simulated allocator work cannot rule a slowdown out (`_must_measure`)."""
+        measure = self._must_measure(default, best)
+        reqs = self._opening(best, exclusive=measure) if best is not None else []
+        if best is None or best.knob != DEFAULT:
+            proof = self._default_proven()
+            fails = self._default_fails() if proof is None else None
+            if proof is not None and not measure:
+                self.at_budget[""] = self.baseline
+                self.default_proof = proof
+                self.t.notes.append(proof)
+            elif fails is not None and best is not None:
+                self.default_fails = fails
+                self.t.notes.append(fails)
             else:
-                return self._summaries(default, None, order)
-        else:
-            measure = self._must_measure(default, best)
-            reqs = self._opening(best, exclusive=measure) if best is not None else []
-            if best is None or best.knob != DEFAULT:
-                proof = self._default_proven()
-                fails = self._default_fails() if proof is None else None
-                if proof is not None and not measure:
-                    self.at_budget[""] = self.baseline
-                    self.default_proof = proof
-                    self.t.notes.append(proof)
-                elif fails is not None and best is not None:
-                    self.default_fails = fails
-                    self.t.notes.append(fails)
-                else:
-                    reqs.append(TrialRequest("", self.budget, exclusive=measure, purpose="the default at the budget"))
-            self._run(sorted(reqs, key=lambda r: r.exclusive))  # the side by side ones first
+                reqs.append(TrialRequest("", self.budget, exclusive=measure, purpose="the default at the budget"))
+        self._run(sorted(reqs + self._remedy_runs(best), key=lambda r: r.exclusive))  # the side by side ones first
 
-        if best is None and self.t.fresh_runs_after_baseline() < self.s.max_gpu_runs:
-            best = self._despite_simulation(order)
+    def _remedy_runs(self, c: Candidate | None) -> list[TrialRequest]:
+        """The remedies that need a confirming run, under `c` at the budget, side by side with the
+        flow's first batch (one run each; today: autograd off, when the baseline ran inference with it on)."""
+        if c is None or not self.s.remedies:
+            return []
+        from alloctune.tune.remedies import no_grad_request
 
-        # settle the best; if it is refused or infeasible, move down the simulator's order
+        req = no_grad_request(self.baseline, c.conf, self.budget)
+        return [replace(req, ensure_cap=req.ensure_cap or self._gc(c))] if req is not None else []
+
+    def _settle_best(self, best: Candidate | None, default: Candidate,
+                     fits: list[Candidate]) -> tuple[Candidate | None, list[Candidate]]:
+        """Settle the best; if it is refused or infeasible, move down the simulator's order. Returns
+        the focus (None: nothing passed) and the candidates tried."""
         focus = best
         tried: list[Candidate] = []
         while focus is not None:
@@ -354,39 +319,40 @@ class ConfirmFlow:
                 focus = None
             else:  # the next best starts like the best did
                 self._run(self._opening(focus))
+        return focus, tried
 
-        # the simulation was wrong for the focus: can the runner-up beat its measured bracket?
-        if focus is not None:
-            fb = self._bracket(focus)
-            ef = self._latest(focus)
-            wrong = self._contradicted(focus)
-            runner = next((c for c in fits if c not in tried and c.knob != DEFAULT), None)
-            er = self._latest(runner) if runner is not None else None
-            challengers = []
-            # Could the runner-up run where the focus failed? Yes if its (latest) estimate says so,
-            # either as simulated or with the focus's simulation error applied to it.
-            if wrong and er is not None and ef and min(er, er * fb.passed / ef) < fb.failed:
-                challengers.append((runner, f"runner-up, where {focus.label} failed"))
-            # The simulation erred for this program; the default (nothing to change) is checked
-            # there too, since the errors of different settings need not go the same way.
-            if wrong and focus.knob != DEFAULT and self._may_beat(default, focus):
-                challengers.append((default, f"the default, where {focus.label} failed"))
-            room = self.s.max_gpu_runs - self.t.fresh_runs_after_baseline()
-            challengers = challengers[:max(0, room)]
-            if challengers and fb.failed is not None:
-                out = self._run([TrialRequest(c.conf, fb.failed, ensure_cap=self._gc(c), purpose=why) for c, why in challengers])
-                tried.extend(c for c, _ in challengers)
-                winners = [c for (c, _), r in zip(challengers, out) if r.passed and c.conf not in self.refused]
-                for c in sorted(winners, key=lambda c: c.knob != DEFAULT):
-                    self._settle(c)
-                    cb = self._bracket(c)
-                    if cb.passed is not None and (cb.passed < fb.passed - tolerance(self.t, fb.passed)
-                                                  or (c.knob == DEFAULT and cb.passed <= fb.passed)):
-                        focus, fb = c, cb  # it beats the focus (the default on a tie: nothing to change)
-
-        if focus is not None and focus.knob != DEFAULT:
-            self._throughput(default, focus)
-        return self._summaries(default, focus, order)
+    def _challenge(self, focus: Candidate, default: Candidate, fits: list[Candidate],
+                   tried: list[Candidate]) -> Candidate:
+        """The simulation was wrong for the focus: can the runner-up (or the default) beat its
+        measured bracket? Returns the focus, or the challenger that beat it."""
+        fb = self._bracket(focus)
+        ef = self._latest(focus)
+        wrong = self._contradicted(focus)
+        runner = next((c for c in fits if c not in tried and c.knob != DEFAULT), None)
+        er = self._latest(runner) if runner is not None else None
+        challengers = []
+        # Could the runner-up run where the focus failed? Yes if its (latest) estimate says so,
+        # either as simulated or with the focus's simulation error applied to it.
+        if wrong and er is not None and ef and min(er, er * fb.passed / ef) < fb.failed:
+            challengers.append((runner, f"runner-up, where {focus.label} failed"))
+        # The simulation erred for this program; the default (nothing to change) is checked
+        # there too, since the errors of different settings need not go the same way.
+        if wrong and focus.knob != DEFAULT and self._may_beat(default, focus):
+            challengers.append((default, f"the default, where {focus.label} failed"))
+        room = self.s.max_gpu_runs - self.t.fresh_runs_after_baseline()
+        challengers = challengers[:max(0, room)]
+        if not challengers or fb.failed is None:
+            return focus
+        out = self._run([TrialRequest(c.conf, fb.failed, ensure_cap=self._gc(c), purpose=why) for c, why in challengers])
+        tried.extend(c for c, _ in challengers)
+        winners = [c for (c, _), r in zip(challengers, out) if r.passed and c.conf not in self.refused]
+        for c in sorted(winners, key=lambda c: c.knob != DEFAULT):
+            self._settle(c)
+            cb = self._bracket(c)
+            if cb.passed is not None and (cb.passed < fb.passed - tolerance(self.t, fb.passed)
+                                          or (c.knob == DEFAULT and cb.passed <= fb.passed)):
+                focus, fb = c, cb  # it beats the focus (the default on a tie: nothing to change)
+        return focus
 
     def _despite_simulation(self, order: list[Candidate]) -> Candidate | None:
         """Nothing is simulated to fit: run the candidates at the budget anyway, best estimate first.
@@ -411,16 +377,6 @@ class ConfirmFlow:
                 return c
         return None
 
-    def _closest(self, order: list[Candidate]) -> Candidate | None:
-        """The setting simulated to need the least (none fits). On a tie (within the tolerance) a
-        setting other than the default: the default's need comes from replaying its own recording,
-        so its run would say the least that is new."""
-        known = [c for c in order if c.conf not in self.refused and self._likely(c) is not None]
-        if not known:
-            return None
-        low = min(self._likely(c) for c in known)  # type: ignore[type-var]
-        near = [c for c in known if self._likely(c) <= low + tolerance(self.t, low)]  # type: ignore[operator]
-        return next((c for c in near if c.knob != DEFAULT), near[0])
 
     def _confirm_closest(self, closest: Candidate) -> bool:
         """No setting is simulated to fit: run the closest one once at the budget. True when it
@@ -428,7 +384,8 @@ class ConfirmFlow:
         else `shortfall` says by how much the budget falls short and what to do next."""
         b = self._bracket(closest)
         res = self._run([TrialRequest(closest.conf, self.budget, ensure_cap=self._gc(closest), record=self._want_calibration(),
-                                      purpose="the closest setting at the budget (simulated not to fit): confirm")])
+                                      purpose="the closest setting at the budget (simulated not to fit): confirm")]
+                        + self._remedy_runs(closest))
         if b.passed is not None:
             self.t.notes.append(
                 f"the simulation said no setting fits {format_mib(self.budget)}, but {closest.label} completed there: "
@@ -454,227 +411,3 @@ class ConfirmFlow:
             + ("; its run at the budget ran out of memory, as simulated: the other settings were not run"
                if confirmed else "; its run at the budget did not settle it (the setting did not take effect)"))
         return False
-
-    def _default_fails(self) -> str | None:
-        """Why the default needs no run at the budget because it cannot complete there, or None:
-        the baseline recorded the default itself, and replaying that very recording (its optimistic
-        end, for a program that adapts) needs more than the budget by more than the tolerance."""
-        default = next((c for c in self.cands if c.knob == DEFAULT), None)
-        if default is None or default.conf in self.refused:
-            return None
-        need = self._likely(default)
-        if need is None or need <= self.budget + tolerance(self.t, self.budget):
-            return None  # a thin margin: run it
-        return (f"the default does not complete at the budget: replaying its own recording needs {format_mib(need)}, "
-                f"{format_mib(need - self.budget)} more than {format_mib(self.budget)} (not run on the GPU)")
-
-    def _may_beat(self, c: Candidate, focus: Candidate, at_budget: int | None = None) -> bool:
-        """Whether `c` could complete at `at_budget` (default: where `focus` failed), given how far
-        the simulation was off for `focus` (the same relative error, in the direction that helps `c`)."""
-        if c not in self.cands or c.conf in self.refused:
-            return False
-        b, fb = self._bracket(c), self._bracket(focus)
-        where = at_budget if at_budget is not None else fb.failed
-        if where is None or (b.failed is not None and b.failed >= where):
-            return False
-        at = self.at_budget.get(c.conf)
-        if at is not None and not at.passed and self.budget >= where:
-            return False  # it already failed at a larger budget
-        mine, theirs = self._likely(c), self._latest(focus) if fb.floor is None else fb.floor
-        if mine is None or not theirs:
-            return False
-        seen = fb.passed if fb.passed is not None else where  # at least this far off
-        err = abs(seen - theirs) / seen
-        return mine * (1 - err) < where
-
-    def _contradicted(self, c: Candidate) -> bool:
-        """Whether the GPU's bracket for `c` disagrees with the simulation: the estimate outside
-        it or, for a program that adapts, the bracket outside [optimistic end less the margin,
-        estimate]."""
-        b = self._bracket(c)
-        if b.failed is None or b.passed is None:
-            return False
-        est = self._latest(c)
-        if b.floor is None:
-            return est is not None and not b.failed < est <= b.passed
-        return b.passed <= floor_low(self.t, b) or (b.est is not None and b.failed >= b.est)
-
-    def _likely(self, c: Candidate) -> int | None:
-        """Where the candidate's real min_budget most likely lies: the optimistic end when the
-        recording holds workspace-shaped requests that matter (measured on six workloads: the
-        optimistic replay within 3 % of the real min_budget in 33 of 38 cases, the replay as
-        recorded in 13; bench/results/fallible_gpu.md), else the estimate."""
-        floor = self._floor(c)
-        return floor if floor is not None else self.est.get(c.conf)
-
-    def _est_key(self, c: Candidate) -> tuple[bool, int]:
-        e = self._likely(c)
-        return (e is None or e > self.budget, e or 0)
-
-    def _default_proven(self) -> str | None:
-        """Why the default needs no run at the budget, or None: the baseline ran it uncapped (or
-        capped at least as high) and reserved no more than the budget, and a cap above a run's
-        peak reserved changes nothing the allocator does."""
-        base = self.baseline
-        if base.conf or not base.passed or base.peak_reserved is None or base.peak_reserved > self.budget:
-            return None
-        if base.budget is not None and base.budget < self.budget:
-            return None
-        return (f"the default completes at the budget: the baseline reserved at most {format_mib(base.peak_reserved)} "
-                f"of {format_mib(self.budget)}, and a cap above a run's peak changes nothing the allocator does "
-                "(not run again)")
-
-    def _bound(self, default: Candidate, best: Candidate) -> OverheadBound | None:
-        """How much slower the allocator work alone can make `best` than the default at the
-        budget (simulated), or None when the simulator cannot say. A job of several ranks is as
-        slow as its slowest: each rank is bounded on its own recording and the worst one kept."""
-        if best.conf in self.bounds:
-            return self.bounds[best.conf]
-        sims = list(getattr(self.sim, "ranks", {}).values()) or [self.sim]
-        found: list[OverheadBound] = []
-        for sim in sims:
-            activity = getattr(sim, "activity", None)
-            if activity is None:
-                found = []
-                break
-            try:
-                act = activity([default.conf, best.conf], self.budget)
-                span = getattr(sim, "gpu_span_s", None) or self.baseline.wall_s
-                found.append(overhead_bound(act[default.conf], act[best.conf], span, call_s=self.s.driver_call_s,
-                                            mib_s=self.s.driver_mib_s, sync_s=self.s.sync_s,
-                                            tolerance=self.s.throughput_tolerance))
-            except Exception as exc:  # noqa: BLE001 - measure instead
-                self.t.notes.append(f"allocator work not simulated ({type(exc).__name__}: {exc}): throughput measured")
-                found = []
-                break
-        bound = max(found, key=lambda b: (not b.rules_out, b.fraction or 0.0)) if found else None
-        if bound is not None and not bound.rules_out:
-            self.t.notes.append(f"throughput of {best.label}: {bound.text}")
-        self.bounds[best.conf] = bound
-        return bound
-
-    def _must_measure(self, default: Candidate, best: Candidate | None) -> bool:
-        """Whether `best`'s throughput against the default needs runs that have the GPU alone."""
-        if best is None or best.knob == DEFAULT:
-            return False
-        if self.s.throughput_check == "measure":
-            return True
-        bound = self._bound(default, best)
-        return bound is None or not bound.rules_out
-
-    def _throughput(self, default: Candidate, best: Candidate) -> None:
-        """Throughput against the default, only where it could matter.
-
-        First the simulated allocator work (`_bound`): a setting changes no kernel, so when the
-        driver calls it adds cannot cost `throughput_tolerance` of the run, nothing is run.
-        Otherwise samples from runs that had the GPU alone (the default at the budget, the
-        best's top probe, then runs at the budget), and A/B repeats, alternating, while the best
-        may be measurably slower.
-        """
-        ok_default = self.at_budget.get("")
-        if ok_default is None or not ok_default.passed:
-            return  # the default does not complete: no alternative to compare with
-        if not self._must_measure(default, best):
-            bound = self.bounds.get(best.conf)
-            if bound is not None:
-                self.verdict = bound.text
-            return
-        unit = ok_default.throughput_unit
-        # a repeat number of their own: a run at the budget made side by side is no sample
-        missing = [TrialRequest(conf, self.budget, repeat=self.s.ab_pairs + 1, exclusive=True, ensure_cap=self._gc(c),
-                                purpose="throughput sample (alone on the GPU)")
-                   for conf, c in (("", default), (best.conf, best)) if not self.samples.get(conf)]
-        if missing:
-            self._run(missing)
-        pairs = 0
-        while True:
-            cmp_ = compare(self.samples.get("", []), self.samples.get(best.conf, []),
-                           tolerance=self.s.throughput_tolerance, unit=unit)
-            self.verdict = cmp_.text
-            self.comparison = cmp_
-            if cmp_.slower is not None or cmp_.gap is None or cmp_.gap <= self.s.throughput_tolerance:
-                return
-            if pairs >= self.s.ab_pairs or self.t.fresh_runs_after_baseline() + 2 > self.s.max_gpu_runs:
-                self.verdict = f"{cmp_.text}; no measurable difference after {pairs} A/B pair(s): decided on memory"
-                return
-            pairs += 1
-            rep = pairs
-            self._run([
-                TrialRequest("", self.budget, repeat=rep, exclusive=True, purpose="throughput A/B"),
-                TrialRequest(best.conf, self.budget, repeat=rep, exclusive=True, ensure_cap=self._gc(best),
-                             purpose="throughput A/B"),
-            ])
-
-    def _summaries(self, default: Candidate, focus: Candidate | None, order: list[Candidate]) -> list[CandidateSummary]:
-        out = []
-        focus_b = self.brackets.get(focus.conf) if focus is not None else None
-        cmp_ = getattr(self, "comparison", None)
-        for rank_no, c in enumerate(order, 1):
-            est = self.hints.get(c.conf, self.est.get(c.conf))  # the latest simulation (after calibration)
-            b = self.brackets.get(c.conf)
-            at = self.at_budget.get(c.conf)
-            r = rate(self.samples.get(c.conf, []))
-            base = dict(sim_min_budget=est, sim_optimistic=self._floor(c), throughput=r.mean if r else None,
-                        throughput_noise=r.noise if r else None, throughput_samples=r.samples if r else 0)
-            if c.conf in self.refused:
-                out.append(CandidateSummary(c, feasible=None, note=f"refused: the setting did not take effect ({self.refused[c.conf]})", **base))
-                continue
-            if b is not None and b.runs:
-                feasible = True if b.passed is not None else (False if b.failed is not None and b.failed >= self.budget else None)
-                if at is not None:
-                    feasible = at.passed
-                verified = b.passed is not None and b.failed is not None and b.passed - b.failed <= tolerance(self.t, b.passed)
-                note = None
-                if b.passed is None:
-                    note = f"did not complete at {_fmt(b.failed)} (simulated min_budget {_fmt(est)})"
-                elif not verified:
-                    note = "min_budget bracket not proven (run limit)"
-                sm = CandidateSummary(
-                    c, feasible=feasible, outcome=(at.outcome if at else ("ok" if b.passed else "oom")),
-                    min_budget=b.passed, infeasible_below=b.failed, verified=verified,
-                    sim_agrees=None if b.agrees() is None else not self._contradicted(c), wall_s=at.wall_s if at else None,
-                    peak_reserved=at.peak_reserved if at else None, peak_allocated=at.peak_allocated if at else None,
-                    note=note, **base)
-                if c is focus and cmp_ is not None and cmp_.slower:
-                    sm = replace(sm, measurably_slower=True, note=f"throughput: {cmp_.text}")
-                elif c is focus and self.verdict:
-                    sm = replace(sm, note=f"throughput vs the default: {self.verdict}")
-                out.append(sm)
-                continue
-            if at is not None:  # run at the budget only (the default, usually)
-                note = f"completes at the budget; min_budget not measured (simulated {_fmt(est)})" if at.passed else None
-                if at is self.baseline and self.default_proof:
-                    note = f"completes at the budget, shown by the baseline; min_budget not measured (simulated {_fmt(est)})"
-                out.append(CandidateSummary(
-                    c, feasible=at.passed, outcome=at.outcome, wall_s=at.wall_s, peak_reserved=at.peak_reserved,
-                    peak_allocated=at.peak_allocated, note=note, **base))
-                continue
-            if c.knob == DEFAULT and self.default_fails:
-                why = self.default_fails
-            elif est is None or est > self.budget:
-                why = f"simulated: does not complete under the budget {format_mib(self.budget)}" if est is None or est > self.budget else ""
-                if est is not None:
-                    why += f" (simulated min_budget {format_mib(est)})"
-            elif focus_b is not None and focus_b.passed is not None:
-                why = (f"simulated min_budget {format_mib(est)} (rank {rank_no}), not below what "
-                       f"{focus.label} was measured to need ({format_mib(focus_b.passed)}): not run on the GPU")
-            else:
-                why = f"simulated min_budget {format_mib(est)} (rank {rank_no}): not run on the GPU"
-            out.append(CandidateSummary(c, feasible=None, note=why, **base))
-        return out
-
-
-def next_steps(recording: str | None, budget: int, need: int, command: tuple[str, ...]) -> tuple[str, ...]:
-    """What can help when no allocator setting fits: see where the memory goes (explain: sites,
-    what-ifs, remedies), find the largest input that fits (plan), or give the budget the closest
-    setting needs."""
-    from alloctune.diagnose.snapshot import shortage_next_steps
-
-    at_least = f"{-(-need // MiB)}MiB"  # rounded up: the closest setting's need
-    out = shortage_next_steps(recording or "REC.pickle", budget, " ".join(command) if command else "CMD")
-    out.append(f"or a budget of at least {at_least} (the closest setting's simulated need): alloctune tune --budget {at_least} ...")
-    return tuple(out)
-
-
-def _fmt(n: int | None) -> str:
-    return "-" if n is None else format_mib(n)

@@ -74,6 +74,7 @@ class TuneSettings:
     driver_call_s: float = 0.0001
     driver_mib_s: float = 2e-6
     sync_s: float = 0.02  # confirm: the most one synchronising retry costs (a device sync, cache released)
+    remedies: bool = True  # confirm: program-level remedies beside the settings (one run per remedy to confirm)
 
     def __post_init__(self) -> None:
         if self.strategy == "auto":
@@ -135,6 +136,7 @@ class TuneResult:
     trials: tuple[TrialRecord, ...]
     notes: tuple[str, ...] = ()
     shortfall: Shortfall | None = None  # set when no setting fits the budget
+    remedies: Any = None  # `tune.remedies.RemedyReport` (confirm flow)
 
     @property
     def fresh_trials(self) -> int:
@@ -158,6 +160,8 @@ class TuneResult:
             "fresh_trials": self.fresh_trials,
             "notes": list(self.notes),
             "shortfall": self.shortfall.to_dict() if self.shortfall is not None else None,
+            **(self.remedies.to_dict() if self.remedies is not None
+               else {"remedies": [], "utilization": None, "best_release": None}),
         }
 
 

@@ -83,6 +83,7 @@ def prepare(
     timeout: float | None = None,
     max_gpu_runs: int = 10,
     throughput: str = "auto",
+    remedies: bool = True,
     evaluator: Evaluator | None = None,
     executor: Executor | None = None,
     executor_name: str | None = None,
@@ -118,6 +119,7 @@ def prepare(
         platform=check_platform(platform),
         max_gpu_runs=max_gpu_runs,
         throughput_check=throughput,
+        remedies=remedies,
     )
     path = Path(store) if store is not None else default_store(command, budget)
     # Locked before anything is moved or run: a second tune on this store is a one-line error.

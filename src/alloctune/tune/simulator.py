@@ -9,8 +9,17 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from alloctune.run.trial import TrialResult
-from alloctune.units import format_mib
+from alloctune.units import MiB, format_mib
 
+
+# The simulated min_budget's own resolution: the bisection stops within 0.2 % or one 2 MiB cap step
+# of the simulator's threshold. At sim.sweep's default (1 % or 16 MiB) the estimate could lie 16 MiB
+# above the threshold -- 3.5 % of a 450 MiB budget, more than the confirm flow's opening pair spans
+# (+-1 %): on a timm ConvNeXt tuned on the H200 the estimate was 454 MiB, the real need in (442, 450],
+# and the flow spent a fourth run widening. A few more replays per candidate (about 1.5x the sweep's
+# time on the Llama recording: 2.4 s instead of 1.7 s for five settings) buy the estimate its precision.
+SIM_REL_TOL = 0.002
+SIM_ABS_TOL = 2 * MiB
 
 class SimulatorFromTrace:
     """`Simulator` over `alloctune.sim.sweep` for the baseline's recorded trace (pure Python).
@@ -50,7 +59,8 @@ class SimulatorFromTrace:
     def estimates(self, confs: Sequence[str]) -> dict[str, int | None]:
         from alloctune.sim.sweep import sweep
 
-        self.last = sweep(self.trace, confs, torch=self.torch, total_memory=self.total_memory, progress=self.progress)
+        self.last = sweep(self.trace, confs, torch=self.torch, total_memory=self.total_memory, progress=self.progress,
+                          rel_tol=SIM_REL_TOL, abs_tol=SIM_ABS_TOL)
         self._last_asked = (self.trace, tuple(confs))
         return {c: row.min_budget for c, row in zip(confs, self.last.rows)}
 
@@ -67,7 +77,8 @@ class SimulatorFromTrace:
             if self.last is not None and asked is not None and asked[0] is self.trace and asked[1] == tuple(confs):
                 return {c: row.min_budget for c, row in zip(confs, self.last.rows)}
             return self.estimates(confs)
-        rows = sweep(low, confs, torch=self.torch, total_memory=self.total_memory, progress=self.progress).rows
+        rows = sweep(low, confs, torch=self.torch, total_memory=self.total_memory, progress=self.progress,
+                     rel_tol=SIM_REL_TOL, abs_tol=SIM_ABS_TOL).rows
         return {c: row.min_budget for c, row in zip(confs, rows)}
 
     def min_budget(self, conf: str) -> int | None:

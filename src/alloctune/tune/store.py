@@ -42,12 +42,14 @@ STORE_SCHEMA = 1
 REUSABLE = ("ok", "oom")
 
 
-def trial_key(command: Sequence[str], conf: str, budget: int | None, repeat: int = 0, record: bool = False) -> str:
-    """The identity of a trial, as a canonical JSON string (hashable, stable across runs)."""
-    return json.dumps(
-        {"command": list(command), "conf": conf, "budget": budget, "repeat": repeat, "record": record},
-        sort_keys=True,
-    )
+def trial_key(command: Sequence[str], conf: str, budget: int | None, repeat: int = 0, record: bool = False,
+              *, no_grad: bool = False) -> str:
+    """The identity of a trial, as a canonical JSON string (hashable, stable across runs; `no_grad`
+    appears only when set, so the keys of earlier stores still match)."""
+    key: dict = {"command": list(command), "conf": conf, "budget": budget, "repeat": repeat, "record": record}
+    if no_grad:
+        key["no_grad"] = True
+    return json.dumps(key, sort_keys=True)
 
 
 # Locks this process holds: lock path -> [open file, number of TrialStore objects using it].

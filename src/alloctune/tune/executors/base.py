@@ -9,7 +9,7 @@ strategy run on every executor, and lets tests drive the strategy with fake tria
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Protocol
+from typing import Any, Iterable, Iterator, Protocol
 
 from alloctune.run.trial import TrialResult
 
@@ -25,6 +25,15 @@ class TrialRequest:
     ensure_cap: bool = False  # apply the cap even when it is >= the card (so it is read back)
     exclusive: bool = False  # needs the GPU to itself: its throughput will be compared
     purpose: str = ""
+    no_grad: bool = False  # the agent runs the program with autograd off (a remedy's confirming run)
+
+    def call_options(self) -> dict[str, Any]:
+        """The evaluator's keyword arguments; `no_grad` only when set, so evaluators that never
+        confirm a remedy need not take it."""
+        out: dict[str, Any] = dict(repeat=self.repeat, record=self.record, ensure_cap=self.ensure_cap)
+        if self.no_grad:
+            out["no_grad"] = True
+        return out
 
 
 class Evaluator(Protocol):
@@ -49,6 +58,4 @@ class SerialExecutor:
 
     def run(self, requests: Iterable[TrialRequest]) -> Iterator[tuple[TrialRequest, TrialResult]]:
         for req in requests:
-            yield req, self.evaluator(
-                req.conf, req.budget, repeat=req.repeat, record=req.record, ensure_cap=req.ensure_cap
-            )
+            yield req, self.evaluator(req.conf, req.budget, **req.call_options())

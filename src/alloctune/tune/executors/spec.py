@@ -77,6 +77,7 @@ class SpecRunner:
             capture=logs / task.log_name,
             ensure_cap=req.ensure_cap,
             repeat=req.repeat,
+            no_grad=req.no_grad,
             torch_version=spec.torch_version,
             env=child_env,
         )

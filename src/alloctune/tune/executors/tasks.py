@@ -54,7 +54,7 @@ class EvaluatorRunner:
 
     def run_task(self, task: TrialTask, env: Mapping[str, str]) -> TrialResult:
         req = task.request
-        return self.evaluator(req.conf, req.budget, repeat=req.repeat, record=req.record, ensure_cap=req.ensure_cap)
+        return self.evaluator(req.conf, req.budget, **req.call_options())
 
     def cancel(self) -> None:
         cancel = getattr(self.evaluator, "cancel", None)

@@ -1,0 +1,59 @@
+"""Every program-level remedy one recording answers (#29), and the release policy to recommend.
+
+Apart from `explain.remedies` (the pieces: the `Remedy`, the rewritten-recording simulation, the
+release points) so that the Janitor's and the workspaces' modules, which build on those pieces, are
+gathered here without an import loop.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Sequence
+
+from alloctune.explain.core import Analysis
+from alloctune.explain.janitor_sim import janitor_remedies
+from alloctune.explain.remedies import UNCONFIRMED, Remedy, release_points
+from alloctune.explain.what_if import WHAT_IF_ABS_TOL, recorded_conf
+from alloctune.explain.workspaces import workspace_remedies
+from alloctune.trace.model import Trace
+
+
+def simulated_remedies(an: Analysis, base_min_budget: int | None, conf: str | None = None,
+                       command: str = "CMD") -> list[Remedy]:
+    """Every remedy the recording alone can answer: release points, the Janitor's policies and the
+    workspace caps that apply (the latter also without repetitions)."""
+    conf = recorded_conf(an.trace) if conf is None else conf
+    out = release_points(an, base_min_budget, conf=conf)
+    if out:
+        out += janitor_remedies(an, base_min_budget, conf)
+    return out + workspace_remedies(an.trace, base_min_budget, conf, command=command)
+
+
+def best_release(remedies: Sequence[Remedy]) -> Remedy | None:
+    """The release policy with the lowest min budget that saves memory; on a tie (within 1 MiB) the
+    one with the fewest clean-ups (each one costs a device sync and re-allocation)."""
+    found = [r for r in remedies if r.janitor is not None and r.min_budget is not None and (r.saving or 0) > 0]
+    if not found:
+        return None
+    low = min(r.min_budget for r in found)  # type: ignore[type-var]
+    near = [r for r in found if r.min_budget - low <= WHAT_IF_ABS_TOL]  # type: ignore[operator]
+    return min(near, key=lambda r: (r.cleanups or 0, r.min_budget))
+
+
+def no_grad_candidate(trace: Trace) -> Remedy | None:
+    """The no-grad remedy as a candidate, when the recording's run record (the sidecar `alloctune record`
+    writes) says modules were called with autograd on and nothing ran backward: what it saves needs a
+    run of the program with autograd off (the agent's switch; `tune` makes that run itself)."""
+    meta = trace.meta or {}
+    counts = meta.get("autograd")
+    if not isinstance(counts, dict) or not counts.get("module_calls_with_grad") or counts.get("backward_calls"):
+        return None
+    cmd = meta.get("command") or meta.get("cmd")
+    command = shlex.join(str(a) for a in cmd) if isinstance(cmd, list) and cmd else "CMD"
+    return Remedy(
+        "no_grad", "inference without autograd (the recording ran no backward, yet kept grad mode on)", None, None,
+        None, None, 0, 0.0, "with torch.inference_mode():  # or torch.no_grad(), around the model's forward calls",
+        UNCONFIRMED, recorded_conf(trace),
+        confirm=f"alloctune run --no-grad --record nograd.pickle -- {command} && "
+                "alloctune simulate nograd.pickle --min-budget  (or: alloctune tune ..., which makes this run itself)",
+        notes=(f"{counts.get('module_calls_with_grad')} module call(s) with autograd on, no backward",))

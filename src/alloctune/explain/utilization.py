@@ -1,0 +1,156 @@
+"""One utilization table per setting and per remedy (#29.6): min budget, peak reserved, peak allocated
+and their ratio, so the user sees which remedy buys what; and, where no row reaches the target
+(0.97), what holds it back -- the free bytes at the peak split as `explain` splits them.
+
+Utilization is peak allocated ÷ peak reserved of one uncapped run (or replay): 1 − what the cache
+holds idle at its fullest. What is left below 1 at the best row's peak is either whole free
+segments (`cached_free`: a release point returns them), free pieces of segments that hold live
+blocks (`inactive_split`: fragmentation, which expandable segments or a split limit reduce), or
+the allocation rounding inside live blocks (no setting of the caching allocator removes it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from alloctune.trace.model import Trace, reserved_delta
+from alloctune.units import format_size
+
+TARGET = 0.97
+
+
+@dataclass(frozen=True)
+class UtilizationRow:
+    kind: str  # "setting" | "remedy" | "recording"
+    name: str
+    conf: str  # the allocator setting ("" = the default)
+    min_budget: int | None
+    peak_reserved: int | None
+    peak_allocated: int | None
+    method: str  # simulated | measured | needs a confirming run
+    trace: Any = field(default=None, repr=False, compare=False)  # its (rewritten) recording, for `held_back`
+
+    @property
+    def utilization(self) -> float | None:
+        if not self.peak_reserved or self.peak_allocated is None:
+            return None
+        return self.peak_allocated / self.peak_reserved
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {**self.__dict__, "utilization": self.utilization}
+        d.pop("trace")
+        return d
+
+
+@dataclass(frozen=True)
+class UtilizationTable:
+    rows: tuple[UtilizationRow, ...]
+    target: float = TARGET
+    held_back: str | None = None  # why no row reaches the target (None: one does, or unknown)
+
+    @property
+    def best(self) -> UtilizationRow | None:
+        known = [r for r in self.rows if r.utilization is not None]
+        return max(known, key=lambda r: r.utilization) if known else None  # type: ignore[arg-type, return-value]
+
+    @property
+    def reachable(self) -> bool:
+        b = self.best
+        return b is not None and (b.utilization or 0) >= self.target
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"target": self.target, "reachable": self.reachable, "held_back": self.held_back,
+                "rows": [r.to_dict() for r in self.rows]}
+
+
+def remedy_rows(remedies: Sequence[Any]) -> list[UtilizationRow]:
+    """Rows for `explain.remedies.Remedy`s (the unconfirmed ones too: their row says so)."""
+    return [UtilizationRow("remedy", r.name, r.conf, r.min_budget, r.peak_reserved, r.peak_allocated, r.method,
+                           getattr(r, "trace", None)) for r in remedies]
+
+
+def peak_split(trace: Trace, conf: str) -> dict[str, int]:
+    """The memory at the peak of `trace` replayed uncapped under `conf`, at explain's moment (of the
+    requests after which reserved is at its peak, the one holding the most live bytes): reserved,
+    allocated, and the idle bytes split as explain splits them (`inactive_split`: free pieces of
+    segments that hold live blocks; `cached_free`: the rest of what is reserved but not allocated;
+    `rounding`: allocated minus requested). The native replay finds the moment; the Python model
+    replays up to it for the state (the same allocator; only the model keeps its blocks)."""
+    from alloctune.sim.replay import replay, state_at
+    from alloctune.trace.model import ALLOC, FREE
+
+    events = replay(trace, conf or None, reference=trace).segment_events
+    req = trace.requests
+    n = len(req)
+    ops, sizes, rids = req.ops, req.sizes, req.rids
+    level = peak = live = 0
+    best_live, at, k = -1, n - 1, 0
+    size_of: dict[int, int] = {}
+    after: list[int] = []  # reserved after each request
+    for r in range(n):
+        while k < len(events) and events[k].request_index <= r:
+            level += reserved_delta(events[k])
+            k += 1
+        after.append(level)
+        peak = max(peak, level)
+    for r in range(n):  # live requested bytes after request r; the best moment at the peak
+        if ops[r] == ALLOC:
+            size_of[rids[r]] = sizes[r]
+            live += sizes[r]
+        elif ops[r] == FREE:
+            live -= size_of.pop(rids[r], 0)
+        if after[r] == peak and live > best_live:
+            best_live, at = live, r
+    st = state_at(trace, conf or None, at + 1, reference=trace).stats
+    split = int(st.inactive_split_bytes)
+    return {"reserved": int(st.reserved), "allocated": int(st.allocated), "inactive_split": split,
+            "cached_free": int(st.reserved) - int(st.allocated) - split,
+            "rounding": int(st.allocated) - int(st.requested)}
+
+
+def held_back(trace: Trace, conf: str) -> str:
+    """What keeps utilization below 1 at the peak of `trace` replayed under `conf` (`peak_split`)."""
+    o = peak_split(trace, conf)
+    reserved = o["reserved"] or 1
+    parts = [(o["inactive_split"], "free pieces of segments that also hold live blocks (fragmentation: "
+              "expandable segments or a smaller max_split_size_mb reduce it)"),
+             (o["cached_free"], "free memory the cache keeps in segments with no live block (a release point "
+              "before the peak returns it)"),
+             (o["rounding"], "rounding of each request up to its block size (no allocator setting removes "
+              "it; fewer, larger requests do)")]
+    parts.sort(key=lambda p: -p[0])
+    said = "; ".join(f"{format_size(b)} ({100.0 * b / reserved:.1f} %) {what}" for b, what in parts if b > 0)
+    return (f"at the peak under {conf or 'the default'} ({format_size(o['reserved'])} reserved, "
+            f"{format_size(o['allocated'])} allocated): {said or 'nothing idle'}")
+
+
+def table(rows: Sequence[UtilizationRow], trace: Trace | None = None) -> UtilizationTable:
+    """The table; when no row reaches the target and a recording is at hand, what holds it back: the
+    best row's own (rewritten) recording, else `trace`, explained under the best row's setting."""
+    t = UtilizationTable(tuple(rows))
+    best = t.best
+    src = best.trace if best is not None and best.trace is not None else trace
+    if t.reachable or best is None or src is None:
+        return t
+    try:
+        why = held_back(src, best.conf)
+    except Exception as exc:  # noqa: BLE001 - the table stands without the reason
+        why = f"not explained ({type(exc).__name__}: {exc})"
+    return UtilizationTable(t.rows, t.target, f"{TARGET} is not reached (best {best.utilization:.3f}, {best.name}); "
+                                              + why)
+
+
+def render_lines(t: UtilizationTable) -> list[str]:
+    """The table as plain lines for the terminal."""
+    def fmt(n: int | None) -> str:
+        return "-" if n is None else format_size(n)
+
+    out = [f"  {'':<40} {'min budget':>12} {'peak reserved':>14} {'peak alloc':>12} {'util':>6}  method"]
+    for r in t.rows:
+        u = "-" if r.utilization is None else f"{r.utilization:.3f}"
+        out.append(f"  {r.kind + ' ' + r.name:<40.40} {fmt(r.min_budget):>12} {fmt(r.peak_reserved):>14} "
+                   f"{fmt(r.peak_allocated):>12} {u:>6}  {r.method}")
+    if t.held_back:
+        out.append(f"  {t.held_back}")
+    return out

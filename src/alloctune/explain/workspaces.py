@@ -1,0 +1,110 @@
+"""Workspace caps (#29.3): which cuBLAS / cuDNN workspaces a recording shows, and what capping them buys.
+
+* cuBLAS (C++ frames through torch's handle pool): one workspace per handle and stream, allocated
+  once, of the size `CUBLAS_WORKSPACE_CONFIG` sets (torch's default on Hopper: 32 MiB). A smaller
+  config is the same program with that fixed request smaller, so it is simulated exactly: the
+  tagged requests shrunk to the config's size, replayed for the min budget.
+* cuDNN (C++ frames through its plan loop, a fallback model learned from a capped run, or -- with
+  neither -- requests freed right after they are made, the workspace shape `trace.fallible` uses):
+  `torch.backends.cudnn.benchmark = False` and the cuDNN v7 API switch change which algorithms run,
+  hence every workspace's size, which no recording shows. Those candidates carry the lower bound
+  the model gives (every cuDNN workspace given up) and the exact command of the run that confirms.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Mapping
+
+from alloctune.explain.remedies import UNCONFIRMED, Remedy, activity, min_budget, simulated
+from alloctune.trace.fallible import NO_WORKSPACE, has_cpp_frames, scratch_requests, tag_by_frames
+from alloctune.trace.model import ALLOC, FREE, RequestStream, Trace
+
+# torch's cuBLAS workspace pool (CublasHandlePool.cpp) and its cuBLASLt workspace
+CUBLAS_FRAME = re.compile(r"getNewWorkspace|getCUDABlasLtWorkspace|CublasHandlePool|cublasLt\w*Workspace", re.I)
+KiB = 1024
+# CUBLAS_WORKSPACE_CONFIG values smaller than Hopper's default (":4096:8" = 32 MiB): the pre-Hopper
+# default and the smallest documented one (deterministic mode's)
+CUBLAS_CONFIGS = ((":4096:2:16:8", (4096 * 2 + 16 * 8) * KiB), (":16:8", 16 * 8 * KiB))
+
+
+def cublas_requests(trace: Trace) -> set[int]:
+    """Request indices of ALLOCs whose C++ stack passes through torch's cuBLAS workspace pool."""
+    req, events = trace.requests, trace.events
+    out = set()
+    for i, op in enumerate(req.ops):
+        if op != ALLOC:
+            continue
+        k = req.event_index[i]
+        ev = events[k] if 0 <= k < len(events) else None
+        for fr in (ev or {}).get("frames") or ():
+            name = fr.get("name", "") if isinstance(fr, Mapping) else str(fr)
+            if CUBLAS_FRAME.search(name or ""):
+                out.add(i)
+                break
+    return out
+
+
+def cudnn_requests(trace: Trace) -> tuple[set[int], str]:
+    """cuDNN workspace requests and the evidence: frames, a learned fallback model, or the shape."""
+    if has_cpp_frames(trace):
+        return tag_by_frames(trace), "C++ frames"
+    if trace.requests.fallbacks:
+        return set(trace.requests.fallbacks), "the fallback model learned from a capped run"
+    return set(scratch_requests(trace)), "workspace-shaped requests (freed right after they are made; no C++ frames)"
+
+
+def resized(trace: Trace, sizes: Mapping[int, int]) -> Trace:
+    """`trace` with the ALLOC at each index of `sizes` (and its FREE) of the new size."""
+    from alloctune.explain.what_if import rewritten
+
+    req = trace.requests
+    rid_size = {req.rids[i]: s for i, s in sizes.items()}
+    out = RequestStream()
+    for r in range(len(req)):
+        size = req.sizes[r]
+        if r in sizes:
+            size = sizes[r]
+        elif req.ops[r] == FREE and req.rids[r] in rid_size:
+            size = rid_size[req.rids[r]]
+        out.append(req.ops[r], size, req.rids[r], req.streams[r], req.event_index[r])
+    return rewritten(trace, out, list(range(len(req) + 1)))
+
+
+def workspace_remedies(trace: Trace, base: int | None, conf: str, command: str = "CMD") -> list[Remedy]:
+    """The workspace caps that apply to the recording (none when it shows no workspace)."""
+    out: list[Remedy] = []
+    blas = cublas_requests(trace)
+    cudnn, evidence = cudnn_requests(trace)
+    if not blas and not cudnn:
+        return out
+    base_act = activity(trace, conf, trace)
+    sizes = trace.requests.sizes
+    largest = max((sizes[i] for i in blas), default=0)
+    for value, cap in CUBLAS_CONFIGS:
+        if largest <= cap:
+            continue
+        t = resized(trace, {i: min(sizes[i], cap) for i in blas})
+        out.append(simulated(
+            f"cublas_workspace_config{value.replace(':', '_')}",
+            f"cuBLAS workspaces capped at {cap // KiB} KiB (recorded: {len(blas)}, the largest {largest // KiB} KiB)",
+            t, conf, trace, base, base_act, f"CUBLAS_WORKSPACE_CONFIG={value} in the program's environment "
+            "(before torch starts; slower cuBLAS kernels possible)",
+            confirm=f"CUBLAS_WORKSPACE_CONFIG={value} alloctune record --out cublas.pickle -- {command} && "
+                    "alloctune simulate cublas.pickle --min-budget"))
+    if cudnn:
+        floor = min_budget(resized(trace, {i: NO_WORKSPACE for i in cudnn if sizes[i] > NO_WORKSPACE}), conf, trace)
+        note = (f"{len(cudnn)} cuDNN workspace request(s) ({evidence}); the algorithms and their workspaces change "
+                "with the switch, which no recording shows: bound = min budget with every one given up")
+        for name, what, how, env in (
+            ("cudnn_benchmark_off", "cuDNN autotuning off", "torch.backends.cudnn.benchmark = False", ""),
+            ("cudnn_v7_api", "cuDNN's v7 API (where the installed torch still honours the switch)",
+             "TORCH_CUDNN_V8_API_DISABLED=1 in the program's environment", "TORCH_CUDNN_V8_API_DISABLED=1 "),
+        ):
+            first = "" if env else "add `torch.backends.cudnn.benchmark = False` before the model runs, then: "
+            out.append(Remedy(
+                name, what, None, None, None, None, 0, 0.0, how, UNCONFIRMED, conf,
+                confirm=f"{first}{env}alloctune record --out {name}.pickle -- {command} && "
+                        f"alloctune simulate {name}.pickle --min-budget",
+                bound=floor, notes=(note,)))
+    return out

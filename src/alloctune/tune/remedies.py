@@ -1,0 +1,176 @@
+"""Program-level remedies beside the settings (#29): what `tune` offers besides an allocator string.
+
+* From the baseline's recording, simulated under the best setting (or, when none fits, the closest):
+  the release points, the Janitor's policies (the best one named with the `guard.Janitor(...)`
+  arguments that reproduce it) and the workspace caps that apply (`explain.remedies`). No run.
+* Inference with autograd on (the baseline's agent saw modules called with grad mode on and no
+  backward): ONE confirming run, capped at the budget, recorded, with the agent's no-grad switch
+  (`no_grad_request`; the user's code is not changed). It is measured: whether the program completes
+  at the budget without autograd, its peaks, and the min budget its own recording simulates to.
+* One utilization table: each setting (min budget measured where the GPU proved it, else simulated;
+  peaks of the uncapped replay, so rows compare) and each remedy, with what holds the best row below
+  0.97 when no row reaches it.
+
+The remedies never decide the setting: they are reported beside it (and, where nothing fits, they are
+what can help, so the shortfall's next steps name the ones that would fit).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+from alloctune.explain.remedies import MEASURED, Remedy
+from alloctune.explain.utilization import UtilizationRow, UtilizationTable, remedy_rows, table
+from alloctune.run.trial import TrialResult
+from alloctune.tune.executors.base import TrialRequest
+from alloctune.units import format_mib
+
+if TYPE_CHECKING:
+    from alloctune.tune.objective import CandidateSummary
+
+NO_GRAD_LINE = "with torch.inference_mode():  # or torch.no_grad(), around the model's forward calls"
+
+
+@dataclass(frozen=True)
+class RemedyReport:
+    remedies: tuple[Remedy, ...]
+    utilization: UtilizationTable | None
+    best_release: Remedy | None  # the release policy to use, if one saves memory
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"remedies": [r.to_dict() for r in self.remedies],
+                "utilization": self.utilization.to_dict() if self.utilization is not None else None,
+                "best_release": self.best_release.name if self.best_release is not None else None}
+
+
+def no_grad_request(baseline: TrialResult, conf: str, budget: int) -> TrialRequest | None:
+    """The confirming run of `torch.no_grad()`, when the baseline ran inference with autograd on."""
+    if not baseline.inference_with_grad:
+        return None
+    return TrialRequest(conf, budget, record=True, ensure_cap=True, no_grad=True,
+                        purpose="remedy: autograd off by the agent (what torch.no_grad() would save): confirm")
+
+
+def no_grad_remedy(trial: TrialResult, conf: str, base: int | None, simulator_factory: Any, command: str) -> Remedy:
+    """The measured no-grad remedy from its confirming run (capped at the budget, recorded)."""
+    mb, notes = None, []
+    if trial.passed and trial.snapshot and simulator_factory is not None:
+        try:
+            mb = simulator_factory(trial).estimates([conf]).get(conf)
+        except Exception as exc:  # noqa: BLE001 - the run's own outcome still stands
+            notes.append(f"its recording could not be simulated ({type(exc).__name__}: {exc})")
+    if trial.passed:
+        outcome = f"completed at {format_mib(trial.budget or 0)} with autograd off (measured)"
+        if mb is not None:
+            outcome += f"; its recording simulates to a min budget of {format_mib(mb)}"
+    elif trial.outcome == "oom":
+        outcome = f"ran out of memory at {format_mib(trial.budget or 0)} even with autograd off (measured)"
+    else:
+        outcome = (f"did not complete with autograd off ({trial.outcome}: {trial.error or 'no detail'}): the program "
+                   "needs autograd somewhere")
+    notes.insert(0, outcome)
+    return Remedy(
+        "no_grad", "inference without autograd (the recording ran no backward, yet kept grad mode on)", mb,
+        None if mb is None or base is None else base - mb, trial.peak_reserved, trial.peak_allocated, 0, 0.0,
+        NO_GRAD_LINE, MEASURED, conf,
+        confirm=f"alloctune run --no-grad --budget {trial.budget}B -- {command}  (the run tune made)",
+        notes=tuple(notes))
+
+
+def _trace(sim: Any, baseline: TrialResult) -> Any:
+    """The baseline's recording as the simulator loaded it (before any learned fallbacks), else loaded."""
+    raw = getattr(sim, "raw", None)
+    if raw is not None:
+        return raw
+    if not baseline.snapshot or not Path(baseline.snapshot).is_file():
+        return None
+    from alloctune.trace import load_trace
+
+    return load_trace(baseline.snapshot)
+
+
+def setting_rows(trace: Any, summaries: Sequence["CandidateSummary"]) -> list[UtilizationRow]:
+    """One row per candidate that has a min budget (measured or simulated): peaks of the uncapped replay."""
+    from alloctune.explain.remedies import activity
+
+    rows = []
+    for sm in summaries:
+        mb = sm.min_budget if sm.min_budget is not None else sm.sim_min_budget
+        if mb is None and sm.feasible is None:
+            continue
+        conf = sm.candidate.conf
+        try:
+            peak, alloc, _, _ = activity(trace, conf, trace)
+        except Exception:  # noqa: BLE001 - a setting the simulator does not model: the row without peaks
+            peak = alloc = None
+        rows.append(UtilizationRow("setting", sm.candidate.label, conf, mb, peak, alloc,
+                                   "measured" if sm.min_budget is not None else "simulated"))
+    return rows
+
+
+@dataclass(frozen=True)
+class Simulated:
+    """The remedies one recording answers under one setting (what `tune_remedies` starts from)."""
+
+    conf: str
+    trace: Any  # the recording (None: none to simulate)
+    remedies: tuple[Remedy, ...]
+    notes: tuple[str, ...]
+
+
+def simulate(sim: Any, baseline: TrialResult, conf: str, command: str) -> Simulated:
+    """The simulated remedies under `conf`. A remedy's saving is against the same simulation of the
+    recording as it ran under `conf` (like with like: a measured min budget carries the simulator's
+    error). CPU only, safe in a thread beside the GPU runs (it reads the recording, writes nothing shared)."""
+    from alloctune.explain.core import analyse
+    from alloctune.explain.remedies import min_budget
+    from alloctune.explain.remedy_set import simulated_remedies
+
+    trace = None
+    try:
+        trace = _trace(sim, baseline)
+        if trace is None:
+            return Simulated(conf, None, (), ())
+        rems = simulated_remedies(analyse(trace), min_budget(trace, conf, trace), conf, command=command)
+        return Simulated(conf, trace, tuple(rems), ())
+    except Exception as exc:  # noqa: BLE001 - the settings stand without the remedies
+        return Simulated(conf, trace, (), (f"remedies not simulated ({type(exc).__name__}: {exc})",))
+
+
+def tune_remedies(sim: Any, baseline: TrialResult, conf: str, summaries: Sequence["CandidateSummary"],
+                  no_grad: Remedy | None, command: str, early: Simulated | None = None) -> RemedyReport:
+    """The simulated remedies under `conf` (the best or closest setting; `early`: simulated while the GPU
+    ran, used when it was for the same setting), the measured no-grad one, and the utilization table."""
+    from alloctune.explain.remedy_set import best_release
+
+    done = early if early is not None and early.conf == conf else simulate(sim, baseline, conf, command)
+    trace, remedies, notes = done.trace, list(done.remedies), list(done.notes)
+    if no_grad is not None:
+        remedies.append(no_grad)
+    best = best_release(remedies)
+    if best is not None:
+        notes.append(f"best release policy under {conf or 'the default'}: {best.what}, min budget "
+                     f"{format_mib(best.min_budget or 0)} (saves {format_mib(best.saving or 0)}, {best.cleanups} "
+                     f"clean-up(s), simulated): {best.how_to}")
+    util = None
+    if trace is not None:
+        util = table(setting_rows(trace, summaries) + remedy_rows(remedies), trace)
+    return RemedyReport(tuple(remedies), util, best, tuple(notes))
+
+
+def fitting(report: RemedyReport, budget: int) -> list[Remedy]:
+    """The remedies that would fit the budget (a shortage's way out), measured ones first."""
+    ok = [r for r in report.remedies if r.min_budget is not None and r.min_budget <= budget]
+    return sorted(ok, key=lambda r: (r.method != MEASURED, r.min_budget))
+
+
+def shortfall_with_remedies(shortfall: Any, report: RemedyReport) -> Any:
+    """A shortfall whose next steps start with the remedies that fit (each with how to get it)."""
+    found = fitting(report, shortfall.budget)
+    if not found:
+        return shortfall
+    lines = tuple(f"{r.what} fits ({r.method}: min budget {format_mib(r.min_budget or 0)}): {r.how_to}" for r in found)
+    return replace(shortfall, next_steps=lines + tuple(shortfall.next_steps))

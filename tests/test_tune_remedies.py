@@ -1,0 +1,177 @@
+"""#29 in tune: remedies beside the settings. The no-grad remedy is confirmed by ONE run of the program
+with the agent's switch (the fake workload needs `no_grad_saving` bytes less then); the simulated ones come
+from the baseline's real recording (the RVC traces, where the Janitor's and release points' numbers are
+checked against the explain side and the real rvc_ec1 run in test_explain_remedies)."""
+
+from __future__ import annotations
+
+import json
+
+from alloctune.tune.candidates import parse_knobs
+from alloctune.tune.strategy import Tuner, TuneSettings
+from tune_fakes import COMMAND, MiB, BatchRecorder, FakeEvaluator, FakeSimulator
+
+INFERENCE = {"module_calls_with_grad": 120, "module_calls_without_grad": 0, "backward_calls": 0}
+TRAINING = {"module_calls_with_grad": 120, "module_calls_without_grad": 0, "backward_calls": 8}
+
+
+def _tune(ev, budget_mib, executor=None, **kw):
+    s = TuneSettings(command=COMMAND, budget=budget_mib * MiB, knobs=parse_knobs(None), platform="linux", **kw)
+    # the no-grad run's recording simulates to its own (smaller) need, as a real recording would
+    factory = lambda b: FakeSimulator(ev, error=-ev.no_grad_saving if b.no_grad else 0)  # noqa: E731
+    return Tuner(ev, s, simulator_factory=factory, executor=executor).run()
+
+
+def test_inference_with_autograd_gets_one_confirming_run_that_turns_a_shortage_into_a_fit():
+    """The HuBERT case of #29: no setting fits, one line would. Runs: the recording, the closest setting at
+    the budget (as before), and the one no-grad run beside it -- three, not nine."""
+    ev = FakeEvaluator(autograd=INFERENCE, no_grad_saving=900 * MiB)
+    rec = BatchRecorder(ev)
+    res = _tune(ev, 1500, executor=rec)
+    assert res.shortfall is not None and res.ranking.best is None
+    assert len(ev.calls) == 3 and ev.no_grad_calls == [(res.shortfall.conf, 1500 * MiB)]
+    assert len(rec.batches[1]) == 2 and sum(r.no_grad for r in rec.batches[1]) == 1  # side by side with the closest
+    ng = next(r for r in res.remedies.remedies if r.name == "no_grad")
+    need = ev.need(res.shortfall.conf) - 900 * MiB  # the fake's truth with autograd off
+    assert ng.method == "measured" and ng.min_budget == need and ng.saving == res.shortfall.need - need
+    assert "torch.inference_mode()" in ng.how_to and "completed at" in ng.notes[0]
+    assert res.shortfall.next_steps[0].startswith("inference without autograd") and "fits (measured" in \
+        res.shortfall.next_steps[0]
+    assert any("the line to add: with torch.inference_mode()" in n for n in res.notes)
+    # the remedy's run is no trial of its setting
+    closest = next(s for s in res.summaries if s.candidate.conf == res.shortfall.conf)
+    assert closest.trials == 1
+    d = json.loads(json.dumps(res.to_dict()))
+    assert [r["name"] for r in d["remedies"]] == ["no_grad"] and d["remedies"][0]["method"] == "measured"
+
+
+def test_a_training_program_gets_no_no_grad_run_and_the_fit_keeps_three_runs():
+    for autograd in (TRAINING, None):
+        ev = FakeEvaluator(autograd=autograd, no_grad_saving=900 * MiB)
+        res = _tune(ev, 2600)
+        assert len(ev.calls) == 3 and not ev.no_grad_calls
+        assert res.ranking.best is not None and res.remedies.remedies == ()
+
+
+def test_inference_with_autograd_costs_exactly_one_more_run_in_the_fit_case():
+    plain = FakeEvaluator(autograd=TRAINING)
+    _tune(plain, 2600)
+    ev = FakeEvaluator(autograd=INFERENCE, no_grad_saving=300 * MiB)
+    rec = BatchRecorder(ev)
+    res = _tune(ev, 2600, executor=rec)
+    assert len(ev.calls) == len(plain.calls) + 1
+    assert any(r.no_grad for r in rec.batches[1])  # in the first batch after the recording
+    best = res.ranking.best
+    ng = next(r for r in res.remedies.remedies if r.name == "no_grad")
+    assert ng.conf == best.candidate.conf and ng.min_budget == ev.need(best.candidate.conf) - 300 * MiB
+    # the setting's answer is the same as without the remedy
+    assert best.min_budget is not None and best.verified
+
+
+def test_a_program_that_needs_autograd_fails_its_no_grad_run_and_the_sweep_goes_on():
+    class NeedsGrad(FakeEvaluator):
+        def __call__(self, conf, budget, *, no_grad=False, **kw):
+            res = super().__call__(conf, budget, no_grad=no_grad, **kw)
+            if no_grad:
+                from dataclasses import replace
+
+                return replace(res, outcome="crash", exit_code=1, error="RuntimeError: element 0 of tensors does "
+                               "not require grad")
+            return res
+
+    ev = NeedsGrad(autograd=INFERENCE, no_grad_saving=300 * MiB)
+    res = _tune(ev, 2600)
+    ng = next(r for r in res.remedies.remedies if r.name == "no_grad")
+    assert ng.min_budget is None and "needs autograd" in ng.notes[0]
+    assert res.ranking.best is not None
+
+
+def test_no_remedies_option_keeps_the_old_flow():
+    ev = FakeEvaluator(autograd=INFERENCE, no_grad_saving=300 * MiB)
+    res = _tune(ev, 2600, remedies=False)
+    assert not ev.no_grad_calls and res.remedies is None and res.to_dict()["remedies"] == []
+
+
+def test_simulated_remedies_and_utilization_from_a_real_recording(traces_dir):
+    """A tune whose baseline recording is the real RVC run (the GPU answered from the real simulator's own
+    needs): the remedies are simulated under the best setting, the best release policy is named with its
+    Janitor arguments, and the utilization table has a row per setting with a min budget and per remedy."""
+    from alloctune.tune.simulator import SimulatorFromTrace
+
+    path = str(traces_dir / "rvc_ec0" / "default.pickle.xz")
+    confs = ["", "expandable_segments:True"]
+    from alloctune.run.trial import TrialResult
+
+    probe = TrialResult(command=COMMAND, conf="", budget=None, outcome="ok", exit_code=0, wall_s=1.0,
+                        snapshot=path, total_memory=150109880320, torch_version="2.11.0")
+    needs = SimulatorFromTrace(probe).estimates(confs)
+    ev = FakeEvaluator(needs=needs, snapshot=path, total=150109880320)
+    s = TuneSettings(command=COMMAND, budget=needs[""] - 64 * MiB, knobs=parse_knobs(["expandable"]), platform="linux")
+    res = Tuner(ev, s, simulator_factory=lambda b: SimulatorFromTrace(b)).run()
+    assert res.ranking.best.candidate.conf == "expandable_segments:True"
+    rep = res.remedies
+    names = [r.name for r in rep.remedies]
+    assert {"empty_cache_each_repetition", "janitor", "janitor_by_size"} <= set(names)
+    assert all(r.conf == "expandable_segments:True" for r in rep.remedies)
+    rows = {(r.kind, r.name): r for r in rep.utilization.rows}
+    assert ("setting", "expandable_segments:True") in rows and ("setting", "(default)") in rows
+    assert ("remedy", "janitor") in rows
+    best = res.ranking.best
+    row = rows[("setting", "expandable_segments:True")]
+    assert (row.min_budget, row.method) == ((best.min_budget, "measured") if best.min_budget is not None
+                                            else (best.sim_min_budget, "simulated"))
+    # savings against the simulation of the recording under the same setting: a policy that never cleans saves 0
+    for r in rep.remedies:
+        if r.cleanups == 0:
+            assert r.saving == 0
+    if rep.best_release is not None:
+        assert rep.best_release.saving > 0 and rep.best_release.cleanups > 0
+    d = res.to_dict()
+    assert d["utilization"]["rows"] and all(set(r) >= {"name", "min_budget", "saving", "method", "how_to"}
+                                            for r in d["remedies"])
+
+
+def test_a_shortage_ends_with_the_next_command_plan_then_chunked_in_tune_and_diagnose(traces_dir):
+    """#29.4: where no setting helps, the last steps are the command to run next: the plan call that finds the
+    largest input under the budget, then the guard.chunked call for a service."""
+    ev = FakeEvaluator()
+    res = _tune(ev, 1500)
+    steps = res.shortfall.next_steps
+    assert "alloctune plan sizes/ --cap 1500MiB" in steps[-2] and "alloctune.guard.chunked(" in steps[-1]
+    assert "at least" in steps[-3]  # the budget the closest setting needs comes before them
+
+    from alloctune.diagnose.snapshot import diagnose_snapshot
+
+    path = traces_dir / "rvc_ec1" / "gc07_split256_cap115a.pickle.xz"
+    probe = diagnose_snapshot(path, candidates=None)
+    tight = diagnose_snapshot(path, candidates=None, budget=probe.allocated + probe.request // 2)
+    nexts = [e for e in tight.evidence if e.startswith("next: ")]
+    assert tight.verdict == "shortage" and "alloctune plan sizes/" in nexts[-2] and "guard.chunked" in nexts[-1]
+    assert tight.evidence[-1] == nexts[-1]
+
+
+def test_the_remedies_are_simulated_once_beside_the_gpu_runs(traces_dir, monkeypatch):
+    """Simulated in a thread while the GPU runs (the planned best); reused when the best stayed the same."""
+    import threading
+
+    import alloctune.tune.remedies as tr
+    from alloctune.run.trial import TrialResult
+    from alloctune.tune.simulator import SimulatorFromTrace
+
+    calls = []
+    real = tr.simulate
+
+    def counted(sim, baseline, conf, command):
+        calls.append((conf, threading.current_thread().name))
+        return real(sim, baseline, conf, command)
+
+    monkeypatch.setattr(tr, "simulate", counted)
+    path = str(traces_dir / "rvc_ec0" / "default.pickle.xz")
+    probe = TrialResult(command=COMMAND, conf="", budget=None, outcome="ok", exit_code=0, wall_s=1.0,
+                        snapshot=path, total_memory=150109880320, torch_version="2.11.0")
+    needs = SimulatorFromTrace(probe).estimates(["", "expandable_segments:True"])
+    ev = FakeEvaluator(needs=needs, snapshot=path, total=150109880320)
+    s = TuneSettings(command=COMMAND, budget=needs[""] - 64 * MiB, knobs=parse_knobs(["expandable"]), platform="linux")
+    res = Tuner(ev, s, simulator_factory=lambda b: SimulatorFromTrace(b)).run()
+    assert calls == [("expandable_segments:True", "alloctune-remedies")]
+    assert res.remedies.remedies and all(r.conf == "expandable_segments:True" for r in res.remedies.remedies)
