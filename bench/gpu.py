@@ -135,7 +135,7 @@ python3 bench/gpu_remedies.py --out "$OUT/d" --jobs "${JOBS:-8}" --deadline "${D
         r"""
 mkdir -p "$OUT/tune"
 python3 bench/gpu_tune_real.py --out "$OUT/tune" --jobs 1 --timeout "${TRIAL_TIMEOUT:-150}" --budgets sharp \
-  --only "${ONLY:-hubert,llama,seg,convnext}" >"$OUT/tune/stdout.txt" 2>&1
+  --only "${ONLY:-hubert,llama,seg,convnext,hubert_grad}" >"$OUT/tune/stdout.txt" 2>&1
 cat "$OUT/tune/summary.md"
 """, 480),
     "plan-confirm": Job(
