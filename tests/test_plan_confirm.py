@@ -100,7 +100,9 @@ def test_plan_confirm_end_to_end_on_fake_cuda(tmp_path):
     (c,) = d["confirmations"]
     # the program keeps 3x MiB live: the real largest size under 1 GiB is 341
     assert c["predicted"] is not None and len(c["runs"]) <= 2
-    assert c["confirmed"] == c["predicted"] == "341" and len(c["runs"]) == 1
+    # extrapolated beyond 128: one run at the answer, one 2 % step up that really fails
+    assert c["confirmed"] == c["predicted"] == "341" and [r["size"] for r in c["runs"]] == ["341", "347"]
+    assert [r["outcome"] for r in c["runs"]] == ["ok", "oom"]
     assert all(r["budget"] == 1 << 30 for r in c["runs"])
 
 
@@ -131,3 +133,13 @@ def test_an_exact_answer_needs_no_second_run_and_a_missing_gpu_is_not_an_over_pr
     assert len(gpu.calls) == 1 and c.confirmed == "1000"
     (c,) = confirm(_result("1000"), ["prog", "{size}"], runner=GPU(outcome="no-cuda"), base_env={})
     assert c.confirmed is None and "not a memory answer" in c.note and "over-promised" not in c.note
+
+
+def test_an_extrapolated_answer_with_no_bound_is_tried_one_step_up():
+    """Beyond the recordings a zero bound checked nothing there: a passing answer is tried 2 % higher, so
+    the confirmed answer is within one grid step of the real largest size (here the real one is 1030)."""
+    gpu = GPU(per_size=MiB * 1000 // 1030)
+    item = Largest(Target("cap", 1000 * MiB), "1000", "1001", True, 3, bound=0.0)
+    res = SimpleNamespace(step="1", context_bytes=0, settings=[SimpleNamespace(conf="", largest=[item])])
+    (c,) = confirm(res, ["prog", "{size}"], runner=gpu, base_env={})
+    assert [x for x, _, _ in gpu.calls] == [1000, 1020] and c.confirmed == "1020"

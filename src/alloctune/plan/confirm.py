@@ -138,11 +138,16 @@ def _one(conf: str, item: Any, context: int, grid: Fraction, command: Sequence[s
 def _upper(item: Any, x: Fraction, grid: Fraction) -> Fraction | None:
     """Where to look once the predicted size held: the optimistic end of a range, or the size the
     answer's error bound kept back (the memory it may be off, taken as the same share of the size,
-    as the step down is). None when the simulation itself saw the next size fail with no bound left."""
+    as the step down is), or one 2 % step for an extrapolated answer with no bound. None when the
+    simulation itself saw the next size fail inside the recorded sizes with no bound left."""
     opt = getattr(item, "optimistic", None)
     if opt is not None and as_size(opt) > x:
         return as_size(opt)
     bound = Fraction(item.bound or 0.0).limit_denominator(10000)
+    if bound <= 0 and getattr(item, "extrapolated", False):
+        # beyond the recordings nothing checked the laws there (a held-back recording reproduced exactly
+        # says nothing of sizes 8x further out): one grid step up tells the answer from the truth's step
+        bound = MIN_STEP
     if bound <= 0:
         return None
     up = ((x * (1 + bound)) // grid) * grid
