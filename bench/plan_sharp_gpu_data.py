@@ -81,11 +81,16 @@ def rows(data: Path) -> list[dict]:
         caps = sorted({b["cap"] for b in bis.values() if b["name"].startswith(f"plan_{workload}_")})
         cals = _calibrations(data, workload)
         frames = [str(FRAMES[workload])] if workload in FRAMES and FRAMES[workload].is_file() else []
-        for label, cal in (("recordings", []), ("+ calibration", cals), ("+ C++ frames, other input", frames)):
-            if label != "recordings" and not cal:
+        more = sorted(int(p.name.split("_")[2].split(".")[0]) for p in data.glob(f"size_{workload}_*.pickle.xz"))
+        more = [s for s in more if s not in sizes[workload]]
+        cases = [("recordings", [], sizes[workload]), ("+ calibration", cals, sizes[workload]),
+                 ("+ C++ frames, other input", frames, sizes[workload]),
+                 (f"+ recordings at {', '.join(map(str, more))}", cals, sorted(sizes[workload] + more))]
+        for label, cal, recorded in cases:
+            if (label.startswith("+ c") or label.startswith("+ C")) and not cal or label.startswith("+ rec") and not more:
                 continue
             t0 = time.perf_counter()
-            rep = run(_recordings(data, workload, sizes[workload]), caps=caps, confs=list(CONFS.values()),
+            rep = run(_recordings(data, workload, recorded), caps=caps, confs=list(CONFS.values()),
                       curve=[], calibrations=cal)
             wall = time.perf_counter() - t0
             res = rep.result
@@ -94,7 +99,7 @@ def rows(data: Path) -> list[dict]:
                     x = x.to_dict()
                     k = caps.index(x["bytes"]) + 1
                     b = bis[f"plan_{workload}_{setting}_c{k}"]
-                    verdict, met = _verdict(x, b["largest_ok"], b["smallest_fail"], max(sizes[workload]))
+                    verdict, met = _verdict(x, b["largest_ok"], b["smallest_fail"], max(recorded))
                     out.append({"workload": workload, "evidence": label, "setting": setting, "cap": f"c{k}",
                                 "cap_bytes": x["bytes"], "answer": _answer(x), "ok": b["largest_ok"],
                                 "fail": b["smallest_fail"], "verdict": verdict, "met": met,
@@ -114,7 +119,7 @@ def table(rs: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", type=Path, default=Path("/work/devdata/plan-sharp/d"))
+    ap.add_argument("--data", type=Path, default=ROOT / "tests" / "data" / "plan_sharp")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args(argv)
     if not (args.data / "truth.json").is_file():
@@ -129,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     append_section(args.out / "plan_sharp_gpu_data.md", "plan on real H200 data vs the real bisection (#28)",
                    command(), body)
     for workload in sorted({r["workload"] for r in rs}):
-        for ev in ("recordings", "+ calibration", "+ C++ frames, other input"):
+        for ev in dict.fromkeys(r["evidence"] for r in rs if r["workload"] == workload):
             part = [r for r in rs if r["workload"] == workload and r["evidence"] == ev]
             if part:
                 cells = ", ".join(f"{r['setting']} {r['cap']} {r['answer']} (real {r['ok']}/{r['fail']})" for r in part)
