@@ -132,3 +132,11 @@ def parse_seconds(value: float | None, option: str = "--timeout") -> float | Non
     if isinstance(value, bool) or not math.isfinite(value) or value <= 0:
         raise InputError(f"{option} must be a positive number of seconds, got {value}")
     return float(value)
+
+
+def utilization(peak_allocated: int | None, peak_reserved: int | None) -> float | None:
+    """Peak allocated ÷ peak reserved: the share of what the cache held that tensors used at the peak
+    (1 − that is what fragmentation and caching cost). None where either is unknown or nothing was reserved."""
+    if not peak_reserved or peak_allocated is None:
+        return None
+    return peak_allocated / peak_reserved

@@ -26,6 +26,7 @@ from alloctune.explain.core import Analysis
 from alloctune.explain.what_if import WHAT_IF_ABS_TOL, WHAT_IF_REL_TOL, recorded_conf, rewritten
 from alloctune.explain.repeats import loop_tops
 from alloctune.trace.model import EMPTY_CACHE, RequestStream, Trace
+from alloctune.units import utilization
 
 # Driver work, as measured on the H200 (bench/results/driver_cost.md); tune's TuneSettings defaults.
 DRIVER_CALL_S = 1e-4
@@ -65,10 +66,8 @@ class Remedy:
 
     @property
     def utilization(self) -> float | None:
-        """peak allocated ÷ peak reserved (what the cache wastes at the peak, 1 − that)."""
-        if not self.peak_reserved or self.peak_allocated is None:
-            return None
-        return self.peak_allocated / self.peak_reserved
+        """peak allocated ÷ peak reserved (`units.utilization`)."""
+        return utilization(self.peak_allocated, self.peak_reserved)
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)

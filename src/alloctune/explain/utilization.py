@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from alloctune.trace.model import Trace, reserved_delta
-from alloctune.units import format_size
+from alloctune.units import format_size, utilization
 
 TARGET = 0.97
 
@@ -33,9 +33,8 @@ class UtilizationRow:
 
     @property
     def utilization(self) -> float | None:
-        if not self.peak_reserved or self.peak_allocated is None:
-            return None
-        return self.peak_allocated / self.peak_reserved
+        """peak allocated ÷ peak reserved (`units.utilization`)."""
+        return utilization(self.peak_allocated, self.peak_reserved)
 
     def to_dict(self) -> dict[str, Any]:
         d = {**self.__dict__, "utilization": self.utilization}

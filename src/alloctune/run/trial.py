@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from alloctune.errors import EnvironmentProblem, InputError
-from alloctune.units import format_size
+from alloctune.units import format_size, utilization
 
 RESULT_SCHEMA = 1
 OUTCOMES = ("ok", "oom", "crash", "timeout", "no-cuda", "budget-too-large")
@@ -63,10 +63,8 @@ class TrialResult:
 
     @property
     def utilization(self) -> float | None:
-        """peak allocated ÷ peak reserved (1 − fragmentation)."""
-        if not self.peak_reserved or self.peak_allocated is None:
-            return None
-        return self.peak_allocated / self.peak_reserved
+        """peak allocated ÷ peak reserved (`units.utilization`)."""
+        return utilization(self.peak_allocated, self.peak_reserved)
 
     def to_dict(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in fields(self)}

@@ -33,8 +33,6 @@ all); where nothing fits, one.
 
 from __future__ import annotations
 
-from __future__ import annotations
-
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 

@@ -20,10 +20,9 @@ if TYPE_CHECKING:
     from alloctune.tune.model import Sweep
 
 
-class ChoiceMixin:
-    """Where to run next and what the evidence says; `ConfirmFlow` holds the state."""
+class FlowState:
+    """The confirm flow's state, declared once for the parts that read it (`ConfirmFlow.__init__` sets it)."""
 
-    # the flow's state (set by `ConfirmFlow.__init__`)
     t: "Sweep"
     s: Any
     baseline: TrialResult
@@ -38,6 +37,10 @@ class ChoiceMixin:
     hints: dict[str, int | None]
     floors: dict[str, int | None]
     calibrated: bool
+
+
+class ChoiceMixin(FlowState):
+    """Where to run next and what the evidence says; `ConfirmFlow` holds the state."""
 
     def _opening(self, c: Candidate, exclusive: bool = False) -> list[TrialRequest]:
         """The first runs of a candidate, independent of each other (side by side):

@@ -8,38 +8,20 @@ A mixin of `ConfirmFlow` (throughput runs go through its `_run`), plus `next_ste
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
 
-from alloctune.run.trial import TrialResult
-from alloctune.tune.bracket import Bracket, tolerance
+from alloctune.tune.bracket import tolerance
 from alloctune.tune.candidates import DEFAULT, Candidate
+from alloctune.tune.confirm_choice import FlowState
 from alloctune.tune.executors.base import TrialRequest
 from alloctune.tune.objective import CandidateSummary
 from alloctune.tune.throughput import OverheadBound, compare, overhead_bound, rate
 from alloctune.units import MiB, format_mib
 
-if TYPE_CHECKING:
-    from alloctune.tune.model import Sweep
 
-
-class ReportMixin:
+class ReportMixin(FlowState):
     """Throughput checks and the candidates' summaries; `ConfirmFlow` holds the state."""
 
-    # the flow's state (set by `ConfirmFlow.__init__`)
-    t: "Sweep"
-    s: Any
-    baseline: TrialResult
-    cands: list[Candidate]
-    budget: int
-    sim: Any
-    est: dict[str, int | None]
-    brackets: dict[str, Bracket]
-    at_budget: dict[str, TrialResult]
-    refused: dict[str, str]
-    samples: dict[str, list[float]]
-    hints: dict[str, int | None]
-    floors: dict[str, int | None]
-    calibrated: bool
+    # its own part of the flow's state
     bounds: dict[str, OverheadBound | None]
     verdict: str | None
     default_proof: str | None
