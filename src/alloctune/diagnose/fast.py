@@ -20,7 +20,11 @@ from alloctune.diagnose.report import OOMReport
 
 _SIZE = r"(\d+(?:\.\d+)?) *(bytes|[KMGTP]i?B)(?![A-Za-z])"
 _INT = r"(\d+)"
-_CLEAN = re.compile(r"[ -~\t\r\n]*")  # ASCII: normalisation only turns blanks and line breaks into one space
+# ASCII and the full-width punctuation Chinese input methods type: normalisation only turns blanks and
+# line breaks into one space, and those marks into their ASCII forms.
+_CLEAN = re.compile(r"[ -~\t\r\n；：（），]*")
+_WIDE = {";": "；", ":": "：", "(": "（", ")": "）", ",": "，"}
+_NARROW = str.maketrans({w: a for a, w in _WIDE.items()})
 _DIGITS = re.compile(r"\d+")
 # First characters of a clause (after its separators) or of something normalisation rewrites:
 # a next line starting with one of these might continue the message.
@@ -40,13 +44,13 @@ class Template:
     def __init__(self, proto: OOMReport, norm_text: str, parsed: grammar.Parsed) -> None:
         parts, pos, reads, k = [], 0, [], 1
         for target, a, b in sorted(parsed.numbers, key=lambda t: t[1]):
-            parts.append(re.escape(norm_text[pos:a]).replace(r"\ ", r"[ \t\r\n]+"))
+            parts.append(_literal(norm_text[pos:a]))
             whole = target in ("device", "pid")
             parts.append(_INT if whole else _SIZE)
             reads.append((target, k, whole))
             k += 1 if whole else 2
             pos = b
-        parts.append(re.escape(norm_text[pos:parsed.end]).replace(r"\ ", r"[ \t\r\n]+"))
+        parts.append(_literal(norm_text[pos:parsed.end]))
         self.rx = re.compile("".join(parts))
         self.proto = proto
         self.reads = tuple(reads)  # (target, its first group, a plain integer?)
@@ -113,10 +117,26 @@ class FastReader:
         return None
 
 
+def _literal(words: str) -> str:
+    """Regex for normalised text as it may stand raw: any run of blanks for a space, the full-width
+    form of a punctuation mark for the mark."""
+    out = []
+    for c in words:
+        if c == " ":
+            out.append(r"[ \t\r\n]+")
+        elif c in _WIDE:
+            out.append(f"[{re.escape(c)}{_WIDE[c]}]")
+        else:
+            out.append(re.escape(c))
+    return "".join(out)
+
+
 def collapse(raw: str) -> str:
-    """The normalised text of a clean raw message (ASCII, no blank at either end): each run of
-    blanks and line breaks one space. Plain string operations: a regex substitution costs
-    several times more on a message of 500 characters."""
+    """The normalised text of a clean raw message (no blank at either end): each run of blanks and
+    line breaks one space, full-width punctuation in its ASCII form. Plain string operations: a
+    regex substitution costs several times more on a message of 500 characters."""
+    if not raw.isascii():
+        raw = raw.translate(_NARROW)
     if "\n" in raw or "\t" in raw or "\r" in raw:
         return " ".join(raw.split())  # ASCII: split() breaks exactly at [ \t\r\n] here
     while "  " in raw:

@@ -41,10 +41,11 @@ def size_range(requested: int | None) -> tuple[int, int] | None:
 def _demand(fix: Fix) -> float:
     """How much a fix asks for, to pick the one fix that covers every member with the same fix:
     the largest reduction, chunk count, fraction or ratio; the smallest max_split_size_mb."""
-    extra = dict(fix.extra)
-    for key in ("reduce_percent", "chunks", "fraction", "ratio", "shortfall"):
-        if isinstance(extra.get(key), (int, float)):
-            return float(extra[key])
+    if fix.extra:
+        extra = dict(fix.extra)
+        for key in ("reduce_percent", "chunks", "fraction", "ratio", "shortfall"):
+            if isinstance(extra.get(key), (int, float)):
+                return float(extra[key])
     if fix.id == "max_split_size_mb" and fix.conf:
         return -float(fix.conf.split(":", 1)[1])
     return 0.0
