@@ -33,6 +33,9 @@ _SEPS = frozenset(" \t.,;")
 _MAX = 1024  # templates kept (a log has a few shapes; the memory stays bounded whatever it holds)
 _KEY_RAW, _KEY = 200, 120  # a shape's key: the first characters without their digits
 _MULT = grammar._MULT
+# What a template reads: report fields (`find.with_figures` sets them by name) and a process's pid and memory.
+_READ = frozenset(("device", "requested", "total", "free", "allocated", "active", "reserved", "reserved_unallocated",
+                   "private_pools", "cap", "process_in_use", "other_allocations", "pid", "mem"))
 
 
 class Template:
@@ -93,6 +96,7 @@ class FastReader:
         """Keep the shape of a message the grammar read, if it is clean enough to template."""
         raw_msg = report.raw
         if (not parsed.clauses or parsed.head in ("thc", "cuda-error") or _CLEAN.fullmatch(raw_msg) is None
+                or any(t[0] not in _READ for t in parsed.numbers)
                 or norm_text[:parsed.end] != collapse(raw_msg) or report.text != norm_text[:parsed.end]):
             return
         if self.count >= _MAX:

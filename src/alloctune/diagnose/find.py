@@ -219,17 +219,22 @@ def _derive(v: dict, backend: str, vendor: str) -> tuple[int | None, int | None,
     return reserved, unalloc, derived
 
 
+# The figures a template reads (each `OOMReport` field of that name), all unknown.
+_NO_FIGURES = dict.fromkeys(("device", "requested", "total", "free", "allocated", "active", "reserved",
+                             "reserved_unallocated", "private_pools", "cap", "process_in_use", "other_allocations"))
+
+
 def with_figures(proto: OOMReport, v: dict, processes: list[tuple[int, int]], text: str, raw: str, start: int,
                  end: int, platform: str | None, index: PlatformIndex | None, base: int = 0) -> OOMReport:
-    """The report of a message of `proto`'s shape (same clauses, same words) with figures `v`:
-    what `build_report` gives for it, without working out the shape again (span moved by `base`)."""
+    """The report of a message of `proto`'s shape (same clauses, same words) with figures `v` (keyed
+    by field name): what `build_report` gives for it, without working out the shape again (span
+    moved by `base`)."""
     reserved, unalloc, derived = _derive(v, proto.backend, proto.vendor)
     plat, evidence = (platform, "given") if platform else platform_hint(raw, start, end, proto.vendor, index)
-    new = dict(text=text, raw=raw[start:end], span=(start + base, end + base), device=v.get("device"),
-               requested=v.get("requested"), total=v.get("total"), free=v.get("free"), allocated=v.get("allocated"),
-               active=v.get("active"), reserved=reserved, reserved_unallocated=unalloc,
-               private_pools=v.get("private_pools"), cap=v.get("cap"), process_in_use=v.get("process_in_use"),
-               other_allocations=v.get("other_allocations"), other_processes=tuple(processes), derived=tuple(derived),
+    new = dict(_NO_FIGURES)
+    new.update(v)
+    new.update(text=text, raw=raw[start:end], span=(start + base, end + base), reserved=reserved,
+               reserved_unallocated=unalloc, other_processes=tuple(processes), derived=tuple(derived),
                platform=plat, platform_evidence=evidence)
     if not hasattr(proto, "__dict__"):
         from dataclasses import replace
