@@ -25,7 +25,7 @@ _INT = r"(\d+)"
 _CLEAN = re.compile(r"[ -~\t\r\n；：（），]*")
 _WIDE = {";": "；", ":": "：", "(": "（", ")": "）", ",": "，"}
 _NARROW = str.maketrans({w: a for a, w in _WIDE.items()})
-_DIGITS = re.compile(r"\d+")
+_NO_DIGITS = str.maketrans("", "", "0123456789")  # translate() drops them: faster than a regex here
 # First characters of a clause (after its separators) or of something normalisation rewrites:
 # a next line starting with one of these might continue the message.
 _MAY_CONTINUE = frozenset("TGXNoPIOwaSUCRDFA()0123456789&\\<")
@@ -90,7 +90,7 @@ class FastReader:
 
     @staticmethod
     def key(text: str, s: int) -> str:
-        return _DIGITS.sub("", text[s : s + _KEY_RAW])[:_KEY]
+        return text[s : s + _KEY_RAW].translate(_NO_DIGITS)[:_KEY]
 
     def learn(self, report: OOMReport, norm_text: str, parsed: grammar.Parsed) -> None:
         """Keep the shape of a message the grammar read, if it is clean enough to template."""
