@@ -449,14 +449,18 @@ def _fragmented(b: _Builder, X: int, U: int, F: int | None, Fv: int, A: int) -> 
             b.ev(f"reserved but unallocated {_fs(U)} >= request {_fs(X)}: the bytes are cached, but no single free "
                  "block is large enough")
         short = max(0, X - Fv)
-        reason = lambda: f"{_fs(U)} is cached but split into pieces smaller than the {_fs(X)} request"  # noqa: E731
+
+        def reason() -> str:
+            return f"{_fs(U)} is cached but split into pieces smaller than the {_fs(X)} request"
     elif F is not None and U + Fv + tol(U) + tol(Fv) >= X:
         if full:
             b.ev(f"unallocated {_fs(U)} + device free {_fs(Fv)} = {_fs(U + Fv)} >= request {_fs(X)}: enough bytes, "
                  "in pieces")
         short = X - Fv
-        reason = lambda: (f"cached pieces ({_fs(U)}) and device free memory ({_fs(Fv)}) together cover the "  # noqa: E731
-                          f"{_fs(X)} request, but neither does alone")
+
+        def reason() -> str:
+            return (f"cached pieces ({_fs(U)}) and device free memory ({_fs(Fv)}) together cover the {_fs(X)} "
+                    "request, but neither does alone")
     else:
         return None
     b.fix(fx.expandable_segments, r, plat, U + Fv, enough=True)
@@ -472,8 +476,11 @@ def _out_of_reach(b: _Builder, X: int, U: int, F: int | None, Fv: int, A: int, R
     r, plat, full = b.r, b.platform, b.full
     short = X - U - Fv  # missing even if every cached byte and free byte were joined
     effectively_full = Fv != (F or 0)
+
     def full_text() -> str:
-        return f"the device was effectively full ({_fs(F or 0)} free for a {_fs(X)} request); " if effectively_full else ""
+        if not effectively_full:
+            return ""
+        return f"the device was effectively full ({_fs(F or 0)} free for a {_fs(X)} request); "
 
     if full:
         b.ev(f"missing even with cached + free memory joined: {_fs(short)}" if not effectively_full else
