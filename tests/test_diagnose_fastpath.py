@@ -91,3 +91,57 @@ def test_groups_from_verdicts_equal_groups_from_full_diagnoses(oom_corpus, platf
         worst = max(members, key=lambda fd: ((fd[1].shortfall or 0), (fd[1].report.requested or 0)))
         assert g.worst.to_dict() == worst[1].to_dict()
     assert sum(by_key.values()) == sum(g.count for g in lite.groups)
+
+
+# ---- the templates stop where the grammar stops ------------------------------------------------------------
+
+def test_templates_equal_the_grammar_on_a_log_with_other_lines_between(oom_corpus):
+    """Lines after a message that begin like a clause, or almost (a first word shared with one, an
+    escape, an entity, a wrapped clause): the template must leave every one to the grammar that
+    the grammar would read on into, and may keep the others."""
+    from alloctune.diagnose.fast import _CLAUSE_STARTS
+    from alloctune.diagnose.find import BIG_TEXT, ReportFinder
+
+    rnd = random.Random(3)
+    starts = [lit for lit, _ in _CLAUSE_STARTS if lit] + ["GPU 3 has a total capacity of 8.00 GiB", "12.00 GiB free",
+                                                           "XPU 1 has", "NPU"]
+    nexts = ["INFO [rank1] step 3 loss=0.5", "Iteration 4", "Ofsted", "Proc 12", "with care", "and then", "(note)",
+             "Seeing", "Tried", "Free memory", "Requested by", "&nbsp;Process 12 has 1.00 GiB memory in use.",
+             "\\nIncluding non-PyTorch memory", "<br>Of the allocated memory 1.00 GiB is allocated by PyTorch",
+             "2026-01-01 12:00:00 INFO done", "   ", "", "Traceback (most recent call last):"]
+    lines = []
+    forms = [r.raw for r in corpus_reports(oom_corpus) if "\n" not in r.raw and r.requested is not None]
+    for k in range(1500):
+        lines.append(f"[rank{k % 4}] " + rnd.choice(forms))
+        lit = rnd.choice(starts)
+        cut = rnd.choice((lit, lit[: rnd.randrange(1, len(lit) + 1)], lit[:3] + "x" + lit[4:], rnd.choice(nexts)))
+        lines.append(rnd.choice(("", "[rank0]: ", "2026-01-01 12:00:00 ", "  ")) + cut)
+    text = "\n".join(lines) + "\n"
+    big = len(text) > BIG_TEXT
+    fast = ReportFinder()
+    got = list(fast.scan(text, 0, len(text), big=big))
+    want = list(ReportFinder(fast=False).scan(text, 0, len(text), big=big))
+    assert got == want
+    assert len(got) >= 1500
+
+
+def test_the_mixed_bench_log_reads_through_templates_as_through_the_grammar(tmp_path, oom_corpus):
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    from alloctune.diagnose.find import ReportFinder
+
+    bench = Path(__file__).resolve().parents[1] / "bench" / "diagnose_speed.py"
+    spec = importlib.util.spec_from_file_location("diagnose_speed_bench", bench)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    path = tmp_path / "mixed.txt"
+    n = mod.write_log(path, 1_500_000, mod.message_forms(), mixed=True, seed=4)
+    text = path.read_text(encoding="utf-8")
+    fast = ReportFinder()
+    got = list(fast.scan(text, 0, len(text), big=True))
+    assert got == list(ReportFinder(fast=False).scan(text, 0, len(text), big=True))
+    assert len(got) == n
+    assert fast.fast.count < 100  # a shape is learnt once, not once per message

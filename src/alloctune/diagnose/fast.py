@@ -25,10 +25,9 @@ _INT = r"(\d+)"
 _CLEAN = re.compile(r"[ -~\t\r\n；：（），]*")
 _WIDE = {";": "；", ":": "：", "(": "（", ")": "）", ",": "，"}
 _NARROW = str.maketrans({w: a for a, w in _WIDE.items()})
+# (a mark as re.escape writes it, a class of it and its full-width form); no replacement adds a later mark
+_EITHER = tuple((re.escape(a), f"[{re.escape(a)}{w}]") for a, w in _WIDE.items())
 _NO_DIGITS = str.maketrans("", "", "0123456789")  # translate() drops them: faster than a regex here
-# First characters of a clause (after its separators) or of something normalisation rewrites:
-# a next line starting with one of these might continue the message.
-_MAY_CONTINUE = frozenset("TGXNoPIOwaSUCRDFA()0123456789&\\<")
 _SEPS = frozenset(" \t.,;")
 _MAX = 1024  # templates kept (a log has a few shapes; the memory stays bounded whatever it holds)
 _KEY_RAW, _KEY = 200, 120  # a shape's key: the first characters without their digits
@@ -103,7 +102,10 @@ class FastReader:
             self.templates.clear()
             self.count = 0
         slot = self.templates.setdefault(self.key(raw_msg, 0), [])
-        slot.insert(0, Template(report, norm_text, parsed))
+        t = Template(report, norm_text, parsed)
+        if any(u.rx.pattern == t.rx.pattern for u in slot):
+            return  # the same shape, learnt again where a template was declined (text after it, say)
+        slot.insert(0, t)
         self.count += 1
 
     def match(self, text: str, s: int) -> tuple[OOMReport, dict, list[tuple[int, int]], str, int] | None:
@@ -115,7 +117,7 @@ class FastReader:
                 continue
             e = m.end()
             if not _ends_here(text, e):
-                return None
+                continue  # the grammar would read on: a longer shape of the same beginning may fit
             values, procs = t.read(m)
             return t.proto, values, procs, collapse(text[s:e]), e
         return None
@@ -124,15 +126,10 @@ class FastReader:
 def _literal(words: str) -> str:
     """Regex for normalised text as it may stand raw: any run of blanks for a space, the full-width
     form of a punctuation mark for the mark."""
-    out = []
-    for c in words:
-        if c == " ":
-            out.append(r"[ \t\r\n]+")
-        elif c in _WIDE:
-            out.append(f"[{re.escape(c)}{_WIDE[c]}]")
-        else:
-            out.append(re.escape(c))
-    return "".join(out)
+    out = re.escape(words).replace("\\ ", r"[ \t\r\n]+")
+    for escaped, either in _EITHER:
+        out = out.replace(escaped, either)
+    return out
 
 
 def collapse(raw: str) -> str:
@@ -169,5 +166,79 @@ def _ends_here(text: str, e: int) -> bool:
         elif c in _SEPS or c.isspace():
             i += 1
         else:
-            return c not in _MAY_CONTINUE and c.isascii()
+            return not _may_start_clause(text, i)
     return True
+
+
+def _may_start_clause(text: str, i: int) -> bool:
+    """Whether a clause of the grammar might start at `text[i]` (its first character after the
+    separators): False only where every clause is ruled out by the plain characters there (those
+    normalisation leaves as they are), so the grammar would surely stop before them."""
+    c = text[i]
+    if not c.isascii():
+        return True
+    for literal, first in _CLAUSE_STARTS:
+        if not literal:
+            if first is None or c in first:
+                return True
+            continue
+        for j, want in enumerate(literal):
+            if i + j >= len(text):
+                return True
+            got = text[i + j]
+            if got != want:
+                if not _PLAIN.fullmatch(got):
+                    return True  # a blank, an escape or an entity: normalisation may turn it into `want`
+                break
+        else:
+            return True  # the clause's literal beginning is all there
+    return False
+
+
+def _clause_starts() -> tuple[tuple[str, frozenset[str] | None], ...]:
+    """Per grammar clause: the literal text it begins with (after its separators), or, where it
+    begins otherwise, the characters it may begin with (None: any)."""
+    try:
+        from re import _parser as sre
+    except ImportError:  # Python 3.10
+        import sre_parse as sre  # type: ignore[no-redef]
+    out = []
+    for _key, rx, _rep in grammar._CLAUSES:
+        items = list(sre.parse(rx.pattern[len(grammar._SEP):]))
+        lit = []
+        for op, av in items:
+            if op is not sre.LITERAL:
+                break
+            lit.append(chr(av))
+        out.append(("".join(lit), None if lit else _first_chars(items, sre)))
+    return tuple(out)
+
+
+def _first_chars(items: list, sre) -> frozenset[str] | None:
+    """The characters a parsed pattern can begin with; None where it cannot tell (then: any)."""
+    for op, av in items:
+        if op is sre.LITERAL:
+            return frozenset(chr(av))
+        if op is sre.IN:
+            chars: set[str] = set()
+            for kind, v in av:
+                if kind is sre.LITERAL:
+                    chars.add(chr(v))
+                elif kind is sre.CATEGORY and v is sre.CATEGORY_DIGIT:
+                    chars.update("0123456789")  # (and other scripts' digits: not ASCII, ruled out before)
+                else:
+                    return None
+            return frozenset(chars)
+        if op is sre.SUBPATTERN:
+            return _first_chars(list(av[-1]), sre)
+        if op is sre.BRANCH:
+            alts = [_first_chars(list(alt), sre) for alt in av[1]]
+            return None if any(a is None for a in alts) else frozenset().union(*alts)
+        if op in (sre.MAX_REPEAT, sre.MIN_REPEAT) and av[0] >= 1:
+            return _first_chars(list(av[2]), sre)
+        return None
+    return None
+
+
+_PLAIN = re.compile(r"[A-Za-z0-9!-%'-/:;=>?@\[\]-`{-~]")  # ASCII that normalisation copies as it is
+_CLAUSE_STARTS = _clause_starts()
