@@ -175,23 +175,17 @@ def _may_start_clause(text: str, i: int) -> bool:
     separators): False only where every clause is ruled out by the plain characters there (those
     normalisation leaves as they are), so the grammar would surely stop before them."""
     c = text[i]
-    if not c.isascii():
-        return True
-    for literal, first in _CLAUSE_STARTS:
-        if not literal:
-            if first is None or c in first:
-                return True
-            continue
-        for j, want in enumerate(literal):
-            if i + j >= len(text):
-                return True
-            got = text[i + j]
-            if got != want:
-                if not _PLAIN.fullmatch(got):
-                    return True  # a blank, an escape or an entity: normalisation may turn it into `want`
-                break
-        else:
-            return True  # the clause's literal beginning is all there
+    if _ANY_START or not _PLAIN.fullmatch(c):
+        return True  # (an entity, an escape, a break, any non-ASCII: normalisation may rewrite it)
+    for literal in _BY_FIRST.get(c, ()):
+        if not literal or text.startswith(literal, i):
+            return True  # a clause that begins otherwise may start with c, or the literal is all there
+        m = min(len(literal), len(text) - i)
+        j = 1
+        while j < m and text[i + j] == literal[j]:
+            j += 1
+        if j == m or not _PLAIN.fullmatch(text[i + j]):
+            return True  # the text ends inside it, or normalisation may turn that character into it
     return False
 
 
@@ -242,3 +236,9 @@ def _first_chars(items: list, sre) -> frozenset[str] | None:
 
 _PLAIN = re.compile(r"[A-Za-z0-9!-%'-/:;=>?@\[\]-`{-~]")  # ASCII that normalisation copies as it is
 _CLAUSE_STARTS = _clause_starts()
+# The clauses by their possible first character: their literal beginnings ("" for one that begins otherwise).
+_BY_FIRST: dict[str, list[str]] = {}
+for _lit, _first in _CLAUSE_STARTS:
+    for _c in (_lit[0],) if _lit else (_first or ()):
+        _BY_FIRST.setdefault(_c, []).append(_lit)
+_ANY_START = any(not lit and first is None for lit, first in _CLAUSE_STARTS)
