@@ -1,8 +1,9 @@
-"""Build hook for the optional native replay core (`alloctune.sim._native`).
+"""Build hook for the optional native parts: the replay core (`alloctune.sim._native`) and the
+pickle screen's token run (`alloctune.trace._screen`).
 
 Everything else is declared in pyproject.toml. The extension is `optional`: where no C
 compiler is available the install still succeeds and the simulator uses its pure-Python
-model (and says so once). Wheels for Linux/macOS/Windows are built by cibuildwheel
+model (and says so once), the pickle screen its regular expression. Wheels for Linux/macOS/Windows are built by cibuildwheel
 (see `[tool.cibuildwheel]` and .github/workflows/wheels.yml), so users need no compiler.
 """
 
@@ -19,6 +20,12 @@ setup(
             sources=["src/alloctune/sim/_native.c"],
             extra_compile_args=_ARGS,
             optional=True,
-        )
+        ),
+        Extension(
+            "alloctune.trace._screen",
+            sources=["src/alloctune/trace/_screen.c"],
+            extra_compile_args=_ARGS,
+            optional=True,
+        ),
     ]
 )

@@ -9,10 +9,13 @@ through stdin. The count of messages the CLI reports is checked against the coun
 (an independent fact: the generator knows how many it wrote). Peak memory is the child's
 maximum resident set size.
 
-    python bench/diagnose_speed.py [--sizes 10,40,80] [--out bench/results/diagnose_speed.md]
+Then the first load of two ~70 MB snapshots (bench/snapshot_load.py's generated `events` and
+`stacks`), plain `pickle.load` against the safe load and the opcode scan + load, as ratios.
 
-Writes the table to --out and its rows to the .json beside it, then rebuilds
-bench/results/RESULTS.md (bench/results.py), which lists the headline figures with this command.
+    python bench/diagnose_speed.py [--sizes 10,40,80] [--mixed 40] [--snapshot-mb 70] [--reps 3]
+
+Appends the table as a dated section to --out, its rows to the .json beside it, one line per
+headline figure to bench/results/LOG.md (runlog.log_result), then rebuilds bench/results/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -115,39 +118,65 @@ def messages_in(stdout: bytes, json_out: bool) -> int:
     return int(m.group(1).replace(b",", b"")) if m else -1
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sizes", default="10,40,80", help="log sizes in MB (OOM messages only)")
-    ap.add_argument("--mixed", type=int, default=40, help="size of the mixed log in MB (0: none)")
-    ap.add_argument("--workers", type=int, default=2, help="processes for the ALLOCTUNE_WORKERS row")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "diagnose_speed.md"))
-    args = ap.parse_args(argv)
-    sizes = [int(x) for x in args.sizes.split(",")]
-    load0 = os.getloadavg()[0]
+def snapshot_rows(size_mb: int, reps: int, tmp: Path) -> list[dict]:
+    """First load of generated snapshots (bench/snapshot_load.py builds them from the shared recordings):
+    plain `pickle.load`, the safe load alloctune runs, the opcode scan + load, the restricted load
+    alone; best of `reps` fresh processes, the methods taking turns."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import snapshot_load as sl
+
+    rows = []
+    for name, build in (("events", sl.build_events), ("stacks", sl.build_stacks)):
+        path = tmp / f"{name}.pickle"
+        build(path, size_mb * MB)
+        load = os.getloadavg()[0]
+        got = sl.measure_all(path, reps)
+        row = {"snapshot": f"{name} ({path.stat().st_size / MB:.1f} MB)", "load_avg": round(load, 2),
+               **{m: {k: round(v, 3) if isinstance(v, float) else v for k, v in got[m].items()} for m in got}}
+        for m in ("safe", "scan", "nocheck"):
+            row[f"{m}_cpu_x"] = round(got[m]["cpu"] / got["plain"]["cpu"], 2)
+            row[f"{m}_wall_x"] = round(got[m]["wall"] / got["plain"]["wall"], 2)
+            row[f"{m}_mem_x"] = round(got[m]["peak_kib"] / got["plain"]["peak_kib"], 2)
+        rows.append(row)
+        print(f"snapshot {row['snapshot']:20s} safe/plain CPU {row['safe_cpu_x']:.2f}x wall {row['safe_wall_x']:.2f}x "
+              f"memory {row['safe_mem_x']:.2f}x; scan+load/plain CPU {row['scan_cpu_x']:.2f}x (load {load:.1f})",
+              flush=True)
+        path.unlink()
+    return rows
+
+
+def log_rows(sizes: list[int], mixed_mb: int, workers: int, tmp: Path) -> list[dict]:
+    """The CLI on each log: terminal and --json; the largest also from stdin and with `workers` processes."""
     forms = message_forms()
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        logs = [(f"{s} MB, OOM only", s, False) for s in sizes]
-        if args.mixed:
-            logs.append((f"{args.mixed} MB, mixed", args.mixed, True))
-        for name, size, mixed in logs:
-            path = Path(tmp) / f"log{size}{'m' if mixed else ''}.txt"
-            count = write_log(path, size * MB, forms, mixed=mixed, seed=size)
-            nbytes = path.stat().st_size
-            modes = [("terminal (to a file)", [str(path)], None, False, 1),
-                     ("--json", [str(path), "--json"], None, True, 1)]
-            if size == max(sizes) and not mixed:
-                modes.append(("--json from stdin", ["-", "--json"], path, True, 1))
-                modes.append((f"--json, ALLOCTUNE_WORKERS={args.workers}", [str(path), "--json"], None, True,
-                              args.workers))
-            for mode, cli, stdin, json_out, nproc in modes:
-                wall, rss, stdout = run(["diagnose", *cli], stdin, nproc)
-                found = messages_in(stdout, json_out)
-                rows.append({"log": name, "bytes": nbytes, "messages": count, "found": found, "mode": mode,
-                             "seconds": round(wall, 3), "mb_per_s": round(nbytes / MB / wall, 2),
-                             "peak_rss_mb": round(rss / MB, 1), "output_bytes": len(stdout)})
-                print(f"{name:18s} {mode:22s} {wall:7.2f} s {nbytes / MB / wall:6.2f} MB/s "
-                      f"peak {rss / MB:6.1f} MB  output {len(stdout):,} B  messages {found}/{count}", flush=True)
+    logs = [(f"{s} MB, OOM only", s, False) for s in sizes]
+    if mixed_mb:
+        logs.append((f"{mixed_mb} MB, mixed", mixed_mb, True))
+    for name, size, mixed in logs:
+        path = tmp / f"log{size}{'m' if mixed else ''}.txt"
+        count = write_log(path, size * MB, forms, mixed=mixed, seed=size)
+        nbytes = path.stat().st_size
+        modes = [("terminal (to a file)", [str(path)], None, False, 1),
+                 ("--json", [str(path), "--json"], None, True, 1)]
+        if size == max(sizes) and not mixed:
+            modes.append(("--json from stdin", ["-", "--json"], path, True, 1))
+            modes.append((f"--json, ALLOCTUNE_WORKERS={workers}", [str(path), "--json"], None, True, workers))
+        for mode, cli, stdin, json_out, nproc in modes:
+            load = os.getloadavg()[0]
+            wall, rss, stdout = run(["diagnose", *cli], stdin, nproc)
+            found = messages_in(stdout, json_out)
+            rows.append({"log": name, "bytes": nbytes, "messages": count, "found": found, "mode": mode,
+                         "seconds": round(wall, 3), "mb_per_s": round(nbytes / MB / wall, 2),
+                         "peak_rss_mb": round(rss / MB, 1), "output_bytes": len(stdout), "load_avg": round(load, 2)})
+            print(f"{name:18s} {mode:22s} {wall:7.2f} s {nbytes / MB / wall:6.2f} MB/s "
+                  f"peak {rss / MB:6.1f} MB  output {len(stdout):,} B  messages {found}/{count}  load {load:.1f}",
+                  flush=True)
+        path.unlink()
+    return rows
+
+
+def linearity(rows: list[dict]) -> dict[str, float]:
+    """(time at the largest size / time at the smallest) / size ratio, per mode: 1.0 is linear."""
     only = [r for r in rows if r["log"].endswith("OOM only")]
     lin = {}
     for mode in ("terminal (to a file)", "--json"):
@@ -155,33 +184,82 @@ def main(argv: list[str] | None = None) -> int:
         if len(pts) >= 2:
             (b0, t0), (b1, t1) = pts[0], pts[-1]
             lin[mode] = round((t1 / t0) / (b1 / b0), 2)
-    ok = all(r["found"] == r["messages"] for r in rows)
-    command = "python bench/diagnose_speed.py" + (f" --sizes {args.sizes}" if args.sizes != "10,40,80" else "") + (
-        f" --mixed {args.mixed}" if args.mixed != 40 else "") + (f" --workers {args.workers}" if args.workers != 2 else "")
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return lin
+
+
+def table(rows: list[dict], snaps: list[dict], lin: dict[str, float], load0: float, load1: float) -> str:
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    lines = [f"# diagnose speed on logs of distinct OOM messages ({stamp}, Python {platform.python_version()}, "
-             f"{cpus} CPUs, shared machine)", "",
-             f"Command: `{command}`. Each run is the CLI in a fresh process (start-up included); MB/s = log bytes / "
-             "wall seconds; peak = the largest resident set of the CLI process and of the worker processes it "
-             "waited for. Linearity = (time at the largest size / time at the smallest) / (size ratio): 1.0 is "
-             f"linear. Load average at the start: {load0:.1f} on {cpus} CPUs (shared with other "
-             "work: the figures are lower bounds).", "",
-             "| log | mode | messages found / written | seconds | MB/s | peak memory | output |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [f"Python {platform.python_version()}, {cpus} CPUs shared with other work; load average "
+             f"{load0:.1f} at the start, {load1:.1f} at the end (each row gives the load when it started: "
+             "with a load above 1 the figures are lower bounds). Each run is the CLI in a fresh process "
+             "(start-up included); MB/s = log bytes / wall seconds; peak = the largest resident set of the CLI "
+             "process and the workers it waited for. Linearity = (time at the largest size / time at the "
+             "smallest) / size ratio: 1.0 is linear.", "",
+             "| log | mode | messages found / written | seconds | MB/s | peak memory | output | load |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['log']} | {r['mode']} | {r['found']:,} / {r['messages']:,} | {r['seconds']:.2f} | "
-                     f"{r['mb_per_s']:.2f} | {r['peak_rss_mb']:.0f} MB | {r['output_bytes']:,} B |")
-    lines += ["", "Linearity: " + ", ".join(f"{m} {v}" for m, v in lin.items()), ""]
-    table = "\n".join(lines)
-    print(table)
-    out = Path(args.out)
-    out.write_text(table, encoding="utf-8")
-    out.with_suffix(".json").write_text(json.dumps({"schema": SCHEMA, "command": command, "generated": stamp,
-                                                    "rows": rows, "linearity": lin, "counts_match": ok}, indent=1))
+                     f"{r['mb_per_s']:.2f} | {r['peak_rss_mb']:.0f} MB | {r['output_bytes']:,} B | "
+                     f"{r['load_avg']:.1f} |")
+    if lin:
+        lines += ["", "Linearity: " + ", ".join(f"{m} {v}" for m, v in lin.items())]
+    if snaps:
+        lines += ["", "Snapshot first load, ratios to a plain `pickle.load` of the same file (best of the fresh "
+                  "processes; CPU and wall seconds, peak memory the load added). `safe`: what alloctune runs "
+                  "(screen + C load + limits check); `scan + load`: the opcode walk then the C load; `no check`: "
+                  "the restricted unpickler alone.", "",
+                  "| snapshot | plain: CPU s, peak | safe ÷ plain: CPU, wall, memory | scan + load ÷ plain: CPU, wall "
+                  "| no check ÷ plain: CPU | load |", "|---|---|---|---|---|---|"]
+        for r in snaps:
+            lines.append(f"| {r['snapshot']} | {r['plain']['cpu']:.2f} s, {r['plain']['peak_kib'] / 1024:.0f} MiB | "
+                         f"**{r['safe_cpu_x']:.2f}x**, {r['safe_wall_x']:.2f}x, {r['safe_mem_x']:.2f}x | "
+                         f"{r['scan_cpu_x']:.2f}x, {r['scan_wall_x']:.2f}x | {r['nocheck_cpu_x']:.2f}x | "
+                         f"{r['load_avg']:.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="10,40,80", help="log sizes in MB (OOM messages only; empty: none)")
+    ap.add_argument("--mixed", type=int, default=40, help="size of the mixed log in MB (0: none)")
+    ap.add_argument("--workers", type=int, default=2, help="processes for the ALLOCTUNE_WORKERS row")
+    ap.add_argument("--snapshot-mb", type=int, default=70, help="size of the generated snapshots (0: none)")
+    ap.add_argument("--reps", type=int, default=3, help="fresh processes per snapshot load method (best kept)")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "diagnose_speed.md"))
+    args = ap.parse_args(argv)
+    sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
+    load0 = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = log_rows(sizes, args.mixed, args.workers, Path(tmp)) if sizes or args.mixed else []
+        snaps = snapshot_rows(args.snapshot_mb, args.reps, Path(tmp)) if args.snapshot_mb else []
+    load1 = os.getloadavg()[0]
+    lin = linearity(rows)
+    ok = all(r["found"] == r["messages"] for r in rows)
     sys.path.insert(0, str(ROOT / "bench"))
     import results
+    import runlog
 
+    command = runlog.command(argv if argv is None else [sys.argv[0], *argv])
+    body = table(rows, snaps, lin, load0, load1)
+    print(body)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    runlog.append_section(out, "diagnose speed: logs of distinct OOM messages, snapshot first loads", f"`{command}`",
+                          body)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    out.with_suffix(".json").write_text(json.dumps({"schema": SCHEMA, "command": command, "generated": stamp,
+                                                    "rows": rows, "linearity": lin, "snapshots": snaps,
+                                                    "load_avg": [load0, load1], "counts_match": ok}, indent=1))
+    for r in rows:
+        if r["mode"] in ("terminal (to a file)", "--json"):
+            runlog.log_result(f"{r['log']}, {r['mode']}: {r['mb_per_s']:.2f} MB/s, peak {r['peak_rss_mb']:.0f} MB, "
+                              f"output {r['output_bytes']:,} B (load {r['load_avg']:.1f})", folder=out.parent)
+    if lin:
+        runlog.log_result("linearity 10->80 MB: " + ", ".join(f"{m} {v}" for m, v in lin.items()), folder=out.parent)
+    for r in snaps:
+        runlog.log_result(f"snapshot {r['snapshot']}: safe load {r['safe_cpu_x']:.2f}x CPU, {r['safe_wall_x']:.2f}x "
+                          f"wall, {r['safe_mem_x']:.2f}x memory of plain pickle.load; scan + load {r['scan_cpu_x']:.2f}x "
+                          f"CPU (load {r['load_avg']:.1f})", folder=out.parent)
     results.main(["--dir", str(out.parent)])
     return 0 if ok else 1
 

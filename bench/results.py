@@ -68,6 +68,10 @@ def _diagnose_speed(d: dict[str, Any]) -> list[str]:
                        f"output {r['output_bytes']:,} B ({r['found']:,} messages)")
     if d.get("linearity"):
         out.append("- linearity (1.0 = linear): " + ", ".join(f"{m} {v}" for m, v in d["linearity"].items()))
+    for s in d.get("snapshots", []):
+        out.append(f"- snapshot {s['snapshot']}: safe first load **{s['safe_cpu_x']:.2f}x** the CPU time of plain "
+                   f"pickle.load ({s['safe_wall_x']:.2f}x wall, {s['safe_mem_x']:.2f}x memory); scan + load "
+                   f"{s['scan_cpu_x']:.2f}x")
     return out
 
 

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 import hostile_probes as hp
 from alloctune.errors import TraceError, UnsafePickleError
+from alloctune.trace import pickle_check as pc
 from alloctune.trace import pickle_scan as ps
 from alloctune.trace import safe_pickle as sp
 from alloctune.trace.limits import Limits
@@ -163,7 +164,7 @@ def test_check_built_counts_exactly_what_the_scan_counts():
         expected = ps.scan(data, Limits())
         built = pickle.loads(data)
         for flat in (False, True):
-            assert ps.check_built(built, Limits(), len(data), tuples=screened.tuples,
+            assert pc.check_built(built, Limits(), len(data), tuples=screened.tuples,
                                   empty_tuples=screened.empty_tuples > 0, untracked_are_flat=flat) == expected
     assert fast > 1000
 
@@ -186,14 +187,14 @@ def test_a_tuple_key_is_found_although_keys_are_not_read():
     value = {"a": [1], (1, 2): {"x": [[1]]}}
     data = pickle.dumps(value, protocol=4)
     assert ps.screen(data).tuples == 1
-    assert ps.check_built(pickle.loads(data), Limits(), len(data), tuples=1, empty_tuples=False,
+    assert pc.check_built(pickle.loads(data), Limits(), len(data), tuples=1, empty_tuples=False,
                           untracked_are_flat=True) == ps.scan(data)
     # one tuple, a value and (fetched from the memo) a key: referenced once more than found
     t = (5, 6)
     shared = {"v": t, t: 1}
     data = pickle.dumps(shared, protocol=4)
     assert ps.screen(data) is not None
-    assert ps.check_built(pickle.loads(data), Limits(), len(data), tuples=1, empty_tuples=False,
+    assert pc.check_built(pickle.loads(data), Limits(), len(data), tuples=1, empty_tuples=False,
                           untracked_are_flat=True) == ps.scan(data)
     with pytest.raises(TraceError, match="nest deeper than 1"):
         safe_loads(data, Limits(max_depth=1))
@@ -207,7 +208,7 @@ def test_an_untracked_tuple_is_counted_when_a_collection_ran(monkeypatch):
     d = {"t": t}  # ... and a dict holding only it stays untracked
     assert not gc.is_tracked(d)
     root = [d]
-    exact = ps.check_built(root, Limits(), 100, tuples=1, empty_tuples=False, untracked_are_flat=False)
+    exact = pc.check_built(root, Limits(), 100, tuples=1, empty_tuples=False, untracked_are_flat=False)
     assert exact == 1 + 1 + 2 + 3  # the list, the dict, its key and value, the tuple's 3 items
     # so the loader redoes the check without the shortcut whenever the collection count moved
     calls = []
@@ -272,11 +273,11 @@ def test_laughs_are_counted_without_expanding_them():
     blob = laughs_without_pop(levels=7)  # 10**7 leaves: over the 4M default, in a few hundred bytes
     built = pickle.loads(blob)
     start = time.monotonic()
-    with pytest.raises(ps.OverLimit, match="expands to more than"):
-        ps.check_built(built, Limits(), len(blob), tuples=0, empty_tuples=False, untracked_are_flat=True)
+    with pytest.raises(pc.OverLimit, match="expands to more than"):
+        pc.check_built(built, Limits(), len(blob), tuples=0, empty_tuples=False, untracked_are_flat=True)
     assert time.monotonic() - start < 1.0
     raised = Limits(max_objects=10**9)
-    assert ps.check_built(built, raised, len(blob), tuples=0, empty_tuples=False,
+    assert pc.check_built(built, raised, len(blob), tuples=0, empty_tuples=False,
                           untracked_are_flat=True) == ps.scan(blob, raised)
 
 
@@ -323,7 +324,7 @@ def test_real_recordings_load_fast_and_unchanged(path):
     assert screened is not None
     assert safe_loads(data) == pickle.loads(data)
     built = pickle.loads(data)
-    assert ps.check_built(built, Limits(), len(data), tuples=screened.tuples, empty_tuples=False,
+    assert pc.check_built(built, Limits(), len(data), tuples=screened.tuples, empty_tuples=False,
                           untracked_are_flat=True) == ps.scan(data)
 
 
@@ -347,3 +348,59 @@ def test_the_environment_limits_reach_the_fast_path(monkeypatch):
     monkeypatch.setenv("ALLOCTUNE_MAX_CONTAINER", "1")
     with pytest.raises(TraceError, match="ALLOCTUNE_MAX_CONTAINER"):
         sp.load_pickle_bytes(data)
+
+
+# ---- the C token run equals the regular expression ------------------------------------------------------
+def _regex_run_end(data, pos: int, end: int) -> int:
+    return ps._patterns()[0].match(data, pos, end).end()
+
+
+def test_native_token_run_equals_the_regex_on_real_and_mutated_streams():
+    native = pytest.importorskip("alloctune.trace._screen").run_end
+    assert ps._run_end() is native  # the screen uses it where it was built
+    real = [lzma.decompress(p.read_bytes())
+            for p in sorted((Path(__file__).parent / "data" / "explain_gpu").glob("*.pickle.xz"))[:2]]
+    real.append(pickle.dumps(hp.plain_snapshot(300), protocol=4))
+    rnd = random.Random(30)
+    streams = list(real)
+    for data in real:
+        for _ in range(20):  # byte flips, cuts and random opcodes in real streams
+            b = bytearray(data[: rnd.randrange(1, min(len(data), 400_000))])
+            for _ in range(rnd.randrange(1, 50)):
+                b[rnd.randrange(len(b))] = rnd.randrange(256)
+            streams.append(bytes(b))
+    streams += [bytes(rnd.randrange(256) for _ in range(5000)) for _ in range(20)]
+    streams.append(bytes(b"\x8c\xff" + b"x" * 254))  # a length that runs past the end
+    compared = 0
+    for data in streams:
+        n = len(data)
+        for pos in [0, *(rnd.randrange(n) for _ in range(30))]:
+            for end in (n, min(n, pos + rnd.randrange(1, 70_000)), pos):
+                assert native(data, pos, end) == _regex_run_end(data, pos, end), (pos, end)
+                compared += 1
+        pos = 0  # and token by token along a whole stream, as the screen steps through windows
+        while pos < n:
+            end = min(n, pos + ps._WINDOW)
+            got = native(data, pos, end)
+            assert got == _regex_run_end(data, pos, end)
+            compared += 1
+            pos = got + 1 if got < end else got
+    assert compared > 3000
+    for bad in ((-1, 5), (10, 5)):
+        with pytest.raises(ValueError):
+            native(b"N" * 8, *bad)
+    assert native(bytearray(b"NN"), 0, 99) == 2 and native(memoryview(b"NNX"), 0, 3) == 2
+
+
+def test_screen_without_the_native_run_gives_the_same(monkeypatch):
+    data = pickle.dumps(hp.plain_snapshot(300), protocol=4)
+    want = ps.screen(data)
+    monkeypatch.setenv("ALLOCTUNE_SCREEN", "python")
+    ps._run_end.cache_clear()
+    try:
+        got = ps.screen(data)
+    finally:
+        monkeypatch.delenv("ALLOCTUNE_SCREEN")
+        ps._run_end.cache_clear()
+    assert want is not None and got is not None
+    assert (got.tuples, got.empty_tuples) == (want.tuples, want.empty_tuples)

@@ -20,64 +20,64 @@ from alloctune.diagnose.report import OOMReport
 
 _SIZE = r"(\d+(?:\.\d+)?) *(bytes|[KMGTP]i?B)(?![A-Za-z])"
 _INT = r"(\d+)"
-_CLEAN = re.compile(r"[ -~\t\r\n]*")  # ASCII: normalisation only turns blanks and line breaks into one space
-_BLANKS = re.compile(r"[ \t\r\n]+")
-_DIGITS = re.compile(r"\d+")
-# First characters of a clause (after its separators) or of something normalisation rewrites:
-# a next line starting with one of these might continue the message.
-_MAY_CONTINUE = frozenset("TGXNoPIOwaSUCRDFA()0123456789&\\<")
+# ASCII and the full-width punctuation Chinese input methods type: normalisation only turns blanks and
+# line breaks into one space, and those marks into their ASCII forms.
+_CLEAN = re.compile(r"[ -~\t\r\n；：（），]*")
+_WIDE = {";": "；", ":": "：", "(": "（", ")": "）", ",": "，"}
+_NARROW = str.maketrans({w: a for a, w in _WIDE.items()})
+# (a mark as re.escape writes it, a class of it and its full-width form); no replacement adds a later mark
+_EITHER = tuple((re.escape(a), f"[{re.escape(a)}{w}]") for a, w in _WIDE.items())
+_NO_DIGITS = str.maketrans("", "", "0123456789")  # translate() drops them: faster than a regex here
 _SEPS = frozenset(" \t.,;")
 _MAX = 1024  # templates kept (a log has a few shapes; the memory stays bounded whatever it holds)
 _KEY_RAW, _KEY = 200, 120  # a shape's key: the first characters without their digits
 _MULT = grammar._MULT
+# What a template reads: report fields (`find.with_figures` sets them by name) and a process's pid and memory.
+_READ = frozenset(("device", "requested", "total", "free", "allocated", "active", "reserved", "reserved_unallocated",
+                   "private_pools", "cap", "process_in_use", "other_allocations", "pid", "mem"))
 
 
 class Template:
-    """One message shape: the regex that matches its raw text, its words between the numbers, and
-    the report of the message it was learnt from (everything but the figures is the same)."""
+    """One message shape: the regex that matches its raw text and the report of the message it was
+    learnt from (everything but the figures is the same)."""
 
-    __slots__ = ("rx", "proto", "targets", "pieces")
+    __slots__ = ("rx", "proto", "reads")
 
     def __init__(self, proto: OOMReport, norm_text: str, parsed: grammar.Parsed) -> None:
-        parts, pos, targets, pieces = [], 0, [], []
+        parts, pos, reads, k = [], 0, [], 1
         for target, a, b in sorted(parsed.numbers, key=lambda t: t[1]):
-            pieces.append(norm_text[pos:a])
-            parts.append(re.escape(norm_text[pos:a]).replace(r"\ ", r"[ \t\r\n]+"))
-            parts.append(_INT if target in ("device", "pid") else _SIZE)
-            targets.append(target)
+            parts.append(_literal(norm_text[pos:a]))
+            whole = target in ("device", "pid")
+            parts.append(_INT if whole else _SIZE)
+            reads.append((target, k, whole))
+            k += 1 if whole else 2
             pos = b
-        pieces.append(norm_text[pos:parsed.end])
-        parts.append(re.escape(norm_text[pos:parsed.end]).replace(r"\ ", r"[ \t\r\n]+"))
+        parts.append(_literal(norm_text[pos:parsed.end]))
         self.rx = re.compile("".join(parts))
         self.proto = proto
-        self.targets = tuple(targets)
-        self.pieces = tuple(pieces)
+        self.reads = tuple(reads)  # (target, its first group, a plain integer?)
 
-    def read(self, m: re.Match[str]) -> tuple[dict, list[tuple[int, int]], str]:
-        """(values, processes, normalised text) of the matched message, as the grammar reads them."""
+    def read(self, m: re.Match[str]) -> tuple[dict, list[tuple[int, int]]]:
+        """(values, processes) of the matched message, as the grammar reads them. Its normalised
+        text is its raw text with each run of blanks one space (`collapse`): the template's words
+        are the grammar's, and a number's unit follows it after one space or none, as it prints."""
         values: dict = {}
-        procs, pid, k = [], 0, 1
-        text = [self.pieces[0]]
-        for i, target in enumerate(self.targets, 1):
-            if target in ("device", "pid"):
-                digits = m.group(k)
-                n = int(digits)
-                text.append(digits)
-                k += 1
+        procs, pid = [], 0
+        groups = m.groups()
+        for target, k, whole in self.reads:
+            if whole:
+                n = int(groups[k - 1])
             else:
-                num, unit = m.group(k), m.group(k + 1)
+                num, unit = groups[k - 1], groups[k]
                 mult = _MULT.get(unit)
                 n = int(round(float(num) * mult)) if mult else grammar._size(f"{num} {unit}")
-                text.append(f"{num} {unit}" if m.end(k) != m.start(k + 1) else num + unit)
-                k += 2
-            text.append(self.pieces[i])
             if target == "pid":
                 pid = n
             elif target == "mem":
                 procs.append((pid, n))
             else:
                 values[target] = n
-        return values, procs, "".join(text)
+        return values, procs
 
 
 class FastReader:
@@ -89,19 +89,23 @@ class FastReader:
 
     @staticmethod
     def key(text: str, s: int) -> str:
-        return _DIGITS.sub("", text[s : s + _KEY_RAW])[:_KEY]
+        return text[s : s + _KEY_RAW].translate(_NO_DIGITS)[:_KEY]
 
     def learn(self, report: OOMReport, norm_text: str, parsed: grammar.Parsed) -> None:
         """Keep the shape of a message the grammar read, if it is clean enough to template."""
         raw_msg = report.raw
         if (not parsed.clauses or parsed.head in ("thc", "cuda-error") or _CLEAN.fullmatch(raw_msg) is None
-                or norm_text[:parsed.end] != _collapse(raw_msg) or report.text != norm_text[:parsed.end]):
+                or any(t[0] not in _READ for t in parsed.numbers)
+                or norm_text[:parsed.end] != collapse(raw_msg) or report.text != norm_text[:parsed.end]):
             return
         if self.count >= _MAX:
             self.templates.clear()
             self.count = 0
         slot = self.templates.setdefault(self.key(raw_msg, 0), [])
-        slot.insert(0, Template(report, norm_text, parsed))
+        t = Template(report, norm_text, parsed)
+        if any(u.rx.pattern == t.rx.pattern for u in slot):
+            return  # the same shape, learnt again where a template was declined (text after it, say)
+        slot.insert(0, t)
         self.count += 1
 
     def match(self, text: str, s: int) -> tuple[OOMReport, dict, list[tuple[int, int]], str, int] | None:
@@ -113,14 +117,32 @@ class FastReader:
                 continue
             e = m.end()
             if not _ends_here(text, e):
-                return None
-            return (t.proto, *t.read(m), e)
+                continue  # the grammar would read on: a longer shape of the same beginning may fit
+            values, procs = t.read(m)
+            return t.proto, values, procs, collapse(text[s:e]), e
         return None
 
 
-def _collapse(raw: str) -> str:
-    """The normalised text of a clean raw message: each run of blanks and line breaks one space."""
-    return _BLANKS.sub(" ", raw) if ("  " in raw or "\n" in raw or "\t" in raw or "\r" in raw) else raw
+def _literal(words: str) -> str:
+    """Regex for normalised text as it may stand raw: any run of blanks for a space, the full-width
+    form of a punctuation mark for the mark."""
+    out = re.escape(words).replace("\\ ", r"[ \t\r\n]+")
+    for escaped, either in _EITHER:
+        out = out.replace(escaped, either)
+    return out
+
+
+def collapse(raw: str) -> str:
+    """The normalised text of a clean raw message (no blank at either end): each run of blanks and
+    line breaks one space, full-width punctuation in its ASCII form. Plain string operations: a
+    regex substitution costs several times more on a message of 500 characters."""
+    if not raw.isascii():
+        raw = raw.translate(_NARROW)
+    if "\n" in raw or "\t" in raw or "\r" in raw:
+        return " ".join(raw.split())  # ASCII: split() breaks exactly at [ \t\r\n] here
+    while "  " in raw:
+        raw = raw.replace("  ", " ")
+    return raw
 
 
 def _ends_here(text: str, e: int) -> bool:
@@ -144,5 +166,79 @@ def _ends_here(text: str, e: int) -> bool:
         elif c in _SEPS or c.isspace():
             i += 1
         else:
-            return c not in _MAY_CONTINUE and c.isascii()
+            return not _may_start_clause(text, i)
     return True
+
+
+def _may_start_clause(text: str, i: int) -> bool:
+    """Whether a clause of the grammar might start at `text[i]` (its first character after the
+    separators): False only where every clause is ruled out by the plain characters there (those
+    normalisation leaves as they are), so the grammar would surely stop before them."""
+    c = text[i]
+    if _ANY_START or not _PLAIN.fullmatch(c):
+        return True  # (an entity, an escape, a break, any non-ASCII: normalisation may rewrite it)
+    for literal in _BY_FIRST.get(c, ()):
+        if not literal or text.startswith(literal, i):
+            return True  # a clause that begins otherwise may start with c, or the literal is all there
+        m = min(len(literal), len(text) - i)
+        j = 1
+        while j < m and text[i + j] == literal[j]:
+            j += 1
+        if j == m or not _PLAIN.fullmatch(text[i + j]):
+            return True  # the text ends inside it, or normalisation may turn that character into it
+    return False
+
+
+def _clause_starts() -> tuple[tuple[str, frozenset[str] | None], ...]:
+    """Per grammar clause: the literal text it begins with (after its separators), or, where it
+    begins otherwise, the characters it may begin with (None: any)."""
+    try:
+        from re import _parser as sre
+    except ImportError:  # Python 3.10
+        import sre_parse as sre  # type: ignore[no-redef]
+    out = []
+    for _key, rx, _rep in grammar._CLAUSES:
+        items = list(sre.parse(rx.pattern[len(grammar._SEP):]))
+        lit = []
+        for op, av in items:
+            if op is not sre.LITERAL:
+                break
+            lit.append(chr(av))
+        out.append(("".join(lit), None if lit else _first_chars(items, sre)))
+    return tuple(out)
+
+
+def _first_chars(items: list, sre) -> frozenset[str] | None:
+    """The characters a parsed pattern can begin with; None where it cannot tell (then: any)."""
+    for op, av in items:
+        if op is sre.LITERAL:
+            return frozenset(chr(av))
+        if op is sre.IN:
+            chars: set[str] = set()
+            for kind, v in av:
+                if kind is sre.LITERAL:
+                    chars.add(chr(v))
+                elif kind is sre.CATEGORY and v is sre.CATEGORY_DIGIT:
+                    chars.update("0123456789")  # (and other scripts' digits: not ASCII, ruled out before)
+                else:
+                    return None
+            return frozenset(chars)
+        if op is sre.SUBPATTERN:
+            return _first_chars(list(av[-1]), sre)
+        if op is sre.BRANCH:
+            alts = [_first_chars(list(alt), sre) for alt in av[1]]
+            return None if any(a is None for a in alts) else frozenset().union(*alts)
+        if op in (sre.MAX_REPEAT, sre.MIN_REPEAT) and av[0] >= 1:
+            return _first_chars(list(av[2]), sre)
+        return None
+    return None
+
+
+_PLAIN = re.compile(r"[A-Za-z0-9!-%'-/:;=>?@\[\]-`{-~]")  # ASCII that normalisation copies as it is
+_CLAUSE_STARTS = _clause_starts()
+# The clauses by their possible first character: their literal beginnings ("" for one that begins otherwise).
+_BY_FIRST: dict[str, list[str]] = {}
+for _lit, _first in _CLAUSE_STARTS:
+    for _c in (_lit[0],) if _lit else (_first or ()):
+        _BY_FIRST.setdefault(_c, []).append(_lit)
+_ANY_START = any(not lit and first is None for lit, first in _CLAUSE_STARTS)

@@ -219,17 +219,22 @@ def _derive(v: dict, backend: str, vendor: str) -> tuple[int | None, int | None,
     return reserved, unalloc, derived
 
 
+# The figures a template reads (each `OOMReport` field of that name), all unknown.
+_NO_FIGURES = dict.fromkeys(("device", "requested", "total", "free", "allocated", "active", "reserved",
+                             "reserved_unallocated", "private_pools", "cap", "process_in_use", "other_allocations"))
+
+
 def with_figures(proto: OOMReport, v: dict, processes: list[tuple[int, int]], text: str, raw: str, start: int,
-                 end: int, platform: str | None, index: PlatformIndex | None) -> OOMReport:
-    """The report of a message of `proto`'s shape (same clauses, same words) with figures `v`:
-    what `build_report` gives for it, without working out the shape again."""
+                 end: int, platform: str | None, index: PlatformIndex | None, base: int = 0) -> OOMReport:
+    """The report of a message of `proto`'s shape (same clauses, same words) with figures `v` (keyed
+    by field name): what `build_report` gives for it, without working out the shape again (span
+    moved by `base`)."""
     reserved, unalloc, derived = _derive(v, proto.backend, proto.vendor)
     plat, evidence = (platform, "given") if platform else platform_hint(raw, start, end, proto.vendor, index)
-    new = dict(text=text, raw=raw[start:end], span=(start, end), device=v.get("device"),
-               requested=v.get("requested"), total=v.get("total"), free=v.get("free"), allocated=v.get("allocated"),
-               active=v.get("active"), reserved=reserved, reserved_unallocated=unalloc,
-               private_pools=v.get("private_pools"), cap=v.get("cap"), process_in_use=v.get("process_in_use"),
-               other_allocations=v.get("other_allocations"), other_processes=tuple(processes), derived=tuple(derived),
+    new = dict(_NO_FIGURES)
+    new.update(v)
+    new.update(text=text, raw=raw[start:end], span=(start + base, end + base), reserved=reserved,
+               reserved_unallocated=unalloc, other_processes=tuple(processes), derived=tuple(derived),
                platform=plat, platform_evidence=evidence)
     if not hasattr(proto, "__dict__"):
         from dataclasses import replace
@@ -456,8 +461,9 @@ class ReportFinder:
         self._cached += 2 * len(chunk)
         return chunk, norm, parsed
 
-    def scan(self, text: str, pos: int, stop: int, *, big: bool) -> Iterator[OOMReport]:
-        """Reports of the messages that start in `text[pos:stop]`, spans relative to `text`.
+    def scan(self, text: str, pos: int, stop: int, *, big: bool, base: int = 0) -> Iterator[OOMReport]:
+        """Reports of the messages that start in `text[pos:stop]`, spans relative to `text` plus `base`
+        (where `text` starts in the whole input).
 
         `text` must reach `LOOKAHEAD` characters past `stop` unless it ends the input; `big`
         allows the platform-clue index (for texts above `BIG_TEXT`)."""
@@ -475,7 +481,7 @@ class ReportFinder:
                 if index is None and big and self.found == _INDEX_AFTER and self.platform is None:
                     index = PlatformIndex(text)
                 proto, values, procs, ntext, e = hit
-                report = with_figures(proto, values, procs, ntext, text, s, e, self.platform, index)
+                report = with_figures(proto, values, procs, ntext, text, s, e, self.platform, index, base)
                 pos = self.pos = max(e, m.end())
                 yield report
                 continue
@@ -503,6 +509,9 @@ class ReportFinder:
                 report = _repeat(first[1], first[1].span[0] - first[0] + s, first[1].span[1] - first[0] + s,
                                  text, self.platform, index)
             pos = self.pos = max(report.span[1], m.end())
+            if base:
+                report = moved(report, report.span[0] + base, report.span[1] + base, report.platform,
+                               report.platform_evidence)
             yield report
         self.pos = max(self.pos, min(pos, stop))
 

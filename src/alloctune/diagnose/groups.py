@@ -15,7 +15,8 @@ from typing import Any
 
 from alloctune.diagnose.fixes import Fix
 from alloctune.diagnose.scan import Found
-from alloctune.diagnose.verdict import Diagnosis, diagnose_report
+from alloctune.diagnose.report import OOMReport
+from alloctune.diagnose.verdict import Diagnosis, Verdict, diagnose_report, verdict_only
 from alloctune.units import format_size
 
 SCHEMA_MESSAGE = "alloctune.diagnose-message/1"
@@ -23,7 +24,7 @@ SCHEMA_MESSAGE = "alloctune.diagnose-message/1"
 # Groups whose worst case is given as a whole diagnosis (JSON `diagnoses`, the terminal's fixes).
 FULL = 10
 
-# Repeated messages are diagnosed once; the memo is dropped when it grows past this.
+# Repeated messages are judged once; the memo is dropped when it grows past this.
 _MEMO = 1024
 
 
@@ -40,10 +41,11 @@ def size_range(requested: int | None) -> tuple[int, int] | None:
 def _demand(fix: Fix) -> float:
     """How much a fix asks for, to pick the one fix that covers every member with the same fix:
     the largest reduction, chunk count, fraction or ratio; the smallest max_split_size_mb."""
-    extra = dict(fix.extra)
-    for key in ("reduce_percent", "chunks", "fraction", "ratio", "shortfall"):
-        if isinstance(extra.get(key), (int, float)):
-            return float(extra[key])
+    if fix.extra:
+        extra = dict(fix.extra)
+        for key in ("reduce_percent", "chunks", "fraction", "ratio", "shortfall"):
+            if isinstance(extra.get(key), (int, float)):
+                return float(extra[key])
     if fix.id == "max_split_size_mb" and fix.conf:
         return -float(fix.conf.split(":", 1)[1])
     return 0.0
@@ -51,28 +53,36 @@ def _demand(fix: Fix) -> float:
 
 @dataclass
 class Group:
-    """Messages with one verdict, device, rank and request-size range."""
+    """Messages with one verdict, device, rank and request-size range.
+
+    Each member is added with its `Verdict` only (no text); the full diagnosis is built for the
+    worst case alone, when it is shown (`worst`), with the platform the log was read with."""
 
     verdict: str
     device: int | None
     rank: int | None
     requests: tuple[int, int] | None
+    platform: str | None = None
     count: int = 0
     first_line: int = 0
     last_line: int = 0
-    worst: Diagnosis | None = None
+    worst_report: OOMReport | None = None
     worst_line: int = 0
+    worst_key: tuple[int, int] = (0, 0)  # (shortfall, requested) of the worst case
+    worst_shortfall: int | None = None
     # fix id -> [members whose first working fix it is, largest demand, that fix, its line]
     _fixes: dict[str | None, list[Any]] = field(default_factory=dict)
+    _worst: Diagnosis | None = field(default=None, repr=False, compare=False)
 
-    def add(self, d: Diagnosis, line: int) -> None:
+    def add(self, v: Verdict, r: OOMReport, line: int) -> None:
         self.count += 1
         self.first_line = self.first_line or line
         self.last_line = line
-        key = ((d.shortfall or 0), (d.report.requested or 0))
-        if self.worst is None or key > ((self.worst.shortfall or 0), (self.worst.report.requested or 0)):
-            self.worst, self.worst_line = d, line
-        top = next((f for f in d.fixes if f.works), None)
+        key = ((v.shortfall or 0), (r.requested or 0))
+        if self.worst_report is None or key > self.worst_key:
+            self.worst_report, self.worst_line, self.worst_key, self.worst_shortfall = r, line, key, v.shortfall
+            self._worst = None
+        top = v.top
         fid = top.id if top else None
         demand = _demand(top) if top else 0.0
         slot = self._fixes.get(fid)
@@ -83,12 +93,18 @@ class Group:
             if demand > slot[1]:
                 slot[1:] = [demand, top, line]
 
+    @property
+    def worst(self) -> Diagnosis | None:
+        """The full diagnosis of the worst case (the largest shortfall, then request; the first such)."""
+        if self._worst is None and self.worst_report is not None:
+            self._worst = diagnose_report(self.worst_report, self.platform)
+        return self._worst
+
     def merge(self, later: Group) -> None:
         """Add the members of the same group from a later part of the log, as if added one by one."""
-        if later.worst is not None and (self.worst is None or ((later.worst.shortfall or 0),
-                                        (later.worst.report.requested or 0)) > ((self.worst.shortfall or 0),
-                                                                                 (self.worst.report.requested or 0))):
-            self.worst, self.worst_line = later.worst, later.worst_line
+        if later.worst_report is not None and (self.worst_report is None or later.worst_key > self.worst_key):
+            self.worst_report, self.worst_line, self.worst_key = later.worst_report, later.worst_line, later.worst_key
+            self.worst_shortfall, self._worst = later.worst_shortfall, later._worst
         self.count += later.count
         self.first_line = self.first_line or later.first_line
         self.last_line = later.last_line or self.last_line
@@ -126,9 +142,9 @@ class Group:
             "count": self.count,
             "first_line": self.first_line,
             "last_line": self.last_line,
-            "worst": {"line": self.worst_line, "requested": self.worst.report.requested if self.worst else None,
-                      "shortfall": self.worst.shortfall if self.worst else None,
-                      "reason": self.worst.reason if self.worst else None},
+            "worst": {"line": self.worst_line,
+                      "requested": self.worst_report.requested if self.worst_report else None,
+                      "shortfall": self.worst_shortfall, "reason": self.worst.reason if self.worst else None},
             "fix": ({"line": fix_line, "covers": covers, **fix.to_dict()} if fix is not None else None),
         }
 
@@ -165,51 +181,64 @@ class Partial:
     count: int
     first_text: str | None
     same: bool  # every message had the first one's text
-    first: Diagnosis | None
+    first: OOMReport | None
+    platform: str | None = None
 
 
 def summarise_found(found: Iterable[Found], platform: str | None = None,
                     on_message: Callable[[Found, Diagnosis], None] | None = None) -> Partial:
-    """Diagnose every message and fold it into its group; `on_message` sees each one as it comes
-    (`--all`). Identical messages are diagnosed once (a bounded memo)."""
+    """Judge every message and fold it into its group; `on_message` sees each one's full
+    diagnosis as it comes (`--all`). Without it only the verdict is worked out per message
+    (`verdict_only`: the same branches without the text), the full diagnosis only for the few
+    messages shown. Identical messages are judged once (a bounded memo)."""
     groups: dict[tuple, Group] = {}
-    memo: dict[tuple[str, str | None], Diagnosis] = {}
+    memo: dict[tuple[str, str | None], Verdict] = {}
+    full: dict[tuple[str, str | None], Diagnosis] = {}
     first_text: str | None = None
     single = True
     count = 0
-    first: Diagnosis | None = None
+    first: OOMReport | None = None
     for f in found:
         r = f.report
-        d = memo.get((r.text, r.platform))  # the verdict reads the figures and the platform only
-        if d is None:
-            if len(memo) > _MEMO:
-                memo.clear()
-            d = memo[(r.text, r.platform)] = diagnose_report(r, platform)
-        elif d.report.span != r.span:
-            d = _with_report(d, r)
+        if on_message is not None:
+            d = full.get((r.text, r.platform))
+            if d is None:
+                if len(full) > _MEMO:
+                    full.clear()
+                d = full[(r.text, r.platform)] = diagnose_report(r, platform)
+            elif d.report.span != r.span:
+                d = _with_report(d, r)
+            on_message(f, d)
+            v = Verdict(d.verdict, d.shortfall, next((x for x in d.fixes if x.works), None))
+        else:
+            v = memo.get((r.text, r.platform))  # the verdict reads the figures and the platform only
+            if v is None:
+                if len(memo) > _MEMO:
+                    memo.clear()
+                v = memo[(r.text, r.platform)] = verdict_only(r, platform)
         count += 1
         if first_text is None:
-            first_text, first = r.text, d
+            first_text, first = r.text, r
         elif single and r.text != first_text:
             single = False
-        key = (d.verdict, r.device, f.rank, size_range(r.requested))
+        key = (v.verdict, r.device, f.rank, size_range(r.requested))
         g = groups.get(key)
         if g is None:
-            g = groups[key] = Group(d.verdict, r.device, f.rank, key[3])
-        g.add(d, f.line)
-        if on_message is not None:
-            on_message(f, d)
-    return Partial(groups, count, first_text, single, first)
+            g = groups[key] = Group(v.verdict, r.device, f.rank, key[3], platform)
+        g.add(v, r, f.line)
+    return Partial(groups, count, first_text, single, first, platform)
 
 
-def finish(groups: dict[tuple, Group], count: int, single: Diagnosis | None) -> LogSummary:
+def finish(groups: dict[tuple, Group], count: int, single: OOMReport | None,
+           platform: str | None = None) -> LogSummary:
     """The summary: groups with most messages first; `single` (the one distinct message's first
-    diagnosis) gets the count as its occurrences."""
+    report) is diagnosed in full, with the count as its occurrences."""
     ordered = sorted(groups.values(), key=lambda g: (-g.count, g.first_line))
     one = None
     if single is not None:
-        one = Diagnosis(single.report, single.verdict, single.reason, single.evidence, single.fixes,
-                        single.contributing, single.shortfall, single.platform, count)
+        d = diagnose_report(single, platform)
+        one = Diagnosis(d.report, d.verdict, d.reason, d.evidence, d.fixes, d.contributing, d.shortfall, d.platform,
+                        count)
     return LogSummary(count, ordered, one)
 
 
@@ -217,7 +246,7 @@ def summarise(found: Iterable[Found], platform: str | None = None,
               on_message: Callable[[Found, Diagnosis], None] | None = None) -> LogSummary:
     """The `LogSummary` of the messages, in one pass (see `summarise_found`)."""
     part = summarise_found(found, platform, on_message)
-    return finish(part.groups, part.count, part.first if part.same else None)
+    return finish(part.groups, part.count, part.first if part.same else None, platform)
 
 
 def _with_report(d: Diagnosis, r: Any) -> Diagnosis:

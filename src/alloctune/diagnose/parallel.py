@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
-from alloctune.diagnose.find import _LOOKBACK, LOOKAHEAD, ReportFinder, moved
+from alloctune.diagnose.find import _LOOKBACK, LOOKAHEAD, ReportFinder
 from alloctune.diagnose.groups import Group, LogSummary, finish, summarise_found
 from alloctune.diagnose.scan import Found, rank_at
 
@@ -50,11 +50,11 @@ def _found(text: str, begin: int, stop: int, base: int, line: int, platform: str
         _FAST = FastReader()
     finder = ReportFinder(platform, fast=_FAST)  # the shapes learnt in earlier chunks of this process
     counted = begin
-    for r in finder.scan(text, begin, stop, big=True):
-        s, e = r.span
+    for r in finder.scan(text, begin, stop, big=True, base=base):
+        s = r.span[0] - base
         line += text.count("\n", counted, s)
         counted = s
-        yield Found(moved(r, s + base, e + base, r.platform, r.platform_evidence), line, rank_at(text, s))
+        yield Found(r, line, rank_at(text, s))
     out["pos"] = finder.pos
 
 
@@ -151,4 +151,5 @@ def merge(parts: list[Any]) -> LogSummary:
                 groups[key].merge(g)
             else:
                 groups[key] = g
-    return finish(groups, total, first.first if first is not None and same else None)
+    return finish(groups, total, first.first if first is not None and same else None,
+                  first.platform if first is not None else None)

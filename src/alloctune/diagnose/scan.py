@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
-from alloctune.diagnose.find import _LOOKBACK, BIG_TEXT, LOOKAHEAD, ReportFinder, moved
+from alloctune.diagnose.find import _LOOKBACK, BIG_TEXT, LOOKAHEAD, ReportFinder
 from alloctune.diagnose.report import OOMReport
 
 # A rank on the message's line: torchrun's "[rank3]:", "[rank3] step 12:", "rank=3", "RANK 3".
 _RANK = re.compile(r"\[rank(\d+)\]|\brank[ =:_-]?(\d+)\b", re.IGNORECASE)
 
 
-@dataclass(frozen=True)
-class Found:
+class Found(NamedTuple):
     """One message: its report (span in the whole text), its line, the rank its line names."""
 
     report: OOMReport
@@ -52,11 +51,11 @@ def scan_reports(pieces: Iterable[str], platform: str | None = None) -> Iterator
         stop = len(buf) if eof else len(buf) - LOOKAHEAD
         if stop <= pos:
             continue
-        for r in finder.scan(buf, pos, stop, big=base + len(buf) > BIG_TEXT):
-            s, e = r.span
+        for r in finder.scan(buf, pos, stop, big=base + len(buf) > BIG_TEXT, base=base):
+            s = r.span[0] - base
             line += buf.count("\n", counted, s)
             counted = s
-            yield Found(moved(r, s + base, e + base, r.platform, r.platform_evidence), line, rank_at(buf, s))
+            yield Found(r, line, rank_at(buf, s))
         pos = finder.pos
         drop = max(0, pos - _LOOKBACK)
         if drop > counted:

@@ -32,7 +32,8 @@ from typing import Any
 from alloctune.errors import TraceError, UnsafePickleError
 from alloctune.trace.input_file import read_input_bytes
 from alloctune.trace.limits import Limits, hint
-from alloctune.trace.pickle_scan import NeedsGlobal, OverLimit, PickleRejected, check_built, scan, screen
+from alloctune.trace.pickle_check import OverLimit, check_built
+from alloctune.trace.pickle_scan import NeedsGlobal, PickleRejected, scan, screen
 
 # Magic bytes of the compressed containers we open (sniffed, the suffix may lie).
 GZIP_MAGIC = b"\x1f\x8b"
