@@ -231,14 +231,8 @@ MAX_FUNCTION_LINES = 100  # def line to last line, docstring included, decorator
 # Still over at the close of the issue-26 clean-up, each in a module another piece of work was
 # changing at the time; remove an entry when it is split (the stale check below insists). A
 # measured hot loop that must stay whole would be listed here too, with its measurement.
-KNOWN_LONG_MODULES: dict[str, str] = {
-    "trace/pickle_scan.py": "the restricted unpickler's screen and walks; split in its own change",
-}
-KNOWN_LONG_FUNCTIONS: dict[str, str] = {
-    "trace/pickle_scan.py:scan": "the opcode walk, a hot loop over every opcode; its own change measures a split",
-    "trace/pickle_scan.py:_measure": "the limits walk over what was built; its own change",
-    "diagnose/verdict.py:_native": "the native-OOM verdict; its own change",
-}
+KNOWN_LONG_MODULES: dict[str, str] = {}
+KNOWN_LONG_FUNCTIONS: dict[str, str] = {}
 
 
 def _python_files() -> list[Path]:
