@@ -175,3 +175,18 @@ def test_the_remedies_are_simulated_once_beside_the_gpu_runs(traces_dir, monkeyp
     res = Tuner(ev, s, simulator_factory=lambda b: SimulatorFromTrace(b)).run()
     assert calls == [("expandable_segments:True", "alloctune-remedies")]
     assert res.remedies.remedies and all(r.conf == "expandable_segments:True" for r in res.remedies.remedies)
+
+
+def test_a_program_that_turns_autograd_back_on_is_not_measured_by_the_switch():
+    """The agent's switch turns grad mode off at start; a program that calls torch.enable_grad() itself
+    undoes it (seen on the H200: the 'no-grad' run ran out of memory like the plain one). Its module
+    calls with grad on give it away: no measured saving is claimed."""
+    from alloctune.run.trial import TrialResult
+    from alloctune.tune.remedies import no_grad_remedy
+
+    fields = dict(command=["p"], conf="", budget=1 << 30, outcome="oom", exit_code=1, wall_s=1.0,
+                  peak_reserved=1 << 30, peak_allocated=1 << 29, num_alloc_retries=0, num_ooms=1, no_grad=True,
+                  autograd={"backward_calls": 0, "module_calls_with_grad": 48, "module_calls_without_grad": 0})
+    trial = TrialResult(**{k: v for k, v in fields.items() if k in TrialResult.__dataclass_fields__})
+    r = no_grad_remedy(trial, "", 2 << 30, None, "python p.py")
+    assert r.min_budget is None and r.method == "needs a confirming run" and "turns autograd back on" in r.notes[0]

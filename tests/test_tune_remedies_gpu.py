@@ -20,10 +20,10 @@ MiB = 1 << 20
 # backward that never comes. NOGRAD=1: the same with the line tune offers (torch.inference_mode()).
 # EC=1: torch.cuda.empty_cache() at the end of each batch (y still held, as the simulated release point has it).
 PROGRAM = """
-import json, os, sys, torch
+import contextlib, json, os, sys, torch
 torch.manual_seed(0)
 model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(8)]).cuda().eval()
-ctx = torch.inference_mode() if os.environ.get("NOGRAD") == "1" else torch.enable_grad()
+ctx = torch.inference_mode() if os.environ.get("NOGRAD") == "1" else contextlib.nullcontext()
 with ctx:
     for b in (512, 2048, 1024, 3072, 768, 2560):
         y = model(torch.randn(b, 4096, device="cuda"))

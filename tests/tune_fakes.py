@@ -61,6 +61,14 @@ class FakeEvaluator:
             return split_need(int(conf.split(":")[1]))
         return self.needs[conf]
 
+    def _without_grad(self):
+        """What the real agent counts under its no-grad switch: the same module calls, none with grad."""
+        a = dict(self.autograd or {})
+        if a:
+            a["module_calls_without_grad"] = a.get("module_calls_without_grad", 0) + a.get("module_calls_with_grad", 0)
+            a["module_calls_with_grad"] = 0
+        return a or None
+
     def __call__(self, conf, budget, *, repeat=0, record=False, ensure_cap=False, no_grad=False):
         self.calls.append((conf, budget, repeat, record, ensure_cap))
         if no_grad:
@@ -89,7 +97,7 @@ class FakeEvaluator:
             throughput_unit="items/s",
             snapshot=self.snapshot if record else None,
             segment_sizes=tuple(SEGMENTS) if record else None,
-            autograd=self.autograd if record else None,
+            autograd=(self._without_grad() if no_grad else self.autograd) if record else None,
             no_grad=no_grad,
             **base,
         )

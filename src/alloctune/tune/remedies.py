@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from alloctune.explain.remedies import MEASURED, Remedy
+from alloctune.explain.remedies import MEASURED, UNCONFIRMED, Remedy
 from alloctune.explain.utilization import UtilizationRow, UtilizationTable, remedy_rows, table
 from alloctune.run.trial import TrialResult
 from alloctune.tune.executors.base import TrialRequest
@@ -57,6 +57,15 @@ def no_grad_request(baseline: TrialResult, conf: str, budget: int) -> TrialReque
 def no_grad_remedy(trial: TrialResult, conf: str, base: int | None, simulator_factory: Any, command: str) -> Remedy:
     """The measured no-grad remedy from its confirming run (capped at the budget, recorded)."""
     mb, notes = None, []
+    regrad = int((trial.autograd or {}).get("module_calls_with_grad") or 0)
+    if regrad:  # the program turned autograd back on under the agent's switch: this run measured nothing
+        return Remedy(
+            "no_grad", "inference without autograd (the recording ran no backward, yet kept grad mode on)", None,
+            None, None, None, 0, 0.0, NO_GRAD_LINE, UNCONFIRMED, conf,
+            confirm=f"alloctune run --budget {trial.budget}B -- {command}  (with the line added by hand)",
+            notes=(f"not measured: the program turns autograd back on itself ({regrad} module calls ran with grad "
+                   "on under the agent's switch: torch.enable_grad() or set_grad_enabled(True) in its code); add "
+                   "the line by hand where it does that and run the confirming command",))
     if trial.passed and trial.snapshot and simulator_factory is not None:
         try:
             mb = simulator_factory(trial).estimates([conf]).get(conf)
