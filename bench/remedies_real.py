@@ -47,22 +47,34 @@ def err(p: int | None, r: int | None) -> str:
     return "-" if p is None or not r else f"{100 * (p / r - 1):+.2f}%"
 
 
-def budgets(data: Path, name: str, trace, cal: str | None) -> tuple[int, int | None, int | None, int]:
-    """(conservative, learned from the calibration runs (generalised) or None, deepest or None, optimistic)."""
+def budgets(data: Path, name: str, trace, cal: str | None) -> tuple[int, int | None, int | None, int, str]:
+    """(conservative, learned from the calibration runs (generalised) or None, deepest or None, optimistic,
+    what the learned model rests on)."""
     cons = min_budget(trace, None, **TOL).budget
     learned = deep = None
+    note = ""
     if cal:
-        model = None
+        model, taught = None, []
         for tag in ("mid", "tight"):
             f = data / f"{cal}_cal_{tag}.pickle.xz"
             if f.exists():
                 m = learn_from_calibration(load_trace(data / f"{cal}.pickle.xz"), load_trace(f))
                 model = m if model is None else combine(model, m)
+                taught += [(tag, m.calibration_cap)] if m.ladders else []
         if model is not None and model.ladders:
-            learned = min_budget(with_fallbacks(trace, generalise(model, trace)), None, **TOL).budget
+            general = generalise(model, trace)
+            learned = min_budget(with_fallbacks(trace, general), None, **TOL).budget
+            info = general.to_dict().get("generalised")
+            caps = [c for _, c in taught if c]
+            note = (f"ladders learned for {len(model.ladders)} request size(s) (calibration run capped at "
+                    f"{', '.join(f'{t} {mib(c)} MiB' for t, c in taught)})"
+                    + (f"; {info['note']}" if info else "; none generalised"))
+            if caps and learned >= 0.98 * min(caps):  # the ladders that settled on a workspace there end there
+                note += ("; the learned answer lies at the calibration's cap: below it, the ladders that settled on a "
+                         "workspace say nothing (a calibration capped lower would)")
             deep = min_budget(with_fallbacks(trace, generalise(model, trace, deepest=True)), None, **TOL).budget
     opt = min_budget(optimistic(trace), None, **TOL).budget
-    return cons, learned, deep, opt
+    return cons, learned, deep, opt, note
 
 
 def rows(data: Path) -> list[dict]:
@@ -71,10 +83,10 @@ def rows(data: Path) -> list[dict]:
     out = []
 
     def add(program, remedy, how, trace, cal, real_name):
-        cons, learned, deep, opt = budgets(data, program, trace, cal)
+        cons, learned, deep, opt, note = budgets(data, program, trace, cal)
         peak = replay(trace, None).peak_reserved
         rb = rmin.get(real_name, {}).get("min_budget")
-        out.append(dict(program=program, remedy=remedy, how=how, cons=cons, learned=learned, deep=deep, opt=opt, peak=peak,
+        out.append(dict(program=program, remedy=remedy, how=how, cons=cons, learned=learned, deep=deep, opt=opt, peak=peak, note=note,
                         real_min=rb, real_peak=rpeak.get(real_name, {}).get("reserved")))
 
     seg = load_trace(data / "seg.pickle.xz")
@@ -109,6 +121,7 @@ def table(rs: list[dict]) -> list[str]:
             else "no")
         lines.append(f"| {r['program']} | {r['remedy']} | {r['how']} | {three} | {mib(r['real_min'])} | {errs} | "
                      f"{inside} | {mib(r['peak'])} / {mib(r['real_peak'])} |")
+    lines += [""] + [f"- {r['program']} / {r['remedy']}, learned: {r['note']}" for r in rs if r.get("note")]
     return lines
 
 

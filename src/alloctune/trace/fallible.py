@@ -17,8 +17,11 @@ Two sources of evidence, used together:
   the uncapped one turns each failed request into the requests that replaced it, giving a
   ladder per requested size: the smaller sizes it tried, in order, then what it settled on.
 
-Requests covered by neither are assumed fixed, and every output that rests on such a trace
-says so (`untagged_note`). Pure Python: no torch.
+A cap presses only the requests at the peak, so a calibration shows a few calls of a convolution
+fall back; `generalise` carries their ladders to the other calls of the same Python call site
+(scaled to each request), and says so in the model's dict and the note. Requests covered by none
+of this are assumed fixed, and every output that rests on such a trace says so (`untagged_note`).
+Pure Python: no torch.
 """
 
 from __future__ import annotations
@@ -364,7 +367,7 @@ def generalise(model: FallbackModel, trace: Trace, *, deepest: bool = False) -> 
     furthest down is taken for every call of the site, and the seen ladders that stopped earlier
     are extended with its further tries (`_beyond`): every call can go as far down as any did. On
     HuBERT without autograd that is the optimistic end (-5.2 % against the real min budget: the real
-    program fails at 709 MB where this replay completes at 676 MB): over-promising, so off by default.
+    program fails at 709.2 MB where this replay completes at 675.3 MB): over-promising, so off by default.
     Requests tagged by frames keep their evidence; the result is for `trace` only (`with_fallbacks`
     ignores it on any other trace).
     """
