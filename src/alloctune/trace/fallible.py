@@ -17,12 +17,16 @@ Two sources of evidence, used together:
   the uncapped one turns each failed request into the requests that replaced it, giving a
   ladder per requested size: the smaller sizes it tried, in order, then what it settled on.
 
-Requests covered by neither are assumed fixed, and every output that rests on such a trace
-says so (`untagged_note`). Pure Python: no torch.
+A cap presses only the requests at the peak, so a calibration shows a few calls of a convolution
+fall back; `generalise` carries their ladders to the other calls of the same Python call site
+(scaled to each request), and says so in the model's dict and the note. Requests covered by none
+of this are assumed fixed, and every output that rests on such a trace says so (`untagged_note`).
+Pure Python: no torch.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
@@ -71,9 +75,15 @@ class FallbackModel:
     # Uncapped request index -> the ladder learned there (a calibration; empty otherwise): where
     # in the program each fallback happened, for traces whose byte sizes differ (plan.fallible).
     sites: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    # `generalise`: request index -> a learned ladder scaled to that request (one of the same kind as a
+    # request seen to fall back), valid for the trace of `general_requests` requests it was made for.
+    general: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    general_kinds: int = 0  # kinds (call sites, or the workspace shape alone) a ladder was carried over to
+    general_by: str = ""  # what made two requests the same kind ("Python stack + workspace shape" | ...)
+    general_requests: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "schema": SCHEMA,
             "method": self.method,
             "ladders": {str(k): list(v) for k, v in sorted(self.ladders.items())},
@@ -85,6 +95,10 @@ class FallbackModel:
             "conflicts": self.conflicts,
             "cached_replacements": self.cached_replacements,
         }
+        if self.general:  # only after `generalise`: without it the dict is what it always was
+            out["generalised"] = {"requests": len(self.general), "kinds": self.general_kinds, "by": self.general_by,
+                                  "note": generalised_note(len(self.general), self.general_kinds, self.general_by)}
+        return out
 
 
 # ---- evidence 1: frames ------------------------------------------------------------------------
@@ -322,7 +336,93 @@ def combine(a: FallbackModel, b: FallbackModel) -> FallbackModel:
         conflicts=a.conflicts + b.conflicts,
         cached_replacements=a.cached_replacements + b.cached_replacements,
         sites={**b.sites, **a.sites},
+        general={**b.general, **a.general},
+        general_kinds=max(a.general_kinds, b.general_kinds),
+        general_by=a.general_by or b.general_by,
+        general_requests=a.general_requests or b.general_requests,
     )
+
+
+def generalise(model: FallbackModel, trace: Trace, *, deepest: bool = False) -> FallbackModel:
+    """`model` with its learned ladders carried over to every request of `trace` of the same kind.
+
+    Why: a calibration's cap presses only the requests at the program's peak. HuBERT without
+    autograd under a cap failed 59 requests, all of them the first feature-extractor convolution's
+    workspace of the three longest clips; the same convolution on the other clips (a workspace of
+    another byte size for every clip length) never failed there, so a ladder keyed by size leaves
+    them fixed. cuDNN chooses a convolution's algorithms the same way at every call of it, so having
+    seen one call give its workspace up, the other calls can too.
+
+    The same kind: a workspace-shaped request (`scratch_requests`: allocated, then freed by the very
+    next request) from the same call site (the same Python stack) as a scratch request a ladder was
+    learned for. A recording without Python stacks is left as it is: the shape alone would make
+    every scratch request of the program one kind (RVC: 1776 requests, the optimistic end). Such a
+    request gets a learned ladder of its call site scaled to its size: every try, and the settled
+    size, the same fraction of the request; a try below `SCRATCH_MIN` (no workspace, a few KiB) is
+    kept as is. Where a call site has several ladders, the one that settled on the largest fraction
+    (no workspace only where every one settled there; as `plan.fallible._same_kind`): the cap that
+    pressed the least is the one the others' calls are known to survive with.
+
+    `deepest`: the opposite end, kept to measure how far the evidence goes: the ladder that went
+    furthest down is taken for every call of the site, and the seen ladders that stopped earlier
+    are extended with its further tries (`_beyond`): every call can go as far down as any did. On
+    HuBERT without autograd that is the optimistic end (-5.2 % against the real min budget: the real
+    program fails at 709.2 MB where this replay completes at 675.3 MB): over-promising, so off by default.
+    Requests tagged by frames keep their evidence; the result is for `trace` only (`with_fallbacks`
+    ignores it on any other trace).
+    """
+    req = trace.requests
+    scratch = scratch_requests(trace)
+    table = req.stack_table
+    stacks = req.stack_ids if req.stack_ids is not None and table is not None and not table.dropped else None
+    if not model.ladders or not scratch or stacks is None:
+        return model
+    templates: dict[int, tuple[float, int, tuple[int, ...]]] = {}  # call site -> (settled fraction, size, ladder)
+    for i in scratch:
+        ladder = model.ladders.get(req.sizes[i])
+        if not ladder or stacks[i] < 0:
+            continue
+        seen = (_settled_fraction(ladder, req.sizes[i]), req.sizes[i], ladder)
+        old = templates.get(stacks[i])
+        if old is None or (seen[0] < old[0] if deepest else seen[0] > old[0]):
+            templates[stacks[i]] = seen
+    general: dict[int, tuple[int, ...]] = {}
+    for i in scratch:
+        size, site = req.sizes[i], stacks[i]
+        if site not in templates or i in model.tagged_requests:
+            continue
+        _, at, template = templates[site]
+        scaled = tuple(t if t < SCRATCH_MIN else max(NO_WORKSPACE, math.ceil(t * size / at)) for t in template)
+        own = model.ladders.get(size)
+        ladder = scaled if own is None else own + _beyond(own, scaled) if deepest else own
+        if ladder != own and ladder[-1] < size:
+            general[i] = ladder
+    if not general:
+        return model
+    by = "the same Python stack and workspace shape" + (", every call down to the deepest ladder" if deepest else "")
+    kinds = len({stacks[i] for i in general})
+    return replace(model, general=general, general_kinds=kinds, general_by=by, general_requests=len(req))
+
+
+def _beyond(own: tuple[int, ...], scaled: tuple[int, ...]) -> tuple[int, ...]:
+    """The tries of the deepest ladder (scaled to `size`) after the point where `own` settled: the
+    first try at or below `own`'s settled size is the one `own` stopped at; what follows it is what
+    the program asks for next when that one fails too ((): `own` went as far down already)."""
+    stop = next((j for j, t in enumerate(scaled) if t <= own[-1]), None)
+    if stop is None or scaled[-1] >= own[-1]:
+        return ()
+    return scaled[stop + 1:] if stop + 1 < len(scaled) else scaled[-1:]
+
+
+def _settled_fraction(ladder: Sequence[int], size: int) -> float:
+    """What a ladder settled on, as a fraction of its request (0: no workspace, or a few KiB)."""
+    return 0.0 if ladder[-1] < SCRATCH_MIN else ladder[-1] / size
+
+
+def generalised_note(requests: int, kinds: int, by: str) -> str:
+    """The sentence every output that used `generalise` carries."""
+    return (f"learned fallbacks carried over to {requests} workspace-shaped request(s) of {kinds} call site(s) "
+            f"({by}), scaled to each request's size: not seen falling back there")
 
 
 def with_fallbacks(trace: Trace, model: FallbackModel) -> Trace:
@@ -332,12 +432,13 @@ def with_fallbacks(trace: Trace, model: FallbackModel) -> Trace:
     the prediction rests on.
     """
     req = trace.requests
+    general = model.general if model.general_requests == len(req) else {}
     fallbacks: dict[int, tuple[int, ...]] = {}
     for i, op in enumerate(req.ops):
         if op != ALLOC:
             continue
         size = req.sizes[i]
-        ladder = model.ladders.get(size)
+        ladder = general.get(i) or model.ladders.get(size)  # a generalised ladder extends a learned one
         if ladder is None and i in model.tagged_requests and size > NO_WORKSPACE:
             ladder = (NO_WORKSPACE,)
         if ladder:
@@ -389,7 +490,8 @@ def untagged_note(trace: Trace) -> str | None:
         return None  # every allocation's C++ stack was seen: the untagged ones are not workspaces
     covered = {int(k) for k in (info.get("ladders") or {})}
     sizes = trace.requests.sizes
-    open_ = sum(1 for i in scratch_requests(trace) if sizes[i] not in covered)
+    general = trace.requests.fallbacks if info.get("generalised") else {}  # `generalise` covered these by index
+    open_ = sum(1 for i in scratch_requests(trace) if sizes[i] not in covered and i not in general)
     if not open_:
         return None
     how = (
@@ -398,6 +500,8 @@ def untagged_note(trace: Trace) -> str | None:
         if method == "calibration"
         else "no C++ stack frames, no calibration run"
     )
+    if info.get("generalised"):
+        how += f", carried over to {info['generalised']['requests']} request(s) of the same call site"
     return (
         f"{open_} request(s) of {SCRATCH_MIN // MiB} MiB or more are freed right after allocation, like a cuDNN "
         f"workspace the program may give up under a cap, and nothing says whether it can ({how}): simulated as "
@@ -412,6 +516,7 @@ def fallible_summary(trace: Trace) -> dict[str, Any]:
         "method": info.get("method", "none"),
         "fallible_requests": len(trace.requests.fallbacks),
         "learned_sizes": len(info.get("ladders") or {}),
+        **({"generalised": info["generalised"]} if info.get("generalised") else {}),
         "note": untagged_note(trace),
     }
 
