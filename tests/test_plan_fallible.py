@@ -111,6 +111,15 @@ def truth():
     return _truth(CAP)
 
 
+def _saved_recordings(folder):
+    """The recordings saved as compact traces in `folder`, as plan's FILE:SIZE inputs."""
+    specs = []
+    for s, t in _recordings():
+        p = folder / f"conv{s}.atrace"
+        save_compact(t, p)
+        specs.append(f"{p}:{s}")
+    return specs
+
 def test_without_evidence_the_answer_is_a_range_and_says_what_to_record(truth):
     res, x = _largest(build(_recordings()))
     assert x.optimistic is not None and int(x.largest) < truth and abs(int(x.optimistic) - truth) <= 0.02 * truth
@@ -184,11 +193,7 @@ def test_a_tune_store_of_the_program_is_a_calibration(tmp_path, truth):
 
 
 def test_cli_calibration_json_and_text(tmp_path, capfd, truth):
-    specs = []
-    for s, t in _recordings():
-        p = tmp_path / f"conv{s}.atrace"
-        save_compact(t, p)
-        specs.append(f"{p}:{s}")
+    specs = _saved_recordings(tmp_path)
     cal = tmp_path / "cal.atrace"
     save_compact(_run(110, CAP)[1], cal)
     assert cli_exit(["plan", *specs, "--cap", f"{CAP}B", "--calibration", f"{cal}:110", "--curve", "40", "--json"]) == 0
@@ -206,11 +211,7 @@ def test_cli_calibration_json_and_text(tmp_path, capfd, truth):
 
 
 def test_cli_calibrated_text_says_which_evidence_decided(tmp_path, capfd):
-    specs = []
-    for s, t in _recordings():
-        p = tmp_path / f"conv{s}.atrace"
-        save_compact(t, p)
-        specs.append(f"{p}:{s}")
+    specs = _saved_recordings(tmp_path)
     cal = tmp_path / "cal.atrace"
     save_compact(_run(110, CAP)[1], cal)
     assert cli_exit(["plan", *specs, "--cap", f"{CAP}B", "--calibration", f"{cal}:110", "--curve", "40"]) == 0
@@ -232,11 +233,7 @@ def test_a_record_directory_with_a_capped_run_decides_by_itself(tmp_path, capfd,
 
 
 def test_bad_evidence_is_one_line(tmp_path, capfd):
-    specs = []
-    for s, t in _recordings():
-        p = tmp_path / f"conv{s}.atrace"
-        save_compact(t, p)
-        specs.append(f"{p}:{s}")
+    specs = _saved_recordings(tmp_path)
     cal = tmp_path / "cal.atrace"
     save_compact(_run(110, CAP)[1], cal)
     cases = [["--store", str(tmp_path / "none.jsonl")], ["--calibration", str(tmp_path / "none.atrace")],
@@ -252,11 +249,7 @@ def test_bad_evidence_is_one_line(tmp_path, capfd):
 def test_python_api_takes_the_evidence(tmp_path, truth):
     from alloctune.plan import plan as api_plan
 
-    specs = []
-    for s, t in _recordings():
-        p = tmp_path / f"conv{s}.atrace"
-        save_compact(t, p)
-        specs.append(f"{p}:{s}")
+    specs = _saved_recordings(tmp_path)
     cal = tmp_path / "cal.atrace"
     save_compact(_run(110, CAP)[1], cal)
     res = api_plan(specs, calibrations=[f"{cal}:110"], caps=[CAP], curve=[])
