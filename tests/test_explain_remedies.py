@@ -51,7 +51,7 @@ def test_explain_json_carries_the_remedies(traces_dir):
     assert r["what"] == "empty_cache() at the end of every repetition" and r["how_to"]
     # one utilization row for the recording and one per remedy, each ratio from its own peaks
     util = d["utilization"]
-    assert [row["name"] for row in util["rows"]] == ["as it ran", *names]
+    assert [row["name"] for row in util["rows"]][:len(names) + 2] == ["as it ran", *names, "expandable_segments:True"]
     for row in util["rows"]:
         if row["peak_reserved"]:
             assert row["utilization"] == row["peak_allocated"] / row["peak_reserved"]
@@ -246,3 +246,24 @@ def test_explain_flags_inference_with_autograd_from_the_run_record(tmp_path):
         if expect:
             assert ng[0]["method"] == "needs a confirming run" and ng[0]["min_budget"] is None
             assert ng[0]["confirm"].startswith("alloctune run --no-grad --record nograd.pickle -- python infer.py")
+
+
+@pytest.mark.parametrize("workload", ["llm", "rvc_ec0"])
+def test_the_setting_row_is_the_real_run_with_that_setting(traces_dir, workload):
+    """The table's expandable-segments row, replayed from the default's recording, carries the peaks the real
+    run with expandable segments measured itself (its memory_stats); the combined rows are the release
+    policies under that setting, and the verdict names the best row of all."""
+    from alloctune import api
+
+    util = api.explain(traces_dir / workload / "default.pickle.xz").utilization
+    real = json.loads((traces_dir / workload / "expandable.json").read_text())["stats"]
+    row = next(r for r in util.rows if r.kind == "setting")
+    assert row.conf == "expandable_segments:True"
+    assert (row.peak_reserved, row.peak_allocated) == (real["reserved_bytes.all.peak"],
+                                                        real["allocated_bytes.all.peak"])
+    combined = [r for r in util.rows if r.kind == "setting + remedy"]
+    assert combined and all(r.conf == row.conf and r.name.startswith(row.conf + " + ") for r in combined)
+    best = max((r for r in util.rows if r.utilization is not None), key=lambda r: r.utilization)
+    assert util.reachable == (best.utilization >= 0.97)
+    if not util.reachable:
+        assert f"best {best.utilization:.3f}, {best.name}" in util.held_back

@@ -57,8 +57,9 @@ def explain(
 
 
 def with_remedies(an: Any, ex: Explanation) -> Explanation:
-    """`ex` with the program-level remedies simulated on its recording (#29) and the utilization table
-    of the recording as it ran beside each remedy."""
+    """`ex` with the program-level remedies simulated on its recording (#29) and the utilization table:
+    the recording as it ran, each remedy, each of `COMPARED_SETTINGS`, and the release policies under the
+    setting that keeps the least idle (what "the best setting plus remedies" reaches, #29.6)."""
     from dataclasses import replace
 
     from alloctune.explain import utilization as ut
@@ -75,7 +76,8 @@ def with_remedies(an: Any, ex: Explanation) -> Explanation:
         remedies.append(ng)
     peak, peak_alloc, _, _ = activity(trace, conf, trace)
     rows = [ut.UtilizationRow("recording", "as it ran", conf, base, peak, peak_alloc, "simulated")]
-    table = ut.table(rows + ut.remedy_rows(remedies), trace)
+    rows += ut.remedy_rows(remedies) + ut.combined_rows(an, rows[0], simulated_remedies)
+    table = ut.table(rows, trace)
     return replace(ex, remedies=tuple(remedies), min_budget=base, utilization=table)
 
 

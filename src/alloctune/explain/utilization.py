@@ -12,17 +12,21 @@ the allocation rounding inside live blocks (no setting of the caching allocator 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from alloctune.trace.model import Trace, reserved_delta
 from alloctune.units import format_size, utilization
 
 TARGET = 0.97
+# The settings `explain` sets beside the recording in the table: expandable segments map only the pages
+# live blocks need, the one setting of the caching allocator that removes most idle memory (Linux; the
+# others are `tune`'s to search).
+COMPARED_SETTINGS = ("expandable_segments:True",)
 
 
 @dataclass(frozen=True)
 class UtilizationRow:
-    kind: str  # "setting" | "remedy" | "recording"
+    kind: str  # "recording" | "setting" | "remedy" | "setting + remedy"
     name: str
     conf: str  # the allocator setting ("" = the default)
     min_budget: int | None
@@ -69,6 +73,34 @@ def remedy_rows(remedies: Sequence[Any]) -> list[UtilizationRow]:
                            getattr(r, "trace", None)) for r in remedies]
 
 
+def combined_rows(an: Any, recorded: UtilizationRow,
+                  remedies_under: Callable[..., list[Any]]) -> list[UtilizationRow]:
+    """A row per `COMPARED_SETTINGS` entry the recording did not run with (its uncapped replay and
+    min budget), then, under the one of them that keeps the least idle memory when it beats the
+    recording, the release policies simulated again under it (`remedies_under`: `simulated_remedies`,
+    passed in to keep this module below the remedies): what a setting and a remedy buy together."""
+    from alloctune.explain.remedies import activity, min_budget
+
+    trace, out = an.trace, []
+    for conf in COMPARED_SETTINGS:
+        if conf == recorded.conf:
+            continue
+        try:
+            peak, alloc, _, _ = activity(trace, conf, trace)
+            out.append(UtilizationRow("setting", conf, conf, min_budget(trace, conf, trace), peak, alloc, "simulated"))
+        except Exception:  # noqa: BLE001 - a setting the simulator cannot replay here: no row
+            continue
+    known = [r for r in out if r.utilization is not None]
+    best = max(known, key=lambda r: r.utilization) if known else None  # type: ignore[arg-type, return-value]
+    if best is None or (best.utilization or 0) <= (recorded.utilization or 0):
+        return out
+    for r in remedies_under(an, best.min_budget, best.conf):
+        if r.janitor is not None or r.name.startswith("empty_cache"):  # the release policies: they replay
+            out.append(UtilizationRow("setting + remedy", f"{best.conf} + {r.name}", best.conf, r.min_budget,
+                                      r.peak_reserved, r.peak_allocated, r.method, r.trace))
+    return out
+
+
 def peak_split(trace: Trace, conf: str) -> dict[str, int]:
     """The memory at the peak of `trace` replayed uncapped under `conf`, at explain's moment (of the
     requests after which reserved is at its peak, the one holding the most live bytes): reserved,
@@ -112,8 +144,12 @@ def held_back(trace: Trace, conf: str) -> str:
     """What keeps utilization below 1 at the peak of `trace` replayed under `conf` (`peak_split`)."""
     o = peak_split(trace, conf)
     reserved = o["reserved"] or 1
-    parts = [(o["inactive_split"], "free pieces of segments that also hold live blocks (fragmentation: "
-              "expandable segments or a smaller max_split_size_mb reduce it)"),
+    expandable = "expandable_segments:true" in (conf or "").replace(" ", "").lower()
+    split_what = ("free pages between live blocks of the expandable segments (the freed blocks of this "
+                  "repetition that the next requests do not fit; empty_cache() unmaps only whole free pages)"
+                  if expandable else "free pieces of segments that also hold live blocks (fragmentation: "
+                  "expandable segments or a smaller max_split_size_mb reduce it)")
+    parts = [(o["inactive_split"], split_what),
              (o["cached_free"], "free memory the cache keeps in segments with no live block (a release point "
               "before the peak returns it)"),
              (o["rounding"], "rounding of each request up to its block size (no allocator setting removes "
@@ -145,10 +181,11 @@ def render_lines(t: UtilizationTable) -> list[str]:
     def fmt(n: int | None) -> str:
         return "-" if n is None else format_size(n)
 
-    out = [f"  {'':<40} {'min budget':>12} {'peak reserved':>14} {'peak alloc':>12} {'util':>6}  method"]
+    w = min(72, max([40] + [len(r.kind) + 1 + len(r.name) for r in t.rows]))
+    out = [f"  {'':<{w}} {'min budget':>12} {'peak reserved':>14} {'peak alloc':>12} {'util':>6}  method"]
     for r in t.rows:
         u = "-" if r.utilization is None else f"{r.utilization:.3f}"
-        out.append(f"  {r.kind + ' ' + r.name:<40.40} {fmt(r.min_budget):>12} {fmt(r.peak_reserved):>14} "
+        out.append(f"  {r.kind + ' ' + r.name:<{w}.{w}} {fmt(r.min_budget):>12} {fmt(r.peak_reserved):>14} "
                    f"{fmt(r.peak_allocated):>12} {u:>6}  {r.method}")
     if t.held_back:
         out.append(f"  {t.held_back}")
