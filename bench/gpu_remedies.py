@@ -78,7 +78,10 @@ def main() -> None:
         r = trial(out, name) if a.calibrate else None
         if r and r.get("peak_allocated") and r.get("peak_reserved"):
             al, res = r["peak_allocated"], r["peak_reserved"]
-            cal_jobs += [(name, extra, (al + res) // 2, "_cal_mid"), (name, extra, int(al * 1.04), "_cal_tight")]
+            # mid: between the peaks; tight: just above peak allocated; low: just below it, where cuDNN must
+            # fall back further than the tight run shows (the ladders below it are what a min budget needs)
+            cal_jobs += [(name, extra, (al + res) // 2, "_cal_mid"), (name, extra, int(al * 1.04), "_cal_tight"),
+                         (name, extra, int(al * 0.96), "_cal_low")]
     with ThreadPoolExecutor(len(programs) + len(RECORD) + len(cal_jobs)) as ex:
         recs = [ex.submit(record, out, *j) for j in cal_jobs] if a.calibrate else [
             ex.submit(record, out, n, x) for n, x in RECORD.items()]
