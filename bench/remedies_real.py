@@ -69,7 +69,7 @@ def budgets(data: Path, name: str, trace, cal: str | None) -> tuple[int, int | N
             note = (f"ladders learned for {len(model.ladders)} request size(s) (calibration run capped at "
                     f"{', '.join(f'{t} {mib(c)} MiB' for t, c in taught)})"
                     + (f"; {info['note']}" if info else "; none generalised"))
-            if caps and learned >= 0.98 * min(caps):  # the ladders that settled on a workspace there end there
+            if caps and abs(learned / min(caps) - 1) <= 0.02:  # the ladders that settled on a workspace end there
                 note += ("; the learned answer lies at the calibration's cap: below it, the ladders that settled on a "
                          "workspace say nothing (a calibration capped lower would)")
             deep = min_budget(with_fallbacks(trace, generalise(model, trace, deepest=True)), None, **TOL).budget
@@ -94,7 +94,7 @@ def rows(data: Path) -> list[dict]:
     conv = load_trace(data / "convnext.pickle.xz")
     add("seg", "none", "replay of the recording", seg, "seg", "seg")
     add("seg", "empty_cache() after every image", "simulated: release points at the loop's top (explain)",
-        with_empty_cache(seg, repetition_ends(analyse(seg))), None, "seg_ec")
+        with_empty_cache(seg, repetition_ends(analyse(seg))), "seg", "seg_ec")  # the same requests: seg's calibrations
     add("hubert", "none", "replay of the recording", hub, "hubert", "hubert")
     add("hubert", "torch.no_grad()", "measured: the agent's --no-grad run, replayed",
         load_trace(data / "hubert_nograd_agent.pickle.xz"), "hubert_nograd_agent", "hubert_nograd")

@@ -103,6 +103,22 @@ def test_a_fatal_oom_is_not_learned_as_a_fallback():
     assert m.ladders == {}
 
 
+def test_a_run_that_dies_on_the_next_request_keeps_the_ladder_it_survived():
+    # the workspace fails (two algorithms), the library gives it up, the program goes on to its next
+    # request (100 MiB) and THAT kills the run: the workspace's ladder is survivable evidence
+    capped = [(ALLOC, 400 * MiB, 0), (FAILED_ALLOC, WS, -1), (FAILED_ALLOC, 250 * MiB, -1),
+              (FAILED_ALLOC, 100 * MiB, -1), (FREE, 400 * MiB, 0)]
+    m = learn_from_calibration(_trace(UNCAPPED), _trace(capped))
+    assert m.ladders == {WS: (250 * MiB, NO_WORKSPACE)}
+    # a last failure of the workspace's own size is its ladder's, and the death is its own: nothing learned
+    capped = [(ALLOC, 400 * MiB, 0), (FAILED_ALLOC, WS, -1), (FAILED_ALLOC, WS, -1), (FREE, 400 * MiB, 0)]
+    assert learn_from_calibration(_trace(UNCAPPED), _trace(capped)).ladders == {}
+    # a run that goes on allocating after the failures did not die there: the 100 MiB try is a rung
+    capped = [(ALLOC, 400 * MiB, 0), (FAILED_ALLOC, WS, -1), (FAILED_ALLOC, 100 * MiB, -1),
+              (ALLOC, 100 * MiB, 2), (FREE, 100 * MiB, 2), *TAIL_U, (ALLOC, WS, 3), (FREE, WS, 3)]
+    assert learn_from_calibration(_trace(UNCAPPED), _trace(capped)).ladders == {WS: (100 * MiB, NO_WORKSPACE)}
+
+
 def test_untagged_note_names_what_calibration_did_not_cover():
     steps = UNCAPPED + [(ALLOC, 500 * MiB, 9), (FREE, 500 * MiB, 9)]
     plain = _trace(steps)

@@ -71,6 +71,13 @@ def rewritten(trace: Trace, out: RequestStream, new_index: list[int]) -> Trace:
     req = trace.requests
     new_index[len(req)] = len(out)
     out.fallbacks = {new_index[i]: v for i, v in req.fallbacks.items()}
+    if req.stack_ids is not None and out.stack_ids is None:  # each kept request keeps its call site
+        ids = [-1] * len(out)
+        for r in range(len(req)):
+            k = new_index[r]
+            if k < len(out) and out.rids[k] == req.rids[r] and out.ops[k] == req.ops[r]:
+                ids[k] = req.stack_ids[r]
+        out.stack_ids, out.stack_table = ids, req.stack_table
     seg = [replace(e, request_index=new_index[min(e.request_index, len(req))]) for e in trace.segment_events]
     return Trace(source=trace.source, device=trace.device, requests=out, segment_events=seg,
                  allocator_settings=dict(trace.allocator_settings), events=[], meta=dict(trace.meta or {}),

@@ -190,6 +190,8 @@ class _Walk:
         self.sites: dict[int, tuple[int, ...]] = {}
         self.conflicts = self.sticky = 0
         self.pending: tuple[int, tuple[int, ...], int, int] | None = None  # size, ladder, seen, uncapped index
+        # the capped run's last allocation: failures after it are the run's death (a fatal OOM)
+        self.last_alloc = next((k for k in range(len(c) - 1, -1, -1) if c.ops[k] == ALLOC), -1)
 
     def run(self) -> None:
         u, c = self.u, self.c
@@ -231,6 +233,16 @@ class _Walk:
             return False
         size = u.sizes[self.iu]
         nxt_u = _next_alloc(u, self.iu + 1)
+        if self._died_on_next(tries, size, nxt_u):
+            # the program gave the workspace up (settled on none) and went on to its next request, which
+            # killed the run: the ladder is survivable evidence; the fatal failure is left for the loop
+            self.ic -= 1
+            self._commit()
+            self.pending = (size, _ladder(size, tries[1:-1], NO_WORKSPACE), 0, self.iu)
+            self.dropped.add(u.rids[self.iu])
+            self._commit()
+            self.iu += 1
+            return True
         ic = self.ic
         replaced = ic < len(c) and c.ops[ic] == ALLOC and c.sizes[ic] < size
         if replaced and (nxt_u is None or u.sizes[nxt_u] != c.sizes[ic]):
@@ -244,6 +256,13 @@ class _Walk:
         self.pending = (size, _ladder(size, tries[1:], settled), 0, self.iu)
         self.iu += 1
         return True
+
+    def _died_on_next(self, tries: Sequence[int], size: int, nxt_u: int | None) -> bool:
+        """Whether a run of failures ends with the capped run's fatal OOM on the uncapped stream's NEXT
+        request: the last try is not this request's size but that next allocation's, and the capped run
+        allocated nothing after it (it died there). Then the tries before it are this request's ladder."""
+        return (len(tries) >= 2 and self.ic > self.last_alloc and nxt_u is not None
+                and not _rounds_to(size, tries[-1]) and _rounds_to(self.u.sizes[nxt_u], tries[-1]))
 
     def _same_alloc(self) -> None:
         self.rid_map[self.c.rids[self.ic]] = self.u.rids[self.iu]
