@@ -234,6 +234,11 @@ class no_grad:
         _grad["on"] = self.prev
 
 
+# torch.backends.cudnn.benchmark, the flag the agent's cuDNN switch sets at import
+backends = types.ModuleType("torch.backends")
+backends.cudnn = types.ModuleType("torch.backends.cudnn")
+backends.cudnn.benchmark = False
+
 nn = types.ModuleType("torch.nn")
 nn.modules = types.ModuleType("torch.nn.modules")
 nn.modules.module = types.ModuleType("torch.nn.modules.module")

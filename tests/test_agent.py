@@ -330,3 +330,27 @@ def test_no_grad_switch_runs_the_program_with_autograd_off(tmp_path, fake_env):
     assert res.autograd == {"module_calls_with_grad": 0, "module_calls_without_grad": 4, "backward_calls": 0}
     plain = run_trial(cmd, env=fake_env, capture=tmp_path / "p.log")  # off by default, and not watched
     assert "GRAD ON AT EXIT True" in (tmp_path / "p.log").read_text() and plain.autograd is None
+
+
+CUDNN_PROGRAM = """
+    import torch
+
+    torch.cuda.fake_alloc(1 << 20)
+    if SETS_ITSELF:
+        torch.backends.cudnn.benchmark = False
+    print("BENCHMARK", torch.backends.cudnn.benchmark)
+"""
+
+
+@pytest.mark.parametrize("sets_itself", [False, True])
+def test_cudnn_switch_sets_the_flag_and_reads_back_what_the_program_left(tmp_path, fake_env, sets_itself):
+    """#29.3: the agent sets torch.backends.cudnn.benchmark at torch import; the report says what the
+    program left, so a program that sets the flag itself is seen overriding the switch."""
+    cmd = script(tmp_path, CUDNN_PROGRAM.replace("SETS_ITSELF", str(sets_itself)))
+    res = run_trial(cmd, cudnn_benchmark=True, env=fake_env, capture=tmp_path / "o.log")
+    assert res.outcome == "ok", (tmp_path / "o.log").read_text()
+    assert res.cudnn_benchmark_set is True and res.cudnn_benchmark is (not sets_itself)
+    assert f"BENCHMARK {not sets_itself}" in (tmp_path / "o.log").read_text()
+    plain = run_trial(cmd, env=fake_env, capture=tmp_path / "p.log")  # left alone by default
+    assert plain.cudnn_benchmark_set is None and plain.cudnn_benchmark is False
+    assert "BENCHMARK False" in (tmp_path / "p.log").read_text()

@@ -93,3 +93,25 @@ def test_inference_with_autograd_on_is_seen_and_no_grad_measured(tmp_path):
     assert off.outcome == "ok" and off.no_grad and not off.inference_with_grad
     # with grad on, the 8 layers' inputs (512 x 1024 fp32 = 2 MiB each) stay alive through the forward
     assert on.peak_allocated - off.peak_allocated >= 6 * 2 * MiB
+
+
+def test_cudnn_switch_on_real_torch_and_the_run_record_carries_it(tmp_path):
+    """#29.3 on real torch: the agent's switch reaches torch.backends.cudnn.benchmark before the program's
+    convolutions, and the recording's run record says which way it ran (explain names the other way)."""
+    cmd = script(tmp_path, """
+        import torch
+        net = torch.nn.Sequential(torch.nn.Conv2d(3, 64, 7), torch.nn.Conv2d(64, 64, 3)).cuda()
+        with torch.no_grad():
+            for _ in range(2):
+                net(torch.randn(8, 3, 256, 256, device="cuda")).sum().item()
+        print("BENCHMARK", torch.backends.cudnn.benchmark)
+    """)
+    env = dict(os.environ, ALLOCTUNE_STATE_DIR=str(tmp_path))
+    on = run_trial(cmd, record=tmp_path / "on.pickle", capture=tmp_path / "on.log", env=env, cudnn_benchmark=True)
+    assert on.outcome == "ok" and on.cudnn_benchmark is True and on.cudnn_benchmark_set is True
+    assert "BENCHMARK True" in (tmp_path / "on.log").read_text()
+    from alloctune.trace import load_trace
+
+    assert load_trace(on.snapshot).meta["cudnn_benchmark"] is True
+    plain = run_trial(cmd, capture=tmp_path / "p.log", env=env)
+    assert plain.cudnn_benchmark is False and plain.cudnn_benchmark_set is None

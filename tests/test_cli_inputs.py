@@ -23,6 +23,7 @@ from cli_run import run_cli as _run
         (["run", "--timeout", "nan", "--", "true"], "--timeout must be a positive number of seconds"),
         (["run", "--timeout", "inf", "--", "true"], "--timeout must be a positive number of seconds"),
         (["run", "--timeout", "0", "--", "true"], "--timeout must be a positive number of seconds"),
+        (["run", "--cudnn-benchmark", "yes", "--", "true"], "--cudnn-benchmark 'yes' is not known: use on or off"),
         (["watch", "--interval", "nan"], "--interval must be a positive number of seconds"),
         (["watch", "--interval=-1"], "--interval must be a positive number of seconds"),
         (["trace", "info", "x.pickle", "--device", "-1"], "--device must be 0 or more"),

@@ -172,7 +172,9 @@ def test_cudnn_candidates_need_a_confirming_run_and_carry_the_bound():
     rem = {r.name: r for r in workspace_remedies(t, min_budget(t, "", t), "", command="python infer.py")}
     assert "cublas_workspace_config_16_8" not in rem  # the recorded workspace is already that small
     off = rem["cudnn_benchmark_off"]
-    assert off.method == UNCONFIRMED and off.min_budget is None and "benchmark = False" in off.confirm
+    assert off.method == UNCONFIRMED and off.min_budget is None and off.how_to == "torch.backends.cudnn.benchmark = False"
+    assert off.confirm == ("alloctune run --cudnn-benchmark off --record cudnn_benchmark_off.pickle -- python infer.py"
+                           " && alloctune simulate cudnn_benchmark_off.pickle --min-budget")
     # the bound: every cuDNN workspace given up = the program that never asked for one
     assert off.bound == min_budget(without, "", without) < min_budget(t, "", t)
     assert rem["cudnn_v7_api"].confirm.startswith("TORCH_CUDNN_V8_API_DISABLED=1 alloctune record")
@@ -267,3 +269,18 @@ def test_the_setting_row_is_the_real_run_with_that_setting(traces_dir, workload)
     assert util.reachable == (best.utilization >= 0.97)
     if not util.reachable:
         assert f"best {best.utilization:.3f}, {best.name}" in util.held_back
+
+
+def test_the_cudnn_candidate_is_the_switch_the_other_way_than_the_run_record_says():
+    """The agent writes cudnn.benchmark into the snapshot's run record; explain offers the other way."""
+    from alloctune.explain.workspaces import workspace_remedies
+    from alloctune.trace.load import trace_from_snapshot
+    from alloctune.trace.stream import RUN_RECORD_KEY
+
+    snap = _gemm_program(128 << 10, conv_ws=64 << 20)[0]
+    for was, name in ((False, "cudnn_benchmark_on"), (True, "cudnn_benchmark_off")):
+        t = trace_from_snapshot({**snap, RUN_RECORD_KEY: {"cap": 0, "cudnn_benchmark": was}}, source="conv")
+        assert t.meta["cudnn_benchmark"] is was
+        rem = {r.name: r for r in workspace_remedies(t, None, "", command="python infer.py")}
+        assert name in rem and rem[name].how_to == f"torch.backends.cudnn.benchmark = {not was}"
+        assert f"--cudnn-benchmark {name.rsplit('_', 1)[1]}" in rem[name].confirm

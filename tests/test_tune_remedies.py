@@ -190,3 +190,68 @@ def test_a_program_that_turns_autograd_back_on_is_not_measured_by_the_switch():
     trial = TrialResult(**{k: v for k, v in fields.items() if k in TrialResult.__dataclass_fields__})
     r = no_grad_remedy(trial, "", 2 << 30, None, "python p.py")
     assert r.min_budget is None and r.method == "needs a confirming run" and "turns autograd back on" in r.notes[0]
+
+
+def _conv_tune(ev, budget_mib, executor=None):
+    """`_tune` with a baseline recording that shows a 64 MiB cuDNN workspace (C++ frames)."""
+    from test_explain_remedies import _gemm_program
+
+    from alloctune.trace.load import trace_from_snapshot
+
+    conv = trace_from_snapshot(_gemm_program(128 << 10, conv_ws=64 << 20)[0], source="conv")
+    s = TuneSettings(command=COMMAND, budget=budget_mib * MiB, knobs=parse_knobs(None), platform="linux")
+
+    def factory(b):
+        sim = FakeSimulator(ev, error=-ev.cudnn_saving if b.cudnn_benchmark_set is not None and
+                            b.cudnn_benchmark == b.cudnn_benchmark_set else 0)
+        sim.raw = conv
+        return sim
+    return Tuner(ev, s, simulator_factory=factory, executor=executor).run()
+
+
+def test_convolution_workspaces_get_one_run_of_the_cudnn_switch_the_other_way():
+    """#29.3: the recording shows cuDNN workspaces and the program ran with benchmark off: ONE run with the
+    agent's switch on, side by side with the opening batch, measured (its own recording's min budget), in
+    place of the listed unconfirmed cuDNN candidates; the setting's runs are unchanged."""
+    plain = FakeEvaluator(cudnn_benchmark=None, cudnn_saving=150 * MiB)
+    _conv_tune(plain, 2600)
+    ev = FakeEvaluator(cudnn_benchmark=False, cudnn_saving=150 * MiB)
+    rec = BatchRecorder(ev)
+    res = _conv_tune(ev, 2600, executor=rec)
+    assert len(ev.calls) == len(plain.calls) + 1 and not plain.cudnn_calls  # unknown flag: no run
+    best = res.ranking.best.candidate.conf
+    assert ev.cudnn_calls == [(best, 2600 * MiB, True)]
+    assert any(r.cudnn_benchmark is not None for r in rec.batches[1])  # beside the opening batch
+    names = [r.name for r in res.remedies.remedies]
+    assert "cudnn_benchmark_on" in names and "cudnn_benchmark_off" not in names
+    on = next(r for r in res.remedies.remedies if r.name == "cudnn_benchmark_on")
+    assert on.method == "measured" and on.min_budget == ev.need(best) - 150 * MiB and on.saving == 150 * MiB
+    assert on.how_to.startswith("torch.backends.cudnn.benchmark = True")
+    assert on.confirm.startswith("alloctune run --cudnn-benchmark on --budget")
+    assert next(s for s in res.summaries if s.candidate.conf == best).trials == len(
+        [c for c in plain.calls[1:] if c[0] == best])  # the switch's run is no trial of its setting
+
+
+def test_a_program_that_sets_cudnn_benchmark_itself_is_not_measured_by_the_switch():
+    ev = FakeEvaluator(cudnn_benchmark=False, cudnn_saving=150 * MiB, cudnn_sticky=True)
+    res = _conv_tune(ev, 2600)
+    on = next(r for r in res.remedies.remedies if r.name == "cudnn_benchmark_on")
+    assert on.method == "needs a confirming run" and on.min_budget is None
+    assert "sets torch.backends.cudnn.benchmark itself" in on.notes[0]
+
+
+def test_a_transformer_recording_gets_no_cudnn_run():
+    """Scratch requests of a model without convolutions (Python stacks say so) are no cuDNN workspaces."""
+    from pathlib import Path
+
+    from alloctune.explain.workspaces import cudnn_requests
+    from alloctune.trace import load_trace
+
+    data = Path(__file__).parent / "data"
+    llama = load_trace(data / "explain_gpu" / "llama_generate.pickle.xz")
+    found, evidence = cudnn_requests(llama)
+    assert found == set() and "Python stacks" in evidence
+    hubert = load_trace(data / "remedies_gpu" / "hubert.pickle.xz")
+    found, evidence = cudnn_requests(hubert)
+    sizes = hubert.requests.sizes
+    assert found and "Python stacks" in evidence and max(sizes[i] for i in found) > 64 * MiB

@@ -40,7 +40,8 @@ THROUGHPUT = {"garbage_collection_threshold:0.6": 90.0}
 
 class FakeEvaluator:
     def __init__(self, needs=None, *, total=8 * GiB, crash_on=None, timeout_on=None, snapshot="/dev/null",
-                 ignored=(), throughputs=None, autograd=None, no_grad_saving=0):
+                 ignored=(), throughputs=None, autograd=None, no_grad_saving=0, cudnn_benchmark=None,
+                 cudnn_saving=0, cudnn_sticky=False):
         """`ignored`: settings the child silently does not apply (read back as the default);
         `throughputs`: conf -> samples handed out in turn (noise), else THROUGHPUT / 100."""
         self.needs = dict(NEEDS if needs is None else needs)
@@ -55,6 +56,12 @@ class FakeEvaluator:
         self.autograd = autograd  # what the baseline's agent counted (module calls with grad, backward calls)
         self.no_grad_saving = no_grad_saving  # bytes the program needs less with autograd off
         self.no_grad_calls: list[tuple[str, int | None]] = []
+        # cuDNN: how the program leaves cudnn.benchmark (None: unknown, an older agent), the bytes it needs
+        # less with the switch the other way, and whether it sets the flag back itself (the switch then fails)
+        self.cudnn_benchmark = cudnn_benchmark
+        self.cudnn_saving = cudnn_saving
+        self.cudnn_sticky = cudnn_sticky
+        self.cudnn_calls: list[tuple[str, int | None, bool]] = []
 
     def need(self, conf: str) -> int:
         if conf.startswith("max_split_size_mb:"):
@@ -69,10 +76,14 @@ class FakeEvaluator:
             a["module_calls_with_grad"] = 0
         return a or None
 
-    def __call__(self, conf, budget, *, repeat=0, record=False, ensure_cap=False, no_grad=False):
+    def __call__(self, conf, budget, *, repeat=0, record=False, ensure_cap=False, no_grad=False,
+                 cudnn_benchmark=None):
         self.calls.append((conf, budget, repeat, record, ensure_cap))
         if no_grad:
             self.no_grad_calls.append((conf, budget))
+        switched = cudnn_benchmark is not None and not self.cudnn_sticky
+        if cudnn_benchmark is not None:
+            self.cudnn_calls.append((conf, budget, cudnn_benchmark))
         base = dict(command=COMMAND, conf=conf, budget=budget, wall_s=1.0, total_memory=self.total,
                     torch_version="2.11.0+cu130", device_name="Fake H200", repeat=repeat)
         if conf == self.crash_on:
@@ -80,7 +91,7 @@ class FakeEvaluator:
         if conf == self.timeout_on:
             return TrialResult(outcome="timeout", exit_code=-15, error="killed at the timeout", **base)
         applied = "" if conf in self.ignored else conf
-        need = self.need(applied) - (self.no_grad_saving if no_grad else 0)
+        need = self.need(applied) - (self.no_grad_saving if no_grad else 0) - (self.cudnn_saving if switched else 0)
         ok = budget is None or budget >= need
         peak_reserved = min(need, budget) if budget is not None else need
         warnings = (f"the allocator parsed '', not {conf!r} (the program set its own?)",) if conf in self.ignored else ()
@@ -99,6 +110,8 @@ class FakeEvaluator:
             segment_sizes=tuple(SEGMENTS) if record else None,
             autograd=(self._without_grad() if no_grad else self.autograd) if record else None,
             no_grad=no_grad,
+            cudnn_benchmark=cudnn_benchmark if switched else self.cudnn_benchmark,
+            cudnn_benchmark_set=cudnn_benchmark,
             **base,
         )
 

@@ -136,6 +136,11 @@ class Agent(_outputs.AgentOutputs):
                 torch.set_grad_enabled(False)  # grad mode is per thread: the program's main thread
             except Exception as exc:
                 self._note(f"cannot switch autograd off: {exc}")
+        if self.config.get("cudnn_benchmark") is not None:
+            try:  # the program may set it again itself: the report reads it back at the end
+                torch.backends.cudnn.benchmark = bool(self.config["cudnn_benchmark"])
+            except Exception as exc:
+                self._note(f"cannot set cudnn.benchmark: {exc}")
         try:
             torch.cuda._lazy_call(self._on_cuda_init)
         except Exception as exc:  # a torch without _lazy_call: note it, never break the program

@@ -102,7 +102,17 @@ class AgentOutputs:
         }
         if self.ooms:  # the allocator's own limit at the first OOM (the observer's `limit`)
             record["oom_limit"] = int(self.ooms[0]["limit"])
+        bench = self._cudnn_benchmark()
+        if bench is not None:  # which way cuDNN chose its algorithms: the switch to try is the other
+            record["cudnn_benchmark"] = bench
         return record
+
+    def _cudnn_benchmark(self) -> bool | None:
+        """torch.backends.cudnn.benchmark as the program leaves it (None: torch not imported)."""
+        try:
+            return None if self.torch is None else bool(self.torch.backends.cudnn.benchmark)
+        except Exception:  # noqa: BLE001 - a torch without cuDNN: nothing to say
+            return None
 
     def _dump_oom_snapshot(self) -> None:
         folder = self.config.get("oom_dir") or self.config.get("report_dir") or "."
@@ -253,6 +263,8 @@ class AgentOutputs:
             "oom_snapshot": self.oom_snapshot,
             "autograd": dict(self.autograd_counts) if self.autograd_counts is not None else None,
             "no_grad": bool(self.config.get("no_grad")),
+            "cudnn_benchmark_set": self.config.get("cudnn_benchmark"),
+            "cudnn_benchmark": self._cudnn_benchmark(),
             "segment_sizes": None,
             "agent_errors": list(self.agent_errors),
         }

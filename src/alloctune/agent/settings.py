@@ -32,6 +32,9 @@ _DEFAULTS: dict[str, Any] = {
     # Opt-in: run the program with autograd off (torch.set_grad_enabled(False) at torch import, main thread),
     # to measure what `torch.no_grad()` would save an inference program that never runs backward.
     "no_grad": False,
+    # Opt-in: torch.backends.cudnn.benchmark set to this (True / False) at torch import; None leaves it
+    # as the program sets it. Measures what the cuDNN switch changes in a convolution program (#29.3).
+    "cudnn_benchmark": None,
     "live": True,
     "live_interval": 1.0,
     "state_dir": None,  # default $ALLOCTUNE_STATE_DIR or ~/.cache/alloctune/live

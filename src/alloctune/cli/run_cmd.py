@@ -36,6 +36,10 @@ def register(app: typer.Typer) -> None:
             False, "--no-grad",
             help="Run the program with autograd off (measures what torch.no_grad() would save an inference "
             "program; a program that trains will fail)."),
+        cudnn_benchmark: Optional[str] = typer.Option(
+            None, "--cudnn-benchmark", metavar="on|off",
+            help="Set torch.backends.cudnn.benchmark at torch import (measures what the cuDNN switch changes; "
+            "a program that sets it itself keeps its own)."),
         json_out: bool = typer.Option(False, "--json", help="Print the trial as JSON (the command's stdout goes to stderr)."),
     ) -> None:
         """Run a command with the agent inside: budget, optional history, a report of what the allocator did.
@@ -51,6 +55,9 @@ def register(app: typer.Typer) -> None:
         if on_oom not in (None, "snapshot"):
             raise InputError(f"--on-oom {on_oom!r} is not known: use --on-oom snapshot")
         timeout = parse_seconds(timeout, "--timeout")
+        switch = {None: None, "on": True, "off": False}.get(cudnn_benchmark.lower() if cudnn_benchmark else None, "?")
+        if switch == "?":
+            raise InputError(f"--cudnn-benchmark {cudnn_benchmark!r} is not known: use on or off")
         result = run_trial(
             command,
             conf=conf,
@@ -60,6 +67,7 @@ def register(app: typer.Typer) -> None:
             timeout=timeout,
             stdout_to_stderr=json_out,
             no_grad=no_grad,
+            cudnn_benchmark=switch,
         )
         raise_for_environment(result)
         if json_out:
@@ -134,6 +142,10 @@ def render_trial(result: Any) -> None:
             line += ("; nothing ran backward, so the activations autograd kept were never needed: "
                      "torch.no_grad() would free them (measure it: alloctune run --no-grad ...)")
         t.add_row("autograd", line)
+    if result.cudnn_benchmark_set is not None:
+        held = result.cudnn_benchmark == result.cudnn_benchmark_set
+        t.add_row("cudnn.benchmark", f"set to {result.cudnn_benchmark_set} by the agent (--cudnn-benchmark)"
+                  + ("" if held else f"; the program set it back to {result.cudnn_benchmark} itself"))
     if result.processes > 1:
         t.add_row("processes", f"{result.processes} (figures from the one with the highest peak reserved)")
     err_console.print(t)

@@ -45,13 +45,36 @@ def cublas_requests(trace: Trace) -> set[int]:
     return out
 
 
+# Python frames of torch's convolution modules and functions (torch/nn/modules/conv.py, functional)
+CONV_FRAME = re.compile(r"^_conv_forward$|^conv(?:_transpose)?[123]d$|^convolution$")
+SHAPE_EVIDENCE = "workspace-shaped requests (freed right after they are made; no C++ frames)"
+PYTHON_EVIDENCE = "workspace-shaped requests made inside a convolution (Python stacks)"
+
+
+def conv_scratch_requests(trace: Trace) -> set[int] | None:
+    """The workspace-shaped requests whose Python stack passes through a convolution; None when the
+    recording kept no Python stacks (then the shape alone is all there is)."""
+    req = trace.requests
+    table = req.stack_table
+    if req.stack_ids is None or table is None or table.dropped:
+        return None
+    conv = {j for j, stack in enumerate(table.stacks)
+            if any(0 <= f < len(table.frames) and CONV_FRAME.match(table.frames[f][2] or "") for f in stack)}
+    return {i for i in scratch_requests(trace) if req.stack_ids[i] in conv}
+
+
 def cudnn_requests(trace: Trace) -> tuple[set[int], str]:
-    """cuDNN workspace requests and the evidence: frames, a learned fallback model, or the shape."""
+    """cuDNN workspace requests and the evidence: C++ frames, a learned fallback model, Python stacks
+    through a convolution (a transformer's scratch requests are then not taken for cuDNN's), or,
+    with none of these, the shape."""
     if has_cpp_frames(trace):
         return tag_by_frames(trace), "C++ frames"
     if trace.requests.fallbacks:
         return set(trace.requests.fallbacks), "the fallback model learned from a capped run"
-    return set(scratch_requests(trace)), "workspace-shaped requests (freed right after they are made; no C++ frames)"
+    conv = conv_scratch_requests(trace)
+    if conv is not None:
+        return conv, PYTHON_EVIDENCE
+    return set(scratch_requests(trace)), SHAPE_EVIDENCE
 
 
 def resized(trace: Trace, sizes: Mapping[int, int]) -> Trace:
@@ -96,15 +119,18 @@ def workspace_remedies(trace: Trace, base: int | None, conf: str, command: str =
         floor = min_budget(resized(trace, {i: NO_WORKSPACE for i in cudnn if sizes[i] > NO_WORKSPACE}), conf, trace)
         note = (f"{len(cudnn)} cuDNN workspace request(s) ({evidence}); the algorithms and their workspaces change "
                 "with the switch, which no recording shows: bound = min budget with every one given up")
-        for name, what, how, env in (
-            ("cudnn_benchmark_off", "cuDNN autotuning off", "torch.backends.cudnn.benchmark = False", ""),
+        was = (trace.meta or {}).get("cudnn_benchmark")  # the run record's: the switch to try is the other way
+        flip = was is False
+        side = "on" if flip else "off"
+        for name, what, how, run in (
+            (f"cudnn_benchmark_{side}", f"cuDNN autotuning {side}", f"torch.backends.cudnn.benchmark = {flip}",
+             f"alloctune run --cudnn-benchmark {side} --record cudnn_benchmark_{side}.pickle -- {command}"),
             ("cudnn_v7_api", "cuDNN's v7 API (where the installed torch still honours the switch)",
-             "TORCH_CUDNN_V8_API_DISABLED=1 in the program's environment", "TORCH_CUDNN_V8_API_DISABLED=1 "),
+             "TORCH_CUDNN_V8_API_DISABLED=1 in the program's environment",
+             f"TORCH_CUDNN_V8_API_DISABLED=1 alloctune record --out cudnn_v7_api.pickle -- {command}"),
         ):
-            first = "" if env else "add `torch.backends.cudnn.benchmark = False` before the model runs, then: "
             out.append(Remedy(
                 name, what, None, None, None, None, 0, 0.0, how, UNCONFIRMED, conf,
-                confirm=f"{first}{env}alloctune record --out {name}.pickle -- {command} && "
-                        f"alloctune simulate {name}.pickle --min-budget",
+                confirm=f"{run} && alloctune simulate {run.split('.pickle')[0].split()[-1]}.pickle --min-budget",
                 bound=floor, notes=(note,)))
     return out

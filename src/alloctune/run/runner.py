@@ -167,6 +167,7 @@ def run_trial(
     record_max_entries: int | None = None,
     stacks: str | None = None,
     no_grad: bool = False,
+    cudnn_benchmark: bool | None = None,
     device: int | None = None,
     on_oom: str | None = None,
     oom_dir: str | os.PathLike | None = None,
@@ -191,6 +192,8 @@ def run_trial(
     with each allocation of a recorded history ("python", the agent's default; "all"; "none").
     `no_grad`: the agent switches autograd off in the program (opt-in; measures what
     `torch.no_grad()` would save an inference program; a program that trains then fails).
+    `cudnn_benchmark`: the agent sets `torch.backends.cudnn.benchmark` to it at torch import (opt-in;
+    None leaves the program's own choice).
     `device`: the CUDA device the agent measures and caps (None = LOCAL_RANK's or the current).
     `on_oom="snapshot"`: keep a bounded history and dump it into `oom_dir` (default: the
     current directory) as `oom-snapshot.<pid>.pickle` when the allocator runs out of memory.
@@ -215,7 +218,8 @@ def run_trial(
         reports_dir.mkdir()
         agent = _agent_settings(reports_dir, conf=conf, budget=budget, ensure_cap=ensure_cap, record=record,
                                 record_max_entries=record_max_entries, on_oom=on_oom, oom_dir=oom_dir,
-                                device=device, watch_r=watch_r, stacks=stacks, no_grad=no_grad)
+                                device=device, watch_r=watch_r, stacks=stacks, no_grad=no_grad,
+                                cudnn_benchmark=cudnn_benchmark)
         child_env = build_env(env if env is not None else os.environ, conf=conf, agent=agent, site_dir=site,
                               torch_version=torch_version, command=argv)
         log_path = Path(capture) if capture else None
@@ -270,7 +274,8 @@ def _check_trial_arguments(on_oom: str | None, record_max_entries: int | None, d
 def _agent_settings(reports_dir: Path, *, conf: str | None, budget: int | None, ensure_cap: bool,
                     record: str | os.PathLike | None, record_max_entries: int | None, on_oom: str | None,
                     oom_dir: str | os.PathLike | None, device: int | None, watch_r: int,
-                    stacks: str | None = None, no_grad: bool = False) -> dict[str, Any]:
+                    stacks: str | None = None, no_grad: bool = False,
+                    cudnn_benchmark: bool | None = None) -> dict[str, Any]:
     """What the agent inside the child is told (`ALLOCTUNE_AGENT`): where to report, what to apply."""
     agent: dict[str, Any] = {
         "report_dir": str(reports_dir),
@@ -289,6 +294,8 @@ def _agent_settings(reports_dir: Path, *, conf: str | None, budget: int | None, 
         agent["stacks"] = stacks
     if no_grad:
         agent["no_grad"] = True
+    if cudnn_benchmark is not None:
+        agent["cudnn_benchmark"] = bool(cudnn_benchmark)
     agent.update(watch_fd=watch_r, watch_ino=os.fstat(watch_r).st_ino, runner_pid=os.getpid())
     return agent
 
@@ -394,6 +401,8 @@ def _result(
         ranks=tuple(r.to_dict() for r in summarize_ranks(reports)),
         autograd=main.get("autograd"),
         no_grad=bool(main.get("no_grad")),
+        cudnn_benchmark=main.get("cudnn_benchmark"),
+        cudnn_benchmark_set=main.get("cudnn_benchmark_set"),
     )
 
 
@@ -434,7 +443,8 @@ class TrialEvaluator:
         return max(60.0, 5 * self._baseline_wall)
 
     def __call__(self, conf: str, budget: int | None, *, repeat: int = 0, record: bool = False,
-                 ensure_cap: bool = False, no_grad: bool = False) -> TrialResult:
+                 ensure_cap: bool = False, no_grad: bool = False,
+                 cudnn_benchmark: bool | None = None) -> TrialResult:
         with self._count_lock:
             self.count += 1
             number = self.count
@@ -452,6 +462,7 @@ class TrialEvaluator:
             torch_version=self.torch_version,
             env=self.env,
             no_grad=no_grad,
+            cudnn_benchmark=cudnn_benchmark,
             pid_file=self.workdir / f"running-{number:04d}.json",
         )
         if record and budget is None and result.outcome in ("ok", "oom"):

@@ -50,6 +50,10 @@ class TrialResult:
     # Recorded runs: module calls made with / without autograd and backward passes (the busiest process's).
     autograd: dict[str, int] | None = None
     no_grad: bool = False  # the agent ran the program with autograd off (opt-in)
+    # torch.backends.cudnn.benchmark as the program left it (None: unknown), and what the agent set it to
+    # at torch import (None: left alone; a remedy's confirming run)
+    cudnn_benchmark: bool | None = None
+    cudnn_benchmark_set: bool | None = None
 
     @property
     def inference_with_grad(self) -> bool:

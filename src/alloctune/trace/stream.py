@@ -94,7 +94,7 @@ EMPTY_CACHE_MARKS_KEY = "alloctune_empty_cache_calls"
 RUN_RECORD_KEY = "alloctune_run"
 _RUN_RECORD_TYPES: dict[str, tuple[type, ...]] = {
     "cap": (int,), "total_memory": (int,), "oom_limit": (int,), "device": (int,), "torch": (str,), "conf": (str,),
-    "cmd": (list,),
+    "cmd": (list,), "cudnn_benchmark": (bool,),
 }
 RUN_RECORD_FIELDS = frozenset(_RUN_RECORD_TYPES)
 # How far (µs) a release may lie outside a marked call's interval and still be that call's:
@@ -170,7 +170,8 @@ def run_record(snapshot: Mapping[str, Any], source: str = "<snapshot>") -> dict[
             if key not in rec:
                 continue
             value = rec[key]
-            if not isinstance(value, types) or isinstance(value, bool) or (isinstance(value, int) and value < 0):
+            if (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)
+                    or (isinstance(value, int) and not isinstance(value, bool) and value < 0)):
                 bad = True
                 break
             if key == "cmd" and (len(value) > 4096 or not all(isinstance(a, str) and len(a) <= 65536 for a in value)):

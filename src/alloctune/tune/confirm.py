@@ -81,6 +81,7 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
         self.default_fails: str | None = None  # why the default was not run at the budget (simulated not to fit)
         self.shortfall: Shortfall | None = None  # no setting fits: the closest, how far off, what next
         self.no_grad: tuple[str, TrialResult] | None = None  # (setting, its run) confirming torch.no_grad()
+        self.cudnn: tuple[str, TrialResult] | None = None  # (setting, its run) confirming the cuDNN switch
         self.early: Any = None  # Future of `tune.remedies.simulate` under the planned best, run beside the GPU
 
     # ---- GPU runs ----------------------------------------------------------------------------
@@ -94,6 +95,9 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
     def _learn(self, req: TrialRequest, res: TrialResult) -> None:
         if req.no_grad:  # a remedy's confirming run says nothing about the setting's bracket
             self.no_grad = (req.conf, res)
+            return
+        if req.cudnn_benchmark is not None:
+            self.cudnn = (req.conf, res)
             return
         if res.warnings and req.conf not in self.refused:
             self.refused[req.conf] = "; ".join(res.warnings)
@@ -287,13 +291,18 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
 
     def _remedy_runs(self, c: Candidate | None) -> list[TrialRequest]:
         """The remedies that need a confirming run, under `c` at the budget, side by side with the
-        flow's first batch (one run each; today: autograd off, when the baseline ran inference with it on)."""
+        flow's first batch (one run each: autograd off, when the baseline ran inference with it on; the
+        cuDNN switch the other way, when the recording shows convolution workspaces)."""
         if c is None or not self.s.remedies:
             return []
-        from alloctune.tune.remedies import no_grad_request
+        from alloctune.tune.remedies import _trace, cudnn_request, no_grad_request
 
-        req = no_grad_request(self.baseline, c.conf, self.budget)
-        return [replace(req, ensure_cap=req.ensure_cap or self._gc(c))] if req is not None else []
+        reqs = [no_grad_request(self.baseline, c.conf, self.budget)]
+        try:
+            reqs.append(cudnn_request(self.baseline, _trace(self.sim, self.baseline), c.conf, self.budget))
+        except Exception as exc:  # noqa: BLE001 - the settings stand without the remedy
+            self.t.notes.append(f"the cuDNN switch not confirmed ({type(exc).__name__}: {exc})")
+        return [replace(r, ensure_cap=r.ensure_cap or self._gc(c)) for r in reqs if r is not None]
 
     def _settle_best(self, best: Candidate | None, default: Candidate,
                      fits: list[Candidate]) -> tuple[Candidate | None, list[Candidate]]:

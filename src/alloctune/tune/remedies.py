@@ -7,6 +7,10 @@
   backward): ONE confirming run, capped at the budget, recorded, with the agent's no-grad switch
   (`no_grad_request`; the user's code is not changed). It is measured: whether the program completes
   at the budget without autograd, its peaks, and the min budget its own recording simulates to.
+* The cuDNN switch (the recording shows convolution workspaces by C++ frames or Python stacks, and the
+  run record says which way `torch.backends.cudnn.benchmark` was): ONE confirming run the other way,
+  set by the agent at torch import (`cudnn_request`); the algorithms, hence every workspace, change
+  with it, which no recording shows, so only a run measures it.
 * One utilization table: each setting (min budget measured where the GPU proved it, else simulated;
   peaks of the uncapped replay, so rows compare) and each remedy, with what holds the best row below
   0.97 when no row reaches it.
@@ -89,6 +93,59 @@ def no_grad_remedy(trial: TrialResult, conf: str, base: int | None, simulator_fa
         notes=tuple(notes))
 
 
+# The smallest cuDNN workspace, as a share of the budget, for which the switch gets a confirming run: below
+# it the switch cannot move the min budget by the tolerance tune works to.
+CUDNN_MIN_SHARE = 0.02
+
+
+def cudnn_request(baseline: TrialResult, trace: Any, conf: str, budget: int) -> TrialRequest | None:
+    """The confirming run of the cuDNN switch the other way than the recording ran, when the
+    recording shows convolution workspaces (not the shape alone) of at least `CUDNN_MIN_SHARE` of the
+    budget and the run record says how `cudnn.benchmark` was."""
+    if baseline.cudnn_benchmark is None or trace is None:
+        return None
+    from alloctune.explain.workspaces import SHAPE_EVIDENCE, cudnn_requests
+
+    found, evidence = cudnn_requests(trace)
+    sizes = trace.requests.sizes
+    if not found or evidence == SHAPE_EVIDENCE or max(sizes[i] for i in found) < CUDNN_MIN_SHARE * budget:
+        return None
+    flip = not baseline.cudnn_benchmark
+    return TrialRequest(conf, budget, record=True, ensure_cap=True, cudnn_benchmark=flip,
+                        purpose=f"remedy: torch.backends.cudnn.benchmark = {flip} by the agent: confirm")
+
+
+def cudnn_remedy(trial: TrialResult, conf: str, base: int | None, simulator_factory: Any, command: str) -> Remedy:
+    """The measured cuDNN switch from its confirming run (capped at the budget, recorded)."""
+    flip = bool(trial.cudnn_benchmark_set)
+    name = f"cudnn_benchmark_{'on' if flip else 'off'}"
+    what = f"cuDNN autotuning {'on' if flip else 'off'} (torch.backends.cudnn.benchmark = {flip})"
+    how = f"torch.backends.cudnn.benchmark = {flip}  # before the model runs"
+    confirm = f"alloctune run --cudnn-benchmark {'on' if flip else 'off'} --budget {trial.budget}B -- {command}"
+    if trial.cudnn_benchmark is not None and trial.cudnn_benchmark != flip:  # the program set it back itself
+        return Remedy(name, what, None, None, None, None, 0, 0.0, how, UNCONFIRMED, conf, confirm=confirm,
+                      notes=("not measured: the program sets torch.backends.cudnn.benchmark itself (it was "
+                             f"{trial.cudnn_benchmark} at the end of the agent's run); change it where the program "
+                             "does and run the confirming command",))
+    mb, notes = None, []
+    if trial.passed and trial.snapshot and simulator_factory is not None:
+        try:
+            mb = simulator_factory(trial).estimates([conf]).get(conf)
+        except Exception as exc:  # noqa: BLE001 - the run's own outcome still stands
+            notes.append(f"its recording could not be simulated ({type(exc).__name__}: {exc})")
+    if trial.passed:
+        outcome = f"completed at {format_mib(trial.budget or 0)} (measured)"
+        if mb is not None:
+            outcome += f"; its recording simulates to a min budget of {format_mib(mb)}"
+    elif trial.outcome == "oom":
+        outcome = f"ran out of memory at {format_mib(trial.budget or 0)} with the switch (measured)"
+    else:
+        outcome = f"did not complete with the switch ({trial.outcome}: {trial.error or 'no detail'})"
+    notes.insert(0, outcome)
+    return Remedy(name, what, mb, None if mb is None or base is None else base - mb, trial.peak_reserved,
+                  trial.peak_allocated, 0, 0.0, how, MEASURED, conf, confirm=confirm, notes=tuple(notes))
+
+
 def _trace(sim: Any, baseline: TrialResult) -> Any:
     """The baseline's recording as the simulator loaded it (before any learned fallbacks), else loaded."""
     raw = getattr(sim, "raw", None)
@@ -150,13 +207,21 @@ def simulate(sim: Any, baseline: TrialResult, conf: str, command: str) -> Simula
 
 
 def tune_remedies(sim: Any, baseline: TrialResult, conf: str, summaries: Sequence["CandidateSummary"],
-                  no_grad: Remedy | None, command: str, early: Simulated | None = None) -> RemedyReport:
+                  no_grad: Remedy | None, command: str, early: Simulated | None = None,
+                  measured: Sequence[Remedy] = ()) -> RemedyReport:
     """The simulated remedies under `conf` (the best or closest setting; `early`: simulated while the GPU
-    ran, used when it was for the same setting), the measured no-grad one, and the utilization table."""
+    ran, used when it was for the same setting), the measured no-grad one, the other measured ones
+    (`measured`: the cuDNN switch, which takes the place of the listed, unconfirmed cuDNN candidates),
+    and the utilization table."""
     from alloctune.explain.remedy_set import best_release
 
     done = early if early is not None and early.conf == conf else simulate(sim, baseline, conf, command)
     trace, remedies, notes = done.trace, list(done.remedies), list(done.notes)
+    if any(m.name.startswith("cudnn_benchmark") for m in measured):
+        remedies = [r for r in remedies if not (r.name.startswith("cudnn_benchmark") and r.method == UNCONFIRMED)]
+    remedies += list(measured)
+    for m in measured:
+        notes.append(f"{m.what}: {m.notes[0]}" if m.notes else m.what)
     if no_grad is not None:
         remedies.append(no_grad)
     best = best_release(remedies)

@@ -43,12 +43,14 @@ REUSABLE = ("ok", "oom")
 
 
 def trial_key(command: Sequence[str], conf: str, budget: int | None, repeat: int = 0, record: bool = False,
-              *, no_grad: bool = False) -> str:
-    """The identity of a trial, as a canonical JSON string (hashable, stable across runs; `no_grad`
-    appears only when set, so the keys of earlier stores still match)."""
+              *, no_grad: bool = False, cudnn_benchmark: bool | None = None) -> str:
+    """The identity of a trial, as a canonical JSON string (hashable, stable across runs; the remedy
+    switches appear only when set, so the keys of earlier stores still match)."""
     key: dict = {"command": list(command), "conf": conf, "budget": budget, "repeat": repeat, "record": record}
     if no_grad:
         key["no_grad"] = True
+    if cudnn_benchmark is not None:
+        key["cudnn_benchmark"] = bool(cudnn_benchmark)
     return json.dumps(key, sort_keys=True)
 
 

@@ -94,8 +94,8 @@ class Tuner:
         soon as it finishes, so an interruption loses nothing."""
         found: dict[int, TrialResult] = {}
         todo: list[tuple[int, TrialRequest]] = []
-        keys = [trial_key(self.settings.command, r.conf, r.budget, r.repeat, r.record, no_grad=r.no_grad)
-                for r in requests]
+        keys = [trial_key(self.settings.command, r.conf, r.budget, r.repeat, r.record, no_grad=r.no_grad,
+                          cudnn_benchmark=r.cudnn_benchmark) for r in requests]
         for k, (req, key) in enumerate(zip(requests, keys)):
             hit = self.store.get(key) if self.store is not None else None
             if hit is not None and req.record and (not hit.snapshot or not Path(hit.snapshot).exists()):
@@ -120,7 +120,7 @@ class Tuner:
                 self._done(req, result, reused=False)
         out = [found[k] for k in range(len(requests))]
         for req, r in zip(requests, out):
-            if req.no_grad:  # a remedy's confirming run: a program that needs autograd may fail, the sweep goes on
+            if req.remedy:  # a remedy's confirming run: a program that needs autograd may fail, the sweep goes on
                 raise_for_environment(r)
             else:
                 self._check(r)
@@ -220,7 +220,7 @@ class Tuner:
             )
         counts: dict[str, int] = {}
         for t in self.trials[1:]:
-            if not t.result.no_grad:  # a remedy's run is no trial of its setting
+            if not (t.result.no_grad or t.result.cudnn_benchmark_set is not None):  # a remedy's run: no trial of its setting
                 counts[t.result.conf or ""] = counts.get(t.result.conf or "", 0) + 1
         summaries = [_replace(sm, trials=counts.get(sm.candidate.conf, 0)) for sm in summaries]
         ranking = rank(summaries, budget, throughput_tolerance=s.throughput_tolerance, noise_rule=s.strategy == "confirm")
@@ -235,7 +235,7 @@ class Tuner:
     def _remedies(self, flow: Any, ranking: Any, summaries: list[CandidateSummary], shortfall: Any) -> tuple[Any, Any]:
         """The remedies beside the best setting (or, where none fits, the closest), and the shortfall
         with the remedies that would fit first in its next steps."""
-        from alloctune.tune.remedies import no_grad_remedy, shortfall_with_remedies, tune_remedies
+        from alloctune.tune.remedies import cudnn_remedy, no_grad_remedy, shortfall_with_remedies, tune_remedies
 
         best = ranking.best
         conf = best.candidate.conf if best is not None else shortfall.conf if shortfall is not None else ""
@@ -244,8 +244,12 @@ class Tuner:
         if flow.no_grad is not None:  # against the same simulator's need of the recording with autograd on
             ng_conf, trial = flow.no_grad
             ng = no_grad_remedy(trial, ng_conf, flow.est.get(ng_conf), self.simulator_factory, command)
+        measured = []
+        if flow.cudnn is not None:  # the cuDNN switch, run the other way than the recording
+            cd_conf, trial = flow.cudnn
+            measured.append(cudnn_remedy(trial, cd_conf, flow.est.get(cd_conf), self.simulator_factory, command))
         early = flow.early.result() if flow.early is not None else None  # simulated beside the GPU runs
-        report = tune_remedies(flow.sim, flow.baseline, conf, summaries, ng, command, early=early)
+        report = tune_remedies(flow.sim, flow.baseline, conf, summaries, ng, command, early=early, measured=measured)
         self.notes.extend(report.notes)
         if ng is not None:
             self.notes.append(f"inference ran with autograd on and no backward: {ng.notes[0]}; the line to add: "

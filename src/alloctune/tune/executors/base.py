@@ -26,13 +26,21 @@ class TrialRequest:
     exclusive: bool = False  # needs the GPU to itself: its throughput will be compared
     purpose: str = ""
     no_grad: bool = False  # the agent runs the program with autograd off (a remedy's confirming run)
+    cudnn_benchmark: bool | None = None  # the agent sets cudnn.benchmark to it (a remedy's confirming run)
+
+    @property
+    def remedy(self) -> bool:
+        """A remedy's confirming run: it says nothing about its setting's bracket."""
+        return self.no_grad or self.cudnn_benchmark is not None
 
     def call_options(self) -> dict[str, Any]:
-        """The evaluator's keyword arguments; `no_grad` only when set, so evaluators that never
-        confirm a remedy need not take it."""
+        """The evaluator's keyword arguments; the remedy switches only when set, so evaluators that
+        never confirm a remedy need not take them."""
         out: dict[str, Any] = dict(repeat=self.repeat, record=self.record, ensure_cap=self.ensure_cap)
         if self.no_grad:
             out["no_grad"] = True
+        if self.cudnn_benchmark is not None:
+            out["cudnn_benchmark"] = self.cudnn_benchmark
         return out
 
 

@@ -78,6 +78,7 @@ class SpecRunner:
             ensure_cap=req.ensure_cap,
             repeat=req.repeat,
             no_grad=req.no_grad,
+            cudnn_benchmark=req.cudnn_benchmark,
             torch_version=spec.torch_version,
             env=child_env,
         )
