@@ -209,32 +209,43 @@ def _conv_tune(ev, budget_mib, executor=None):
     return Tuner(ev, s, simulator_factory=factory, executor=executor).run()
 
 
-def test_convolution_workspaces_get_one_run_of_the_cudnn_switch_the_other_way():
-    """#29.3: the recording shows cuDNN workspaces and the program ran with benchmark off: ONE run with the
-    agent's switch on, side by side with the opening batch, measured (its own recording's min budget), in
-    place of the listed unconfirmed cuDNN candidates; the setting's runs are unchanged."""
-    plain = FakeEvaluator(cudnn_benchmark=None, cudnn_saving=150 * MiB)
-    _conv_tune(plain, 2600)
-    ev = FakeEvaluator(cudnn_benchmark=False, cudnn_saving=150 * MiB)
+def test_where_nothing_fits_convolution_workspaces_get_one_run_of_the_cudnn_switch_the_other_way():
+    """#29.3: no setting fits 1700 MiB, the recording shows cuDNN workspaces whose giving up would fit, and the
+    program ran with benchmark off: ONE run with the agent's switch on, beside the closest setting's run,
+    measured (its own recording's min budget), in place of the listed unconfirmed candidate; then the
+    shortfall's next steps start with it, since it fits."""
+    plain = FakeEvaluator(cudnn_benchmark=None, cudnn_saving=600 * MiB)
+    _conv_tune(plain, 1700)
+    ev = FakeEvaluator(cudnn_benchmark=False, cudnn_saving=600 * MiB)
     rec = BatchRecorder(ev)
-    res = _conv_tune(ev, 2600, executor=rec)
-    assert len(ev.calls) == len(plain.calls) + 1 and not plain.cudnn_calls  # unknown flag: no run
-    best = res.ranking.best.candidate.conf
-    assert ev.cudnn_calls == [(best, 2600 * MiB, True)]
-    assert any(r.cudnn_benchmark is not None for r in rec.batches[1])  # beside the opening batch
+    res = _conv_tune(ev, 1700, executor=rec)
+    assert res.shortfall is not None and len(plain.calls) == 2 and not plain.cudnn_calls  # flag unknown: no run
+    closest = res.shortfall.conf
+    assert len(ev.calls) == 3 and ev.cudnn_calls == [(closest, 1700 * MiB, True)]
+    assert len(rec.batches[1]) == 2 and sum(r.cudnn_benchmark is not None for r in rec.batches[1]) == 1
     names = [r.name for r in res.remedies.remedies]
     assert "cudnn_benchmark_on" in names and "cudnn_benchmark_off" not in names
     on = next(r for r in res.remedies.remedies if r.name == "cudnn_benchmark_on")
-    assert on.method == "measured" and on.min_budget == ev.need(best) - 150 * MiB and on.saving == 150 * MiB
+    assert on.method == "measured" and on.min_budget == ev.need(closest) - 600 * MiB
     assert on.how_to.startswith("torch.backends.cudnn.benchmark = True")
     assert on.confirm.startswith("alloctune run --cudnn-benchmark on --budget")
-    assert next(s for s in res.summaries if s.candidate.conf == best).trials == len(
-        [c for c in plain.calls[1:] if c[0] == best])  # the switch's run is no trial of its setting
+    assert res.shortfall.next_steps[0].startswith("cuDNN autotuning on") and "fits (measured" in res.shortfall.next_steps[0]
+    assert next(s for s in res.summaries if s.candidate.conf == closest).trials == 1  # no trial of its setting
+
+
+def test_where_a_setting_fits_the_cudnn_switch_is_listed_not_run():
+    """A fit keeps tune's three runs: the switch (a few percent at most) is listed with its command."""
+    ev = FakeEvaluator(cudnn_benchmark=False, cudnn_saving=150 * MiB)
+    res = _conv_tune(ev, 2600)
+    assert res.ranking.best is not None and len(ev.calls) == 3 and not ev.cudnn_calls
+    listed = [r for r in res.remedies.remedies if r.name.startswith("cudnn_benchmark")]
+    assert listed and all(r.method == "needs a confirming run" for r in listed)
 
 
 def test_a_program_that_sets_cudnn_benchmark_itself_is_not_measured_by_the_switch():
-    ev = FakeEvaluator(cudnn_benchmark=False, cudnn_saving=150 * MiB, cudnn_sticky=True)
-    res = _conv_tune(ev, 2600)
+    ev = FakeEvaluator(cudnn_benchmark=False, cudnn_saving=600 * MiB, cudnn_sticky=True)
+    res = _conv_tune(ev, 1700)
+    assert len(ev.cudnn_calls) == 1
     on = next(r for r in res.remedies.remedies if r.name == "cudnn_benchmark_on")
     assert on.method == "needs a confirming run" and on.min_budget is None
     assert "sets torch.backends.cudnn.benchmark itself" in on.notes[0]

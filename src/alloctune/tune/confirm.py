@@ -289,17 +289,19 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
                 reqs.append(TrialRequest("", self.budget, exclusive=measure, purpose="the default at the budget"))
         self._run(sorted(reqs + self._remedy_runs(best), key=lambda r: r.exclusive))  # the side by side ones first
 
-    def _remedy_runs(self, c: Candidate | None) -> list[TrialRequest]:
+    def _remedy_runs(self, c: Candidate | None, shortfall: bool = False) -> list[TrialRequest]:
         """The remedies that need a confirming run, under `c` at the budget, side by side with the
-        flow's first batch (one run each: autograd off, when the baseline ran inference with it on; the
-        cuDNN switch the other way, when the recording shows convolution workspaces)."""
+        flow's first batch (one run each: autograd off, when the baseline ran inference with it on; where
+        no setting fits (`shortfall`), the cuDNN switch the other way, when the recording shows
+        convolution workspaces whose giving up would fit the budget)."""
         if c is None or not self.s.remedies:
             return []
         from alloctune.tune.remedies import _trace, cudnn_request, no_grad_request
 
         reqs = [no_grad_request(self.baseline, c.conf, self.budget)]
         try:
-            reqs.append(cudnn_request(self.baseline, _trace(self.sim, self.baseline), c.conf, self.budget))
+            if shortfall:
+                reqs.append(cudnn_request(self.baseline, _trace(self.sim, self.baseline), c.conf, self.budget))
         except Exception as exc:  # noqa: BLE001 - the settings stand without the remedy
             self.t.notes.append(f"the cuDNN switch not confirmed ({type(exc).__name__}: {exc})")
         return [replace(r, ensure_cap=r.ensure_cap or self._gc(c)) for r in reqs if r is not None]
@@ -392,7 +394,7 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
         b = self._bracket(closest)
         res = self._run([TrialRequest(closest.conf, self.budget, ensure_cap=self._gc(closest), record=self._want_calibration(),
                                       purpose="the closest setting at the budget (simulated not to fit): confirm")]
-                        + self._remedy_runs(closest))
+                        + self._remedy_runs(closest, shortfall=True))
         if b.passed is not None:
             self.t.notes.append(
                 f"the simulation said no setting fits {format_mib(self.budget)}, but {closest.label} completed there: "
