@@ -129,6 +129,8 @@ def summarize(name: str, d: Path, rc: int, wall: float) -> dict:
         "infeasible_below": best.get("infeasible_below"),
         "verified": best.get("verified"),
         "sim_agrees": best.get("sim_agrees"),
+        "throughput_samples": best.get("throughput_samples"),  # runs of the best alone on the GPU that gave a rate
+        "best_note": best.get("note"),  # says what was and was not measured about throughput
         "notes": data.get("notes"),
         "candidates": [
             {k: c.get(k) for k in ("conf", "sim_min_budget", "min_budget", "infeasible_below", "verified", "trials", "note")}
@@ -162,17 +164,18 @@ def _mib(x) -> str:
 
 def table(rows: list[dict]) -> str:
     lines = ["| workload | GPU runs after baseline | wall s | × one run | recommended | simulated MiB | measured MiB "
-             "(fails at) | verified |", "|---|---|---|---|---|---|---|---|"]
+             "(fails at) | verified | samples alone |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['workload']} | - | {r['wall_s']} | - | error: {r['error'][:80]} | | | |")
+            lines.append(f"| {r['workload']} | - | {r['wall_s']} | - | error: {r['error'][:80]} | | | | |")
             continue
         lines.append(
             f"| {r['workload']} | {r['gpu_runs_after_baseline']} | {r['wall_s']} | {r['wall_over_one_run']} | "
             f"{'none' if r['recommendation'] is None else (r['recommendation'] or '(default)')} | "
             f"{_mib(r['sim_min_budget'])} | "
-            f"{_mib(r['min_budget'])} ({_mib(r['infeasible_below'])}) | {r['verified']} |")
-    return "\n".join(lines)
+            f"{_mib(r['min_budget'])} ({_mib(r['infeasible_below'])}) | {r['verified']} | {r.get('throughput_samples') or 0} |")
+    said = [f"- {r['workload']}: {r['best_note']}" for r in rows if "throughput" in (r.get("best_note") or "")]
+    return "\n".join(lines + ([""] + said if said else []))
 
 
 def load_truth(path: Path) -> dict[str, dict[str, dict]]:
