@@ -174,7 +174,7 @@ def test_a_default_in_doubt_runs_side_by_side_first_and_samples_follow_only_if_i
     assert [(r.conf, r.exclusive) for r in batches[1]] == [("max_split_size_mb:32", False)] * 2 + [("", False)]
     assert len(batches) == 2 and wall_in_runs(batches) == 2
     assert any("throughput is sampled alone on the GPU only if it completes" in n for n in res.notes)
-    assert "not compared: the default ran out of memory at 2.89 GiB" in res.ranking.best.note
+    assert "not compared: the default's run at 2.89 GiB did not complete (oom)" in res.ranking.best.note
     # it completes (2950 MiB; the baseline reserved 3150, so that did not show it): the samples alone follow,
     # the same wall time as sampling in the opening (3 runs: the pair side by side, then each sample alone)
     ev2 = Cached({**ev.needs, "": 2950 * MiB}, total=8 * GiB)

@@ -46,10 +46,12 @@ class ReportMixin(FlowState):
                 found = []
                 break
             try:
-                act = activity([default.conf, best.conf], self.budget)
-                if uncapped:
-                    card = self.baseline.total_memory or max(self.budget, self.baseline.peak_reserved or 0) * 2
-                    act[default.conf] = activity([default.conf], max(card, self.budget))[default.conf]
+                if uncapped:  # two replays, each at its own budget
+                    card = max(self.baseline.total_memory or 2 * max(self.budget, self.baseline.peak_reserved or 0),
+                               self.budget)
+                    act = {**activity([default.conf], card), **activity([best.conf], self.budget)}
+                else:
+                    act = activity([default.conf, best.conf], self.budget)
                 span = getattr(sim, "gpu_span_s", None) or self.baseline.wall_s
                 found.append(overhead_bound(act[default.conf], act[best.conf], span, call_s=self.s.driver_call_s,
                                             mib_s=self.s.driver_mib_s, sync_s=self.s.sync_s,
@@ -85,7 +87,7 @@ class ReportMixin(FlowState):
         `best`'s throughput (the verdict on its summary, and a note), without a comparison that
         cannot be made. `ran`: the default's run at the budget, if it had one."""
         if ran is not None:
-            why = f"the default ran out of memory at {format_mib(self.budget)}"
+            why = f"the default's run at {format_mib(self.budget)} did not complete ({ran.outcome})"
         else:
             why = f"the default does not complete at {format_mib(self.budget)} (simulated from its own recording, not run)"
         unit = next((t.result.throughput_unit for t in reversed(self.t.trials)
