@@ -131,11 +131,12 @@ python3 bench/gpu_remedies.py --out "$OUT/d" --jobs "${JOBS:-8}" --deadline "${D
 """, 560),
     "tune-sharp": Job(
         "issue #28: tune of four real models (HuBERT, Llama generate, DeepLabV3, ConvNeXt) under budgets where the "
-        "default fails (bench/gpu_tune_real.py --budgets sharp), one at a time: runs and wall time against one run",
+        "default fails (bench/gpu_tune_real.py --budgets sharp), one at a time: runs and wall time against one run; "
+        "env ONLY, TRIAL_TIMEOUT (150), THROUGHPUT (measure: the tunes' --throughput measure)",
         r"""
 mkdir -p "$OUT/tune"
 python3 bench/gpu_tune_real.py --out "$OUT/tune" --jobs 1 --timeout "${TRIAL_TIMEOUT:-150}" --budgets sharp \
-  --only "${ONLY:-hubert,llama,seg,convnext,hubert_grad}" >"$OUT/tune/stdout.txt" 2>&1
+  --only "${ONLY:-hubert,llama,seg,convnext,hubert_grad}" ${THROUGHPUT:+--throughput "$THROUGHPUT"} >"$OUT/tune/stdout.txt" 2>&1
 cat "$OUT/tune/summary.md"
 """, 480),
     "plan-confirm": Job(

@@ -56,7 +56,7 @@ MiB = 1 << 20
 
 
 def run_all(names: list[str], out: Path, jobs: int, timeout: float, on_row=None,
-            budgets: dict[str, str] | None = None) -> list[dict]:
+            budgets: dict[str, str] | None = None, extra: list[str] | None = None) -> list[dict]:
     budgets = budgets or {}
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
@@ -70,7 +70,7 @@ def run_all(names: list[str], out: Path, jobs: int, timeout: float, on_row=None,
             d = out / name
             d.mkdir(parents=True, exist_ok=True)
             cmd = [PY, "-m", "alloctune", "tune", "--json", "--store", str(d / "trials.jsonl"),
-                   *(["--budget", budgets[name]] if name in budgets else []), "--", *WORKLOADS[name]]
+                   *(["--budget", budgets[name]] if name in budgets else []), *(extra or []), "--", *WORKLOADS[name]]
             so, se = (d / "tune.json").open("w"), (d / "tune.stderr").open("w")
             proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=so, stderr=se, start_new_session=True)
             running[name] = (proc, time.monotonic(), d, [so, se])
@@ -129,6 +129,8 @@ def summarize(name: str, d: Path, rc: int, wall: float) -> dict:
         "infeasible_below": best.get("infeasible_below"),
         "verified": best.get("verified"),
         "sim_agrees": best.get("sim_agrees"),
+        "throughput_samples": best.get("throughput_samples"),  # runs of the best alone on the GPU that gave a rate
+        "best_note": best.get("note"),  # says what was and was not measured about throughput
         "notes": data.get("notes"),
         "candidates": [
             {k: c.get(k) for k in ("conf", "sim_min_budget", "min_budget", "infeasible_below", "verified", "trials", "note")}
@@ -162,17 +164,18 @@ def _mib(x) -> str:
 
 def table(rows: list[dict]) -> str:
     lines = ["| workload | GPU runs after baseline | wall s | × one run | recommended | simulated MiB | measured MiB "
-             "(fails at) | verified |", "|---|---|---|---|---|---|---|---|"]
+             "(fails at) | verified | samples alone |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['workload']} | - | {r['wall_s']} | - | error: {r['error'][:80]} | | | |")
+            lines.append(f"| {r['workload']} | - | {r['wall_s']} | - | error: {r['error'][:80]} | | | | |")
             continue
         lines.append(
             f"| {r['workload']} | {r['gpu_runs_after_baseline']} | {r['wall_s']} | {r['wall_over_one_run']} | "
             f"{'none' if r['recommendation'] is None else (r['recommendation'] or '(default)')} | "
             f"{_mib(r['sim_min_budget'])} | "
-            f"{_mib(r['min_budget'])} ({_mib(r['infeasible_below'])}) | {r['verified']} |")
-    return "\n".join(lines)
+            f"{_mib(r['min_budget'])} ({_mib(r['infeasible_below'])}) | {r['verified']} | {r.get('throughput_samples') or 0} |")
+    said = [f"- {r['workload']}: {r['best_note']}" for r in rows if "throughput" in (r.get("best_note") or "")]
+    return "\n".join(lines + ([""] + said if said else []))
 
 
 def load_truth(path: Path) -> dict[str, dict[str, dict]]:
@@ -223,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--summary", type=Path, default=None, help="summary.json of a finished run (with --compare)")
     ap.add_argument("--budgets", default="", help="'sharp' (SHARP: budgets where the default fails) or NAME=SIZE,...; "
                     "default: the whole card")
+    ap.add_argument("--throughput", default=None, choices=("auto", "measure"), help="the tunes' --throughput (default: tune's own)")
     args = ap.parse_args(argv)
     budgets = dict(SHARP) if args.budgets == "sharp" else dict(
         kv.split("=", 1) for kv in args.budgets.split(",") if "=" in kv)
@@ -257,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
                 for snap in _snapshots(work / name):  # the recordings: the before/after table is computed from them
                     tar.add(snap, arcname=f"{name}/rec/{snap.name}")
 
-    rows = run_all(names, work, max(1, args.jobs), args.timeout, on_row=save, budgets=budgets)
+    rows = run_all(names, work, max(1, args.jobs), args.timeout, on_row=save, budgets=budgets,
+                   extra=["--throughput", args.throughput] if args.throughput else None)
     save(rows)
     print((out / "summary.md").read_text())
     sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -171,12 +171,19 @@ def test_batches_go_through_the_executor_interface():
             return None
 
     Tuner(ev, settings(), simulator_factory=lambda b: Learner(ev), executor=rec).run()
-    first = seen[1]  # after the baseline: the best just below and just above its estimate (the default is
-    # simulated from its own recording not to fit: no run); this simulator cannot count allocator work, so
-    # throughput is measured: the best's likely pass has the GPU alone, after the side by side one
+    first = seen[1]  # after the baseline: the best just above and just below its estimate (the default is
+    # simulated from its own recording not to fit: no run, and no default rate to compare with, so neither
+    # run needs the GPU alone although this simulator cannot count allocator work): side by side
+    assert [(r.conf, r.exclusive) for r in first] == [("max_split_size_mb:32", False)] * 2
+    assert first[0].budget > first[1].budget
+    assert [r.record for r in first] == [False, True]  # the low run is a calibration for fallible requests
+    # --throughput measure: the likely pass has the GPU alone, after the side by side one
+    ev2 = FakeEvaluator()
+    rec2 = BatchRecorder(ev2)
+    Tuner(ev2, settings(throughput_check="measure"), simulator_factory=lambda b: Learner(ev2), executor=rec2).run()
+    first = rec2.batches[1]
     assert [(r.conf, r.exclusive) for r in first] == [("max_split_size_mb:32", False), ("max_split_size_mb:32", True)]
     assert first[1].budget > first[0].budget
-    assert [r.record for r in first] == [True, False]  # the low run is a calibration for fallible requests
 
 
 def test_a_capped_run_that_adapted_recalibrates_the_simulator():

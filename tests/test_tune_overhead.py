@@ -3,6 +3,8 @@ that only measures throughput when that work cannot rule a slowdown out."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from alloctune.tune.candidates import parse_knobs
@@ -103,6 +105,86 @@ def test_a_default_that_reserved_more_than_the_budget_is_not_shown_to_fit_by_the
     assert any("replaying its own recording needs" in n for n in res.notes)
     assert res.ranking.best.candidate.conf == "max_split_size_mb:32"
     assert res.ranking.best.min_budget >= split_need(32)
+
+
+def wall_in_runs(batches):
+    """The tune's wall time in runs of the workload: runs alone one each, side by side ones together."""
+    alone = [sum(1 for r in b if r.exclusive or r.budget is None) for b in batches]
+    return sum(a + (1 if a < len(b) else 0) for a, b in zip(alone, batches))
+
+
+def test_when_the_default_fails_at_the_budget_nothing_needs_the_gpu_alone_and_that_is_said():
+    # the default needs 3000 MiB (replaying its own recording) of 2600: it has no rate at this budget.
+    # max_split_size_mb:32 adds driver work that could cost 4 % of the run, which would have put its
+    # likely pass alone on the GPU (one run after the other: 3 runs of wall time after the baseline's 1)
+    ev = FakeEvaluator(total=8 * GiB)
+    res, batches = tune(ev, Counting(ev, extra=4000, span=10.0), budget=2600 * MiB)
+    assert len(ev.calls) == 3 and len(batches) == 2  # the recording, then one batch of two
+    assert [(r.conf, r.exclusive) for r in batches[1]] == [("max_split_size_mb:32", False)] * 2
+    assert wall_in_runs(batches) == 2
+    best = res.ranking.best
+    assert best.candidate.conf == "max_split_size_mb:32" and best.verified
+    assert best.throughput is None and best.throughput_samples == 0  # a side by side run is no sample
+    note = next(n for n in res.notes if n.startswith("throughput of max_split_size_mb:32"))
+    assert "not compared: the default does not complete at 2.54 GiB" in note
+    assert "its rate was not measured (--throughput measure samples it alone)" in note
+    # what the simulation says instead: the work it adds over the default with the whole card
+    assert "4000 more cudaMalloc/cudaFree" in note and "than the default with the whole card" in note
+    assert "more than the tolerance" in note and ": measured" not in note
+    assert "not compared" in best.note
+
+
+def test_when_the_default_fails_a_forced_measure_still_samples_the_best_alone():
+    ev = FakeEvaluator(total=8 * GiB)
+    res, batches = tune(ev, Counting(ev), budget=2600 * MiB, throughput_check="measure")
+    assert len(ev.calls) == 3  # no run of the default: it has no rate at the budget either way
+    opening = batches[1]
+    assert [r.exclusive for r in opening] == [False, True]  # the side by side one first, then the pass alone
+    assert max(opening, key=lambda r: r.budget).exclusive
+    assert wall_in_runs(batches) == 3
+    best = res.ranking.best
+    assert best.throughput_samples == 1 and best.throughput == 100.0
+    note = next(n for n in res.notes if n.startswith("throughput of max_split_size_mb:32"))
+    assert "not compared" in note and "max_split_size_mb:32 alone on the GPU: 100 items/s (1 sample)" in note
+    assert "no more allocator driver work than the default with the whole card" in note
+
+    class Silent(FakeEvaluator):  # a workload that prints no rate: a run alone is still no sample
+        def __call__(self, conf, budget, **kw):
+            return replace(super().__call__(conf, budget, **kw), throughput=None)
+
+    ev2 = Silent(total=8 * GiB)
+    res2, _ = tune(ev2, Counting(ev2), budget=2600 * MiB, throughput_check="measure")
+    assert res2.ranking.best.throughput_samples == 0
+    assert any("ran alone on the GPU, but the workload reported no throughput" in n for n in res2.notes)
+
+
+class Cached(FakeEvaluator):
+    """The uncapped baseline reserves more than the program needs (the cache keeps what it freed)."""
+
+    def __call__(self, conf, budget, **kw):
+        res = super().__call__(conf, budget, **kw)
+        return res if budget is not None else replace(res, peak_reserved=res.peak_reserved + 200 * MiB)
+
+
+def test_a_default_in_doubt_runs_side_by_side_first_and_samples_follow_only_if_it_completes():
+    # the default is simulated to need 3000 MiB of 2960 (within the tolerance: run it); the best's
+    # driver work could matter. It fails: no sample alone is made, one batch of three side by side
+    ev = FakeEvaluator(total=8 * GiB)
+    res, batches = tune(ev, Counting(ev, extra=4000), budget=2960 * MiB)
+    assert [(r.conf, r.exclusive) for r in batches[1]] == [("max_split_size_mb:32", False)] * 2 + [("", False)]
+    assert len(batches) == 2 and wall_in_runs(batches) == 2
+    assert any("throughput is sampled alone on the GPU only if it completes" in n for n in res.notes)
+    assert "not compared: the default's run at 2.89 GiB did not complete (oom)" in res.ranking.best.note
+    # it completes (2950 MiB; the baseline reserved 3150, so that did not show it): the samples alone follow,
+    # the same wall time as sampling in the opening (3 runs: the pair side by side, then each sample alone)
+    ev2 = Cached({**ev.needs, "": 2950 * MiB}, total=8 * GiB)
+    res2, batches2 = tune(ev2, Counting(ev2, extra=4000), budget=2960 * MiB)
+    assert not any(r.exclusive for r in batches2[1]) and len(batches2[1]) == 3
+    assert sorted((r.conf, r.budget, r.exclusive) for r in batches2[2]) == [
+        ("", 2960 * MiB, True), ("max_split_size_mb:32", 2960 * MiB, True)]
+    assert wall_in_runs(batches2) == 1 + 1 + 2
+    best = res2.ranking.best
+    assert best.throughput_samples >= 1 and "not compared" not in (best.note or "")
 
 
 def test_a_default_simulated_within_the_tolerance_of_the_budget_still_runs_there():

@@ -37,7 +37,8 @@ def register(app: typer.Typer) -> None:
         max_gpu_runs: int = typer.Option(10, "--max-gpu-runs", help="confirm: GPU runs after the baseline, at most."),
         throughput: str = typer.Option(
             "auto", "--throughput", help="confirm: auto (compare throughput with runs alone on the GPU only when the "
-            "simulated allocator work of the best could slow it by the tolerance) or measure (always)."
+            "simulated allocator work of the best could slow it by the tolerance, and never when the default does not "
+            "complete at the budget: it has no rate there to compare with) or measure (always sample the best alone)."
         ),
         store: Optional[Path] = typer.Option(None, "--store", help="Results store (JSONL); default under ~/.cache/alloctune/tune/."),
         resume: bool = typer.Option(False, "--resume", help="Continue the sweep in the store, skipping finished trials."),

@@ -26,9 +26,15 @@ found) to the recording as made. GPU runs only confirm what decides the answer:
 5. throughput: a setting changes no kernel, only the allocator's driver work, which the
    simulator counts (`_bound`); runs alone on the GPU and A/B repeats are made only when
    that work could cost the tolerance, until the gap clears the noise, else memory decides.
+   Where the default is shown not to complete at the budget (`_default_fails`) it has no
+   rate there, so nothing is compared and no run needs the GPU alone: the opening runs side
+   by side, and the output says what is known instead (the driver work the best adds over
+   the default with the whole card, simulated; no sample alone unless `--throughput measure`,
+   which still puts the best's likely pass alone on the GPU).
 
 With an accurate simulator that is two GPU runs after the baseline, side by side (three in
-all); where nothing fits, one.
+all, about two runs of wall time); where nothing fits, one. A run alone on the GPU (a
+throughput sample) waits for the side by side ones and adds a run of wall time.
 """
 
 from __future__ import annotations
@@ -72,6 +78,7 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
         self.at_budget: dict[str, TrialResult] = {}
         self.refused: dict[str, str] = {}
         self.samples: dict[str, list[float]] = {}
+        self.alone: set[str] = set()  # settings with a completed run that had the GPU alone
         self.hints: dict[str, int | None] = {}
         self.verdict: str | None = None
         self.calibrated = False
@@ -109,8 +116,10 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
             self.at_budget.setdefault(req.conf, res)
         if req.conf in self.brackets and req.budget is not None:
             self.brackets[req.conf].record(req.budget, ok)
-        if ok and req.exclusive and res.throughput is not None:
-            self.samples.setdefault(req.conf, []).append(res.throughput)
+        if ok and req.exclusive:
+            self.alone.add(req.conf)
+            if res.throughput is not None:
+                self.samples.setdefault(req.conf, []).append(res.throughput)
         if req.record and res.snapshot and self.sim is not None and hasattr(self.sim, "calibrate"):
             learned = self.sim.calibrate(res)
             if learned:  # the capped run showed how the program adapts: re-simulate every candidate
@@ -272,20 +281,32 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
         the default at the user's budget unless the baseline already showed it completes there or
         replaying its recording shows it cannot (when the best is the default itself, its own runs
         answer "does it fit?"). Runs that sample throughput have the GPU alone, and only when the
-        simulated allocator work cannot rule a slowdown out (`_must_measure`)."""
-        measure = self._must_measure(default, best)
-        reqs = self._opening(best, exclusive=measure) if best is not None else []
+        simulated allocator work cannot rule a slowdown out (`_must_measure`) -- never when the
+        default is shown not to complete at the budget: there is no default rate there to compare
+        with, so the opening runs side by side (unless `--throughput measure`). Where the default's
+        fit is in doubt (its simulated need within the tolerance of the budget), its run answers
+        first, side by side; the samples alone follow only if it completes (`_throughput`): the
+        same wall time when it does, two runs less when it does not."""
+        proof = fails = None
         if best is None or best.knob != DEFAULT:
             proof = self._default_proven()
-            fails = self._default_fails() if proof is None else None
+            fails = self._default_fails() if proof is None and best is not None else None
+            if fails is not None:
+                self.default_fails = fails
+                self.t.notes.append(fails)
+        measure = self._must_measure(default, best)
+        if measure and proof is None and fails is None and self.s.throughput_check != "measure":
+            measure = False
+            self.t.notes.append("the default may not complete at the budget (simulated within the tolerance): it runs "
+                                "there side by side with the best's first runs; throughput is sampled alone on the GPU "
+                                "only if it completes")
+        reqs = self._opening(best, exclusive=measure) if best is not None else []
+        if best is None or best.knob != DEFAULT:
             if proof is not None and not measure:
                 self.at_budget[""] = self.baseline
                 self.default_proof = proof
                 self.t.notes.append(proof)
-            elif fails is not None and best is not None:
-                self.default_fails = fails
-                self.t.notes.append(fails)
-            else:
+            elif fails is None:
                 reqs.append(TrialRequest("", self.budget, exclusive=measure, purpose="the default at the budget"))
         self._run(sorted(reqs + self._remedy_runs(best), key=lambda r: r.exclusive))  # the side by side ones first
 

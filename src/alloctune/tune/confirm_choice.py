@@ -34,6 +34,7 @@ class FlowState:
     at_budget: dict[str, TrialResult]
     refused: dict[str, str]
     samples: dict[str, list[float]]
+    alone: set[str]
     hints: dict[str, int | None]
     floors: dict[str, int | None]
     calibrated: bool

@@ -8,6 +8,7 @@ A mixin of `ConfirmFlow` (throughput runs go through its `_run`), plus `next_ste
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from alloctune.tune.bracket import tolerance
 from alloctune.tune.candidates import DEFAULT, Candidate
@@ -27,12 +28,16 @@ class ReportMixin(FlowState):
     default_proof: str | None
     default_fails: str | None
 
-    def _bound(self, default: Candidate, best: Candidate) -> OverheadBound | None:
+    def _bound(self, default: Candidate, best: Candidate, *, uncapped: bool = False) -> OverheadBound | None:
         """How much slower the allocator work alone can make `best` than the default at the
         budget (simulated), or None when the simulator cannot say. A job of several ranks is as
-        slow as its slowest: each rank is bounded on its own recording and the worst one kept."""
-        if best.conf in self.bounds:
-            return self.bounds[best.conf]
+        slow as its slowest: each rank is bounded on its own recording and the worst one kept.
+        `uncapped`: against the default with the whole card (as the baseline ran it), for a
+        default that does not complete at the budget -- its replay there stops at its OOM, and
+        the work it did until then is no reference."""
+        key = f"{best.conf}\0uncapped" if uncapped else best.conf
+        if key in self.bounds:
+            return self.bounds[key]
         sims = list(getattr(self.sim, "ranks", {}).values()) or [self.sim]
         found: list[OverheadBound] = []
         for sim in sims:
@@ -41,29 +46,73 @@ class ReportMixin(FlowState):
                 found = []
                 break
             try:
-                act = activity([default.conf, best.conf], self.budget)
+                if uncapped:  # two replays, each at its own budget
+                    card = max(self.baseline.total_memory or 2 * max(self.budget, self.baseline.peak_reserved or 0),
+                               self.budget)
+                    act = {**activity([default.conf], card), **activity([best.conf], self.budget)}
+                else:
+                    act = activity([default.conf, best.conf], self.budget)
                 span = getattr(sim, "gpu_span_s", None) or self.baseline.wall_s
                 found.append(overhead_bound(act[default.conf], act[best.conf], span, call_s=self.s.driver_call_s,
                                             mib_s=self.s.driver_mib_s, sync_s=self.s.sync_s,
-                                            tolerance=self.s.throughput_tolerance))
+                                            tolerance=self.s.throughput_tolerance,
+                                            against="the default with the whole card" if uncapped else "the default"))
             except Exception as exc:  # noqa: BLE001 - measure instead
-                self.t.notes.append(f"allocator work not simulated ({type(exc).__name__}: {exc}): throughput measured")
+                if not uncapped:
+                    self.t.notes.append(f"allocator work not simulated ({type(exc).__name__}: {exc}): throughput measured")
                 found = []
                 break
         bound = max(found, key=lambda b: (not b.rules_out, b.fraction or 0.0)) if found else None
-        if bound is not None and not bound.rules_out:
+        if bound is not None and not bound.rules_out and not uncapped:
             self.t.notes.append(f"throughput of {best.label}: {bound.text}")
-        self.bounds[best.conf] = bound
+        self.bounds[key] = bound
         return bound
 
     def _must_measure(self, default: Candidate, best: Candidate | None) -> bool:
-        """Whether `best`'s throughput against the default needs runs that have the GPU alone."""
+        """Whether `best`'s throughput against the default needs runs that have the GPU alone.
+        Never (unless `--throughput measure`) when the default is shown not to complete at the
+        budget (`default_fails`): the default has no rate there, so a sample alone compares
+        with nothing and only costs wall time (the opening pair would run one after the other)."""
         if best is None or best.knob == DEFAULT:
             return False
         if self.s.throughput_check == "measure":
             return True
+        if self.default_fails is not None:
+            return False
         bound = self._bound(default, best)
         return bound is None or not bound.rules_out
+
+    def _unpaired(self, default: Candidate, best: Candidate, ran: Any) -> None:
+        """The default does not complete at the budget: say what is and is not known about
+        `best`'s throughput (the verdict on its summary, and a note), without a comparison that
+        cannot be made. `ran`: the default's run at the budget, if it had one."""
+        if ran is not None:
+            why = f"the default's run at {format_mib(self.budget)} did not complete ({ran.outcome})"
+        else:
+            why = f"the default does not complete at {format_mib(self.budget)} (simulated from its own recording, not run)"
+        unit = next((t.result.throughput_unit for t in reversed(self.t.trials)
+                     if t.result.conf == best.conf and t.result.throughput_unit), None)
+        r = rate(self.samples.get(best.conf, []), unit)
+        if r is not None:
+            sampled = f"{best.label} alone on the GPU: {r.text()}"
+        elif best.conf in self.alone:
+            sampled = f"{best.label} ran alone on the GPU, but the workload reported no throughput"
+        else:
+            sampled = (f"no run of {best.label} had the GPU alone, so its rate was not measured "
+                       "(--throughput measure samples it alone)")
+        bound = self._bound(default, best, uncapped=True)
+        cost = ""
+        if bound is not None and bound.seconds is not None:
+            text = bound.text.removesuffix(": measured")
+            cost = f"; allocator work: {text}" + ("" if bound.rules_out else ", more than the tolerance")
+        elif bound is not None and bound.fraction is None and bound.extra_fallbacks == 0 and self._floor(best) is not None:
+            cost = ("; its allocator work is not bounded by the simulation: replayed as recorded it does not complete at "
+                    "the budget, it fits by giving up workspace-shaped requests, and only a run alone can time what "
+                    "replaces them")
+        elif bound is not None:
+            cost = f"; its allocator work is not bounded by the simulation ({bound.text})"
+        self.verdict = f"not compared: {why}, so there is no default rate at this budget; {sampled}{cost}"
+        self.t.notes.append(f"throughput of {best.label}: {self.verdict}")
 
     def _throughput(self, default: Candidate, best: Candidate) -> None:
         """Throughput against the default, only where it could matter.
@@ -76,7 +125,9 @@ class ReportMixin(FlowState):
         """
         ok_default = self.at_budget.get("")
         if ok_default is None or not ok_default.passed:
-            return  # the default does not complete: no alternative to compare with
+            if ok_default is not None or self.default_fails is not None:
+                self._unpaired(default, best, ok_default)  # no alternative to compare with: say so
+            return
         if not self._must_measure(default, best):
             bound = self.bounds.get(best.conf)
             if bound is not None:
@@ -141,8 +192,8 @@ class ReportMixin(FlowState):
                     note=note, **base)
                 if c is focus and cmp_ is not None and cmp_.slower:
                     sm = replace(sm, measurably_slower=True, note=f"throughput: {cmp_.text}")
-                elif c is focus and self.verdict:
-                    sm = replace(sm, note=f"throughput vs the default: {self.verdict}")
+                elif c is focus and self.verdict:  # kept beside what the bracket says (e.g. not proven)
+                    sm = replace(sm, note="; ".join(x for x in (note, f"throughput vs the default: {self.verdict}") if x))
                 out.append(sm)
                 continue
             if at is not None:  # run at the budget only (the default, usually)

@@ -141,10 +141,11 @@ class OverheadBound:
 
 def overhead_bound(
     a: AllocatorActivity, b: AllocatorActivity, run_s: float | None, *, call_s: float, sync_s: float,
-    tolerance: float, mib_s: float = 0.0,
+    tolerance: float, mib_s: float = 0.0, against: str = "the default",
 ) -> OverheadBound:
     """How much the allocator work `b` does beyond `a` can cost, against a run of `run_s` seconds:
     `call_s` per driver call plus `mib_s` per MiB it reserves or releases, `sync_s` per retry.
+    `against`: what `a` is, in the text.
 
     Only work `b` adds counts (less work cannot make it slower). Fallbacks that `b` adds are
     not bounded: a replaced workspace means a different kernel, whose speed only a run shows.
@@ -165,10 +166,10 @@ def overhead_bound(
                              "no allocator work added" if seconds == 0 else "run time unknown: measured instead")
     frac = seconds / run_s
     what = (f"{calls} more cudaMalloc/cudaFree ({mib / 1024:.1f} GiB more reserved or released) and {syncs} more "
-            f"synchronising retries than the default (simulated): at most {seconds * 1e3:.1f} ms = {frac:.1%} of the "
+            f"synchronising retries than {against} (simulated): at most {seconds * 1e3:.1f} ms = {frac:.1%} of the "
             f"{run_s:.3g} s the run used the GPU")
     if not calls and not syncs and not mib:
-        what = "no more allocator driver work than the default (simulated)"
+        what = f"no more allocator driver work than {against} (simulated)"
     if frac <= tolerance:
         return OverheadBound(calls, syncs, falls, seconds, frac, True,
                              f"{what}: no measurable slowdown possible (tolerance {tolerance:.0%}), not measured")
