@@ -87,3 +87,21 @@ def test_a_rewritten_recording_keeps_its_call_sites(seg):
     kept = [i for i, op in enumerate(out.ops) if op != EMPTY_CACHE]
     assert len(kept) == len(req) and [out.stack_ids[i] for i in kept] == req.stack_ids
     assert all(out.stack_ids[i] == -1 for i, op in enumerate(out.ops) if op == EMPTY_CACHE)
+
+
+def test_tunes_simulator_learns_the_same_from_the_capped_run(seg):
+    """tune's simulator, handed the tight run as one of its capped trials, re-simulates the default within
+    2 % of the real min budget (the ladder carried to the other calls of the same convolution)."""
+    from alloctune.run.trial import TrialResult
+    from alloctune.tune.simulator import SimulatorFromTrace
+
+    sim = SimulatorFromTrace(TrialResult(command=("x",), conf="", budget=None, outcome="ok", exit_code=0, wall_s=1.0,
+                                         snapshot=str(DATA / "seg.pickle.xz")))
+    before = sim.estimates([""])[""]
+    cal = REAL["agent_trials"]["seg_cal_tight"]
+    said = sim.calibrate(TrialResult(command=("x",), conf="", budget=cal["budget"], outcome="oom", exit_code=1, wall_s=1.0,
+                                     num_ooms=cal["num_ooms"], snapshot=str(DATA / "seg_cal_tight.pickle.xz")))
+    assert said and "carried over to" in said
+    after = sim.estimates([""])[""]
+    real = REAL["min_budget"]["seg"]
+    assert before > real["min_budget"] * 1.05 and real["fails_at"] < after <= real["min_budget"] * 1.02

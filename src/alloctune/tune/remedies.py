@@ -154,10 +154,11 @@ def cudnn_remedy(trial: TrialResult, conf: str, base: int | None, simulator_fact
 
 
 def _trace(sim: Any, baseline: TrialResult) -> Any:
-    """The baseline's recording as the simulator loaded it (before any learned fallbacks), else loaded."""
-    raw = getattr(sim, "raw", None)
-    if raw is not None:
-        return raw
+    """The baseline's recording as the simulator holds it now (with the fallbacks it learned from
+    frames or capped runs: the min budgets are those the settings were judged by), else loaded."""
+    held = getattr(sim, "trace", None) or getattr(sim, "raw", None)
+    if held is not None:
+        return held
     if not baseline.snapshot or not Path(baseline.snapshot).is_file():
         return None
     from alloctune.trace import load_trace

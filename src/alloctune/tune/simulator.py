@@ -116,7 +116,7 @@ class SimulatorFromTrace:
         if not trial.snapshot or trial.budget is None or not trial.num_ooms:
             return None
         from alloctune.trace import load_trace
-        from alloctune.trace.fallible import combine, learn_from_calibration, with_fallbacks
+        from alloctune.trace.fallible import combine, generalise, learn_from_calibration, with_fallbacks
 
         try:
             capped = load_trace(trial.snapshot)
@@ -126,10 +126,16 @@ class SimulatorFromTrace:
         if not learned.ladders:
             return None
         self.model = combine(learned, self.model)
-        self.trace = with_fallbacks(self.raw, self.model)
+        # carried over to the other calls of the same call site (Python stacks): a cap presses only the
+        # calls at the peak, and cuDNN chooses a convolution's algorithms the same way at every call
+        general = generalise(self.model, self.raw)
+        self.trace = with_fallbacks(self.raw, general)
+        carried = len(general.general) if general.general else 0
         return (
             f"calibration: the run of {trial.conf or '(default)'} capped at {format_mib(trial.budget)} showed "
-            f"{len(learned.ladders)} request size(s) falling back to smaller ones; every candidate re-simulated with them"
+            f"{len(learned.ladders)} request size(s) falling back to smaller ones"
+            + (f" (carried over to {carried} more call(s) of the same call site)" if carried else "")
+            + "; every candidate re-simulated with them"
         )
 
 

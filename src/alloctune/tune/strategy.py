@@ -248,7 +248,8 @@ class Tuner:
         if flow.cudnn is not None:  # the cuDNN switch, run the other way than the recording
             cd_conf, trial = flow.cudnn
             measured.append(cudnn_remedy(trial, cd_conf, flow.est.get(cd_conf), self.simulator_factory, command))
-        early = flow.early.result() if flow.early is not None else None  # simulated beside the GPU runs
+        # simulated beside the GPU runs, unless a capped run taught fallbacks since (then again, with them)
+        early = flow.early.result() if flow.early is not None and not flow.calibrated else None
         report = tune_remedies(flow.sim, flow.baseline, conf, summaries, ng, command, early=early, measured=measured)
         self.notes.extend(report.notes)
         if ng is not None:
