@@ -25,6 +25,10 @@ def register(app: typer.Typer) -> None:
             None, "--what-if-dir", metavar="DIR", help="Write each what-if's rewritten recording here (for alloctune simulate)."),
         device: Optional[int] = typer.Option(None, "--device", "-d", metavar="N", help="Device index (needed if several recorded)."),
         json_out: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
+        calibration: Optional[List[Path]] = typer.Option(
+            None, "--calibration", metavar="FILE",
+            help="A recording of the same program and input run under a cap (alloctune run --budget ... --record): "
+            "the fallbacks it shows (cuDNN giving workspaces up) make the min budgets those of a capped run."),
         html_out: Optional[Path] = typer.Option(
             None, "--html", metavar="FILE", help="Also write one self-contained HTML page (over time, map, what-ifs)."),
     ) -> None:
@@ -35,6 +39,8 @@ def register(app: typer.Typer) -> None:
         from alloctune.errors import InputError
         from alloctune.progress import progress_on_stderr
 
+        if calibration and (len(recordings) > 1 or against is not None):
+            raise InputError("--calibration takes one recording (the program's, uncapped), not ranks or --against")
         if len(recordings) > 1:
             if against is not None or at is not None:
                 raise InputError("--against and --at take one recording; several recordings are the ranks of one job")
@@ -72,11 +78,13 @@ def register(app: typer.Typer) -> None:
 
             with progress_on_stderr(quiet=json_out, console=err_console) as progress:
                 ex = write_explain_html(recording, html_out, at=at_value, group=group, top=top, what_if=what_if,
-                                        what_if_dir=what_if_dir, device=device, progress=progress)
+                                        what_if_dir=what_if_dir, device=device, progress=progress,
+                                        calibrations=list(calibration or []))
         else:
             with progress_on_stderr(quiet=json_out, console=err_console) as progress:
                 ex = api.explain(recording, at=at_value, group=group, top=top, what_if=what_if,
-                                 what_if_dir=what_if_dir, device=device, progress=progress)
+                                 what_if_dir=what_if_dir, device=device, progress=progress,
+                                 calibrations=list(calibration or []))
         if json_out:
             from alloctune.cli.common import print_json
 

@@ -20,9 +20,37 @@ def _load(recording: str | Path | Trace, device: int | None) -> Trace:
     return load_trace(recording, device)
 
 
+def with_calibrations(trace: Trace, calibrations: Sequence[str | Path | Trace]) -> tuple[Trace, str | None]:
+    """`trace` with the fallbacks capped runs of the same program and input teach (cuDNN giving a
+    workspace up under a cap), carried to the other calls of each call site, and the sentence that
+    says what they taught. Why: a convolution program's min budgets (what-ifs, remedies, the table)
+    are otherwise those of the recording as it ran, which a real run under a cap undercuts."""
+    if not calibrations:
+        return trace, None
+    from alloctune.trace.fallible import combine, generalise, learn_from_calibration, with_fallbacks
+
+    model, caps = None, []
+    for cal in calibrations:
+        capped = _load(cal, None)
+        m = learn_from_calibration(trace, capped)
+        caps.append(m.calibration_cap)
+        model = m if model is None else combine(model, m)
+    if model is None or not model.ladders:
+        return trace, (f"the calibration run(s) taught no fallback: no request of this recording fell back to a "
+                       f"smaller one there (min budgets are those of the recording as it ran)")
+    general = generalise(model, trace)
+    carried = len(general.general) if general.general else 0
+    shown = ", ".join(f"{c / 2**20:.0f} MiB" for c in caps if c) or "unknown caps"
+    return with_fallbacks(trace, general), (
+        f"min budgets with the fallbacks {len(calibrations)} calibration run(s) (capped at {shown}) taught: "
+        f"{len(model.ladders)} request size(s)" + (f", carried over to {carried} more call(s) of the same call site"
+                                                   if carried else ""))
+
+
 def explain(
     recording: str | Path | Trace,
     *,
+    calibrations: Sequence[str | Path | Trace] = (),
     at: Any = None,
     group: str = "line",
     top: int = TOP_SITES,
@@ -38,9 +66,10 @@ def explain(
     the peak of reserved memory); `group`: line | function | file | module; `repeats`: request
     indices where repetitions start (default: found in the recording); `what_if`: simulate the
     min budget with each kept site freed (`what_if_dir`: also write the rewritten recordings);
+    `calibrations`: capped runs of the same program and input (`with_calibrations`).
     """
     progress("loading", 0, 3)
-    trace = _load(recording, device)
+    trace, taught = with_calibrations(_load(recording, device), calibrations)
     progress("analysing", 1, 3)
     an = analyse(trace, group, repeats)
     ex = explain_trace(trace, at=at, group=group, top=top, analysis=an)
@@ -52,6 +81,10 @@ def explain(
                       out_dir=what_if_dir)
         progress("simulating remedies", 2, 3)
         ex = with_remedies(an, ex)
+    if taught:
+        from dataclasses import replace
+
+        ex = replace(ex, notes=(*ex.notes, taught))
     progress("done", 3, 3)
     return ex
 

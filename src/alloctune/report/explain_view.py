@@ -277,7 +277,7 @@ def _map_and_owners(trace: Trace, an: Any, ex: Explanation, after: int, owners_s
 
 def explain_recording(recording: Any, *, at: Any = None, group: str = "line", top: int = 20, what_if: bool = True,
                       what_if_dir: Any = None, device: int | None = None, repeats: Sequence[int] | None = None,
-                      progress: Any = None) -> ExplainView:
+                      progress: Any = None, calibrations: Sequence[Any] = ()) -> ExplainView:
     """Load a recording once, explain it exactly as `alloctune explain` does, and add the page's
     views (`explain_view`)."""
     from alloctune.explain.api import explain
@@ -285,7 +285,14 @@ def explain_recording(recording: Any, *, at: Any = None, group: str = "line", to
     from alloctune.progress import no_progress
     from alloctune.trace import load_trace
 
+    from alloctune.explain.api import with_calibrations
+
     trace = recording if isinstance(recording, Trace) else load_trace(recording, device)
+    trace, taught = with_calibrations(trace, calibrations)
     ex = explain(trace, at=at, group=group, top=top, what_if=what_if, what_if_dir=what_if_dir, repeats=repeats,
                  progress=progress or no_progress)
+    if taught:
+        from dataclasses import replace
+
+        ex = replace(ex, notes=(*ex.notes, taught))
     return explain_view(trace, ex, analyse(trace, group, repeats))
