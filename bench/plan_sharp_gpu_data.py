@@ -43,6 +43,9 @@ def _calibrations(data: Path, workload: str) -> list[str]:
         side = json.loads(p.with_name(p.name.replace(".pickle.xz", ".json")).read_text())
         if (side.get("stats") or {}).get("num_ooms"):  # a run where nothing failed shows no fallback
             out.append(f"{p}:{side.get('size') or p.name.split('_')[2]}")
+    # Calibrations run by hand at the sizes plan asked for (`alloctune run --budget --record`, no sidecar):
+    # calib_{workload}_{size}_{setting}.pickle.xz
+    out += [f"{p}:{p.name.split('_')[2]}" for p in sorted(data.glob(f"calib_{workload}_*.pickle.xz"))]
     return out
 
 

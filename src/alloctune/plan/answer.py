@@ -362,7 +362,7 @@ def _plan_setting(text: str, st: SimSettings, probe: "_Prober", upper: "_Prober 
         item = _largest(probe, st, t, grid, top, sizes, limit=limit)
         if upper is not None:
             hi = _largest(upper, st, t, grid, top, sizes, scan=False, limit=limit)
-            item = replace(item, optimistic=hi.largest)
+            item = replace(item, optimistic=_optimistic_end(item, hi))
         largest.append(item)
     points = []
     for x in curve_sizes:
@@ -370,6 +370,19 @@ def _plan_setting(text: str, st: SimSettings, probe: "_Prober", upper: "_Prober 
         points.append(_curve_point(probe, st, x, torch, sizes))
     at_size = _at_size(probe, st, at, targets, torch, sizes) if at is not None else None
     return SettingPlan(text, tuple(largest), tuple(points), at_size)
+
+
+def _optimistic_end(item: Largest, hi: Largest) -> str | None:
+    """The optimistic end of a range, compared like with like: the optimistic search is a bisection
+    without the monotonicity scan, so it is set against the conservative search's own bisection
+    (`completes_again` when the scan moved the answer below it). Where the workspaces given up change
+    nothing there, the answer is one number: the scan's lower answer is a size that fails with or
+    without workspaces (seen on a Llama decoder under expandable segments: sizes 1 and 2 mod 4 fail
+    near the edge), not a bracket that evidence about workspaces could close."""
+    if hi.largest is None or item.largest is None:
+        return hi.largest
+    own = as_size(item.completes_again) if item.completes_again is not None else as_size(item.largest)
+    return hi.largest if as_size(hi.largest) > own else item.largest
 
 
 def _notes(ts: TraceSet, summary: dict[str, Any], inexact: int, bounded: bool, cards_asked: bool,

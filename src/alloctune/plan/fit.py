@@ -4,9 +4,10 @@ Tensor sizes are products of shape dimensions, and the dimensions a program deri
 its input size are, in the common cases, linear in it (activations, a KV cache) or
 quadratic (attention scores). So each request's size is fitted as a polynomial of degree
 0, 1 or 2 with *rational* coefficients that passes exactly through every recorded point —
-never a least-squares guess. The lowest degree that fits wins; a fit is *verified* when
-more points were recorded than the polynomial has coefficients (the extra points had the
-chance to refute it).
+never a least-squares guess. The fewest coefficients that fit win: a constant, then a
+monomial c * x**d (every dimension scaled by the input), then the lowest general degree; a
+fit is *verified* when more points were recorded than it has coefficients (the extra points
+had the chance to refute it).
 
 PyTorch's own rounding shows up one level down: a convolution's output length is
 floor((L + 2p - k) / s) + 1, so a tensor's bytes are `unit * floor(p*x + q) + rest`
@@ -99,6 +100,9 @@ def fit(xs: Sequence[Fraction], ys: Sequence[int]) -> Law:
     grain = _grain(ys)
     if len({y for _, y in pts}) == 1:
         return Law("poly", (Fraction(pts[0][1]),), verified=len(pts) > 1)
+    mono = _monomial(pts)
+    if mono is not None:
+        return mono
     for degree in range(1, min(MAX_DEGREE, len(pts) - 1) + 1):
         coef = _through(_spread(pts, degree + 1))
         if all(sum((c * x**d for d, c in enumerate(coef)), Fraction(0)) == y for x, y in pts):
@@ -109,6 +113,24 @@ def fit(xs: Sequence[Fraction], ys: Sequence[int]) -> Law:
     if floor is not None:
         return floor
     return Law("table", points=tuple((x, int(y)) for x, y in pts), grain=grain)
+
+
+def _monomial(pts: list[tuple[Fraction, int]]) -> Law | None:
+    """c * x**d (one coefficient, d = 1 .. MAX_DEGREE) through every point; None if none.
+
+    Why before the general polynomials: a tensor whose every dimension the input size scales is a
+    monomial (an image's activations: channels * (side / stride)**2), one free coefficient that one
+    recording fixes and every further one checks. Fitting it as a general polynomial instead spends
+    a coefficient per degree, so three recordings leave a quadratic unverified and two cannot see it
+    at all (and a hold-out check then measures that missing degree, not the fit's error)."""
+    x0, y0 = pts[-1]
+    if x0 == 0:
+        return None
+    for degree in range(1, MAX_DEGREE + 1):
+        c = Fraction(y0) / x0**degree
+        if all(c * x**degree == y for x, y in pts):
+            return Law("poly", (Fraction(0),) * degree + (c,), verified=len(pts) > 1)
+    return None
 
 
 def _fit_floor(pts: list[tuple[Fraction, int]]) -> Law | None:
