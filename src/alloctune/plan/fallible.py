@@ -270,7 +270,7 @@ def _same_kind(ts: "TraceSet", v: "Variant", placed: dict[int, Any]) -> dict[int
         if op != ALLOC or k < 0 or i in out or not (i + 1 < n and v.ops[i + 1] == FREE and v.owner[i + 1] == i):
             continue
         law = ts.laws[k]
-        grows = law.kind == "floor" or (law.kind == "poly" and law.degree >= 1) or law.kind == "table"
+        grows = law.kind in ("floor", "floor2") or (law.kind == "poly" and law.degree >= 1) or law.kind == "table"
         if grows and law(top) >= SCRATCH_MIN:
             out[i] = rule
     return out
