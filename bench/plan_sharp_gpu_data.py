@@ -97,26 +97,61 @@ def rows(data: Path) -> list[dict]:
                       curve=[], calibrations=cal)
             wall = time.perf_counter() - t0
             res = rep.result
+            ts = _traceset(_recordings(data, workload, recorded), cal)
             for s, (setting, conf) in zip(res.settings, CONFS.items()):
                 for x in s.largest:
                     x = x.to_dict()
                     k = caps.index(x["bytes"]) + 1
                     b = bis[f"plan_{workload}_{setting}_c{k}"]
                     verdict, met = _verdict(x, b["largest_ok"], b["smallest_fail"], max(recorded))
-                    out.append({"workload": workload, "evidence": label, "setting": setting, "cap": f"c{k}",
+                    agree, runs, wrong = _agreement(ts, conf, b)
+                    out.append({"agree": agree, "runs": runs, "disagree": wrong,
+                                "workload": workload, "evidence": label, "setting": setting, "cap": f"c{k}",
                                 "cap_bytes": x["bytes"], "answer": _answer(x), "ok": b["largest_ok"],
                                 "fail": b["smallest_fail"], "verdict": verdict, "met": met,
                                 "decided_by": res.fallible.get("decided_by"), "wall_s": wall})
     return out
 
 
+def _traceset(inputs: list[str], cal: list[str]):
+    """The trace set plan answered from (the same recordings and evidence), for `_agreement`."""
+    from alloctune.plan.inputs import load_recordings
+    from alloctune.plan.service import _with_learned
+    from alloctune.plan.traceset import build
+
+    recs = load_recordings(inputs)
+    return _with_learned(build(recs), recs, inputs, cal, None)
+
+
+def _agreement(ts, conf: str, b: dict) -> tuple[int, int, list[str]]:
+    """Every real run of the bisection (size, outcome under the cap) against the simulation of the stream
+    plan generates at that size under the same cap and setting: how many agree, and the sizes that do not.
+
+    Why: the bisection's largest_ok / smallest_fail summarise the runs as if a larger input never needed
+    less memory; where the program is not monotone in its size (a side that is a multiple of 4 reuses
+    blocks that other sides cannot), each run is still a fact the prediction must meet."""
+    from alloctune.sim.replay import replay
+    from alloctune.sim.settings import SimSettings
+
+    st = SimSettings.from_config(conf)
+    agree, wrong = 0, []
+    for run in b["runs"]:
+        r = replay(ts.generate(run["size"]).trace, st, budget=b["cap"], record_events=False, timeline_points=1)
+        if r.completed == (run["outcome"] == "ok"):
+            agree += 1
+        else:
+            wrong.append(f"{run['size']} {'ok' if r.completed else 'fails'} (real {run['outcome']})")
+    return agree, len(b["runs"]), wrong
+
+
 def table(rs: list[dict]) -> str:
     lines = ["| workload | evidence | setting | cap | plan | real largest ok | real smallest fail | vs truth "
-             "| bar met | decided by |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| bar met | decided by | simulated = real run | disagreeing |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rs:
         lines.append(f"| {r['workload']} | {r['evidence']} | {r['setting']} | {r['cap']} ({r['cap_bytes'] / 2**20:.0f} "
                      f"MiB) | {r['answer']} | {r['ok']} | {r['fail'] if r['fail'] is not None else '-'} | "
-                     f"{r['verdict']} | {'yes' if r['met'] else 'NO'} | {r['decided_by']} |")
+                     f"{r['verdict']} | {'yes' if r['met'] else 'NO'} | {r['decided_by']} | {r['agree']}/{r['runs']} | "
+                     f"{', '.join(r['disagree']) or '-'} |")
     return "\n".join(lines)
 
 
