@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 
 from alloctune.errors import InputError
 from alloctune.plan.bound import ErrorModel
+from alloctune.plan.notes import plan_notes
 from alloctune.plan.traceset import Generated, TraceSet, as_size, size_text, workspaces
 from alloctune.sim.budget import min_budget
 from alloctune.sim.driver import DEFAULT_OVERHEAD, H200_TOTAL
@@ -274,7 +275,7 @@ def plan(
     out = [_plan_setting(text, st, probe, upper, targets, grid, top, limit, sizes, curve_sizes, at, torch, say)
            for text, st in settings]
     summary = ts.summary()
-    notes = _notes(ts, summary, inexact, upper is not None, bool(card_sizes) or at is not None, context)
+    notes = plan_notes(ts, summary, inexact, upper is not None, bool(card_sizes) or at is not None, context)
     fallible = _fallible(ts, out, inexact, context)
     if errors is not None:
         notes.append(f"error bound: {errors.evidence}; every largest size leaves room for it (--json: bound)")
@@ -385,52 +386,6 @@ def _optimistic_end(item: Largest, hi: Largest) -> str | None:
     return hi.largest if as_size(hi.largest) > own else item.largest
 
 
-def _notes(ts: TraceSet, summary: dict[str, Any], inexact: int, bounded: bool, cards_asked: bool,
-           context: int) -> list[str]:
-    """What a reader must know to trust the answers (conservative or bounded, structure, laws, context)."""
-    notes = []
-    if not ts.fallbacks and (ts.learned is None or ts.learned.decided_by == "none"):
-        notes.append(
-            "conservative: no fallible-request model in these recordings (a request the program would retry "
-            "smaller, such as a cuDNN workspace, is taken as fatal), so real largest sizes can only be larger"
-            + (f"; 'optimistic' repeats the search with the {inexact} request(s) that look like workspaces (no exact "
-               "law, or freed by the next request) fallible down to nothing: the real answer lies between"
-               if bounded else "")
-        )
-    elif ts.fallbacks:
-        notes.append(f"{len(ts.fallbacks)} fallible request(s) honoured with the fallback sizes recorded at one size")
-    if ts.learned is not None and ts.learned.decided_by != "none":
-        kept = max(0, inexact - ts.learned.requests)
-        why = ("their C++ stacks say they are not workspaces" if "frames" in ts.learned.decided_by else
-               "they never fell back there, so an answer can only be small; a calibration capped near the answer "
-               "tests the ones that matter")
-        notes.append(
-            f"one answer: {ts.learned.requests} workspace request(s) fall back as learned from "
-            + "; ".join(e.text() for e in ts.learned.evidence)
-            + (f"; the other {kept} workspace-shaped request(s) are taken as fixed ({why})" if kept else "")
-        )
-    elif ts.learned is not None:
-        unplaced = [e for e in ts.learned.evidence if e.learned]
-        notes.append(
-            ("the fallible-request evidence given could not be placed on these recordings (another program, or its "
-             "stream differs from theirs): " if unplaced else
-             "the evidence given shows no request falling back (a calibration whose first failure was fatal, or "
-             "that never failed: record one under a cap between the peak allocated and the peak reserved): ")
-            + "; ".join(e.text() for e in ts.learned.evidence))
-    if not ts.identical:
-        notes.append(
-            "the recordings differ in structure (a branch taken at some sizes only): between two recorded sizes of "
-            "different structure, the structure of the nearer one is assumed"
-        )
-    if "table (inexact)" in summary["laws"]:
-        notes.append(f"{summary['laws']['table (inexact)']} request size(s) have no exact law: interpolated between recordings")
-    if any(k.endswith("(unverified)") for k in summary["laws"]):
-        notes.append("some laws were fitted on no spare recording: record one more size to verify them")
-    if cards_asked:
-        notes.append(f"cards: the CUDA context is taken as {context // MiB} MiB, not available to the allocator")
-    return notes
-
-
 def _option_size(value: Any, option: str) -> Fraction:
     try:
         return as_size(value)
@@ -508,6 +463,8 @@ def _largest(probe: _Prober, st: SimSettings, t: Target, grid: Fraction, top: Fr
         break
     if fail is not None:
         stopped = "exceeded"
+        if again is None and scan:
+            again = _beyond(probe, st, t, grid, fail, limit)
     return Largest(t, size_text(best) if best is not None else None, size_text(fail) if fail is not None else None,
                    best is not None and not recorded[0] <= best <= recorded[-1], probe.replays - before,
                    size_text(again) if again is not None else None, stopped=stopped, searched_to=reached,
@@ -515,6 +472,37 @@ def _largest(probe: _Prober, st: SimSettings, t: Target, grid: Fraction, top: Fr
 
 
 SCAN_RATIO = Fraction(102, 100)  # the monotonicity check probes sizes 2 % apart
+BEYOND = 4  # sizes just above the first failing one probed for completing again
+BEYOND_STEPS = 12  # then at most this many SCAN_RATIO steps up to where sizes stop completing
+
+
+def _beyond(probe: _Prober, st: SimSettings, t: Target, grid: Fraction, fail: Fraction,
+            limit: Fraction) -> Fraction | None:
+    """The largest size above `fail` that still completes, when one of the few sizes just above it does
+    (None: they all fail, the answer is the edge).
+
+    Why: the allocator is not monotone in the input. A size whose blocks are exact multiples of a
+    segment (a prompt of 24576 tokens: 132 MiB MLP blocks) or whose activations round differently
+    (an image side that is not a multiple of 4) can fail where the sizes around it fit; the
+    answer stays below it (every size up to the answer completes), and this says how far the sizes
+    that complete again go, so a reader sees the edge is not there (and a real run at the failing
+    size can check it)."""
+    start = next((x for x in (fail + k * grid for k in range(1, BEYOND + 1)) if x <= limit and probe.completes(x, st, t)),
+                 None)
+    if start is None:
+        return None
+    ok, bad = start, None
+    for _ in range(BEYOND_STEPS):
+        nxt = max(ok + grid, ((ok * SCAN_RATIO) // grid) * grid)
+        if nxt > limit:
+            break
+        if not probe.completes(nxt, st, t):
+            bad = nxt
+            break
+        ok = nxt
+    if bad is None:
+        return ok
+    return _bisect(probe, st, t, grid, int(ok / grid), int(bad / grid))[0]
 
 
 def _bisect(probe: _Prober, st: SimSettings, t: Target, grid: Fraction, lo: int, hi: int) -> tuple[Fraction, Fraction]:
