@@ -123,10 +123,11 @@ def rows(data: Path) -> list[dict]:
 def _traceset(inputs: list[str], cal: list[str]):
     """The trace set plan answered from (the same recordings and evidence), for `_agreement`."""
     from alloctune.plan.inputs import load_recordings
-    from alloctune.plan.service import _with_learned
+    from alloctune.plan.service import _survived, _with_learned
     from alloctune.plan.traceset import build
 
     recs = load_recordings(inputs)
+    recs += _survived(cal, inputs, recs)
     return _with_learned(build(recs), recs, inputs, cal, None)
 
 

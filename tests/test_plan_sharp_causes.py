@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from alloctune.plan.answer import Largest, Target, _optimistic_end
-from alloctune.plan.fallible import as_uncapped, from_calibration
+from alloctune.plan.fallible import as_uncapped, from_calibration, survived
 from alloctune.plan.fit import fit
 from alloctune.plan.traceset import build
 from alloctune.trace.model import ALLOC, FAILED_ALLOC, FREE, RequestStream, Trace
@@ -155,3 +155,38 @@ def test_timm_nine_sides_default_setting_agrees_with_every_real_run():
     ts = _with_learned(build(recs), recs, inputs, cals, None)
     wrong = [w for w in _agreement(ts, "timm") if "_default_" in w]
     assert not wrong, wrong
+
+
+@needs_data
+def test_a_calibration_the_program_survived_is_a_recording_at_its_size():
+    from alloctune.trace.load import load_trace
+
+    cals = [(818, load_trace(DATA / "calib_timm_818_expandable.pickle.xz"), "818"),
+            (836, load_trace(DATA / "calib_timm_836_default.pickle.xz"), "836")]  # the second died (fatal OOM)
+    got = survived(cals, [256, 384, 512])
+    assert [x for x, _ in got] == [818]
+    stream = got[0][1].requests
+    assert FAILED_ALLOC not in stream.ops and 129522176 in stream.sizes  # the workspace it asked for first
+    assert survived(cals, [256, 384, 512, 818]) == []  # a recorded size keeps its own recording
+
+
+@needs_data
+def test_timm_three_sides_and_calibrations_answer_below_every_real_failure():
+    """#28's must-show on the recordings the data began with (sides 256, 384, 512, all multiples of 128)
+    and the two calibrations: one number per cap and setting (before: '>= 599', the rounding between the
+    recorded sides being invisible), never at or above the smallest side a real run failed at."""
+    from alloctune.plan.service import run
+
+    truth = json.loads((DATA / "truth.json").read_text())
+    bis = {b["name"]: b for b in truth["bisections"]}
+    caps = sorted({b["cap"] for n, b in bis.items() if n.startswith("plan_timm_")})
+    rep = run([f"{DATA / f'size_timm_{s}.pickle.xz'}:{s}" for s in (256, 384, 512)], caps=caps,
+              confs=["", "expandable_segments:True"], curve=[],
+              calibrations=[f"{DATA / 'calib_timm_818_expandable.pickle.xz'}:818",
+                            f"{DATA / 'calib_timm_836_default.pickle.xz'}:836"])
+    for s, setting in zip(rep.result.settings, ("default", "expandable")):
+        for x in s.largest:
+            b = bis[f"plan_timm_{setting}_c{caps.index(x.target.bytes) + 1}"]
+            assert x.largest is not None and x.first_failing is not None, x
+            assert x.optimistic in (None, x.largest), x
+            assert int(x.largest) < b["smallest_fail"], (setting, x.largest, b["smallest_fail"])

@@ -248,6 +248,34 @@ def as_uncapped(capped: Trace) -> Trace:
     return trace
 
 
+def survived(calibrations: Sequence[tuple[Any, Trace, str]], recorded: Sequence[Any]) -> list[tuple[Any, Trace]]:
+    """The calibrations the program survived, as recordings of it at their sizes (`as_uncapped`): a run
+    whose every failure it went on from (CONFIRM allocations after the last one, the whole run explained
+    by the alignment with its own uncapped form), at a size with no recording of its own.
+
+    Why: such a run is the program's complete request stream at that size, up to which workspaces fell
+    back; where the recordings all lie on a grid (timm sides 256, 384, 512), one at another size (818)
+    is what shows the laws the rounding between (see `plan.fit`'s floor-square law)."""
+    from alloctune.plan.traceset import as_size
+    from alloctune.trace.fallible import CONFIRM
+
+    have = {as_size(x) for x in recorded}
+    out = []
+    for x, run, _source in calibrations:
+        ops = run.requests.ops
+        if x is None or as_size(x) in have or FAILED_ALLOC not in ops:
+            continue
+        last = max(i for i, op in enumerate(ops) if op == FAILED_ALLOC)
+        if sum(1 for op in ops[last:] if op == ALLOC) < CONFIRM:
+            continue  # died at (or soon after) its last failure
+        own = as_uncapped(run)
+        if learn_from_calibration(own, run).unaligned_requests:
+            continue
+        have.add(as_size(x))
+        out.append((x, own))
+    return out
+
+
 def _same_kind(ts: "TraceSet", v: "Variant", placed: dict[int, Any]) -> dict[int, Any]:
     """`placed` and every other request of `v` shaped like the workspaces a calibration saw fall back.
 
@@ -397,5 +425,5 @@ def _command_at(ts: "TraceSet", size: str) -> str:
     return f"<the program at size {size}>"
 
 
-__all__ = ["Evidence", "Learned", "learn", "as_uncapped", "from_calibration", "from_frames", "from_store", "place", "record_hint",
+__all__ = ["Evidence", "Learned", "learn", "as_uncapped", "survived", "from_calibration", "from_frames", "from_store", "place", "record_hint",
            "SMALL"]

@@ -93,6 +93,7 @@ def run(
         recs = []
     else:
         recs = load_recordings(inputs)
+        recs += _survived(calibrations, inputs, recs)
         if len(recs) < 2:
             raise InputError("recordings at two or more input sizes are needed (FILE:SIZE FILE:SIZE ...)")
         ts = build(recs)
@@ -123,6 +124,16 @@ def run(
         confirmations = tuple(confirm_runs_of(result, confirm, runner=runner, max_runs=confirm_runs))
     return PlanReport(result, saved, saved_bytes, held, rows, figure, skipped, time.perf_counter() - t0, exported,
                       confirmations)
+
+
+def _survived(calibrations: Sequence[str], inputs: Sequence[str], recs: Sequence[tuple[Any, Any]]) -> list:
+    """Calibrations the program survived, as recordings at sizes not recorded (`plan.fallible.survived`)."""
+    if not calibrations:
+        return []
+    from alloctune.plan.fallible import survived
+    from alloctune.plan.inputs import load_calibrations
+
+    return survived(load_calibrations(calibrations, inputs), [x for x, _ in recs])
 
 
 def _with_learned(ts: Any, recs: Sequence[tuple[Any, Any]], inputs: Sequence[str], calibrations: Sequence[str],
