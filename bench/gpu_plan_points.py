@@ -2,9 +2,10 @@
 `plan-points` of bench/gpu.py): does a Llama prompt of exactly 24576 tokens fail under a cap that 24575 and
 25100 fit (132 MiB blocks that fill their segments exactly), and does a timm ResNet-50 side that is not a
 multiple of 4 fail where the multiples of 4 around it fit (activations rounded up, blocks a hair apart)?
+Does HuBERT fail at 188 s of audio under the cap that 187 and 189..195 fit?
 
-The bisections of `truth.json` ran sizes on a grid that missed these (24576; timm sides 769..799 and
-1081..1195 other than multiples of 4), so each point here is a size plan answers about that no real run
+The bisections of `truth.json` ran sizes on a grid that missed these (24576; timm sides 757..799 and
+1081..1195 other than multiples of 4; HuBERT 188 s), so each point here is a size plan answers about that no real run
 has decided yet. One fresh process per point, the same wrapper and caps as `bench/gpu_plan_sharp.py`;
 outcomes land in `points.json`, which `bench/plan_sharp_gpu_data.py` sets against the simulation.
 
@@ -29,10 +30,11 @@ EXP = "expandable_segments:True"
 # (bisection name in truth.json, allocator setting, cap bytes, sizes): the caps of truth.json
 POINTS = [
     ("plan_llama_default_c2", "", 1623195648, [24575, 24576, 24577, 25100, 25101]),
-    ("plan_llama_expandable_c1", EXP, 865704345, [10965, 10968, 10969, 11100, 11101]),
-    ("plan_timm_default_c1", "", 385875968, [757, 760, 769, 771, 772, 801, 804, 832]),
+    ("plan_llama_expandable_c1", EXP, 865704345, [10932, 10933, 10965, 10968, 10969, 11100, 11101]),
+    ("plan_timm_default_c1", "", 385875968, [756, 757, 760, 769, 771, 772, 801, 804, 832]),
     ("plan_timm_default_c2", "", 723517440, [1073, 1076, 1081, 1084, 1085, 1148, 1150]),
     ("plan_timm_expandable_c1", EXP, 385875968, [796, 800, 805]),
+    ("plan_hubert_default_c2", "", 1491075072, [187, 188, 189]),
 ]
 
 

@@ -60,6 +60,8 @@ def _answer(x: dict) -> str:
     cell = ("≥ " if x["first_failing"] is None else "") + x["largest"]
     if x.get("optimistic") not in (None, x["largest"]):
         cell += f" .. {x['optimistic']}"
+    if x.get("strict"):
+        cell += f" (every size to {x['strict']})"
     if x.get("completes_again"):
         cell += f" (fits again to {x['completes_again']})"
     return cell

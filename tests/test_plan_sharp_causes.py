@@ -190,3 +190,30 @@ def test_timm_three_sides_and_calibrations_answer_below_every_real_failure():
             assert x.largest is not None and x.first_failing is not None, x
             assert x.optimistic in (None, x.largest), x
             assert int(x.largest) < b["smallest_fail"], (setting, x.largest, b["smallest_fail"])
+
+
+class _Probe:
+    """A prober whose sizes fit unless listed (`fails`) or above `edge`."""
+
+    def __init__(self, fails, edge):
+        self.fails, self.edge = set(fails), edge
+
+    def completes(self, x, st, t):
+        return x <= self.edge and int(x) not in self.fails
+
+
+def test_an_answer_inside_a_band_of_failing_residues_moves_below_it():
+    from alloctune.plan.answer import _window
+
+    band = {s for s in range(10933, 10967) if s % 4 in (1, 2)}  # the Llama decoder's simulation, expandable c1
+    best, lowest = _window(_Probe(band, 11104), None, None, F(1), F(10968))
+    assert (best, lowest) == (10932, 10933)  # before: 10968 was the answer, 10965 failing below it
+    assert _window(_Probe(set(), 11104), None, None, F(1), F(10968)) == (10968, None)
+
+
+def test_an_isolated_failure_says_how_far_sizes_fit_again():
+    from alloctune.plan.answer import _beyond
+
+    probe = _Probe({24576}, 25100)  # a prompt of exactly 24576 tokens fails in the simulation
+    assert _beyond(probe, None, None, F(1), F(24576), F(49152)) == 25100
+    assert _beyond(_Probe(set(), 24575), None, None, F(1), F(24576), F(49152)) is None

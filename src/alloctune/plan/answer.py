@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 
 from alloctune.errors import InputError
 from alloctune.plan.bound import ErrorModel
+from alloctune.plan.edges import SCAN_RATIO, _beyond, _bisect, _optimistic_end, _window
 from alloctune.plan.notes import plan_notes
 from alloctune.plan.traceset import Generated, TraceSet, as_size, size_text, workspaces
 from alloctune.sim.budget import min_budget
@@ -77,6 +78,10 @@ class Largest:
     stopped: str = "exceeded"  # why the search ended: exceeded | extrapolation | bound | max-size (see `STOPS`)
     searched_to: str | None = None  # the largest size replayed on the way up
     bound: float | None = None  # relative memory error bound at the answer (None: nothing checked)
+    # Below the answer, sizes the 2 % scan stepped over fail in the simulation (`_window`): the largest size
+    # below which every size completes (None: none fails). Reported beside the answer, not instead of it, until
+    # real runs at such sizes say whether the simulation is right there (bench/gpu_plan_points.py).
+    strict: str | None = None
 
     @property
     def monotone(self) -> bool:
@@ -97,6 +102,7 @@ class Largest:
             "stopped_why": STOPS[self.stopped],
             "searched_to": self.searched_to,
             "bound": self.bound,
+            "strict": self.strict,
         }
 
 
@@ -373,18 +379,6 @@ def _plan_setting(text: str, st: SimSettings, probe: "_Prober", upper: "_Prober 
     return SettingPlan(text, tuple(largest), tuple(points), at_size)
 
 
-def _optimistic_end(item: Largest, hi: Largest) -> str | None:
-    """The optimistic end of a range, compared like with like: the optimistic search is a bisection
-    without the monotonicity scan, so it is set against the conservative search's own bisection
-    (`completes_again` when the scan moved the answer below it). Where the workspaces given up change
-    nothing there, the answer is one number: the scan's lower answer is a size that fails with or
-    without workspaces (seen on a Llama decoder under expandable segments: sizes 1 and 2 mod 4 fail
-    near the edge), not a bracket that evidence about workspaces could close."""
-    if hi.largest is None or item.largest is None:
-        return hi.largest
-    own = as_size(item.completes_again) if item.completes_again is not None else as_size(item.largest)
-    return hi.largest if as_size(hi.largest) > own else item.largest
-
 
 def _option_size(value: Any, option: str) -> Fraction:
     try:
@@ -424,7 +418,10 @@ def _largest(probe: _Prober, st: SimSettings, t: Target, grid: Fraction, top: Fr
     answer are replayed too (`scan`; the optimistic bound skips it: it is a bound, and the
     check is most of the cost); the first one that fails starts a new bisection below it. (The
     allocator is not monotone in the input: a size can fail under a cap that a larger size
-    fits, when its requests land in segments differently.)
+    fits, when its requests land in segments differently.) Last, the `WINDOW` sizes right below
+    the answer (`_window`): near the edge whole residue classes can fail (sizes 1 and 2 mod 4)
+    between sizes that fit, which a 2 % grid steps over; the size below which all of them complete is
+    reported as `strict`.
     """
     before = probe.replays
     open_ended, limit = limit is not None, top if limit is None else limit
@@ -461,59 +458,19 @@ def _largest(probe: _Prober, st: SimSettings, t: Target, grid: Fraction, top: Fr
         else:
             best, fail = None, x
         break
+    strict = None
+    if best is not None and scan:
+        below, lowest = _window(probe, st, t, grid, best)
+        if lowest is not None:
+            strict = size_text(below) if below is not None else "0"
     if fail is not None:
         stopped = "exceeded"
         if again is None and scan:
             again = _beyond(probe, st, t, grid, fail, limit)
     return Largest(t, size_text(best) if best is not None else None, size_text(fail) if fail is not None else None,
                    best is not None and not recorded[0] <= best <= recorded[-1], probe.replays - before,
-                   size_text(again) if again is not None else None, stopped=stopped, searched_to=reached,
+                   size_text(again) if again is not None else None, stopped=stopped, searched_to=reached, strict=strict,
                    bound=errors.at(best) if errors is not None and best is not None else None)
-
-
-SCAN_RATIO = Fraction(102, 100)  # the monotonicity check probes sizes 2 % apart
-BEYOND = 4  # sizes just above the first failing one probed for completing again
-BEYOND_STEPS = 12  # then at most this many SCAN_RATIO steps up to where sizes stop completing
-
-
-def _beyond(probe: _Prober, st: SimSettings, t: Target, grid: Fraction, fail: Fraction,
-            limit: Fraction) -> Fraction | None:
-    """The largest size above `fail` that still completes, when one of the few sizes just above it does
-    (None: they all fail, the answer is the edge).
-
-    Why: the allocator is not monotone in the input. A size whose blocks are exact multiples of a
-    segment (a prompt of 24576 tokens: 132 MiB MLP blocks) or whose activations round differently
-    (an image side that is not a multiple of 4) can fail where the sizes around it fit; the
-    answer stays below it (every size up to the answer completes), and this says how far the sizes
-    that complete again go, so a reader sees the edge is not there (and a real run at the failing
-    size can check it)."""
-    start = next((x for x in (fail + k * grid for k in range(1, BEYOND + 1)) if x <= limit and probe.completes(x, st, t)),
-                 None)
-    if start is None:
-        return None
-    ok, bad = start, None
-    for _ in range(BEYOND_STEPS):
-        nxt = max(ok + grid, ((ok * SCAN_RATIO) // grid) * grid)
-        if nxt > limit:
-            break
-        if not probe.completes(nxt, st, t):
-            bad = nxt
-            break
-        ok = nxt
-    if bad is None:
-        return ok
-    return _bisect(probe, st, t, grid, int(ok / grid), int(bad / grid))[0]
-
-
-def _bisect(probe: _Prober, st: SimSettings, t: Target, grid: Fraction, lo: int, hi: int) -> tuple[Fraction, Fraction]:
-    """lo * grid completes, hi * grid fails: narrow to neighbours."""
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if probe.completes(mid * grid, st, t):
-            lo = mid
-        else:
-            hi = mid
-    return lo * grid, hi * grid
 
 
 def _scan(start: Fraction, stop: Fraction, grid: Fraction) -> list[Fraction]:
