@@ -163,11 +163,12 @@ def test_a_calibration_the_program_survived_is_a_recording_at_its_size():
 
     cals = [(818, load_trace(DATA / "calib_timm_818_expandable.pickle.xz"), "818"),
             (836, load_trace(DATA / "calib_timm_836_default.pickle.xz"), "836")]  # the second died (fatal OOM)
-    got = survived(cals, [256, 384, 512])
+    recs = _recs("timm", (256, 384, 512))
+    got = survived(cals, recs)
     assert [x for x, _ in got] == [818]
     stream = got[0][1].requests
     assert FAILED_ALLOC not in stream.ops and 129522176 in stream.sizes  # the workspace it asked for first
-    assert survived(cals, [256, 384, 512, 818]) == []  # a recorded size keeps its own recording
+    assert survived(cals, recs + _recs("timm", (818,))) == []  # a recorded size keeps its own recording
 
 
 @needs_data
@@ -217,3 +218,29 @@ def test_an_isolated_failure_says_how_far_sizes_fit_again():
     probe = _Probe({24576}, 25100)  # a prompt of exactly 24576 tokens fails in the simulation
     assert _beyond(probe, None, None, F(1), F(24576), F(49152)) == 25100
     assert _beyond(_Probe(set(), 24575), None, None, F(1), F(24576), F(49152)) is None
+
+
+def test_a_real_run_that_died_bounds_every_answer_at_its_cap_or_below():
+    from plan_programs import program
+
+    from alloctune.plan.answer import plan
+
+    ts = build([(x, program(x)) for x in (512, 1024, 1536)])
+    cap = 3 * 2**30
+    first = plan(ts, caps=[cap], curve=[]).settings[0].largest[0]
+    assert first.largest is not None and first.first_failing is not None
+    real = int(first.largest) - 100  # a real run died there: the simulation under-estimated the program
+    x = plan(ts, caps=[cap], curve=[], failed=[(real, cap + 2**20, False)]).settings[0].largest[0]
+    assert int(x.largest) < real and x.stopped == "real-run" and "real run" in x.to_dict()["stopped_why"]
+    for other in ((real, cap - 2**20, False), (real, cap, True)):  # a smaller cap, or the other setting: no fact here
+        assert plan(ts, caps=[cap], curve=[], failed=[other]).settings[0].largest[0].largest == first.largest
+
+
+@needs_data
+def test_a_calibration_that_died_is_a_failure_at_its_size_and_cap():
+    from alloctune.plan.fallible import died
+    from alloctune.trace.load import load_trace
+
+    runs = [(836, load_trace(DATA / "calib_timm_836_default.pickle.xz"), "a"),
+            (818, load_trace(DATA / "calib_timm_818_expandable.pickle.xz"), "b")]
+    assert died(runs, _recs("timm", (256, 384, 512))) == [(836, 385875968, False)]  # 41 fallbacks, then fatal

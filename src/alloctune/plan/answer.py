@@ -49,6 +49,8 @@ STOPS = {
     "max-size": "every size up to --max-size fits",
     "bound": f"further out the memory error bound passes {BOUND_LIMIT:.0%}: an answer there means nothing "
              "(record a larger size to sharpen it)",
+    "real-run": "a real run of the program (a calibration given) died at the first failing size under this budget "
+                "or a larger one with this setting: the answer stays below it whatever the simulation says",
 }
 
 
@@ -195,6 +197,7 @@ class _Prober:
         self.context = context
         self.replays = 0
         self.errors: ErrorModel | None = None
+        self.failed: tuple[tuple[Any, int | None, bool], ...] = ()  # real runs that died (plan's `failed`)
         self._gen: dict[Fraction, Generated] = {}
         self._done: dict[tuple[Any, ...], Any] = {}
 
@@ -249,6 +252,7 @@ def plan(
     bounds: bool = True,
     progress: Callable[[str], None] | None = None,
     errors: ErrorModel | None = None,
+    failed: Sequence[tuple[Any, int | None, bool]] = (),
 ) -> PlanResult:
     """Answer the capacity questions for `ts` under each setting in `confs` (allocator strings).
 
@@ -259,6 +263,8 @@ def plan(
     `bounds`: when the recordings carry no fallbacks but have requests that look like workspaces
     (no exact law, or freed by the very next request), also search with those requests fallible
     down to nothing: the real largest size lies between the two answers.
+    `failed`: real runs that died, (input size, cap bytes, expandable segments): no answer for a budget at
+    or below such a cap with that setting reaches the size (`Largest.stopped` "real-run").
     """
     t0 = time.perf_counter()
     sizes = ts.sizes
@@ -269,6 +275,7 @@ def plan(
     card_sizes = [t.bytes for t in targets if t.kind == "card"]
     probe = _Prober(ts, torch, context)
     probe.errors = errors
+    probe.failed = tuple(failed)
     inexact = len(workspaces(ts, ts.variants[0]))
     decided = ts.learned is not None and ts.learned.decided_by != "none"
     upper = (_Prober(ts, torch, context, optimistic=True)
@@ -358,6 +365,27 @@ def _targets(ts: TraceSet, cards: Sequence[int], caps: Sequence[int], context: i
     return targets
 
 
+def _below_real_failure(probe: "_Prober", st: SimSettings, t: Target, grid: Fraction, sizes: Sequence[Fraction],
+                        item: Largest) -> Largest:
+    """`item`, searched again below the smallest size a real run died at under this target's budget or a
+    larger one with the same setting (`plan(failed=...)`: calibrations that died), when it reached it.
+
+    Why: the simulation can under-estimate the program (its laws blind to a rounding between the recorded
+    sizes, a workspace its fallback model shrinks too far); a real failure is a fact no answer may pass."""
+    usable = t.bytes if t.kind == "cap" else t.bytes - probe.context
+    fails = [as_size(x) for x, cap, expandable in probe.failed
+             if expandable == st.expandable_segments and cap is not None and usable <= cap]
+    if not fails or item.largest is None or as_size(item.largest) < min(fails):
+        return item
+    bound = min(fails)
+    below = ((bound - grid) // grid) * grid
+    if below < grid:
+        return replace(item, largest=None, first_failing=size_text(bound), stopped="real-run", strict=None)
+    again = _largest(probe, st, t, grid, below, sizes)
+    return replace(again, first_failing=size_text(bound) if again.first_failing is None else again.first_failing,
+                   stopped="real-run", searched_to=item.searched_to, probes=item.probes + again.probes)
+
+
 def _plan_setting(text: str, st: SimSettings, probe: "_Prober", upper: "_Prober | None", targets: Sequence[Target],
                   grid: Fraction, top: Fraction, limit: Fraction | None, sizes: Sequence[Fraction],
                   curve_sizes: Sequence[Fraction], at: Fraction | None, torch: str | None,
@@ -366,7 +394,7 @@ def _plan_setting(text: str, st: SimSettings, probe: "_Prober", upper: "_Prober 
     largest = []
     for t in targets:
         say(f"{text or '(unset)'}: largest size on {t.label}")
-        item = _largest(probe, st, t, grid, top, sizes, limit=limit)
+        item = _below_real_failure(probe, st, t, grid, sizes, _largest(probe, st, t, grid, top, sizes, limit=limit))
         if upper is not None:
             hi = _largest(upper, st, t, grid, top, sizes, scan=False, limit=limit)
             item = replace(item, optimistic=_optimistic_end(item, hi))

@@ -248,26 +248,56 @@ def as_uncapped(capped: Trace) -> Trace:
     return trace
 
 
-def survived(calibrations: Sequence[tuple[Any, Trace, str]], recorded: Sequence[Any]) -> list[tuple[Any, Trace]]:
+def died(calibrations: Sequence[tuple[Any, Trace, str]],
+         recordings: Sequence[tuple[Any, Trace]] = ()) -> list[tuple[Any, int | None, bool]]:
+    """The calibrations whose program died: (input size, cap, expandable segments). A real run that died
+    is a fact about its size under its cap (`plan.answer._below_real_failure`)."""
+    out = []
+    for x, run, _source in calibrations:
+        if x is None or FAILED_ALLOC not in run.requests.ops or _completed(run, x, recordings) is not False:
+            continue
+        cap = (run.meta or {}).get("cap") or (run.meta or {}).get("oom_limit")
+        settings = run.allocator_settings or {}
+        out.append((x, int(cap) if cap else None, bool(settings.get("expandable_segments"))))
+    return out
+
+
+def _completed(run: Trace, size: Any, recordings: Sequence[tuple[Any, Trace]]) -> bool | None:
+    """Whether a capped run went to its end: its recorded outcome, else whether its stream made uncapped
+    reaches the last allocation of the recording nearest its input `size` (a run that died stops where it failed and
+    frees; one that survived its fallbacks goes on like the program). None: nothing to tell by."""
+    from alloctune.plan.traceset import as_size
+
+    outcome = (run.meta or {}).get("outcome")
+    if outcome in ("ok", "oom"):
+        return outcome == "ok"
+    if not recordings:
+        return None
+    near = min(recordings, key=lambda r: abs(as_size(r[0]) - as_size(size)))[1]
+    ops = near.requests.ops
+    last = max((i for i, op in enumerate(ops) if op == ALLOC), default=-1)
+    counterpart = pair(structure(as_uncapped(run).requests), structure(near.requests)).counterpart
+    return last in set(counterpart)
+
+
+def survived(calibrations: Sequence[tuple[Any, Trace, str]], recordings: Sequence[tuple[Any, Trace]]
+             ) -> list[tuple[Any, Trace]]:
     """The calibrations the program survived, as recordings of it at their sizes (`as_uncapped`): a run
-    whose every failure it went on from (CONFIRM allocations after the last one, the whole run explained
-    by the alignment with its own uncapped form), at a size with no recording of its own.
+    that went to its end (`_completed`) and that the alignment with its own uncapped form explains
+    whole, at a size with no recording of its own.
 
     Why: such a run is the program's complete request stream at that size, up to which workspaces fell
     back; where the recordings all lie on a grid (timm sides 256, 384, 512), one at another size (818)
     is what shows the laws the rounding between (see `plan.fit`'s floor-square law)."""
     from alloctune.plan.traceset import as_size
-    from alloctune.trace.fallible import CONFIRM
 
-    have = {as_size(x) for x in recorded}
+    have = {as_size(x) for x, _ in recordings}
     out = []
     for x, run, _source in calibrations:
-        ops = run.requests.ops
-        if x is None or as_size(x) in have or FAILED_ALLOC not in ops:
+        if x is None or as_size(x) in have or FAILED_ALLOC not in run.requests.ops:
             continue
-        last = max(i for i, op in enumerate(ops) if op == FAILED_ALLOC)
-        if sum(1 for op in ops[last:] if op == ALLOC) < CONFIRM:
-            continue  # died at (or soon after) its last failure
+        if not _completed(run, x, recordings):
+            continue
         own = as_uncapped(run)
         if learn_from_calibration(own, run).unaligned_requests:
             continue
@@ -425,5 +455,5 @@ def _command_at(ts: "TraceSet", size: str) -> str:
     return f"<the program at size {size}>"
 
 
-__all__ = ["Evidence", "Learned", "learn", "as_uncapped", "survived", "from_calibration", "from_frames", "from_store", "place", "record_hint",
+__all__ = ["Evidence", "Learned", "learn", "as_uncapped", "died", "survived", "from_calibration", "from_frames", "from_store", "place", "record_hint",
            "SMALL"]

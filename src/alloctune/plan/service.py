@@ -109,7 +109,7 @@ def run(
     exported = None
     if export is not None:
         exported = _export(ts, export)
-    result = plan(ts, errors=errors, **plan_kwargs)
+    result = plan(ts, errors=errors, failed=_died(calibrations, inputs, recs), **plan_kwargs)
     rows = tuple(rvc_rows(result, rvc_pad, not rvc_fp32)) if rvc else ()
     figure = skipped = None
     if png is not None:
@@ -133,7 +133,17 @@ def _survived(calibrations: Sequence[str], inputs: Sequence[str], recs: Sequence
     from alloctune.plan.fallible import survived
     from alloctune.plan.inputs import load_calibrations
 
-    return survived(load_calibrations(calibrations, inputs), [x for x, _ in recs])
+    return survived(load_calibrations(calibrations, inputs), recs)
+
+
+def _died(calibrations: Sequence[str], inputs: Sequence[str], recs: Sequence[tuple[Any, Any]]) -> list:
+    """Calibrations that died: real failures no answer may reach (`plan.fallible.died`)."""
+    if not calibrations:
+        return []
+    from alloctune.plan.fallible import died
+    from alloctune.plan.inputs import load_calibrations
+
+    return died(load_calibrations(calibrations, inputs), recs)
 
 
 def _with_learned(ts: Any, recs: Sequence[tuple[Any, Any]], inputs: Sequence[str], calibrations: Sequence[str],
