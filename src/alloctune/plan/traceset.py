@@ -367,7 +367,10 @@ def _unified(built: list[tuple[Variant, dict[int, tuple[tuple[Fraction, int], ..
 
 def _richer(pts: tuple[tuple[Fraction, int], ...], own: int, seen: dict[int, dict[Fraction, int]],
             rich: list[tuple[int, int]], laws: _LawTable) -> int:
-    """`_unified`'s choice for one request fitted on `pts` (its own law `own` when none is richer)."""
+    """`_unified`'s choice for one request fitted on `pts` (its own law `own` when none is richer). A request
+    seen at one size only keeps its own law: any law through one point would do, which is no evidence."""
+    if len(pts) < 2:
+        return own
     fits = [(n, k) for n, k in rich if n > len(pts) and k != own and all(seen[k].get(x) == y for x, y in pts)]
     if not fits:
         return own
