@@ -123,6 +123,13 @@ python3 bench/record_stacks_cost.py
         r"""
 python3 bench/gpu_plan_sharp.py --out "$OUT/d" --jobs "${JOBS:-12}" --deadline "${DEADLINE:-520}"
 """, 560),
+    "plan-points": Job(
+        "issue #28 check (bench/gpu_plan_points.py): real runs at the sizes where plan's simulation says Llama / "
+        "timm are not monotone in their size (24576 tokens; timm sides not multiples of 4) under truth.json's caps, "
+        "34 fresh processes; env: JOBS (8), DEADLINE (300 s); copy points.json into tests/data/plan_sharp",
+        r"""
+python3 bench/gpu_plan_points.py --out "$OUT/d" --jobs "${JOBS:-8}" --deadline "${DEADLINE:-300}"
+""", 330),
     "remedies": Job(
         "issue #29 data (bench/gpu_remedies.py): programs recorded by alloctune, and the same programs with each "
         "remedy applied by hand, real min budgets by bisection; env: JOBS (8), DEADLINE (520 s)",

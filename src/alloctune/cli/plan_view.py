@@ -67,6 +67,8 @@ def _largest_cell(x: Any) -> str:
         cell += f" .. {x.optimistic}"
     if x.completes_again is not None:
         cell += " †"
+    if getattr(x, "strict", None) is not None:
+        cell += f" (every size ≤ {x.strict})"
     return cell
 
 
@@ -180,6 +182,7 @@ def _footer(report: Any) -> None:
         warn(report.figure_skipped)
     console.print("* outside the recorded sizes (extrapolated); A .. B: conservative .. optimistic (workspaces "
                   "fallible); † not monotone: a larger size completes again (see --json completes_again); "
+                  "(every size ≤ N): sizes between N and the answer fail in the simulation; "
                   "±N%: the memory error bound the answer leaves room for; ‡ the search stopped where an "
                   "extrapolation means nothing (16x the largest recording, or the bound past 25 %): record a larger size")
     for n in res.notes:

@@ -26,6 +26,8 @@ from typing import Any, Callable, Sequence
 
 from alloctune.errors import InputError
 from alloctune.plan.bound import ErrorModel
+from alloctune.plan.edges import SCAN_RATIO, _beyond, _bisect, _optimistic_end, _window
+from alloctune.plan.notes import plan_notes
 from alloctune.plan.traceset import Generated, TraceSet, as_size, size_text, workspaces
 from alloctune.sim.budget import min_budget
 from alloctune.sim.driver import DEFAULT_OVERHEAD, H200_TOTAL
@@ -47,6 +49,8 @@ STOPS = {
     "max-size": "every size up to --max-size fits",
     "bound": f"further out the memory error bound passes {BOUND_LIMIT:.0%}: an answer there means nothing "
              "(record a larger size to sharpen it)",
+    "real-run": "a real run of the program (a calibration given) died at the first failing size under this budget "
+                "or a larger one with this setting: the answer stays below it whatever the simulation says",
 }
 
 
@@ -76,6 +80,10 @@ class Largest:
     stopped: str = "exceeded"  # why the search ended: exceeded | extrapolation | bound | max-size (see `STOPS`)
     searched_to: str | None = None  # the largest size replayed on the way up
     bound: float | None = None  # relative memory error bound at the answer (None: nothing checked)
+    # Below the answer, sizes the 2 % scan stepped over fail in the simulation (`_window`): the largest size
+    # below which every size completes (None: none fails). Reported beside the answer, not instead of it, until
+    # real runs at such sizes say whether the simulation is right there (bench/gpu_plan_points.py).
+    strict: str | None = None
 
     @property
     def monotone(self) -> bool:
@@ -96,6 +104,7 @@ class Largest:
             "stopped_why": STOPS[self.stopped],
             "searched_to": self.searched_to,
             "bound": self.bound,
+            "strict": self.strict,
         }
 
 
@@ -188,6 +197,7 @@ class _Prober:
         self.context = context
         self.replays = 0
         self.errors: ErrorModel | None = None
+        self.failed: tuple[tuple[Any, int | None, bool], ...] = ()  # real runs that died (plan's `failed`)
         self._gen: dict[Fraction, Generated] = {}
         self._done: dict[tuple[Any, ...], Any] = {}
 
@@ -242,6 +252,7 @@ def plan(
     bounds: bool = True,
     progress: Callable[[str], None] | None = None,
     errors: ErrorModel | None = None,
+    failed: Sequence[tuple[Any, int | None, bool]] = (),
 ) -> PlanResult:
     """Answer the capacity questions for `ts` under each setting in `confs` (allocator strings).
 
@@ -252,6 +263,8 @@ def plan(
     `bounds`: when the recordings carry no fallbacks but have requests that look like workspaces
     (no exact law, or freed by the very next request), also search with those requests fallible
     down to nothing: the real largest size lies between the two answers.
+    `failed`: real runs that died, (input size, cap bytes, expandable segments): no answer for a budget at
+    or below such a cap with that setting reaches the size (`Largest.stopped` "real-run").
     """
     t0 = time.perf_counter()
     sizes = ts.sizes
@@ -262,6 +275,7 @@ def plan(
     card_sizes = [t.bytes for t in targets if t.kind == "card"]
     probe = _Prober(ts, torch, context)
     probe.errors = errors
+    probe.failed = tuple(failed)
     inexact = len(workspaces(ts, ts.variants[0]))
     decided = ts.learned is not None and ts.learned.decided_by != "none"
     upper = (_Prober(ts, torch, context, optimistic=True)
@@ -274,7 +288,7 @@ def plan(
     out = [_plan_setting(text, st, probe, upper, targets, grid, top, limit, sizes, curve_sizes, at, torch, say)
            for text, st in settings]
     summary = ts.summary()
-    notes = _notes(ts, summary, inexact, upper is not None, bool(card_sizes) or at is not None, context)
+    notes = plan_notes(ts, summary, inexact, upper is not None, bool(card_sizes) or at is not None, context)
     fallible = _fallible(ts, out, inexact, context)
     if errors is not None:
         notes.append(f"error bound: {errors.evidence}; every largest size leaves room for it (--json: bound)")
@@ -351,6 +365,27 @@ def _targets(ts: TraceSet, cards: Sequence[int], caps: Sequence[int], context: i
     return targets
 
 
+def _below_real_failure(probe: "_Prober", st: SimSettings, t: Target, grid: Fraction, sizes: Sequence[Fraction],
+                        item: Largest) -> Largest:
+    """`item`, searched again below the smallest size a real run died at under this target's budget or a
+    larger one with the same setting (`plan(failed=...)`: calibrations that died), when it reached it.
+
+    Why: the simulation can under-estimate the program (its laws blind to a rounding between the recorded
+    sizes, a workspace its fallback model shrinks too far); a real failure is a fact no answer may pass."""
+    usable = t.bytes if t.kind == "cap" else t.bytes - probe.context
+    fails = [as_size(x) for x, cap, expandable in probe.failed
+             if expandable == st.expandable_segments and cap is not None and usable <= cap]
+    if not fails or item.largest is None or as_size(item.largest) < min(fails):
+        return item
+    bound = min(fails)
+    below = ((bound - grid) // grid) * grid
+    if below < grid:
+        return replace(item, largest=None, first_failing=size_text(bound), stopped="real-run", strict=None)
+    again = _largest(probe, st, t, grid, below, sizes)
+    return replace(again, first_failing=size_text(bound) if again.first_failing is None else again.first_failing,
+                   stopped="real-run", searched_to=item.searched_to, probes=item.probes + again.probes)
+
+
 def _plan_setting(text: str, st: SimSettings, probe: "_Prober", upper: "_Prober | None", targets: Sequence[Target],
                   grid: Fraction, top: Fraction, limit: Fraction | None, sizes: Sequence[Fraction],
                   curve_sizes: Sequence[Fraction], at: Fraction | None, torch: str | None,
@@ -359,10 +394,10 @@ def _plan_setting(text: str, st: SimSettings, probe: "_Prober", upper: "_Prober 
     largest = []
     for t in targets:
         say(f"{text or '(unset)'}: largest size on {t.label}")
-        item = _largest(probe, st, t, grid, top, sizes, limit=limit)
+        item = _below_real_failure(probe, st, t, grid, sizes, _largest(probe, st, t, grid, top, sizes, limit=limit))
         if upper is not None:
             hi = _largest(upper, st, t, grid, top, sizes, scan=False, limit=limit)
-            item = replace(item, optimistic=hi.largest)
+            item = replace(item, optimistic=_optimistic_end(item, hi))
         largest.append(item)
     points = []
     for x in curve_sizes:
@@ -371,51 +406,6 @@ def _plan_setting(text: str, st: SimSettings, probe: "_Prober", upper: "_Prober 
     at_size = _at_size(probe, st, at, targets, torch, sizes) if at is not None else None
     return SettingPlan(text, tuple(largest), tuple(points), at_size)
 
-
-def _notes(ts: TraceSet, summary: dict[str, Any], inexact: int, bounded: bool, cards_asked: bool,
-           context: int) -> list[str]:
-    """What a reader must know to trust the answers (conservative or bounded, structure, laws, context)."""
-    notes = []
-    if not ts.fallbacks and (ts.learned is None or ts.learned.decided_by == "none"):
-        notes.append(
-            "conservative: no fallible-request model in these recordings (a request the program would retry "
-            "smaller, such as a cuDNN workspace, is taken as fatal), so real largest sizes can only be larger"
-            + (f"; 'optimistic' repeats the search with the {inexact} request(s) that look like workspaces (no exact "
-               "law, or freed by the next request) fallible down to nothing: the real answer lies between"
-               if bounded else "")
-        )
-    elif ts.fallbacks:
-        notes.append(f"{len(ts.fallbacks)} fallible request(s) honoured with the fallback sizes recorded at one size")
-    if ts.learned is not None and ts.learned.decided_by != "none":
-        kept = max(0, inexact - ts.learned.requests)
-        why = ("their C++ stacks say they are not workspaces" if "frames" in ts.learned.decided_by else
-               "they never fell back there, so an answer can only be small; a calibration capped near the answer "
-               "tests the ones that matter")
-        notes.append(
-            f"one answer: {ts.learned.requests} workspace request(s) fall back as learned from "
-            + "; ".join(e.text() for e in ts.learned.evidence)
-            + (f"; the other {kept} workspace-shaped request(s) are taken as fixed ({why})" if kept else "")
-        )
-    elif ts.learned is not None:
-        unplaced = [e for e in ts.learned.evidence if e.learned]
-        notes.append(
-            ("the fallible-request evidence given could not be placed on these recordings (another program, or its "
-             "stream differs from theirs): " if unplaced else
-             "the evidence given shows no request falling back (a calibration whose first failure was fatal, or "
-             "that never failed: record one under a cap between the peak allocated and the peak reserved): ")
-            + "; ".join(e.text() for e in ts.learned.evidence))
-    if not ts.identical:
-        notes.append(
-            "the recordings differ in structure (a branch taken at some sizes only): between two recorded sizes of "
-            "different structure, the structure of the nearer one is assumed"
-        )
-    if "table (inexact)" in summary["laws"]:
-        notes.append(f"{summary['laws']['table (inexact)']} request size(s) have no exact law: interpolated between recordings")
-    if any(k.endswith("(unverified)") for k in summary["laws"]):
-        notes.append("some laws were fitted on no spare recording: record one more size to verify them")
-    if cards_asked:
-        notes.append(f"cards: the CUDA context is taken as {context // MiB} MiB, not available to the allocator")
-    return notes
 
 
 def _option_size(value: Any, option: str) -> Fraction:
@@ -456,7 +446,10 @@ def _largest(probe: _Prober, st: SimSettings, t: Target, grid: Fraction, top: Fr
     answer are replayed too (`scan`; the optimistic bound skips it: it is a bound, and the
     check is most of the cost); the first one that fails starts a new bisection below it. (The
     allocator is not monotone in the input: a size can fail under a cap that a larger size
-    fits, when its requests land in segments differently.)
+    fits, when its requests land in segments differently.) Last, the `WINDOW` sizes right below
+    the answer (`_window`): near the edge whole residue classes can fail (sizes 1 and 2 mod 4)
+    between sizes that fit, which a 2 % grid steps over; the size below which all of them complete is
+    reported as `strict`.
     """
     before = probe.replays
     open_ended, limit = limit is not None, top if limit is None else limit
@@ -493,26 +486,19 @@ def _largest(probe: _Prober, st: SimSettings, t: Target, grid: Fraction, top: Fr
         else:
             best, fail = None, x
         break
+    strict = None
+    if best is not None and scan:
+        below, lowest = _window(probe, st, t, grid, best)
+        if lowest is not None:
+            strict = size_text(below) if below is not None else "0"
     if fail is not None:
         stopped = "exceeded"
+        if again is None and scan:
+            again = _beyond(probe, st, t, grid, fail, limit)
     return Largest(t, size_text(best) if best is not None else None, size_text(fail) if fail is not None else None,
                    best is not None and not recorded[0] <= best <= recorded[-1], probe.replays - before,
-                   size_text(again) if again is not None else None, stopped=stopped, searched_to=reached,
+                   size_text(again) if again is not None else None, stopped=stopped, searched_to=reached, strict=strict,
                    bound=errors.at(best) if errors is not None and best is not None else None)
-
-
-SCAN_RATIO = Fraction(102, 100)  # the monotonicity check probes sizes 2 % apart
-
-
-def _bisect(probe: _Prober, st: SimSettings, t: Target, grid: Fraction, lo: int, hi: int) -> tuple[Fraction, Fraction]:
-    """lo * grid completes, hi * grid fails: narrow to neighbours."""
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if probe.completes(mid * grid, st, t):
-            lo = mid
-        else:
-            hi = mid
-    return lo * grid, hi * grid
 
 
 def _scan(start: Fraction, stop: Fraction, grid: Fraction) -> list[Fraction]:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from alloctune.errors import InputError
 from alloctune.plan.align import Token, pair, structure
 from alloctune.trace.fallible import NO_WORKSPACE, SCRATCH_MIN, has_cpp_frames, learn_from_calibration, tag_by_frames
-from alloctune.trace.model import ALLOC, EMPTY_CACHE, FAILED_ALLOC, FREE, Trace
+from alloctune.trace.model import ALLOC, EMPTY_CACHE, FAILED_ALLOC, FREE, RequestStream, Trace
 from alloctune.units import MiB, format_size
 
 if TYPE_CHECKING:
@@ -196,11 +196,114 @@ def from_calibration(ts: "TraceSet", capped: Trace, size: Any, uncapped: Trace |
             raise InputError(f"{source}: give the input size the calibration ran at (FILE:SIZE)")
         gen = ts.generate(size)
         uncapped, x = gen.trace, gen.size
-    model = learn_from_calibration(uncapped, capped)
+        model = learn_from_calibration(uncapped, capped)
+        own = as_uncapped(capped)
+        mine = learn_from_calibration(own, capped)
+        if mine.aligned_requests > model.aligned_requests:  # the generated sizes lost track of the run
+            uncapped, model = own, mine
+    else:
+        model = learn_from_calibration(uncapped, capped)
     placed = place(ts, uncapped, _relative(uncapped, model.sites))
     sites = tuple(_same_kind(ts, v, p) for v, p in zip(ts.variants, placed))
     return Learned(sites, (Evidence(kind, source, size_text(x) if x is not None else _text(size), model.calibration_cap,
                                     len(model.sites), len(placed[0]), len(sites[0]) - len(placed[0])),))
+
+
+def as_uncapped(capped: Trace) -> Trace:
+    """The calibration run as its program would have run it uncapped: each run of failed requests
+    becomes the request that failed (the replacement allocation, when one follows, takes its place
+    and its allocation id; else the request is freed at once, a workspace used by one kernel).
+
+    Why: a calibration is matched request by request, byte count by byte count, against the
+    uncapped stream at its size. Where no recording exists at that size the trace set generates
+    one, and wherever a law is inexact there (a convolution's workspace chosen by shape, an image
+    side that is not a multiple of the network's stride) no byte count matches and nothing is
+    learned (seen: timm at side 818 recorded at 256/384/512: 40 fallbacks, 0 learned). The run
+    itself holds the program's exact requests up to its failures, and each failure names the size
+    the program asked for first."""
+    from copy import copy
+
+    src = capped.requests
+    out = RequestStream()
+    next_rid = max((r for r in src.rids), default=0) + 1
+    i, n = 0, len(src.ops)
+    while i < n:
+        op = src.ops[i]
+        if op != FAILED_ALLOC:
+            out.append(op, src.sizes[i], src.rids[i], src.streams[i], src.event_index[i])
+            i += 1
+            continue
+        first, stream, ev = src.sizes[i], src.streams[i], src.event_index[i]
+        while i < n and src.ops[i] == FAILED_ALLOC:
+            i += 1
+        if i < n and src.ops[i] == ALLOC and src.sizes[i] < first:  # what it settled on takes the request's place
+            out.append(ALLOC, first, src.rids[i], stream, ev)
+            i += 1
+        else:  # ran without it (or died): the request, freed by the kernel that used it
+            out.append(ALLOC, first, next_rid, stream, ev)
+            out.append(FREE, first, next_rid, stream, ev)
+            next_rid += 1
+    trace = copy(capped)
+    trace.requests = out
+    return trace
+
+
+def died(calibrations: Sequence[tuple[Any, Trace, str]],
+         recordings: Sequence[tuple[Any, Trace]] = ()) -> list[tuple[Any, int | None, bool]]:
+    """The calibrations whose program died: (input size, cap, expandable segments). A real run that died
+    is a fact about its size under its cap (`plan.answer._below_real_failure`)."""
+    out = []
+    for x, run, _source in calibrations:
+        if x is None or FAILED_ALLOC not in run.requests.ops or _completed(run, x, recordings) is not False:
+            continue
+        cap = (run.meta or {}).get("cap") or (run.meta or {}).get("oom_limit")
+        settings = run.allocator_settings or {}
+        out.append((x, int(cap) if cap else None, bool(settings.get("expandable_segments"))))
+    return out
+
+
+def _completed(run: Trace, size: Any, recordings: Sequence[tuple[Any, Trace]]) -> bool | None:
+    """Whether a capped run went to its end: its recorded outcome, else whether its stream made uncapped
+    reaches the last allocation of the recording nearest its input `size` (a run that died stops where it failed and
+    frees; one that survived its fallbacks goes on like the program). None: nothing to tell by."""
+    from alloctune.plan.traceset import as_size
+
+    outcome = (run.meta or {}).get("outcome")
+    if outcome in ("ok", "oom"):
+        return outcome == "ok"
+    if not recordings:
+        return None
+    near = min(recordings, key=lambda r: abs(as_size(r[0]) - as_size(size)))[1]
+    ops = near.requests.ops
+    last = max((i for i, op in enumerate(ops) if op == ALLOC), default=-1)
+    counterpart = pair(structure(as_uncapped(run).requests), structure(near.requests)).counterpart
+    return last in set(counterpart)
+
+
+def survived(calibrations: Sequence[tuple[Any, Trace, str]], recordings: Sequence[tuple[Any, Trace]]
+             ) -> list[tuple[Any, Trace]]:
+    """The calibrations the program survived, as recordings of it at their sizes (`as_uncapped`): a run
+    that went to its end (`_completed`) and that the alignment with its own uncapped form explains
+    whole, at a size with no recording of its own.
+
+    Why: such a run is the program's complete request stream at that size, up to which workspaces fell
+    back; where the recordings all lie on a grid (timm sides 256, 384, 512), one at another size (818)
+    is what shows the laws the rounding between (see `plan.fit`'s floor-square law)."""
+    from alloctune.plan.traceset import as_size
+
+    have = {as_size(x) for x, _ in recordings}
+    out = []
+    for x, run, _source in calibrations:
+        if x is None or as_size(x) in have or FAILED_ALLOC not in run.requests.ops:
+            continue
+        if not _completed(run, x, recordings):
+            continue
+        own = as_uncapped(run)
+        if learn_from_calibration(own, run).unaligned_requests:
+            continue
+        have.add(as_size(x))
+        out.append((x, own))
+    return out
 
 
 def _same_kind(ts: "TraceSet", v: "Variant", placed: dict[int, Any]) -> dict[int, Any]:
@@ -225,7 +328,7 @@ def _same_kind(ts: "TraceSet", v: "Variant", placed: dict[int, Any]) -> dict[int
         if op != ALLOC or k < 0 or i in out or not (i + 1 < n and v.ops[i + 1] == FREE and v.owner[i + 1] == i):
             continue
         law = ts.laws[k]
-        grows = law.kind == "floor" or (law.kind == "poly" and law.degree >= 1) or law.kind == "table"
+        grows = law.kind in ("floor", "floor2") or (law.kind == "poly" and law.degree >= 1) or law.kind == "table"
         if grows and law(top) >= SCRATCH_MIN:
             out[i] = rule
     return out
@@ -352,5 +455,5 @@ def _command_at(ts: "TraceSet", size: str) -> str:
     return f"<the program at size {size}>"
 
 
-__all__ = ["Evidence", "Learned", "learn", "from_calibration", "from_frames", "from_store", "place", "record_hint",
+__all__ = ["Evidence", "Learned", "learn", "as_uncapped", "died", "survived", "from_calibration", "from_frames", "from_store", "place", "record_hint",
            "SMALL"]

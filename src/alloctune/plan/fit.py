@@ -4,9 +4,10 @@ Tensor sizes are products of shape dimensions, and the dimensions a program deri
 its input size are, in the common cases, linear in it (activations, a KV cache) or
 quadratic (attention scores). So each request's size is fitted as a polynomial of degree
 0, 1 or 2 with *rational* coefficients that passes exactly through every recorded point —
-never a least-squares guess. The lowest degree that fits wins; a fit is *verified* when
-more points were recorded than the polynomial has coefficients (the extra points had the
-chance to refute it).
+never a least-squares guess. The fewest coefficients that fit win: a constant, then a
+monomial c * x**d (every dimension scaled by the input), then the lowest general degree; a
+fit is *verified* when more points were recorded than it has coefficients (the extra points
+had the chance to refute it).
 
 PyTorch's own rounding shows up one level down: a convolution's output length is
 floor((L + 2p - k) / s) + 1, so a tensor's bytes are `unit * floor(p*x + q) + rest`
@@ -38,10 +39,11 @@ MAX_GRAIN = 512  # PyTorch rounds every block to 512 bytes; finer granularity is
 
 @dataclass(frozen=True)
 class Law:
-    """size(x) for one request. kind "poly": sum(coef[d] * x**d); kind "floor": unit * floor(p*x + q) + rest; kind "table": interpolated."""
+    """size(x) for one request. kind "poly": sum(coef[d] * x**d); kind "floor": unit * floor(p*x + q) + rest;
+    kind "floor2": unit * floor(p*x + q)**2 + rest; kind "table": interpolated."""
 
-    kind: str  # "poly" | "floor" | "table"
-    coef: tuple[Fraction, ...] = ()  # poly: c0, c1, c2 (trailing zeros dropped); floor: unit, rest, p, q
+    kind: str  # "poly" | "floor" | "floor2" | "table"
+    coef: tuple[Fraction, ...] = ()  # poly: c0, c1, c2 (trailing zeros dropped); floor, floor2: unit, rest, p, q
     points: tuple[tuple[Fraction, int], ...] = ()  # table: (x, size), x ascending
     grain: int = 1  # sizes are multiples of this (power of two <= 512)
     verified: bool = False  # poly: more points than coefficients, all on it
@@ -52,7 +54,7 @@ class Law:
 
     @property
     def exact(self) -> bool:
-        return self.kind in ("poly", "floor")
+        return self.kind in ("poly", "floor", "floor2")
 
     def __call__(self, x: Fraction) -> int:
         if self.kind == "poly":
@@ -60,6 +62,9 @@ class Law:
         elif self.kind == "floor":
             unit, rest, p, q = self.coef
             value = unit * math.floor(p * x + q) + rest
+        elif self.kind == "floor2":
+            unit, rest, p, q = self.coef
+            value = unit * math.floor(p * x + q) ** 2 + rest
         else:
             value = _interpolate(self.points, x)
         return _to_bytes(value, self.grain)
@@ -72,9 +77,9 @@ class Law:
         if self.kind == "poly":
             den = math.lcm(*(c.denominator for c in self.coef)) if self.coef else 1
             return ["p", self.grain, int(self.verified), den, *[int(c * den) for c in self.coef]]
-        if self.kind == "floor":
+        if self.kind in ("floor", "floor2"):
             unit, rest, p, q = self.coef
-            return ["f", 1, int(self.verified), int(unit), int(rest), p.numerator, p.denominator, q.numerator,
+            return ["f" if self.kind == "floor" else "f2", 1, int(self.verified), int(unit), int(rest), p.numerator, p.denominator, q.numerator,
                     q.denominator]
         return ["t", self.grain, 0, *[[_num(x), y] for x, y in self.points]]
 
@@ -84,9 +89,9 @@ class Law:
         if kind == "p":
             den = int(row[3])
             return cls("poly", tuple(Fraction(int(c), den) for c in row[4:]), grain=grain, verified=verified)
-        if kind == "f":
+        if kind in ("f", "f2"):
             unit, rest, pn, pd, qn, qd = (int(v) for v in row[3:9])
-            return cls("floor", (Fraction(unit), Fraction(rest), Fraction(pn, pd), Fraction(qn, qd)),
+            return cls("floor" if kind == "f" else "floor2", (Fraction(unit), Fraction(rest), Fraction(pn, pd), Fraction(qn, qd)),
                        verified=verified)
         if kind == "t":
             return cls("table", points=tuple((Fraction(str(x)), int(y)) for x, y in row[3:]), grain=grain)
@@ -99,6 +104,9 @@ def fit(xs: Sequence[Fraction], ys: Sequence[int]) -> Law:
     grain = _grain(ys)
     if len({y for _, y in pts}) == 1:
         return Law("poly", (Fraction(pts[0][1]),), verified=len(pts) > 1)
+    mono = _monomial(pts)
+    if mono is not None:
+        return mono
     for degree in range(1, min(MAX_DEGREE, len(pts) - 1) + 1):
         coef = _through(_spread(pts, degree + 1))
         if all(sum((c * x**d for d, c in enumerate(coef)), Fraction(0)) == y for x, y in pts):
@@ -108,7 +116,28 @@ def fit(xs: Sequence[Fraction], ys: Sequence[int]) -> Law:
     floor = _fit_floor(pts)
     if floor is not None:
         return floor
+    square = _fit_floor_square(pts)
+    if square is not None:
+        return square
     return Law("table", points=tuple((x, int(y)) for x, y in pts), grain=grain)
+
+
+def _monomial(pts: list[tuple[Fraction, int]]) -> Law | None:
+    """c * x**d (one coefficient, d = 1 .. MAX_DEGREE) through every point; None if none.
+
+    Why before the general polynomials: a tensor whose every dimension the input size scales is a
+    monomial (an image's activations: channels * (side / stride)**2), one free coefficient that one
+    recording fixes and every further one checks. Fitting it as a general polynomial instead spends
+    a coefficient per degree, so three recordings leave a quadratic unverified and two cannot see it
+    at all (and a hold-out check then measures that missing degree, not the fit's error)."""
+    x0, y0 = pts[-1]
+    if x0 == 0:
+        return None
+    for degree in range(1, MAX_DEGREE + 1):
+        c = Fraction(y0) / x0**degree
+        if all(c * x**degree == y for x, y in pts):
+            return Law("poly", (Fraction(0),) * degree + (c,), verified=len(pts) > 1)
+    return None
 
 
 def _fit_floor(pts: list[tuple[Fraction, int]]) -> Law | None:
@@ -146,6 +175,67 @@ def _fit_floor(pts: list[tuple[Fraction, int]]) -> Law | None:
     if q_lo.denominator <= q.denominator:
         q = q_lo
     return Law("floor", (Fraction(unit), Fraction(rest), p, q), verified=len(pts) > 3)
+
+
+def _fit_floor_square(pts: list[tuple[Fraction, int]]) -> Law | None:
+    """unit * floor(p*x + q)**2 through every point; None if none.
+
+    Why: an image's activation is channels * H * W with H = W = a convolution's output length,
+    floor((side + 2 pad - kernel) / stride) + 1 per layer; recorded at sides that are not all
+    multiples of the network's stride, no polynomial passes through the points, and a table law
+    only interpolates (timm ResNet-50 at nine sides: 116 requests). The side m_i of each point is
+    the integer with y_i = unit * m_i**2 for the largest such unit (every y_i / y_j a square of a
+    rational); then floor(p*x + q) = m_i is the floor-linear problem. Of the q that fit, the
+    largest is kept (the rounding up a stride's padding gives, ceil(x / s) = floor(x/s + (s-1)/s)):
+    between the recorded sides a smaller q could only say less memory than some program of the
+    same points needs."""
+    if len(pts) < 3 or any(y <= 0 for _, y in pts):
+        return None
+    y0 = pts[0][1]
+    ratios = []
+    for _, y in pts:
+        r = math.isqrt(y * y0)
+        if r * r != y * y0:
+            return None  # not all of the same square class: no unit * m**2 through them
+        ratios.append(Fraction(r, y0))  # m_i / m_0
+    den = math.lcm(*(f.denominator for f in ratios))
+    ns = [int(f * den) for f in ratios]
+    g = math.gcd(*ns)
+    ms = [n // g for n in ns]
+    unit = Fraction(y0, ms[0] ** 2)
+    if unit.denominator != 1 or any(unit * m * m != y for m, (_, y) in zip(ms, pts)):
+        return None
+    line = _floor_line([(x, m) for (x, _), m in zip(pts, ms)], 1)
+    if line is None:
+        return None
+    p, q_lo, q_hi = line
+    top = q_hi - Fraction(1, p.denominator * math.lcm(*(x.denominator for x, _ in pts)))
+    q = top if top >= q_lo else q_lo
+    return Law("floor2", (unit, Fraction(0), p, q), verified=len(pts) > 3)
+
+
+def _floor_line(ks: list[tuple[Fraction, int]], min_step: int) -> tuple[Fraction, Fraction, Fraction] | None:
+    """The simplest p with floor(p*x + q) = k at every point for some q, and q's interval [lo, hi).
+    Every step between neighbouring points at least `min_step` (the squares' side: 1, as a deep
+    layer's side grows by one between close recorded sizes; that they are squares of one unit is
+    already the evidence a step function lacks)."""
+    steps = [k1 - k0 for (_, k0), (_, k1) in zip(ks, ks[1:])]
+    if not (all(d >= min_step for d in steps) or all(d <= -min_step for d in steps)):
+        return None
+    lo: Fraction | None = None
+    hi: Fraction | None = None
+    for i, (xi, ki) in enumerate(ks):
+        for xj, kj in ks[i + 1:]:
+            span = xj - xi
+            a, b = Fraction(kj - ki - 1) / span, Fraction(kj - ki + 1) / span
+            lo = a if lo is None or a > lo else lo
+            hi = b if hi is None or b < hi else hi
+    if lo is None or hi is None or not lo < hi:
+        return None
+    p = simplest_between(lo, hi)
+    q_lo = max(k - p * x for x, k in ks)
+    q_hi = min(k + 1 - p * x for x, k in ks)
+    return (p, q_lo, q_hi) if q_lo < q_hi else None
 
 
 def simplest_between(lo: Fraction, hi: Fraction) -> Fraction:

@@ -93,6 +93,7 @@ def run(
         recs = []
     else:
         recs = load_recordings(inputs)
+        recs += _survived(calibrations, inputs, recs)
         if len(recs) < 2:
             raise InputError("recordings at two or more input sizes are needed (FILE:SIZE FILE:SIZE ...)")
         ts = build(recs)
@@ -108,7 +109,7 @@ def run(
     exported = None
     if export is not None:
         exported = _export(ts, export)
-    result = plan(ts, errors=errors, **plan_kwargs)
+    result = plan(ts, errors=errors, failed=_died(calibrations, inputs, recs), **plan_kwargs)
     rows = tuple(rvc_rows(result, rvc_pad, not rvc_fp32)) if rvc else ()
     figure = skipped = None
     if png is not None:
@@ -123,6 +124,26 @@ def run(
         confirmations = tuple(confirm_runs_of(result, confirm, runner=runner, max_runs=confirm_runs))
     return PlanReport(result, saved, saved_bytes, held, rows, figure, skipped, time.perf_counter() - t0, exported,
                       confirmations)
+
+
+def _survived(calibrations: Sequence[str], inputs: Sequence[str], recs: Sequence[tuple[Any, Any]]) -> list:
+    """Calibrations the program survived, as recordings at sizes not recorded (`plan.fallible.survived`)."""
+    if not calibrations:
+        return []
+    from alloctune.plan.fallible import survived
+    from alloctune.plan.inputs import load_calibrations
+
+    return survived(load_calibrations(calibrations, inputs), recs)
+
+
+def _died(calibrations: Sequence[str], inputs: Sequence[str], recs: Sequence[tuple[Any, Any]]) -> list:
+    """Calibrations that died: real failures no answer may reach (`plan.fallible.died`)."""
+    if not calibrations:
+        return []
+    from alloctune.plan.fallible import died
+    from alloctune.plan.inputs import load_calibrations
+
+    return died(load_calibrations(calibrations, inputs), recs)
 
 
 def _with_learned(ts: Any, recs: Sequence[tuple[Any, Any]], inputs: Sequence[str], calibrations: Sequence[str],
