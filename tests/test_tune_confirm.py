@@ -422,3 +422,59 @@ def test_when_the_closest_completes_although_simulated_not_to_the_flow_brackets_
     assert best.infeasible_below < NEED_SPLIT32 <= best.min_budget
     assert gpu_runs(ev) <= 4  # at the budget, then its pass's peak reserved and just below (+ the default there)
     assert any("completed there" in n for n in res.notes)
+
+
+class Replaying(FakeSimulator):
+    """A simulator that can replay a setting's recording at a budget: it completes where the fake's need fits."""
+
+    def completes(self, conf, budget):
+        return self.evaluator.need(conf) <= budget
+
+
+@pytest.mark.parametrize("over", [0.005, 0.015])
+def test_a_default_that_replays_to_an_oom_at_the_budget_is_not_run_however_thin_the_margin(over):
+    """#28.5: the recording shows the default's outcome under the budget (its replay there runs out of memory),
+    so no run at the budget, even when its need is within the 2 % margin (the Llama case: 398 MiB at 396);
+    a simulator that cannot replay at a budget keeps the margin rule and runs it."""
+    needs = {"": int(2000 * MiB * (1 + over)), "expandable_segments:True": 1800 * MiB,
+             "garbage_collection_threshold:0.6": 1950 * MiB, "roundup_power2_divisions:4": 2600 * MiB}
+    ev = FakeEvaluator(needs=needs)
+    res = run(ev, sim=Replaying(ev), budget=2000 * MiB)
+    assert res.ranking.best.candidate.conf == "expandable_segments:True"
+    assert not any(c[0] == "" and c[1] == 2000 * MiB for c in ev.calls) and len(ev.calls) == 3
+    assert any("replaying its own recording at" in n for n in res.notes)
+    margin = FakeEvaluator(needs=needs)
+    run(margin, budget=2000 * MiB)
+    assert any(c[0] == "" and c[1] == 2000 * MiB for c in margin.calls) and len(margin.calls) == 4
+
+
+def test_a_default_whose_replay_completes_at_the_budget_is_run():
+    needs = {"": 2010 * MiB, "expandable_segments:True": 1800 * MiB, "garbage_collection_threshold:0.6": 1950 * MiB,
+             "roundup_power2_divisions:4": 2600 * MiB}
+
+    class Again(Replaying):  # the estimate says 0.5 % over, the replay at the budget completes (not monotone)
+        def completes(self, conf, budget):
+            return True if conf == "" else super().completes(conf, budget)
+
+    ev = FakeEvaluator(needs=needs)
+    run(ev, sim=Again(ev), budget=2000 * MiB)
+    assert any(c[0] == "" and c[1] == 2000 * MiB for c in ev.calls)
+
+
+@pytest.mark.parametrize(("workload", "run"), [("llm", "default_cap95"), ("llm", "default_cap85"),
+                                                 ("llm", "expandable_cap95"), ("llm", "expandable_cap85"),
+                                                 ("rvc_ec0", "default_cap85"), ("rvc_ec1", "default_cap85")])
+def test_the_real_simulator_replays_the_uncapped_recording_to_the_capped_runs_outcome(traces_dir, workload, run):
+    """`completes` (what lets tune skip the default's run) against the real capped runs of the H200: the
+    uncapped default recording replayed under each run's setting and cap ends as that run ended."""
+    import json
+
+    from alloctune.run.trial import TrialResult
+    from alloctune.tune.simulator import SimulatorFromTrace
+
+    real = json.loads((traces_dir / workload / f"{run}.json").read_text())
+    base = TrialResult(command=("x",), conf="", budget=None, outcome="ok", exit_code=0, wall_s=1.0,
+                       total_memory=real["total_memory"], torch_version=real["torch"],
+                       snapshot=str(traces_dir / workload / "default.pickle.xz"))
+    sim = SimulatorFromTrace(base)
+    assert sim.completes(real["conf"], real["cap"]) is (real["outcome"] == "ok")

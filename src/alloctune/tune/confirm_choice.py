@@ -152,13 +152,28 @@ class ChoiceMixin(FlowState):
 
     def _default_fails(self) -> str | None:
         """Why the default needs no run at the budget because it cannot complete there, or None:
-        the baseline recorded the default itself, and replaying that very recording (its optimistic
-        end, for a program that adapts) needs more than the budget by more than the tolerance."""
+        the baseline recorded the default itself, and replaying that very recording at the budget
+        (with every workspace-shaped request given up, as a program that adapts could) runs out of
+        memory (`Simulator.completes`: the recording shows the default's outcome, #28.5); with a
+        simulator that cannot replay at a budget, its min budget (optimistic end) is above the budget
+        by more than the tolerance."""
         default = next((c for c in self.cands if c.knob == DEFAULT), None)
         if default is None or default.conf in self.refused:
             return None
         need = self._likely(default)
-        if need is None or need <= self.budget + tolerance(self.t, self.budget):
+        if need is None or need <= self.budget:
+            return None
+        completes = getattr(self.sim, "completes", None)
+        if completes is not None:
+            try:
+                if not completes(default.conf, self.budget):
+                    return (f"the default does not complete at the budget: replaying its own recording at "
+                            f"{format_mib(self.budget)} runs out of memory, even with every workspace-shaped request "
+                            f"given up (its simulated need: {format_mib(need)}; not run on the GPU)")
+                return None  # it replays to the end there: run it
+            except Exception:  # noqa: BLE001 - the margin rule below decides
+                pass
+        if need <= self.budget + tolerance(self.t, self.budget):
             return None  # a thin margin: run it
         return (f"the default does not complete at the budget: replaying its own recording needs {format_mib(need)}, "
                 f"{format_mib(need - self.budget)} more than {format_mib(self.budget)} (not run on the GPU)")

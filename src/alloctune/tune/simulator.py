@@ -111,6 +111,18 @@ class SimulatorFromTrace:
                 device_bytes=int(st.get("reserved_bytes.all.allocated", 0)) + int(st.get("reserved_bytes.all.freed", 0)))
         return out
 
+    def completes(self, conf: str, budget: int) -> bool:
+        """Whether the recording, with every workspace-shaped request nothing covers given up (the
+        most a program that adapts could do), replays to its end under `conf` capped at `budget`:
+        when it does not, the program cannot complete there (short of a different request stream)."""
+        from alloctune.config import AllocatorConfig
+        from alloctune.sim.replay import replay
+        from alloctune.trace.fallible import optimistic
+
+        res = replay(optimistic(self.trace), AllocatorConfig.parse(conf, self.torch), budget=budget,
+                     total_memory=self.total_memory, torch=self.torch, record_events=False, timeline_points=1)
+        return bool(res.completed)
+
     def calibrate(self, trial: TrialResult) -> str | None:
         """Learn fallbacks from a capped recorded trial; a sentence when it taught something."""
         if not trial.snapshot or trial.budget is None or not trial.num_ooms:
