@@ -122,15 +122,15 @@ def workspace_remedies(trace: Trace, base: int | None, conf: str, command: str =
         was = (trace.meta or {}).get("cudnn_benchmark")  # the run record's: the switch to try is the other way
         flip = was is False
         side = "on" if flip else "off"
-        for name, what, how, run in (
+        for name, what, how, run in (  # run: the recording command, writing NAME.pickle at @OUT@
             (f"cudnn_benchmark_{side}", f"cuDNN autotuning {side}", f"torch.backends.cudnn.benchmark = {flip}",
-             f"alloctune run --cudnn-benchmark {side} --record cudnn_benchmark_{side}.pickle -- {command}"),
+             f"alloctune run --cudnn-benchmark {side} --record @OUT@ -- {command}"),
             ("cudnn_v7_api", "cuDNN's v7 API (where the installed torch still honours the switch)",
              "TORCH_CUDNN_V8_API_DISABLED=1 in the program's environment",
-             f"TORCH_CUDNN_V8_API_DISABLED=1 alloctune record --out cudnn_v7_api.pickle -- {command}"),
+             f"TORCH_CUDNN_V8_API_DISABLED=1 alloctune record --out @OUT@ -- {command}"),
         ):
             out.append(Remedy(
                 name, what, None, None, None, None, 0, 0.0, how, UNCONFIRMED, conf,
-                confirm=f"{run} && alloctune simulate {run.split('.pickle')[0].split()[-1]}.pickle --min-budget",
+                confirm=f"{run.replace('@OUT@', name + '.pickle', 1)} && alloctune simulate {name}.pickle --min-budget",
                 bound=floor, notes=(note,)))
     return out
