@@ -134,3 +134,20 @@ def test_explain_with_a_calibration_gives_the_min_budget_of_the_capped_program(t
     assert ec[1] < ec[0]
     other = run("--calibration", str(DATA / "convnext_cal_tight.pickle.xz"))
     assert other["min_budget"] == plain["min_budget"] and any("taught no fallback" in n for n in other["notes"])
+
+
+def test_the_no_grad_remedy_from_its_run_is_a_range_that_holds_the_real_min_budget():
+    """tune's no-grad remedy from the agent's --no-grad recording of HuBERT: a run that cuDNN was not pressed
+    in gives a range (every workspace-shaped request given up .. as recorded), said as one, and the real min
+    budget of the program with torch.no_grad() written by hand lies in it."""
+    from alloctune.run.trial import TrialResult
+    from alloctune.tune.remedies import no_grad_remedy
+    from alloctune.tune.simulator import SimulatorFromTrace
+
+    trial = TrialResult(command=("x",), conf="", budget=1075 * 2**20, outcome="ok", exit_code=0, wall_s=1.0,
+                        no_grad=True, autograd={"module_calls_with_grad": 0, "backward_calls": 0},
+                        snapshot=str(DATA / "hubert_nograd_agent.pickle.xz"))
+    r = no_grad_remedy(trial, "", None, SimulatorFromTrace, "python hubert.py")
+    real = REAL["min_budget"]["hubert_nograd"]["min_budget"]
+    assert r.method == "measured" and r.bound is not None and r.bound < real < r.min_budget
+    assert " .. " in r.notes[0] and "settles it" in r.notes[1]

@@ -31,7 +31,7 @@ from alloctune.explain.remedies import MEASURED, UNCONFIRMED, Remedy
 from alloctune.explain.utilization import UtilizationRow, UtilizationTable, remedy_rows, table
 from alloctune.run.trial import TrialResult
 from alloctune.tune.executors.base import TrialRequest
-from alloctune.units import format_mib
+from alloctune.units import MiB, format_mib
 
 if TYPE_CHECKING:
     from alloctune.tune.objective import CandidateSummary
@@ -62,7 +62,8 @@ def no_grad_request(baseline: TrialResult, conf: str, budget: int) -> TrialReque
 
 def no_grad_remedy(trial: TrialResult, conf: str, base: int | None, simulator_factory: Any, command: str) -> Remedy:
     """The measured no-grad remedy from its confirming run (capped at the budget, recorded)."""
-    mb, notes = None, []
+    mb = floor = None
+    notes: list[str] = []
     regrad = int((trial.autograd or {}).get("module_calls_with_grad") or 0)
     if regrad:  # the program turned autograd back on under the agent's switch: this run measured nothing
         return Remedy(
@@ -73,14 +74,12 @@ def no_grad_remedy(trial: TrialResult, conf: str, base: int | None, simulator_fa
                    "on under the agent's switch: torch.enable_grad() or set_grad_enabled(True) in its code); add "
                    "the line by hand where it does that and run the confirming command",))
     if trial.passed and trial.snapshot and simulator_factory is not None:
-        try:
-            mb = simulator_factory(trial).estimates([conf]).get(conf)
-        except Exception as exc:  # noqa: BLE001 - the run's own outcome still stands
-            notes.append(f"its recording could not be simulated ({type(exc).__name__}: {exc})")
+        mb, floor, said = _simulated(simulator_factory, trial, conf)
+        notes += said
     if trial.passed:
         outcome = f"completed at {format_mib(trial.budget or 0)} with autograd off (measured)"
         if mb is not None:
-            outcome += f"; its recording simulates to a min budget of {format_mib(mb)}"
+            outcome += f"; its recording simulates to a min budget of {_span(floor, mb)}"
     elif trial.outcome == "oom":
         outcome = f"ran out of memory at {format_mib(trial.budget or 0)} even with autograd off (measured)"
     else:
@@ -90,7 +89,7 @@ def no_grad_remedy(trial: TrialResult, conf: str, base: int | None, simulator_fa
     return Remedy(
         "no_grad", "inference without autograd (the recording ran no backward, yet kept grad mode on)", mb,
         None if mb is None or base is None else base - mb, trial.peak_reserved, trial.peak_allocated, 0, 0.0,
-        NO_GRAD_LINE, MEASURED, conf,
+        NO_GRAD_LINE, MEASURED, conf, bound=floor,
         confirm=f"alloctune run --no-grad --budget {trial.budget}B -- {command}  (the run tune made)",
         notes=tuple(notes))
 
@@ -134,23 +133,51 @@ def cudnn_remedy(trial: TrialResult, conf: str, base: int | None, simulator_fact
                       notes=("not measured: the program sets torch.backends.cudnn.benchmark itself (it was "
                              f"{trial.cudnn_benchmark} at the end of the agent's run); change it where the program "
                              "does and run the confirming command",))
-    mb, notes = None, []
+    mb = floor = None
+    notes: list[str] = []
     if trial.passed and trial.snapshot and simulator_factory is not None:
-        try:
-            mb = simulator_factory(trial).estimates([conf]).get(conf)
-        except Exception as exc:  # noqa: BLE001 - the run's own outcome still stands
-            notes.append(f"its recording could not be simulated ({type(exc).__name__}: {exc})")
+        mb, floor, said = _simulated(simulator_factory, trial, conf)
+        notes += said
     if trial.passed:
         outcome = f"completed at {format_mib(trial.budget or 0)} (measured)"
         if mb is not None:
-            outcome += f"; its recording simulates to a min budget of {format_mib(mb)}"
+            outcome += f"; its recording simulates to a min budget of {_span(floor, mb)}"
     elif trial.outcome == "oom":
         outcome = f"ran out of memory at {format_mib(trial.budget or 0)} with the switch (measured)"
     else:
         outcome = f"did not complete with the switch ({trial.outcome}: {trial.error or 'no detail'})"
     notes.insert(0, outcome)
     return Remedy(name, what, mb, None if mb is None or base is None else base - mb, trial.peak_reserved,
-                  trial.peak_allocated, 0, 0.0, how, MEASURED, conf, confirm=confirm, notes=tuple(notes))
+                  trial.peak_allocated, 0, 0.0, how, MEASURED, conf, confirm=confirm, bound=floor, notes=tuple(notes))
+
+
+def _simulated(simulator_factory: Any, trial: TrialResult, conf: str) -> tuple[int | None, int | None, list[str]]:
+    """(min budget of a remedy's own recording as it ran, the optimistic end when workspace-shaped
+    requests could lower it by more than 2 %, notes). A run at the user's budget rarely presses cuDNN
+    into its fallbacks, so where those requests matter the number is a range, and the range is said."""
+    try:
+        sim = simulator_factory(trial)
+        mb = sim.estimates([conf]).get(conf)
+    except Exception as exc:  # noqa: BLE001 - the run's own outcome still stands
+        return None, None, [f"its recording could not be simulated ({type(exc).__name__}: {exc})"]
+    floor = None
+    floors = getattr(sim, "floors", None)
+    if mb is not None and floors is not None:
+        try:
+            low = floors([conf]).get(conf)
+        except Exception:  # noqa: BLE001 - the estimate alone
+            low = None
+        if low is not None and low < mb - max(MiB, mb // 50):
+            floor = low
+    said = [] if floor is None else [
+        f"where in {_span(floor, mb)} its need lies depends on the cuDNN workspaces it gives up under a cap, which "
+        f"its run at {format_mib(trial.budget or 0)} did not press; a recorded run capped near {format_mib(floor)} "
+        "(alloctune run --budget ... --record) settles it"]
+    return mb, floor, said
+
+
+def _span(floor: int | None, mb: int) -> str:
+    return format_mib(mb) if floor is None else f"{format_mib(floor)} .. {format_mib(mb)}"
 
 
 def _trace(sim: Any, baseline: TrialResult) -> Any:
