@@ -144,16 +144,19 @@ def held_back(trace: Trace, conf: str) -> str:
     """What keeps utilization below 1 at the peak of `trace` replayed under `conf` (`peak_split`)."""
     o = peak_split(trace, conf)
     reserved = o["reserved"] or 1
-    expandable = "expandable_segments:true" in (conf or "").replace(" ", "").lower()
-    split_what = ("free pages between live blocks of the expandable segments (the freed blocks of this "
-                  "repetition that the next requests do not fit; empty_cache() unmaps only whole free pages)"
-                  if expandable else "free pieces of segments that also hold live blocks (fragmentation: "
-                  "expandable segments or a smaller max_split_size_mb reduce it)")
-    parts = [(o["inactive_split"], split_what),
-             (o["cached_free"], "free memory the cache keeps in segments with no live block (a release point "
-              "before the peak returns it)"),
-             (o["rounding"], "rounding of each request up to its block size (no allocator setting removes "
-              "it; fewer, larger requests do)")]
+    rounding = (o["rounding"], "rounding of each request up to its block size (no allocator setting removes it; "
+                "fewer, larger requests do)")
+    if "expandable_segments:true" in (conf or "").replace(" ", "").lower():
+        # one segment per stream and pool, mapped page by page: what is idle is mapped free pages, whichever
+        # side of a live block they lie on
+        parts = [(o["inactive_split"] + o["cached_free"], "free pages still mapped in the expandable segments "
+                  "(holes the freed blocks left, too small for the request that grew the segment here; an "
+                  "empty_cache() before this point unmaps every whole free page)"), rounding]
+    else:
+        parts = [(o["inactive_split"], "free pieces of segments that also hold live blocks (fragmentation: "
+                  "expandable segments or a smaller max_split_size_mb reduce it)"),
+                 (o["cached_free"], "free memory the cache keeps in segments with no live block (a release point "
+                  "before the peak returns it)"), rounding]
     parts.sort(key=lambda p: -p[0])
     said = "; ".join(f"{format_size(b)} ({100.0 * b / reserved:.1f} %) {what}" for b, what in parts if b > 0)
     return (f"at the peak under {conf or 'the default'} ({format_size(o['reserved'])} reserved, "
