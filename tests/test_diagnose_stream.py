@@ -299,19 +299,39 @@ def test_parallel_summary_equals_one_pass(oom_corpus):
     text = varied_log(oom_corpus, 600) + corpus + varied_log(oom_corpus, 300, seed=3)
     pieces = [text[i:i + 50_000] for i in range(0, len(text), 50_000)]
     one = summarise(scan_reports(pieces)).to_dict()
-    for size in (30_000, 77_777):
-        assert summarise_parallel(pieces, None, n=2, size=size).to_dict() == one
+    for size, small, first in ((30_000, 30_000, 30_000), (77_777, 20_011, 50_000), (40_000, 9_999, 5_000)):
+        for n in (2, 3):  # the chunks read here and by the workers interleave
+            assert summarise_parallel(pieces, None, n=n, size=size, small=small, first=first).to_dict() == one
 
 
-def test_workers_are_opt_in(monkeypatch):
+def test_workers_default_to_the_cpus(monkeypatch):
+    import os
+
     from alloctune.diagnose.parallel import workers
 
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     monkeypatch.delenv("ALLOCTUNE_WORKERS", raising=False)
-    assert workers() == 1
+    assert workers() == max(1, min(cpus, 8))
+    monkeypatch.setenv("ALLOCTUNE_WORKERS", "1")
+    assert workers() == 1  # one pass in this process
     monkeypatch.setenv("ALLOCTUNE_WORKERS", "3")
     assert workers() == 3
     monkeypatch.setenv("ALLOCTUNE_WORKERS", "auto")
-    assert 1 <= workers() <= 8
+    assert workers() == max(1, min(cpus, 8))
+
+
+def test_a_small_log_starts_no_worker(monkeypatch, oom_corpus):
+    """A log within the first chunk is read in this process: no worker is forked for it."""
+    from alloctune.diagnose import parallel
+    from alloctune.diagnose.groups import summarise
+
+    def no_pool(*a, **k):
+        raise AssertionError("a worker was started")
+
+    monkeypatch.setattr(parallel, "ProcessPoolExecutor", no_pool)
+    text = varied_log(oom_corpus, 200)
+    assert len(text) < parallel.FIRST
+    assert parallel.summarise_parallel([text], None, n=4).to_dict() == summarise(scan_reports([text])).to_dict()
 
 
 def test_parallel_cut_inside_a_multiline_message():
@@ -334,4 +354,5 @@ def test_parallel_cut_inside_a_multiline_message():
     for size in (9_151, 9_250):  # a chunk is ~30 messages and a half: most cuts fall inside one
         cuts = [base + begin for _, begin, _, base, _ in parallel._chunks([text], size)]
         assert sum(any(s < c < e for s, e in spans) for c in cuts) >= 3  # the case under test happens
-        assert summarise_parallel([text], None, n=2, size=size).to_dict() == one
+        assert summarise_parallel([text], None, n=2, size=size, small=size, first=size).to_dict() == one
+        assert summarise_parallel([text], None, n=2, size=size, small=size // 3, first=size // 2).to_dict() == one

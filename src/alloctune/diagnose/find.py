@@ -475,14 +475,13 @@ class ReportFinder:
             if not m or m.start() >= stop:
                 break
             s = m.start()
-            hit = None if self.fast is None or text[s : s + WINDOWS[0]] in self._windows else self.fast.match(text, s)
+            hit = None if self.fast is None or text[s : s + WINDOWS[0]] in self._windows else self.fast.find(text, s)
             if hit is not None:  # a shape seen before, read with its template: the grammar's report
                 self.found += 1
                 if index is None and big and self.found == _INDEX_AFTER and self.platform is None:
                     index = PlatformIndex(text)
-                proto, values, procs, ntext, e = hit
-                report = with_figures(proto, values, procs, ntext, text, s, e, self.platform, index, base)
-                pos = self.pos = max(e, m.end())
+                report = hit[0].build(hit[1], text, self.platform, index, base)
+                pos = self.pos = max(hit[1].end(), m.end())
                 yield report
                 continue
             for window in WINDOWS:  # small first; grow only if the message may run past the window

@@ -6,6 +6,10 @@ chunks; each worker process summarises one chunk (`groups.summarise` over `scan.
 the parent merges the groups in chunk order, which gives exactly what one pass gives: counts
 add up, the first/last lines and the worst cases are the first ones found, as in one pass.
 
+This process reads chunks too: the first one (small) before any worker starts, so that workers
+forked afterwards inherit the message shapes it learnt instead of each compiling them again,
+then every chunk no worker is free for. A log that fits in the first chunk starts no worker.
+
 Exactness at the cuts: a worker starts reading at its chunk's first character, one pass at
 the point where the previous chunk's reading stopped. The two agree whenever that point is not
 past the cut (no message runs across it); when one does, the parent reads that chunk itself,
@@ -16,7 +20,8 @@ chunk carries whole, so they do not depend on the cut either.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
@@ -24,19 +29,21 @@ from alloctune.diagnose.find import _LOOKBACK, LOOKAHEAD, ReportFinder
 from alloctune.diagnose.groups import Group, LogSummary, finish, summarise_found
 from alloctune.diagnose.scan import Found, rank_at
 
-CHUNK = 4 << 20  # characters per task: big enough that a task costs far more than sending it
-_FAST = None  # a worker's templates, kept from task to task
+CHUNK = 1 << 20  # characters per worker task: big enough that a task costs far more than sending it
+SMALL = 1 << 18  # characters per chunk this process reads itself: it looks for an idle worker this often
+FIRST = 1 << 19  # the first chunk, read here before any worker starts (it learns the shapes they inherit)
+_FAST = None  # a process's templates, kept from task to task (and inherited by forked workers)
 
 
 def workers() -> int:
-    """Processes to use: ALLOCTUNE_WORKERS (`auto`: the CPUs this process may run on, at most 8);
-    1 (one pass in this process) when unset. Opt-in: on a machine whose cores are busy with
-    other work, the extra processes cost more than they bring (bench/diagnose_speed.py)."""
+    """Processes to use, this one included: ALLOCTUNE_WORKERS (a number; `auto`), else every CPU this
+    process may run on, at most 8. Extra processes start only for a log longer than its first
+    chunk (`summarise_parallel`); ALLOCTUNE_WORKERS=1 reads every log in this process alone."""
     env = os.environ.get("ALLOCTUNE_WORKERS", "").strip().lower()
-    if env == "auto":
-        n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        return max(1, min(n, 8))
-    return int(env) if env.isdigit() and int(env) > 0 else 1
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(n, 8))
 
 
 def _found(text: str, begin: int, stop: int, base: int, line: int, platform: str | None,
@@ -65,12 +72,14 @@ def _chunk(text: str, begin: int, stop: int, base: int, line: int, platform: str
     return part, out["pos"]
 
 
-def _chunks(pieces: Iterable[str], size: int) -> Iterator[tuple[str, int, int, int, int]]:
-    """(text, begin, stop, base, line): each chunk with the context before and after it."""
+def _chunks(pieces: Iterable[str], size: int | Callable[[], int]) -> Iterator[tuple[str, int, int, int, int]]:
+    """(text, begin, stop, base, line): each chunk with the context before and after it, `size`
+    characters long or as long as `size()` says when the chunk before it has been taken."""
     buf, base, line = "", 0, 1  # buf holds the log from `base` on; chunks start at a line start
     start = 0  # where the next chunk starts, in buf
     eof = False
     it = iter(pieces)
+    want = size() if callable(size) else size
     while not eof:
         piece = next(it, None)
         eof = piece is None
@@ -82,13 +91,14 @@ def _chunks(pieces: Iterable[str], size: int) -> Iterator[tuple[str, int, int, i
                     return
                 stop = len(buf)
             else:
-                if len(buf) - start < size + LOOKAHEAD:
+                if len(buf) - start < want + LOOKAHEAD:
                     break
-                cut = buf.rfind("\n", start, start + size)
-                stop = cut + 1 if cut >= start else start + size
+                cut = buf.rfind("\n", start, start + want)
+                stop = cut + 1 if cut >= start else start + want
             lo = max(0, start - _LOOKBACK)
             hi = min(len(buf), stop + LOOKAHEAD)
             yield buf[lo:hi], start - lo, stop - lo, base + lo, line
+            want = size() if callable(size) else size
             line += buf.count("\n", start, stop)
             start = stop
             if start > _LOOKBACK:  # keep only the context the next chunk needs
@@ -97,37 +107,56 @@ def _chunks(pieces: Iterable[str], size: int) -> Iterator[tuple[str, int, int, i
 
 
 def summarise_parallel(pieces: Iterable[str], platform: str | None = None, n: int | None = None,
-                       size: int = CHUNK) -> LogSummary:
-    """`groups.summarise` over the log, chunk by chunk on `n` processes (bounded: at most 2n
-    chunks in flight)."""
+                       size: int = CHUNK, small: int = SMALL, first: int = FIRST) -> LogSummary:
+    """`groups.summarise` over the log on `n` processes: this one and n - 1 workers. This one reads
+    the first chunk, then hands a chunk of `size` to each idle worker and reads chunks of `small`
+    itself in between; workers start only when there is a second chunk."""
     n = n or workers()
     parts: list[Any] = []
     pos = 0  # where one pass would resume, in the log
-    with ProcessPoolExecutor(max_workers=n) as pool:
-        pending: list[tuple[Future, tuple]] = []
+    pool: ProcessPoolExecutor | None = None
+    pending: deque[tuple[Future, tuple]] = deque()  # in log order; chunks read here are done already
+    to_worker = False  # whether the chunk being cut goes to a worker
 
-        def settle(fut: Future, task: tuple) -> None:
-            nonlocal pos
-            text, begin, stop, base, line = task
-            if pos > base + begin:  # a message ran across the cut: read this chunk from there
-                out: dict[str, int] = {}
-                skip = pos - base
-                line2 = line + text.count("\n", begin, skip)
-                part = summarise_found(_found(text, skip, max(stop, skip), base, line2, platform, out), platform)
-                fut.cancel()
-                parts.append(part)
-                pos = out["pos"] + base
-                return
-            part, end = fut.result()
+    def settle(fut: Future, task: tuple) -> None:
+        nonlocal pos
+        text, begin, stop, base, line = task
+        if pos > base + begin:  # a message ran across the cut: read this chunk from there
+            out: dict[str, int] = {}
+            skip = pos - base
+            line2 = line + text.count("\n", begin, skip)
+            part = summarise_found(_found(text, skip, max(stop, skip), base, line2, platform, out), platform)
+            fut.cancel()
             parts.append(part)
-            pos = end + base
+            pos = out["pos"] + base
+            return
+        part, end = fut.result()
+        parts.append(part)
+        pos = end + base
 
-        for task in _chunks(pieces, size):
-            pending.append((pool.submit(_chunk, *task, platform), task))
-            while len(pending) >= 2 * n:
-                settle(*pending.pop(0))
-        for fut, task in pending:
-            settle(fut, task)
+    def next_size() -> int:
+        nonlocal to_worker
+        started = bool(parts or pending)
+        to_worker = n > 1 and started and sum(1 for fut, _ in pending if not fut.done()) < n - 1
+        return size if to_worker else small if started else first
+
+    try:
+        for task in _chunks(pieces, next_size):
+            if to_worker:
+                if pool is None:  # forked now: the workers inherit the shapes learnt so far
+                    pool = ProcessPoolExecutor(max_workers=n - 1)
+                fut = pool.submit(_chunk, *task, platform)
+            else:
+                fut = Future()
+                fut.set_result(_chunk(*task, platform))
+            pending.append((fut, task))
+            while pending and (pending[0][0].done() or len(pending) > 8 * n):
+                settle(*pending.popleft())
+        while pending:
+            settle(*pending.popleft())
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
     return merge(parts)
 
 
