@@ -356,3 +356,31 @@ def test_parallel_cut_inside_a_multiline_message():
         assert sum(any(s < c < e for s, e in spans) for c in cuts) >= 3  # the case under test happens
         assert summarise_parallel([text], None, n=2, size=size, small=size, first=size).to_dict() == one
         assert summarise_parallel([text], None, n=2, size=size, small=size // 3, first=size // 2).to_dict() == one
+
+
+@pytest.mark.parametrize("failure", ["no processes", "worker dies"])
+def test_without_workers_the_log_is_read_here(monkeypatch, oom_corpus, failure):
+    """Workers are the default, so a machine that cannot start them (a sandbox without semaphores)
+    or a worker that dies (the OOM killer) must not lose the diagnosis: this process reads on."""
+    import concurrent.futures
+
+    from alloctune.diagnose import parallel
+    from alloctune.diagnose.groups import summarise
+
+    class Dies:
+        def __init__(self, *a, **k):
+            if failure == "no processes":
+                raise OSError(38, "Function not implemented")
+
+        def submit(self, *a, **k):
+            fut = concurrent.futures.Future()
+            fut.set_exception(concurrent.futures.process.BrokenProcessPool("a worker died"))
+            return fut
+
+        def shutdown(self, *a, **k):
+            pass
+
+    monkeypatch.setattr(parallel, "ProcessPoolExecutor", Dies)
+    text = varied_log(oom_corpus, 600)
+    want = summarise(scan_reports([text])).to_dict()
+    assert parallel.summarise_parallel([text], None, n=2, size=20_000, small=9_000, first=9_000).to_dict() == want

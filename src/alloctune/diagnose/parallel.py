@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import BrokenExecutor, Future, ProcessPoolExecutor
 from typing import Any
 
 from alloctune.diagnose.find import _LOOKBACK, LOOKAHEAD, ReportFinder
@@ -130,9 +130,17 @@ def summarise_parallel(pieces: Iterable[str], platform: str | None = None, n: in
             parts.append(part)
             pos = out["pos"] + base
             return
-        part, end = fut.result()
+        try:
+            part, end = fut.result()
+        except BrokenExecutor:  # a worker died (killed, out of memory): this process reads its chunk
+            part, end = _chunk(*task, platform)
+            no_workers()
         parts.append(part)
         pos = end + base
+
+    def no_workers() -> None:
+        nonlocal n
+        n = 1  # the rest of the log in this process
 
     def next_size() -> int:
         nonlocal to_worker
@@ -142,11 +150,15 @@ def summarise_parallel(pieces: Iterable[str], platform: str | None = None, n: in
 
     try:
         for task in _chunks(pieces, next_size):
+            fut = None
             if to_worker:
-                if pool is None:  # forked now: the workers inherit the shapes learnt so far
-                    pool = ProcessPoolExecutor(max_workers=n - 1)
-                fut = pool.submit(_chunk, *task, platform)
-            else:
+                try:
+                    if pool is None:  # forked now: the workers inherit the shapes learnt so far
+                        pool = ProcessPoolExecutor(max_workers=n - 1)
+                    fut = pool.submit(_chunk, *task, platform)
+                except (OSError, NotImplementedError, BrokenExecutor):  # no processes here (a sandbox)
+                    no_workers()
+            if fut is None:
                 fut = Future()
                 fut.set_result(_chunk(*task, platform))
             pending.append((fut, task))
