@@ -304,20 +304,25 @@ def test_parallel_summary_equals_one_pass(oom_corpus):
             assert summarise_parallel(pieces, None, n=n, size=size, small=small, first=first).to_dict() == one
 
 
-def test_workers_default_to_the_cpus(monkeypatch):
+def test_workers_default_to_the_idle_cpus(monkeypatch):
     import os
 
     from alloctune.diagnose.parallel import workers
 
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     monkeypatch.delenv("ALLOCTUNE_WORKERS", raising=False)
-    assert workers() == max(1, min(cpus, 8))
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert workers() == max(1, min(cpus, 8))  # an idle machine: every CPU
+    monkeypatch.setattr(os, "getloadavg", lambda: (float(cpus), 0.0, 0.0))
+    assert workers() == 1  # every CPU busy with other work: this process alone
+    monkeypatch.setattr(os, "getloadavg", lambda: (cpus - 1.2, 0.0, 0.0))
+    assert workers() == min(2, cpus, 8)  # one idle CPU: one worker beside this process
+    monkeypatch.setenv("ALLOCTUNE_WORKERS", "auto")
+    assert workers() == min(2, cpus, 8)
     monkeypatch.setenv("ALLOCTUNE_WORKERS", "1")
     assert workers() == 1  # one pass in this process
     monkeypatch.setenv("ALLOCTUNE_WORKERS", "3")
     assert workers() == 3
-    monkeypatch.setenv("ALLOCTUNE_WORKERS", "auto")
-    assert workers() == max(1, min(cpus, 8))
 
 
 def test_a_small_log_starts_no_worker(monkeypatch, oom_corpus):

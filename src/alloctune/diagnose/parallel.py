@@ -30,20 +30,26 @@ from alloctune.diagnose.groups import Group, LogSummary, finish, summarise_found
 from alloctune.diagnose.scan import Found, rank_at
 
 CHUNK = 1 << 20  # characters per worker task: big enough that a task costs far more than sending it
-SMALL = 1 << 18  # characters per chunk this process reads itself: it looks for an idle worker this often
+SMALL = 1 << 19  # characters per chunk this process reads itself: it looks for an idle worker this often
 FIRST = 1 << 19  # the first chunk, read here before any worker starts (it learns the shapes they inherit)
 _FAST = None  # a process's templates, kept from task to task (and inherited by forked workers)
 
 
 def workers() -> int:
-    """Processes to use, this one included: ALLOCTUNE_WORKERS (a number; `auto`), else every CPU this
-    process may run on, at most 8. Extra processes start only for a log longer than its first
-    chunk (`summarise_parallel`); ALLOCTUNE_WORKERS=1 reads every log in this process alone."""
+    """Processes to use, this one included: ALLOCTUNE_WORKERS when it is a number, else (unset or
+    `auto`) this one plus one per idle CPU: the CPUs this process may run on less the 1-minute load
+    average, at most 8. Why not every CPU: on a machine whose cores are busy with other work, the
+    extra processes cost more than they bring (bench/diagnose_speed.py). Extra processes start
+    only for a log longer than its first chunk (`summarise_parallel`)."""
     env = os.environ.get("ALLOCTUNE_WORKERS", "").strip().lower()
     if env.isdigit() and int(env) > 0:
         return int(env)
-    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(n, 8))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average (Windows): every CPU
+        load = 0.0
+    return max(1, min(cpus, 8, int(cpus - load) + 1))
 
 
 def _found(text: str, begin: int, stop: int, base: int, line: int, platform: str | None,
@@ -55,7 +61,8 @@ def _found(text: str, begin: int, stop: int, base: int, line: int, platform: str
         from alloctune.diagnose.fast import FastReader
 
         _FAST = FastReader()
-    finder = ReportFinder(platform, fast=_FAST)  # the shapes learnt in earlier chunks of this process
+    # The shapes learnt in earlier chunks of this process; the clues indexed at once (a chunk is big).
+    finder = ReportFinder(platform, fast=_FAST, index_after=0)
     counted = begin
     for r in finder.scan(text, begin, stop, big=True, base=base):
         s = r.span[0] - base
@@ -110,13 +117,15 @@ def summarise_parallel(pieces: Iterable[str], platform: str | None = None, n: in
                        size: int = CHUNK, small: int = SMALL, first: int = FIRST) -> LogSummary:
     """`groups.summarise` over the log on `n` processes: this one and n - 1 workers. This one reads
     the first chunk, then hands a chunk of `size` to each idle worker and reads chunks of `small`
-    itself in between; workers start only when there is a second chunk."""
+    itself in between; workers start only when there is a second chunk. Memory: at most 4n chunks
+    in flight, and the groups."""
     n = n or workers()
-    parts: list[Any] = []
+    parts = Merged()
     pos = 0  # where one pass would resume, in the log
     pool: ProcessPoolExecutor | None = None
     pending: deque[tuple[Future, tuple]] = deque()  # in log order; chunks read here are done already
     to_worker = False  # whether the chunk being cut goes to a worker
+    cut = 0  # chunks cut so far
 
     def settle(fut: Future, task: tuple) -> None:
         nonlocal pos
@@ -127,7 +136,7 @@ def summarise_parallel(pieces: Iterable[str], platform: str | None = None, n: in
             line2 = line + text.count("\n", begin, skip)
             part = summarise_found(_found(text, skip, max(stop, skip), base, line2, platform, out), platform)
             fut.cancel()
-            parts.append(part)
+            parts.add(part)
             pos = out["pos"] + base
             return
         try:
@@ -135,7 +144,7 @@ def summarise_parallel(pieces: Iterable[str], platform: str | None = None, n: in
         except BrokenExecutor:  # a worker died (killed, out of memory): this process reads its chunk
             part, end = _chunk(*task, platform)
             no_workers()
-        parts.append(part)
+        parts.add(part)
         pos = end + base
 
     def no_workers() -> None:
@@ -144,12 +153,13 @@ def summarise_parallel(pieces: Iterable[str], platform: str | None = None, n: in
 
     def next_size() -> int:
         nonlocal to_worker
-        started = bool(parts or pending)
+        started = cut > 0
         to_worker = n > 1 and started and sum(1 for fut, _ in pending if not fut.done()) < n - 1
         return size if to_worker else small if started else first
 
     try:
         for task in _chunks(pieces, next_size):
+            cut += 1
             fut = None
             if to_worker:
                 try:
@@ -162,35 +172,52 @@ def summarise_parallel(pieces: Iterable[str], platform: str | None = None, n: in
                 fut = Future()
                 fut.set_result(_chunk(*task, platform))
             pending.append((fut, task))
-            while pending and (pending[0][0].done() or len(pending) > 8 * n):
+            while pending and (pending[0][0].done() or len(pending) > 4 * n):
                 settle(*pending.popleft())
         while pending:
             settle(*pending.popleft())
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
-    return merge(parts)
+    return parts.finish()
+
+
+class Merged:
+    """Consecutive chunks' partial summaries folded in as they are settled, so that memory holds
+    the groups, not every chunk's (a long log has hundreds of chunks)."""
+
+    def __init__(self) -> None:
+        self.groups: dict[tuple, Group] = {}
+        self.total = 0
+        self.first: Any = None
+        self.same = True
+
+    def add(self, part: Any) -> None:
+        if part.count == 0:
+            return
+        if self.first is None:
+            self.first = part
+        elif not part.same or part.first_text != self.first.first_text:
+            self.same = False
+        self.same = self.same and part.same
+        self.total += part.count
+        for key, g in part.groups.items():
+            if key in self.groups:
+                self.groups[key].merge(g)
+            else:
+                self.groups[key] = g
+        if self.first is not part:
+            part.groups = {}  # its groups now live in (or were merged into) ours
+
+    def finish(self) -> LogSummary:
+        first = self.first
+        return finish(self.groups, self.total, first.first if first is not None and self.same else None,
+                      first.platform if first is not None else None)
 
 
 def merge(parts: list[Any]) -> LogSummary:
     """The summary of consecutive chunks' partial summaries, as one pass would give it."""
-    groups: dict[tuple, Group] = {}
-    total = 0
-    first = None
-    same = True
+    merged = Merged()
     for part in parts:
-        if part.count == 0:
-            continue
-        if first is None:
-            first = part
-        elif not part.same or part.first_text != first.first_text:
-            same = False
-        same = same and part.same
-        total += part.count
-        for key, g in part.groups.items():
-            if key in groups:
-                groups[key].merge(g)
-            else:
-                groups[key] = g
-    return finish(groups, total, first.first if first is not None and same else None,
-                  first.platform if first is not None else None)
+        merged.add(part)
+    return merged.finish()
