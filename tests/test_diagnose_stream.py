@@ -315,8 +315,12 @@ def test_workers_default_to_the_idle_cpus(monkeypatch):
     assert workers() == max(1, min(cpus, 8))  # an idle machine: every CPU
     monkeypatch.setattr(os, "getloadavg", lambda: (float(cpus), 0.0, 0.0))
     assert workers() == 1  # every CPU busy with other work: this process alone
+    monkeypatch.setattr(os, "getloadavg", lambda: (cpus - 0.2, 0.0, 0.0))
+    assert workers() == 1  # less than a quarter of a CPU idle
     monkeypatch.setattr(os, "getloadavg", lambda: (cpus - 1.2, 0.0, 0.0))
     assert workers() == min(2, cpus, 8)  # one idle CPU: one worker beside this process
+    monkeypatch.setattr(os, "getloadavg", lambda: (cpus - 0.5, 0.0, 0.0))
+    assert workers() == min(2, cpus, 8)  # half of one
     monkeypatch.setenv("ALLOCTUNE_WORKERS", "auto")
     assert workers() == min(2, cpus, 8)
     monkeypatch.setenv("ALLOCTUNE_WORKERS", "1")

@@ -38,10 +38,11 @@ _FAST = None  # a process's templates, kept from task to task (and inherited by 
 
 def workers() -> int:
     """Processes to use, this one included: ALLOCTUNE_WORKERS when it is a number, else (unset or
-    `auto`) this one plus one per idle CPU: the CPUs this process may run on less the 1-minute load
-    average, at most 8. Why not every CPU: on a machine whose cores are busy with other work, the
-    extra processes cost more than they bring (bench/diagnose_speed.py). Extra processes start
-    only for a log longer than its first chunk (`summarise_parallel`)."""
+    `auto`) this one plus one per idle CPU, at most 8: the CPUs this process may run on less the
+    1-minute load average, a CPU counting as idle when a quarter of it is. Why not every CPU: on a
+    machine whose cores are busy with other work, the extra processes cost more than they bring
+    (bench/diagnose_speed.py). Extra processes start only for a log longer than its first chunk
+    (`summarise_parallel`)."""
     env = os.environ.get("ALLOCTUNE_WORKERS", "").strip().lower()
     if env.isdigit() and int(env) > 0:
         return int(env)
@@ -50,7 +51,7 @@ def workers() -> int:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):  # no load average (Windows): every CPU
         load = 0.0
-    return max(1, min(cpus, 8, int(cpus - load) + 1))
+    return max(1, min(cpus, 8, int(cpus - load + 0.75) + 1))
 
 
 def _found(text: str, begin: int, stop: int, base: int, line: int, platform: str | None,
