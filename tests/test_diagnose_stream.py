@@ -367,6 +367,39 @@ def test_parallel_cut_inside_a_multiline_message():
         assert summarise_parallel([text], None, n=2, size=size, small=size // 3, first=size // 2).to_dict() == one
 
 
+@pytest.mark.parametrize("head", [700, 1500, 4000])
+def test_a_message_across_a_cut_is_read_again_in_the_head_only(monkeypatch, head):
+    """A chunk's first `HEAD` characters are summarised apart: when a message runs across the
+    chunk's start, only they are read again, and the chunk's own reading of the rest is kept when
+    one pass reaches the point where it began; else the whole chunk is read again. Either way:
+    the one-pass summary."""
+    from alloctune.diagnose import parallel
+    from alloctune.diagnose.groups import summarise
+    from alloctune.diagnose.parallel import summarise_parallel
+
+    rnd = random.Random(head)
+    text = "".join(
+        f"[rank{k % 4}] Allocation on device {k % 2} would exceed allowed memory. (out of memory)\n"
+        f"Currently allocated     : {rnd.uniform(1, 20):.2f} GiB\nRequested               : {rnd.uniform(1, 900):.2f} MiB\n"
+        f"Device limit            : 23.69 GiB\nFree (according to CUDA): {rnd.uniform(0, 9):.2f} MiB\n"
+        "PyTorch limit (set by user-supplied memory fraction)\n                        : 17179869184.00 GiB\n"
+        for k in range(500))
+    one = summarise(scan_reports([text])).to_dict()
+    monkeypatch.setattr(parallel, "HEAD", head)
+    kept = []
+    settled = parallel._settled
+
+    def spy(task, result, pos, platform):
+        done, end = settled(task, result, pos, platform)
+        kept.append(pos > task[1] and len(done) == 2)
+        return done, end
+
+    monkeypatch.setattr(parallel, "_settled", spy)
+    for size in (9_151, 9_250, 12_345):
+        assert summarise_parallel([text], None, n=2, size=size, small=size, first=size).to_dict() == one
+    assert any(kept)  # the case under test happens: a head read again, the rest kept
+
+
 @pytest.mark.parametrize("failure", ["no processes", "worker dies"])
 def test_without_workers_the_log_is_read_here(monkeypatch, oom_corpus, failure):
     """Workers are the default, so a machine that cannot start them (a sandbox without semaphores)

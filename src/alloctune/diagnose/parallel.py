@@ -31,6 +31,7 @@ from alloctune.diagnose.groups import Group, LogSummary, finish, summarise_found
 from alloctune.diagnose.scan import Found, rank_at
 
 CHUNK = 1 << 20  # characters per worker task: big enough that a task costs far more than sending it
+HEAD = 1 << 14  # a chunk's first characters, summarised apart (read again when a message runs across its start)
 SMALL = 1 << 19  # characters per chunk this process reads itself: it looks for an idle worker this often
 FIRST = 1 << 19  # the first chunk, read here before any worker starts (it learns the shapes they inherit)
 _FAST = None  # a process's templates, kept from task to task (and inherited by forked workers)
@@ -74,11 +75,36 @@ def _found(text: str, begin: int, stop: int, base: int, line: int, platform: str
     out["pos"] = finder.pos
 
 
-def _chunk(text: str, begin: int, stop: int, base: int, line: int, platform: str | None) -> tuple[Any, int]:
-    """A worker's task: the partial summary of one chunk and where one pass would resume."""
+def _chunk(text: str, begin: int, stop: int, base: int, line: int, platform: str | None) -> tuple[Any, int, Any, int]:
+    """A worker's task: the partial summaries of one chunk's head (its first `HEAD` characters) and
+    of the rest, and where one pass would resume after each. Apart so that when a message runs
+    across the chunk's start, only the head is read again (`_settled`)."""
     out: dict[str, int] = {}
-    part = summarise_found(_found(text, begin, stop, base, line, platform, out), platform)
-    return part, out["pos"]
+    mid = min(stop, begin + HEAD)
+    head = summarise_found(_found(text, begin, mid, base, line, platform, out), platform)
+    at = max(out["pos"], mid)
+    tail = summarise_found(_found(text, at, max(stop, at), base, line + text.count("\n", begin, at), platform, out),
+                           platform)
+    return head, at, tail, out["pos"]
+
+
+def _settled(task: tuple, result: tuple[Any, int, Any, int], pos: int, platform: str | None) -> tuple[list, int]:
+    """(the partial summaries one pass gives for the chunk, where it resumes after it), from the
+    chunk's `_chunk` result and where one pass resumed before it (`pos`, in the chunk's text).
+    When a message ran across the chunk's start (pos > begin), the chunk is read again from pos:
+    only its head, if that reaches the point where the chunk's own reading of its rest began."""
+    text, begin, stop, base, line = task
+    head, at, tail, end = result
+    if pos <= begin:
+        return [head, tail], end
+    out: dict[str, int] = {}
+    line2 = line + text.count("\n", begin, pos)
+    if pos < at:
+        part = summarise_found(_found(text, pos, min(stop, begin + HEAD), base, line2, platform, out), platform)
+        if max(out["pos"], min(stop, begin + HEAD)) == at:  # one pass reads the rest as the chunk did
+            return [part, tail], end
+    part = summarise_found(_found(text, pos, max(stop, pos), base, line2, platform, out), platform)
+    return [part], out["pos"]
 
 
 def _chunks(pieces: Iterable[str], size: int | Callable[[], int]) -> Iterator[tuple[str, int, int, int, int]]:
@@ -131,22 +157,15 @@ def summarise_parallel(pieces: Iterable[str], platform: str | None = None, n: in
 
     def settle(fut: Future, task: tuple) -> None:
         nonlocal pos
-        text, begin, stop, base, line = task
-        if pos > base + begin:  # a message ran across the cut: read this chunk from there
-            out: dict[str, int] = {}
-            skip = pos - base
-            line2 = line + text.count("\n", begin, skip)
-            part = summarise_found(_found(text, skip, max(stop, skip), base, line2, platform, out), platform)
-            fut.cancel()
-            parts.add(part)
-            pos = out["pos"] + base
-            return
         try:
-            part, end = fut.result()
+            result = fut.result()
         except BrokenExecutor:  # a worker died (killed, out of memory): this process reads its chunk
-            part, end = _chunk(*task, platform)
+            result = _chunk(*task, platform)
             no_workers()
-        parts.add(part)
+        base = task[3]
+        done, end = _settled(task, result, pos - base, platform)
+        for part in done:
+            parts.add(part)
         pos = end + base
 
     def no_workers() -> None:
