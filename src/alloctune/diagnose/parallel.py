@@ -33,7 +33,7 @@ from alloctune.diagnose.scan import Found, rank_at
 CHUNK = 1 << 20  # characters per worker task: big enough that a task costs far more than sending it
 HEAD = 1 << 14  # a chunk's first characters, summarised apart (read again when a message runs across its start)
 SMALL = 1 << 19  # characters per chunk this process reads itself: it looks for an idle worker this often
-FIRST = 1 << 19  # the first chunk, read here before any worker starts (it learns the shapes they inherit)
+FIRST = 1 << 18  # the first chunk, read here before any worker starts (it learns the shapes they inherit)
 _FAST = None  # a process's templates, kept from task to task (and inherited by forked workers)
 
 
