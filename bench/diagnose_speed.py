@@ -4,7 +4,8 @@ Generates logs of *distinct* OOM messages (the real message forms of
 /work/shared/oom-messages/corpus.jsonl with every size and device number varied, each line
 prefixed `[rankN] step K:` as a multi-rank job prints them) at 10, 40 and 80 MB, and a mixed
 log (OOM messages among ordinary training-log lines). Each log is diagnosed by the real CLI in a
-fresh process: the terminal rendering written to a file, and `--json`; the 80 MB log once more
+fresh process: the terminal rendering written to a file, and `--json`, each as a user runs it
+(ALLOCTUNE_WORKERS unset) and in one process (ALLOCTUNE_WORKERS=1); the 80 MB log once more
 through stdin. The count of messages the CLI reports is checked against the count generated
 (an independent fact: the generator knows how many it wrote). Peak memory is the child's
 maximum resident set size.
@@ -88,10 +89,14 @@ def write_log(path: Path, size: int, forms: list[str], *, mixed: bool, seed: int
     return n
 
 
-def run(args: list[str], stdin_path: Path | None = None, workers: int = 1) -> tuple[float, int, bytes]:
+def run(args: list[str], stdin_path: Path | None = None, workers: int | None = None) -> tuple[float, int, bytes]:
     """Wall seconds, peak RSS (bytes; the largest process's, workers included) and stdout of
-    `alloctune ARGS` in a fresh process."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "COLUMNS": "120", "ALLOCTUNE_WORKERS": str(workers)}
+    `alloctune ARGS` in a fresh process; `workers`: ALLOCTUNE_WORKERS (None: unset, the default a
+    user gets: every CPU for a log longer than the first chunk)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "COLUMNS": "120"}
+    env.pop("ALLOCTUNE_WORKERS", None)
+    if workers is not None:
+        env["ALLOCTUNE_WORKERS"] = str(workers)
     with tempfile.TemporaryFile() as out:
         stdin = open(stdin_path, "rb") if stdin_path else subprocess.DEVNULL
         try:
@@ -145,8 +150,12 @@ def snapshot_rows(size_mb: int, reps: int, tmp: Path) -> list[dict]:
     return rows
 
 
-def log_rows(sizes: list[int], mixed_mb: int, workers: int, tmp: Path) -> list[dict]:
-    """The CLI on each log: terminal and --json; the largest also from stdin and with `workers` processes."""
+ONE = "one process (ALLOCTUNE_WORKERS=1)"
+
+
+def log_rows(sizes: list[int], mixed_mb: int, workers: int | None, tmp: Path) -> list[dict]:
+    """The CLI on each log as a user runs it (terminal and --json; `workers`: ALLOCTUNE_WORKERS,
+    None for the default), and in one process; the largest also from stdin."""
     forms = message_forms()
     rows = []
     logs = [(f"{s} MB, OOM only", s, False) for s in sizes]
@@ -156,11 +165,12 @@ def log_rows(sizes: list[int], mixed_mb: int, workers: int, tmp: Path) -> list[d
         path = tmp / f"log{size}{'m' if mixed else ''}.txt"
         count = write_log(path, size * MB, forms, mixed=mixed, seed=size)
         nbytes = path.stat().st_size
-        modes = [("terminal (to a file)", [str(path)], None, False, 1),
-                 ("--json", [str(path), "--json"], None, True, 1)]
-        if size == max(sizes) and not mixed:
-            modes.append(("--json from stdin", ["-", "--json"], path, True, 1))
-            modes.append((f"--json, ALLOCTUNE_WORKERS={workers}", [str(path), "--json"], None, True, workers))
+        modes = [("terminal (to a file)", [str(path)], None, False, workers),
+                 ("--json", [str(path), "--json"], None, True, workers),
+                 (f"terminal, {ONE}", [str(path)], None, False, 1),
+                 (f"--json, {ONE}", [str(path), "--json"], None, True, 1)]
+        if sizes and size == max(sizes) and not mixed:
+            modes.append(("--json from stdin", ["-", "--json"], path, True, workers))
         for mode, cli, stdin, json_out, nproc in modes:
             load = os.getloadavg()[0]
             wall, rss, stdout = run(["diagnose", *cli], stdin, nproc)
@@ -179,7 +189,7 @@ def linearity(rows: list[dict]) -> dict[str, float]:
     """(time at the largest size / time at the smallest) / size ratio, per mode: 1.0 is linear."""
     only = [r for r in rows if r["log"].endswith("OOM only")]
     lin = {}
-    for mode in ("terminal (to a file)", "--json"):
+    for mode in ("terminal (to a file)", "--json", f"terminal, {ONE}", f"--json, {ONE}"):
         pts = sorted((r["bytes"], r["seconds"]) for r in only if r["mode"] == mode)
         if len(pts) >= 2:
             (b0, t0), (b1, t1) = pts[0], pts[-1]
@@ -192,9 +202,10 @@ def table(rows: list[dict], snaps: list[dict], lin: dict[str, float], load0: flo
     lines = [f"Python {platform.python_version()}, {cpus} CPUs shared with other work; load average "
              f"{load0:.1f} at the start, {load1:.1f} at the end (each row gives the load when it started: "
              "with a load above 1 the figures are lower bounds). Each run is the CLI in a fresh process "
-             "(start-up included); MB/s = log bytes / wall seconds; peak = the largest resident set of the CLI "
-             "process and the workers it waited for. Linearity = (time at the largest size / time at the "
-             "smallest) / size ratio: 1.0 is linear.", "",
+             "(start-up included), as a user runs it (ALLOCTUNE_WORKERS unset: every CPU for a log longer than "
+             "its first chunk) and in one process (ALLOCTUNE_WORKERS=1); MB/s = log bytes / wall seconds; "
+             "peak = the largest resident set of the CLI process and the workers it waited for. Linearity = "
+             "(time at the largest size / time at the smallest) / size ratio: 1.0 is linear.", "",
              "| log | mode | messages found / written | seconds | MB/s | peak memory | output | load |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -222,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="10,40,80", help="log sizes in MB (OOM messages only; empty: none)")
     ap.add_argument("--mixed", type=int, default=40, help="size of the mixed log in MB (0: none)")
-    ap.add_argument("--workers", type=int, default=2, help="processes for the ALLOCTUNE_WORKERS row")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="ALLOCTUNE_WORKERS for the rows as a user runs them (default: unset, alloctune's default)")
     ap.add_argument("--snapshot-mb", type=int, default=70, help="size of the generated snapshots (0: none)")
     ap.add_argument("--reps", type=int, default=3, help="fresh processes per snapshot load method (best kept)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "diagnose_speed.md"))
@@ -251,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
                                                     "rows": rows, "linearity": lin, "snapshots": snaps,
                                                     "load_avg": [load0, load1], "counts_match": ok}, indent=1))
     for r in rows:
-        if r["mode"] in ("terminal (to a file)", "--json"):
+        if r["mode"] in ("terminal (to a file)", "--json", f"terminal, {ONE}", f"--json, {ONE}"):
             runlog.log_result(f"{r['log']}, {r['mode']}: {r['mb_per_s']:.2f} MB/s, peak {r['peak_rss_mb']:.0f} MB, "
                               f"output {r['output_bytes']:,} B (load {r['load_avg']:.1f})", folder=out.parent)
     if lin:

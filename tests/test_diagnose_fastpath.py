@@ -17,7 +17,8 @@ from alloctune.diagnose import PLATFORMS, find_reports
 from alloctune.diagnose.groups import summarise
 from alloctune.diagnose.report import BYTE_FIELDS
 from alloctune.diagnose.scan import scan_reports
-from alloctune.diagnose.verdict import Verdict, diagnose_report, verdict_only
+from alloctune.diagnose.groups import _demand
+from alloctune.diagnose.verdict import FirstFix, Verdict, diagnose_report, verdict_only
 from alloctune.units import GiB, MiB
 
 from test_diagnose_stream import varied_log
@@ -58,15 +59,20 @@ def test_verdict_only_equals_the_full_diagnosis_on_every_message_and_variant(oom
     assert len(reports) >= 90
     rnd = random.Random(30)
     seen: Counter = Counter()
-    checked = 0
+    checked = probed = 0
     for r in reports:
         for v in [r, *variants(r, rnd, 40)]:
             for platform in (None, *PLATFORMS):
                 got, want = verdict_only(v, platform), full_verdict(v, platform)
                 assert got == want, (v.raw[:120], platform)
+                if isinstance(got.top, FirstFix):  # the probe said what the fix it stands for says
+                    built = got.top.build()
+                    assert (got.top.id, got.top.demand, built.works) == (built.id, _demand(built), True)
+                    probed += 1
                 seen[want.verdict] += 1
                 checked += 1
     assert checked > 20_000
+    assert probed > checked // 2  # most first fixes come from probes
     assert set(seen) == {"fragmentation", "cap", "contention", "shortage", "unknown"}  # every branch reached
 
 

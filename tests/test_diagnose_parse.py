@@ -225,3 +225,24 @@ def test_report_round_trip():
     d = r.to_dict()
     assert d["schema"] == "alloctune.oom-report/1"
     assert OOMReport.from_dict(json.loads(json.dumps(d))) == r
+
+
+def test_platform_index_gives_the_hint_of_every_window():
+    """The index (one pass for any clue, then the clues of each platform) answers exactly what
+    scanning each message's window answers: clues scattered, overlapping ("/home/mnt/c/"), none at
+    all, at the window's edges."""
+    import random
+
+    from alloctune.diagnose.platform import PlatformIndex, platform_hint
+
+    rnd = random.Random(12)
+    clues = ["/home/mnt/c/", "C:\\Users\\me\\x\\", "WSL2", "Windows 10", "/Users/a/", "/opt/homebrew/", "Ubuntu",
+             "dist-packages/", "nvcuda.dll", "app.exe ", "MacBook", "/usr/lib/python", "Linux", "Win11", "WIN10"]
+    filler = "x" * 997 + "\n"
+    for _ in range(20):
+        text = "".join(rnd.choice(clues) if rnd.random() < 0.05 else filler for _ in range(rnd.randrange(1, 60)))
+        index = PlatformIndex(text)
+        for s in range(0, len(text), 331):
+            e = min(len(text), s + rnd.randrange(1, 800))
+            assert platform_hint(text, s, e, "cuda", index) == platform_hint(text, s, e, "cuda"), (s, e)
+    assert PlatformIndex(filler * 50).tables == []

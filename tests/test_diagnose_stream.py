@@ -299,19 +299,48 @@ def test_parallel_summary_equals_one_pass(oom_corpus):
     text = varied_log(oom_corpus, 600) + corpus + varied_log(oom_corpus, 300, seed=3)
     pieces = [text[i:i + 50_000] for i in range(0, len(text), 50_000)]
     one = summarise(scan_reports(pieces)).to_dict()
-    for size in (30_000, 77_777):
-        assert summarise_parallel(pieces, None, n=2, size=size).to_dict() == one
+    for size, small, first in ((30_000, 30_000, 30_000), (77_777, 20_011, 50_000), (40_000, 9_999, 5_000)):
+        for n in (2, 3):  # the chunks read here and by the workers interleave
+            assert summarise_parallel(pieces, None, n=n, size=size, small=small, first=first).to_dict() == one
 
 
-def test_workers_are_opt_in(monkeypatch):
+def test_workers_default_to_the_idle_cpus(monkeypatch):
+    import os
+
     from alloctune.diagnose.parallel import workers
 
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     monkeypatch.delenv("ALLOCTUNE_WORKERS", raising=False)
-    assert workers() == 1
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert workers() == max(1, min(cpus, 8))  # an idle machine: every CPU
+    monkeypatch.setattr(os, "getloadavg", lambda: (float(cpus), 0.0, 0.0))
+    assert workers() == 1  # every CPU busy with other work: this process alone
+    monkeypatch.setattr(os, "getloadavg", lambda: (cpus - 0.2, 0.0, 0.0))
+    assert workers() == 1  # less than a quarter of a CPU idle
+    monkeypatch.setattr(os, "getloadavg", lambda: (cpus - 1.2, 0.0, 0.0))
+    assert workers() == min(2, cpus, 8)  # one idle CPU: one worker beside this process
+    monkeypatch.setattr(os, "getloadavg", lambda: (cpus - 0.5, 0.0, 0.0))
+    assert workers() == min(2, cpus, 8)  # half of one
+    monkeypatch.setenv("ALLOCTUNE_WORKERS", "auto")
+    assert workers() == min(2, cpus, 8)
+    monkeypatch.setenv("ALLOCTUNE_WORKERS", "1")
+    assert workers() == 1  # one pass in this process
     monkeypatch.setenv("ALLOCTUNE_WORKERS", "3")
     assert workers() == 3
-    monkeypatch.setenv("ALLOCTUNE_WORKERS", "auto")
-    assert 1 <= workers() <= 8
+
+
+def test_a_small_log_starts_no_worker(monkeypatch, oom_corpus):
+    """A log within the first chunk is read in this process: no worker is forked for it."""
+    from alloctune.diagnose import parallel
+    from alloctune.diagnose.groups import summarise
+
+    def no_pool(*a, **k):
+        raise AssertionError("a worker was started")
+
+    monkeypatch.setattr(parallel, "ProcessPoolExecutor", no_pool)
+    text = varied_log(oom_corpus, 200)
+    assert len(text) < parallel.FIRST
+    assert parallel.summarise_parallel([text], None, n=4).to_dict() == summarise(scan_reports([text])).to_dict()
 
 
 def test_parallel_cut_inside_a_multiline_message():
@@ -334,4 +363,66 @@ def test_parallel_cut_inside_a_multiline_message():
     for size in (9_151, 9_250):  # a chunk is ~30 messages and a half: most cuts fall inside one
         cuts = [base + begin for _, begin, _, base, _ in parallel._chunks([text], size)]
         assert sum(any(s < c < e for s, e in spans) for c in cuts) >= 3  # the case under test happens
-        assert summarise_parallel([text], None, n=2, size=size).to_dict() == one
+        assert summarise_parallel([text], None, n=2, size=size, small=size, first=size).to_dict() == one
+        assert summarise_parallel([text], None, n=2, size=size, small=size // 3, first=size // 2).to_dict() == one
+
+
+@pytest.mark.parametrize("head", [700, 1500, 4000])
+def test_a_message_across_a_cut_is_read_again_in_the_head_only(monkeypatch, head):
+    """A chunk's first `HEAD` characters are summarised apart: when a message runs across the
+    chunk's start, only they are read again, and the chunk's own reading of the rest is kept when
+    one pass reaches the point where it began; else the whole chunk is read again. Either way:
+    the one-pass summary."""
+    from alloctune.diagnose import parallel
+    from alloctune.diagnose.groups import summarise
+    from alloctune.diagnose.parallel import summarise_parallel
+
+    rnd = random.Random(head)
+    text = "".join(
+        f"[rank{k % 4}] Allocation on device {k % 2} would exceed allowed memory. (out of memory)\n"
+        f"Currently allocated     : {rnd.uniform(1, 20):.2f} GiB\nRequested               : {rnd.uniform(1, 900):.2f} MiB\n"
+        f"Device limit            : 23.69 GiB\nFree (according to CUDA): {rnd.uniform(0, 9):.2f} MiB\n"
+        "PyTorch limit (set by user-supplied memory fraction)\n                        : 17179869184.00 GiB\n"
+        for k in range(500))
+    one = summarise(scan_reports([text])).to_dict()
+    monkeypatch.setattr(parallel, "HEAD", head)
+    kept = []
+    settled = parallel._settled
+
+    def spy(task, result, pos, platform):
+        done, end = settled(task, result, pos, platform)
+        kept.append(pos > task[1] and len(done) == 2)
+        return done, end
+
+    monkeypatch.setattr(parallel, "_settled", spy)
+    for size in (9_151, 9_250, 12_345):
+        assert summarise_parallel([text], None, n=2, size=size, small=size, first=size).to_dict() == one
+    assert any(kept)  # the case under test happens: a head read again, the rest kept
+
+
+@pytest.mark.parametrize("failure", ["no processes", "worker dies"])
+def test_without_workers_the_log_is_read_here(monkeypatch, oom_corpus, failure):
+    """Workers are the default, so a machine that cannot start them (a sandbox without semaphores)
+    or a worker that dies (the OOM killer) must not lose the diagnosis: this process reads on."""
+    import concurrent.futures
+
+    from alloctune.diagnose import parallel
+    from alloctune.diagnose.groups import summarise
+
+    class Dies:
+        def __init__(self, *a, **k):
+            if failure == "no processes":
+                raise OSError(38, "Function not implemented")
+
+        def submit(self, *a, **k):
+            fut = concurrent.futures.Future()
+            fut.set_exception(concurrent.futures.process.BrokenProcessPool("a worker died"))
+            return fut
+
+        def shutdown(self, *a, **k):
+            pass
+
+    monkeypatch.setattr(parallel, "ProcessPoolExecutor", Dies)
+    text = varied_log(oom_corpus, 600)
+    want = summarise(scan_reports([text])).to_dict()
+    assert parallel.summarise_parallel([text], None, n=2, size=20_000, small=9_000, first=9_000).to_dict() == want

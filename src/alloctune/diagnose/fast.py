@@ -13,9 +13,12 @@ its line, a next line that could continue it) goes the grammar's way.
 from __future__ import annotations
 
 import re
+from operator import itemgetter
+from operator import mul as _mul
 
 from alloctune.diagnose import parse as grammar
 from alloctune.diagnose.parse import _LINE_PREFIX
+from alloctune.diagnose.platform import platform_hint
 from alloctune.diagnose.report import OOMReport
 
 _SIZE = r"(\d+(?:\.\d+)?) *(bytes|[KMGTP]i?B)(?![A-Za-z])"
@@ -27,21 +30,25 @@ _WIDE = {";": "；", ":": "：", "(": "（", ")": "）", ",": "，"}
 _NARROW = str.maketrans({w: a for a, w in _WIDE.items()})
 # (a mark as re.escape writes it, a class of it and its full-width form); no replacement adds a later mark
 _EITHER = tuple((re.escape(a), f"[{re.escape(a)}{w}]") for a, w in _WIDE.items())
-_NO_DIGITS = str.maketrans("", "", "0123456789")  # translate() drops them: faster than a regex here
+_DIGITS = b"0123456789"
 _SEPS = frozenset(" \t.,;")
 _MAX = 1024  # templates kept (a log has a few shapes; the memory stays bounded whatever it holds)
-_KEY_RAW, _KEY = 200, 120  # a shape's key: the first characters without their digits
+# A shape's key: the UTF-8 bytes of its first characters without their digits (bytes.translate drops
+# them at C speed; str.translate looks each character up, ten times slower).
+_KEY_RAW, _KEY = 200, 120
 _MULT = grammar._MULT
 # What a template reads: report fields (`find.with_figures` sets them by name) and a process's pid and memory.
-_READ = frozenset(("device", "requested", "total", "free", "allocated", "active", "reserved", "reserved_unallocated",
-                   "private_pools", "cap", "process_in_use", "other_allocations", "pid", "mem"))
+_FIGURES = ("device", "requested", "total", "free", "allocated", "active", "reserved", "reserved_unallocated",
+            "private_pools", "cap", "process_in_use", "other_allocations")
+_set = object.__setattr__  # a report's fields set at once (the class is frozen)
+_READ = frozenset((*_FIGURES, "pid", "mem"))
 
 
 class Template:
     """One message shape: the regex that matches its raw text and the report of the message it was
     learnt from (everything but the figures is the same)."""
 
-    __slots__ = ("rx", "proto", "reads")
+    __slots__ = ("rx", "proto", "reads", "base", "derive", "plan", "has_procs", "ints", "sized", "nums", "units")
 
     def __init__(self, proto: OOMReport, norm_text: str, parsed: grammar.Parsed) -> None:
         parts, pos, reads, k = [], 0, [], 1
@@ -56,6 +63,28 @@ class Template:
         self.rx = re.compile("".join(parts))
         self.proto = proto
         self.reads = tuple(reads)  # (target, its first group, a plain integer?)
+        # What `build` needs, worked out once per shape: which figures a match sets is fixed by the
+        # template, so the derivation `find._derive` makes (and its `derived` names) is fixed too.
+        read = {t for t, _, _ in reads}
+        self.base = {**proto.__dict__, **dict.fromkeys(_FIGURES), "other_processes": (), "derived": ()}
+        native = proto.backend == "native" and proto.vendor != "mps"
+        if "reserved" not in read and {"allocated", "reserved_unallocated"} <= read and native:
+            self.derive, derived = 1, ("reserved",)  # reserved = allocated + unallocated
+        elif "reserved_unallocated" not in read and {"allocated", "reserved"} <= read:
+            self.derive, derived = 2, ("reserved_unallocated",)  # unallocated = reserved - allocated
+        else:
+            self.derive, derived = 0, ()
+        self.base["derived"] = derived
+        # (group index, target or None for a process's pid / "" for its memory, a plain integer?)
+        self.plan = tuple((k - 1, None if t == "pid" else "" if t == "mem" else t, whole) for t, k, whole in reads)
+        self.has_procs = "mem" in read
+        # Without processes, the sizes are read in one go (C loops over the groups): their numbers,
+        # their units and the fields they set; whole numbers (the device) one by one.
+        sizes = [(k - 1, t) for t, k, whole in reads if not whole]
+        self.ints = tuple((k - 1, t) for t, k, whole in reads if whole)
+        self.sized = tuple(t for _, t in sizes)
+        self.nums = _getter([k for k, _ in sizes])
+        self.units = _getter([k + 1 for k, _ in sizes])
 
     def read(self, m: re.Match[str]) -> tuple[dict, list[tuple[int, int]]]:
         """(values, processes) of the matched message, as the grammar reads them. Its normalised
@@ -79,17 +108,79 @@ class Template:
                 values[target] = n
         return values, procs
 
+    def build(self, m: re.Match[str], text: str, platform: str | None, index, base: int) -> OOMReport:
+        """The report of the message `m` matched: what `find.with_figures(self.proto, *self.read(m),
+        ...)` gives, in one step (one dict per report, the derivation decided per shape)."""
+        s, e = m.span()
+        g = m.groups()
+        d = self.base.copy()
+        if self.has_procs:
+            self._figures(g, d)
+        else:
+            try:  # int(round(float(num) * unit)) for every size, as the grammar reads it
+                d.update(zip(self.sized, map(round, map(_mul, map(float, self.nums(g)),
+                                                        map(_MULT.__getitem__, self.units(g))))))
+            except KeyError:  # a unit without a multiplier here (PB): every figure the general way
+                self._figures(g, d)
+            for k, target in self.ints:
+                d[target] = int(g[k])
+        if self.derive == 1:
+            d["reserved"] = d["allocated"] + d["reserved_unallocated"]
+        elif self.derive == 2:
+            d["reserved_unallocated"] = max(0, d["reserved"] - d["allocated"])
+        raw = text[s:e]
+        d["raw"] = raw
+        d["text"] = collapse(raw)
+        d["span"] = (s + base, e + base)
+        if platform:
+            d["platform"], d["platform_evidence"] = platform, "given"
+        elif index is not None and not index.tables and self.proto.vendor != "mps":
+            d["platform"], d["platform_evidence"] = None, None  # no clue anywhere in the text
+        else:
+            d["platform"], d["platform_evidence"] = platform_hint(text, s, e, self.proto.vendor, index)
+        out = object.__new__(OOMReport)
+        _set(out, "__dict__", d)
+        return out
+
+    def _figures(self, g: tuple, d: dict) -> None:
+        """Every figure of the match into `d`, one by one (processes as `other_processes`)."""
+        procs = []
+        pid = 0
+        for k, target, whole in self.plan:
+            if whole:
+                n = int(g[k])
+            else:
+                num, unit = g[k], g[k + 1]
+                f = _MULT.get(unit)
+                n = round(float(num) * f) if f else grammar._size(f"{num} {unit}")
+            if target:
+                d[target] = n
+            elif target is None:
+                pid = n
+            else:
+                procs.append((pid, n))
+        if procs:
+            d["other_processes"] = tuple(procs)
+
+
+def _getter(idx: list[int]):
+    """The groups at `idx`, as a tuple whatever their number (`itemgetter` gives one bare)."""
+    if len(idx) == 1:
+        k = idx[0]
+        return lambda g: (g[k],)
+    return itemgetter(*idx) if idx else (lambda g: ())
+
 
 class FastReader:
     """The templates learnt so far; `match` tries them on a message start."""
 
     def __init__(self) -> None:
-        self.templates: dict[str, list[Template]] = {}  # by key: usually one template each
+        self.templates: dict[bytes, list[Template]] = {}  # by key: usually one template each
         self.count = 0
 
     @staticmethod
-    def key(text: str, s: int) -> str:
-        return text[s : s + _KEY_RAW].translate(_NO_DIGITS)[:_KEY]
+    def key(text: str, s: int) -> bytes:
+        return text[s : s + _KEY_RAW].encode("utf-8", "surrogatepass").translate(None, _DIGITS)[:_KEY]
 
     def learn(self, report: OOMReport, norm_text: str, parsed: grammar.Parsed) -> None:
         """Keep the shape of a message the grammar read, if it is clean enough to template."""
@@ -111,15 +202,22 @@ class FastReader:
     def match(self, text: str, s: int) -> tuple[OOMReport, dict, list[tuple[int, int]], str, int] | None:
         """(the shape's report, values, processes, normalised text, raw end) of the message at
         `text[s]`, or None when no template vouches for it."""
-        for t in self.templates.get(self.key(text, s), ()):
+        hit = self.find(text, s)
+        if hit is None:
+            return None
+        t, m = hit
+        values, procs = t.read(m)
+        return t.proto, values, procs, collapse(text[s:m.end()]), m.end()
+
+    def find(self, text: str, s: int) -> tuple[Template, re.Match[str]] | None:
+        """(the template, its match) of the message at `text[s]`, or None when no template vouches
+        for it (`Template.build` turns it into the report)."""
+        for t in self.templates.get(text[s : s + _KEY_RAW].encode("utf-8", "surrogatepass").translate(None, _DIGITS)[:_KEY],
+                                    ()):
             m = t.rx.match(text, s)
-            if m is None:
-                continue
-            e = m.end()
-            if not _ends_here(text, e):
-                continue  # the grammar would read on: a longer shape of the same beginning may fit
-            values, procs = t.read(m)
-            return t.proto, values, procs, collapse(text[s:e]), e
+            if m is not None and _ends_here(text, m.end()):
+                return t, m
+            # else: the grammar would read on: a longer shape of the same beginning may fit
         return None
 
 

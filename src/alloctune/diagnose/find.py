@@ -425,10 +425,13 @@ class ReportFinder:
     is exact: neither normalisation nor the line-prefix rules look behind their start.
     """
 
-    def __init__(self, platform: str | None = None, *, fast: bool | FastReader = True) -> None:
-        """`fast=False`: every message through the grammar (the reference the templates are tested against)."""
+    def __init__(self, platform: str | None = None, *, fast: bool | FastReader = True, index_after: int = _INDEX_AFTER
+                 ) -> None:
+        """`fast=False`: every message through the grammar (the reference the templates are tested against);
+        `index_after`: messages read before a big text's clues are indexed (0: a chunk of a big log)."""
         self.platform = platform
         self.found = 0
+        self.index_after = index_after
         self.pos = 0  # where the next `scan` resumes
         self._windows: dict[str, tuple[Normalized, grammar.Parsed | None]] = {}
         self._parsed: dict[str, grammar.Parsed | None] = {}
@@ -468,21 +471,20 @@ class ReportFinder:
         `text` must reach `LOOKAHEAD` characters past `stop` unless it ends the input; `big`
         allows the platform-clue index (for texts above `BIG_TEXT`)."""
         n = len(text)
-        index = PlatformIndex(text) if big and self.found >= _INDEX_AFTER and self.platform is None else None
+        index = PlatformIndex(text) if big and self.found >= self.index_after and self.platform is None else None
         self.pos = pos
         while pos < stop:
             m = grammar.ANCHOR.search(text, pos, stop + 200)
             if not m or m.start() >= stop:
                 break
             s = m.start()
-            hit = None if self.fast is None or text[s : s + WINDOWS[0]] in self._windows else self.fast.match(text, s)
+            hit = None if self.fast is None or text[s : s + WINDOWS[0]] in self._windows else self.fast.find(text, s)
             if hit is not None:  # a shape seen before, read with its template: the grammar's report
                 self.found += 1
-                if index is None and big and self.found == _INDEX_AFTER and self.platform is None:
+                if index is None and big and self.found == self.index_after and self.platform is None:
                     index = PlatformIndex(text)
-                proto, values, procs, ntext, e = hit
-                report = with_figures(proto, values, procs, ntext, text, s, e, self.platform, index, base)
-                pos = self.pos = max(e, m.end())
+                report = hit[0].build(hit[1], text, self.platform, index, base)
+                pos = self.pos = max(hit[1].end(), m.end())
                 yield report
                 continue
             for window in WINDOWS:  # small first; grow only if the message may run past the window
@@ -497,7 +499,7 @@ class ReportFinder:
                 pos = self.pos = m.end()
                 continue
             self.found += 1
-            if index is None and big and self.found == _INDEX_AFTER and self.platform is None:
+            if index is None and big and self.found == self.index_after and self.platform is None:
                 index = PlatformIndex(text)
             first = self._reports.get(chunk)
             if first is None:

@@ -164,19 +164,29 @@ def empty_cache_note(r: OOMReport) -> Fix:
 # ---- workload-side and environment fixes ---------------------------------------------------
 
 
+def _split_pieces(r: OOMReport, shortfall: int, base: int) -> int | None:
+    """Into how many pieces the one request must be split (it alone is bigger than all the process
+    can get), or None when the batch is what to reduce; `reduce_work` and its probe both read it."""
+    X = r.requested or 0
+    return math.ceil(X / max(X - shortfall, 1)) if X > base and X > 0 else None
+
+
+def _reduce_percent(shortfall: int, base: int) -> int:
+    return min(math.ceil(100 * shortfall / base) if base else 100, 100)
+
+
 def reduce_work(r: OOMReport, shortfall: int, base: int) -> Fix:
     """Shrink the batch/chunk so the peak drops by `shortfall` (assumes memory grows with batch)."""
     X = r.requested or 0
-    if X > base and X > 0:
+    pieces = _split_pieces(r, shortfall, base)
+    if pieces is not None:
         # a single allocation bigger than all the process can get: split that one operation
         avail = max(X - shortfall, 1)
-        pieces = math.ceil(X / avail)
         why = (f"A single {_fs(X)} allocation cannot fit in the {_fs(avail)} available; compute it in at least "
                f"{pieces} chunks (each <= {_fs(avail)}), or reduce the tensor's size.")
         return Fix("split_operation", f"Split the operation into >= {pieces} chunks", why,
                    extra=(("shortfall", shortfall), ("chunks", pieces)))
-    pct = math.ceil(100 * shortfall / base) if base else 100
-    pct = min(pct, 100)
+    pct = _reduce_percent(shortfall, base)
     why = (f"The peak must drop by at least {_fs(shortfall)}, i.e. {pct}% of the {_fs(base)} this process "
            f"needed at the failure (live tensors + the request). If memory grows with the batch, use a batch or "
            f"chunk at most {100 - pct}% of the current one (activation checkpointing, lower precision or "
@@ -287,3 +297,46 @@ def record_snapshot(r: OOMReport) -> Fix:
     why = ("The message alone cannot show which tensors filled the memory; a memory snapshot can "
            "(open it at https://pytorch.org/memory_viz or feed it to alloctune's simulator).")
     return Fix("record_snapshot", "Record a memory snapshot at the OOM", why, code=code)
+
+
+# ---- probes: what a message's first working fix is, before building it ----------------------
+# A long log's groups need, per message, only the id of its first working fix and how much it asks
+# for (`groups._demand`); the fix itself (its text: most of the cost of judging a message) is built
+# only for the few a group keeps. A probe answers (works, id, demand) from the builder's own
+# arguments, for the fixes that are most often first; tests/test_diagnose_fastpath.py holds every
+# probe to the fix it stands for.
+
+
+def _probe_reduce_work(r: OOMReport, shortfall: int, base: int) -> tuple[bool, str, float]:
+    pieces = _split_pieces(r, shortfall, base)
+    if pieces is not None:
+        return True, "split_operation", float(pieces)
+    return True, "reduce_batch", float(_reduce_percent(shortfall, base))
+
+
+def _probe_expandable(r: OOMReport, platform: str | None, reachable: int | None,
+                      enough: bool | None = None) -> tuple[bool, str, float]:
+    return knobs.expandable_segments_support(r, platform)[0], "expandable_segments", 0.0
+
+
+def _always(fix_id: str) -> Any:
+    def probe(*args: Any, **kw: Any) -> tuple[bool, str, float]:
+        return True, fix_id, 0.0
+    return probe
+
+
+def _never(*args: Any, **kw: Any) -> tuple[bool, str, float]:
+    return False, "", 0.0
+
+
+PROBES = {
+    reduce_work: _probe_reduce_work,
+    expandable_segments: _probe_expandable,
+    record_snapshot: _always("record_snapshot"),
+    check_unlisted_users: _always("check_other_processes"),
+    free_processes: _always("free_other_processes"),
+    native_backend: _always("native_backend"),
+    capture_full_message: _always("capture_full_message"),
+    gc_threshold: _never,
+    empty_cache_note: _never,
+}

@@ -16,7 +16,7 @@ from typing import Any
 from alloctune.diagnose.fixes import Fix
 from alloctune.diagnose.scan import Found
 from alloctune.diagnose.report import OOMReport
-from alloctune.diagnose.verdict import Diagnosis, Verdict, diagnose_report, verdict_only
+from alloctune.diagnose.verdict import Diagnosis, FirstFix, Verdict, diagnose_report, verdict_only
 from alloctune.units import format_size
 
 SCHEMA_MESSAGE = "alloctune.diagnose-message/1"
@@ -83,8 +83,8 @@ class Group:
             self.worst_report, self.worst_line, self.worst_key, self.worst_shortfall = r, line, key, v.shortfall
             self._worst = None
         top = v.top
-        fid = top.id if top else None
-        demand = _demand(top) if top else 0.0
+        fid = top.id if top is not None else None
+        demand = (top.demand if isinstance(top, FirstFix) else _demand(top)) if top is not None else 0.0
         slot = self._fixes.get(fid)
         if slot is None:
             self._fixes[fid] = [1, demand, top, line]
@@ -123,6 +123,8 @@ class Group:
         the first working fix most members share, with the largest demand among them, so it
         covers each of them."""
         fid, slot = max(self._fixes.items(), key=lambda kv: (kv[0] is not None, kv[1][0]))
+        if isinstance(slot[2], FirstFix):
+            slot[2] = slot[2].build()
         return slot[2], slot[3], slot[0]
 
     @property

@@ -6,6 +6,10 @@ chunks; each worker process summarises one chunk (`groups.summarise` over `scan.
 the parent merges the groups in chunk order, which gives exactly what one pass gives: counts
 add up, the first/last lines and the worst cases are the first ones found, as in one pass.
 
+This process reads chunks too: the first one (small) before any worker starts, so that workers
+forked afterwards inherit the message shapes it learnt instead of each compiling them again,
+then every chunk no worker is free for. A log that fits in the first chunk starts no worker.
+
 Exactness at the cuts: a worker starts reading at its chunk's first character, one pass at
 the point where the previous chunk's reading stopped. The two agree whenever that point is not
 past the cut (no message runs across it); when one does, the parent reads that chunk itself,
@@ -16,27 +20,39 @@ chunk carries whole, so they do not depend on the cut either.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+import sys
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import BrokenExecutor, Future, ProcessPoolExecutor
 from typing import Any
 
 from alloctune.diagnose.find import _LOOKBACK, LOOKAHEAD, ReportFinder
 from alloctune.diagnose.groups import Group, LogSummary, finish, summarise_found
 from alloctune.diagnose.scan import Found, rank_at
 
-CHUNK = 4 << 20  # characters per task: big enough that a task costs far more than sending it
-_FAST = None  # a worker's templates, kept from task to task
+CHUNK = 1 << 20  # characters per worker task: big enough that a task costs far more than sending it
+HEAD = 1 << 14  # a chunk's first characters, summarised apart (read again when a message runs across its start)
+SMALL = 1 << 19  # characters per chunk this process reads itself: it looks for an idle worker this often
+FIRST = 1 << 18  # the first chunk, read here before any worker starts (it learns the shapes they inherit)
+_FAST = None  # a process's templates, kept from task to task (and inherited by forked workers)
 
 
 def workers() -> int:
-    """Processes to use: ALLOCTUNE_WORKERS (`auto`: the CPUs this process may run on, at most 8);
-    1 (one pass in this process) when unset. Opt-in: on a machine whose cores are busy with
-    other work, the extra processes cost more than they bring (bench/diagnose_speed.py)."""
+    """Processes to use, this one included: ALLOCTUNE_WORKERS when it is a number, else (unset or
+    `auto`) this one plus one per idle CPU, at most 8: the CPUs this process may run on less the
+    1-minute load average, a CPU counting as idle when a quarter of it is. Why not every CPU: on a
+    machine whose cores are busy with other work, the extra processes cost more than they bring
+    (bench/diagnose_speed.py). Extra processes start only for a log longer than its first chunk
+    (`summarise_parallel`)."""
     env = os.environ.get("ALLOCTUNE_WORKERS", "").strip().lower()
-    if env == "auto":
-        n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        return max(1, min(n, 8))
-    return int(env) if env.isdigit() and int(env) > 0 else 1
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average (Windows): every CPU
+        load = 0.0
+    return max(1, min(cpus, 8, int(cpus - load + 0.75) + 1))
 
 
 def _found(text: str, begin: int, stop: int, base: int, line: int, platform: str | None,
@@ -48,7 +64,8 @@ def _found(text: str, begin: int, stop: int, base: int, line: int, platform: str
         from alloctune.diagnose.fast import FastReader
 
         _FAST = FastReader()
-    finder = ReportFinder(platform, fast=_FAST)  # the shapes learnt in earlier chunks of this process
+    # The shapes learnt in earlier chunks of this process; the clues indexed at once (a chunk is big).
+    finder = ReportFinder(platform, fast=_FAST, index_after=0)
     counted = begin
     for r in finder.scan(text, begin, stop, big=True, base=base):
         s = r.span[0] - base
@@ -58,19 +75,46 @@ def _found(text: str, begin: int, stop: int, base: int, line: int, platform: str
     out["pos"] = finder.pos
 
 
-def _chunk(text: str, begin: int, stop: int, base: int, line: int, platform: str | None) -> tuple[Any, int]:
-    """A worker's task: the partial summary of one chunk and where one pass would resume."""
+def _chunk(text: str, begin: int, stop: int, base: int, line: int, platform: str | None) -> tuple[Any, int, Any, int]:
+    """A worker's task: the partial summaries of one chunk's head (its first `HEAD` characters) and
+    of the rest, and where one pass would resume after each. Apart so that when a message runs
+    across the chunk's start, only the head is read again (`_settled`)."""
     out: dict[str, int] = {}
-    part = summarise_found(_found(text, begin, stop, base, line, platform, out), platform)
-    return part, out["pos"]
+    mid = min(stop, begin + HEAD)
+    head = summarise_found(_found(text, begin, mid, base, line, platform, out), platform)
+    at = max(out["pos"], mid)
+    tail = summarise_found(_found(text, at, max(stop, at), base, line + text.count("\n", begin, at), platform, out),
+                           platform)
+    return head, at, tail, out["pos"]
 
 
-def _chunks(pieces: Iterable[str], size: int) -> Iterator[tuple[str, int, int, int, int]]:
-    """(text, begin, stop, base, line): each chunk with the context before and after it."""
+def _settled(task: tuple, result: tuple[Any, int, Any, int], pos: int, platform: str | None) -> tuple[list, int]:
+    """(the partial summaries one pass gives for the chunk, where it resumes after it), from the
+    chunk's `_chunk` result and where one pass resumed before it (`pos`, in the chunk's text).
+    When a message ran across the chunk's start (pos > begin), the chunk is read again from pos:
+    only its head, if that reaches the point where the chunk's own reading of its rest began."""
+    text, begin, stop, base, line = task
+    head, at, tail, end = result
+    if pos <= begin:
+        return [head, tail], end
+    out: dict[str, int] = {}
+    line2 = line + text.count("\n", begin, pos)
+    if pos < at:
+        part = summarise_found(_found(text, pos, min(stop, begin + HEAD), base, line2, platform, out), platform)
+        if max(out["pos"], min(stop, begin + HEAD)) == at:  # one pass reads the rest as the chunk did
+            return [part, tail], end
+    part = summarise_found(_found(text, pos, max(stop, pos), base, line2, platform, out), platform)
+    return [part], out["pos"]
+
+
+def _chunks(pieces: Iterable[str], size: int | Callable[[], int]) -> Iterator[tuple[str, int, int, int, int]]:
+    """(text, begin, stop, base, line): each chunk with the context before and after it, `size`
+    characters long or as long as `size()` says when the chunk before it has been taken."""
     buf, base, line = "", 0, 1  # buf holds the log from `base` on; chunks start at a line start
     start = 0  # where the next chunk starts, in buf
     eof = False
     it = iter(pieces)
+    want = size() if callable(size) else size
     while not eof:
         piece = next(it, None)
         eof = piece is None
@@ -82,13 +126,14 @@ def _chunks(pieces: Iterable[str], size: int) -> Iterator[tuple[str, int, int, i
                     return
                 stop = len(buf)
             else:
-                if len(buf) - start < size + LOOKAHEAD:
+                if len(buf) - start < want + LOOKAHEAD:
                     break
-                cut = buf.rfind("\n", start, start + size)
-                stop = cut + 1 if cut >= start else start + size
+                cut = buf.rfind("\n", start, start + want)
+                stop = cut + 1 if cut >= start else start + want
             lo = max(0, start - _LOOKBACK)
             hi = min(len(buf), stop + LOOKAHEAD)
             yield buf[lo:hi], start - lo, stop - lo, base + lo, line
+            want = size() if callable(size) else size
             line += buf.count("\n", start, stop)
             start = stop
             if start > _LOOKBACK:  # keep only the context the next chunk needs
@@ -97,59 +142,109 @@ def _chunks(pieces: Iterable[str], size: int) -> Iterator[tuple[str, int, int, i
 
 
 def summarise_parallel(pieces: Iterable[str], platform: str | None = None, n: int | None = None,
-                       size: int = CHUNK) -> LogSummary:
-    """`groups.summarise` over the log, chunk by chunk on `n` processes (bounded: at most 2n
-    chunks in flight)."""
+                       size: int = CHUNK, small: int = SMALL, first: int = FIRST) -> LogSummary:
+    """`groups.summarise` over the log on `n` processes: this one and n - 1 workers. This one reads
+    the first chunk, then hands a chunk of `size` to each idle worker and reads chunks of `small`
+    itself in between; workers start only when there is a second chunk. Memory: at most 4n chunks
+    in flight, and the groups."""
     n = n or workers()
-    parts: list[Any] = []
+    parts = Merged()
     pos = 0  # where one pass would resume, in the log
-    with ProcessPoolExecutor(max_workers=n) as pool:
-        pending: list[tuple[Future, tuple]] = []
+    pool: ProcessPoolExecutor | None = None
+    pending: deque[tuple[Future, tuple]] = deque()  # in log order; chunks read here are done already
+    to_worker = False  # whether the chunk being cut goes to a worker
+    cut = 0  # chunks cut so far
 
-        def settle(fut: Future, task: tuple) -> None:
-            nonlocal pos
-            text, begin, stop, base, line = task
-            if pos > base + begin:  # a message ran across the cut: read this chunk from there
-                out: dict[str, int] = {}
-                skip = pos - base
-                line2 = line + text.count("\n", begin, skip)
-                part = summarise_found(_found(text, skip, max(stop, skip), base, line2, platform, out), platform)
-                fut.cancel()
-                parts.append(part)
-                pos = out["pos"] + base
-                return
-            part, end = fut.result()
-            parts.append(part)
-            pos = end + base
+    def settle(fut: Future, task: tuple) -> None:
+        nonlocal pos
+        try:
+            result = fut.result()
+        except BrokenExecutor:  # a worker died (killed, out of memory): this process reads its chunk
+            result = _chunk(*task, platform)
+            no_workers()
+        base = task[3]
+        done, end = _settled(task, result, pos - base, platform)
+        for part in done:
+            parts.add(part)
+        pos = end + base
 
-        for task in _chunks(pieces, size):
-            pending.append((pool.submit(_chunk, *task, platform), task))
-            while len(pending) >= 2 * n:
-                settle(*pending.pop(0))
-        for fut, task in pending:
-            settle(fut, task)
-    return merge(parts)
+    def no_workers() -> None:
+        nonlocal n
+        n = 1  # the rest of the log in this process
+
+    def next_size() -> int:
+        nonlocal to_worker
+        started = cut > 0
+        # two chunks per worker: the next one travels through the pipe while it reads the one before
+        to_worker = n > 1 and started and sum(1 for fut, _ in pending if not fut.done()) < 2 * (n - 1)
+        return size if to_worker else small if started else first
+
+    # The pool's threads carry chunks and results through pipes in 64 KiB writes, each after taking
+    # the GIL from this thread: at the default 5 ms switch interval a 1 MB chunk took ~150 ms.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(min(interval, 0.0005))
+    try:
+        for task in _chunks(pieces, next_size):
+            cut += 1
+            fut = None
+            if to_worker:
+                try:
+                    if pool is None:  # forked now: the workers inherit the shapes learnt so far
+                        pool = ProcessPoolExecutor(max_workers=n - 1)
+                    fut = pool.submit(_chunk, *task, platform)
+                except (OSError, NotImplementedError, BrokenExecutor):  # no processes here (a sandbox)
+                    no_workers()
+            if fut is None:
+                fut = Future()
+                fut.set_result(_chunk(*task, platform))
+            pending.append((fut, task))
+            while pending and (pending[0][0].done() or len(pending) > 4 * n):
+                settle(*pending.popleft())
+        while pending:
+            settle(*pending.popleft())
+    finally:
+        sys.setswitchinterval(interval)
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+    return parts.finish()
+
+
+class Merged:
+    """Consecutive chunks' partial summaries folded in as they are settled, so that memory holds
+    the groups, not every chunk's (a long log has hundreds of chunks)."""
+
+    def __init__(self) -> None:
+        self.groups: dict[tuple, Group] = {}
+        self.total = 0
+        self.first: Any = None
+        self.same = True
+
+    def add(self, part: Any) -> None:
+        if part.count == 0:
+            return
+        if self.first is None:
+            self.first = part
+        elif not part.same or part.first_text != self.first.first_text:
+            self.same = False
+        self.same = self.same and part.same
+        self.total += part.count
+        for key, g in part.groups.items():
+            if key in self.groups:
+                self.groups[key].merge(g)
+            else:
+                self.groups[key] = g
+        if self.first is not part:
+            part.groups = {}  # its groups now live in (or were merged into) ours
+
+    def finish(self) -> LogSummary:
+        first = self.first
+        return finish(self.groups, self.total, first.first if first is not None and self.same else None,
+                      first.platform if first is not None else None)
 
 
 def merge(parts: list[Any]) -> LogSummary:
     """The summary of consecutive chunks' partial summaries, as one pass would give it."""
-    groups: dict[tuple, Group] = {}
-    total = 0
-    first = None
-    same = True
+    merged = Merged()
     for part in parts:
-        if part.count == 0:
-            continue
-        if first is None:
-            first = part
-        elif not part.same or part.first_text != first.first_text:
-            same = False
-        same = same and part.same
-        total += part.count
-        for key, g in part.groups.items():
-            if key in groups:
-                groups[key].merge(g)
-            else:
-                groups[key] = g
-    return finish(groups, total, first.first if first is not None and same else None,
-                  first.platform if first is not None else None)
+        merged.add(part)
+    return merged.finish()

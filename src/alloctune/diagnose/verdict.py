@@ -99,11 +99,12 @@ class Diagnosis:
 
 
 class Verdict(NamedTuple):
-    """What grouping needs of a diagnosis: the verdict, the shortfall and the first working fix."""
+    """What grouping needs of a diagnosis: the verdict, the shortfall and the first working fix
+    (from `verdict_only`, often a `FirstFix`: built when needed)."""
 
     verdict: str
     shortfall: int | None
-    top: Fix | None
+    top: Any
 
 
 # A fix not built yet: (function, positional args, keyword args).
@@ -143,12 +144,45 @@ class _Builder:
         return Diagnosis(self.r, verdict, reason() if callable(reason) else reason, tuple(self.evidence),
                          tuple(ranked), tuple(self.contributing), shortfall, self.platform)
 
-    def _top(self) -> Fix | None:
+    def _top(self) -> Fix | FirstFix | None:
         for make, args, kw in self.fixes:  # type: ignore[misc]
+            probe = fx.PROBES.get(make)
+            if probe is not None:
+                works, fix_id, demand = probe(*args, **kw)
+                if works:
+                    return FirstFix(fix_id, demand, make, args, kw)
+                continue
             f = make(*args, **kw)
             if f.works:
                 return f
         return None
+
+
+class FirstFix:
+    """A message's first working fix before it is built: its id and demand (what grouping reads of
+    every message) and how to build it (for the few messages a group keeps). Equal to the `Fix` it
+    builds."""
+
+    __slots__ = ("id", "demand", "_make", "_args", "_kw", "_fix")
+
+    def __init__(self, fix_id: str, demand: float, make: Callable[..., Fix], args: tuple, kw: dict) -> None:
+        self.id, self.demand, self._make, self._args, self._kw, self._fix = fix_id, demand, make, args, kw, None
+
+    def build(self) -> Fix:
+        if self._fix is None:
+            self._fix = self._make(*self._args, **self._kw)
+        return self._fix
+
+    def __eq__(self, other: object) -> bool:
+        return self.build() == (other.build() if isinstance(other, FirstFix) else other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __getstate__(self) -> tuple:
+        return self.id, self.demand, self._make, self._args, self._kw, self._fix
+
+    def __setstate__(self, state: tuple) -> None:
+        self.id, self.demand, self._make, self._args, self._kw, self._fix = state
 
 
 def _probable_self(r: OOMReport) -> int | None:
