@@ -26,7 +26,6 @@ from typing import Union
 from rich import box
 from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.measure import Measurement
-from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
@@ -173,12 +172,6 @@ class FitTable:
         if widths is None:
             yield from self._stacked(options.max_width)
             return
-        lines = self._plain_lines(widths) if console.color_system is None and not console.record else None
-        if lines is not None:
-            for line in lines:
-                yield Segment(line)
-                yield Segment.line()
-            return
         table = Table(
             title=self.title, show_header=self.show_header, box=box.SIMPLE_HEAD, show_edge=False,
             pad_edge=False, padding=(0, 1, 0, 0), title_justify="left", header_style="bold",
@@ -189,46 +182,6 @@ class FitTable:
         for row in self.rows:
             table.add_row(*(wrap_text(cell, w) for cell, w in zip(row, widths)))
         yield table
-
-    def _plain_lines(self, widths: list[int]) -> list[str] | None:
-        """The lines `rich.table.Table` prints for this table without colours, laid out here: rich
-        renders each cell through its segment machinery (a table of a thousand rows took 0.6 s),
-        and without styles the layout is plain text. Only for what that layout covers exactly:
-        no title, left or right columns, cells of printable ASCII (no tabs, control characters or
-        wide characters, which rich rewrites or measures otherwise); None for anything else.
-        `tests/test_cli_render_plain.py` holds it to rich's output."""
-        if self.title or any(c.justify not in ("left", "right") for c in self.columns):
-            return None
-        rows = ([[c.header for c in self.columns]] if self.show_header else []) + [
-            [_plain(cell) for cell in row] for row in self.rows]
-        right = [c.justify == "right" for c in self.columns]
-        last = len(widths) - 1
-        out: list[str] = []
-        for k, row in enumerate(rows):
-            cells = []
-            for text, w in zip(row, widths):
-                if not text.isascii():
-                    return None
-                cell = [text[a:b] for a, b in wrap_spans(text, w)]
-                if not all(line.isprintable() and len(line) <= w for line in cell):
-                    return None
-                cells.append(cell)
-            height = max(len(c) for c in cells)
-            header = k == 0 and self.show_header
-            for c in cells:  # a header sits on the row's bottom line, other cells on its top one
-                pad = [""] * (height - len(c))
-                c[:] = pad + c if header else c + pad
-            for i in range(height):
-                parts = []
-                for j, (c, w) in enumerate(zip(cells, widths)):
-                    line = c[i]
-                    parts.append(line.rjust(w) if right[j] else line.ljust(w))
-                    if j < last:
-                        parts.append("  ")  # the cell's right padding and the (blank) column rule
-                out.append("".join(parts))
-            if header:
-                out.append("─" * (sum(widths) + 2 * last))
-        return out
 
     def _stacked(self, width: int) -> RenderResult:
         """One `header: value` line group per row (empty fields left out): fits any width without cutting words."""
