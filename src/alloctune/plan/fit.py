@@ -155,22 +155,12 @@ def _fit_floor(pts: list[tuple[Fraction, int]]) -> Law | None:
         return None
     rest = pts[0][1] % unit
     ks = [(x, (y - rest) // unit) for x, y in pts]
-    steps = [k1 - k0 for (_, k0), (_, k1) in zip(ks, ks[1:])]
-    if not (all(d >= 2 for d in steps) or all(d <= -2 for d in steps)):
-        return None  # a step function (a workspace that jumps), not a rounded line: no law would be honest
-    lo: Fraction | None = None
-    hi: Fraction | None = None
-    for i, (xi, ki) in enumerate(ks):
-        for xj, kj in ks[i + 1:]:
-            span = xj - xi
-            a, b = Fraction(kj - ki - 1) / span, Fraction(kj - ki + 1) / span
-            lo = a if lo is None or a > lo else lo
-            hi = b if hi is None or b < hi else hi
-    if lo is None or hi is None or not lo < hi:
+    # steps of at least 2 units: a step function (a workspace that jumps) is no rounded line, and no
+    # law would be honest about it
+    line = _floor_line(ks, 2)
+    if line is None:
         return None
-    p = simplest_between(lo, hi)
-    q_lo = max(k - p * x for x, k in ks)
-    q_hi = min(k + 1 - p * x for x, k in ks)
+    p, q_lo, q_hi = line
     q = q_lo if q_lo.denominator == 1 else simplest_between(q_lo, q_hi)
     if q_lo.denominator <= q.denominator:
         q = q_lo
