@@ -62,8 +62,6 @@ def no_grad_request(baseline: TrialResult, conf: str, budget: int) -> TrialReque
 
 def no_grad_remedy(trial: TrialResult, conf: str, base: int | None, simulator_factory: Any, command: str) -> Remedy:
     """The measured no-grad remedy from its confirming run (capped at the budget, recorded)."""
-    mb = floor = None
-    notes: list[str] = []
     regrad = int((trial.autograd or {}).get("module_calls_with_grad") or 0)
     if regrad:  # the program turned autograd back on under the agent's switch: this run measured nothing
         return Remedy(
@@ -73,25 +71,13 @@ def no_grad_remedy(trial: TrialResult, conf: str, base: int | None, simulator_fa
             notes=(f"not measured: the program turns autograd back on itself ({regrad} module calls ran with grad "
                    "on under the agent's switch: torch.enable_grad() or set_grad_enabled(True) in its code); add "
                    "the line by hand where it does that and run the confirming command",))
-    if trial.passed and trial.snapshot and simulator_factory is not None:
-        mb, floor, said = _simulated(simulator_factory, trial, conf)
-        notes += said
-    if trial.passed:
-        outcome = f"completed at {format_mib(trial.budget or 0)} with autograd off (measured)"
-        if mb is not None:
-            outcome += f"; its recording simulates to a min budget of {_span(floor, mb)}"
-    elif trial.outcome == "oom":
-        outcome = f"ran out of memory at {format_mib(trial.budget or 0)} even with autograd off (measured)"
-    else:
-        outcome = (f"did not complete with autograd off ({trial.outcome}: {trial.error or 'no detail'}): the program "
-                   "needs autograd somewhere")
-    notes.insert(0, outcome)
-    return Remedy(
-        "no_grad", "inference without autograd (the recording ran no backward, yet kept grad mode on)", mb,
-        None if mb is None or base is None else base - mb, trial.peak_reserved, trial.peak_allocated, 0, 0.0,
-        NO_GRAD_LINE, MEASURED, conf, bound=floor,
-        confirm=f"alloctune run --no-grad --budget {trial.budget}B -- {command}  (the run tune made)",
-        notes=tuple(notes))
+    return _measured(
+        trial, conf, base, simulator_factory, "no_grad",
+        "inference without autograd (the recording ran no backward, yet kept grad mode on)", NO_GRAD_LINE,
+        f"alloctune run --no-grad --budget {trial.budget}B -- {command}  (the run tune made)",
+        ("completed at {budget} with autograd off (measured)",
+         "ran out of memory at {budget} even with autograd off (measured)",
+         "did not complete with autograd off ({detail}): the program needs autograd somewhere"))
 
 
 # The smallest cuDNN workspace, as a share of the budget, for which the switch gets a confirming run: below
@@ -133,22 +119,32 @@ def cudnn_remedy(trial: TrialResult, conf: str, base: int | None, simulator_fact
                       notes=("not measured: the program sets torch.backends.cudnn.benchmark itself (it was "
                              f"{trial.cudnn_benchmark} at the end of the agent's run); change it where the program "
                              "does and run the confirming command",))
+    return _measured(trial, conf, base, simulator_factory, name, what, how, confirm,
+                     ("completed at {budget} (measured)", "ran out of memory at {budget} with the switch (measured)",
+                      "did not complete with the switch ({detail})"))
+
+
+def _measured(trial: TrialResult, conf: str, base: int | None, simulator_factory: Any, name: str, what: str,
+              how: str, confirm: str, outcomes: tuple[str, str, str]) -> Remedy:
+    """A remedy measured by its confirming run: its outcome (`outcomes`: completed, out of memory,
+    anything else, with {budget} and {detail}), and where it completed, the min budget (or range) its
+    own recording simulates to, against `base` (the recording's with the remedy off)."""
     mb = floor = None
     notes: list[str] = []
     if trial.passed and trial.snapshot and simulator_factory is not None:
-        mb, floor, said = _simulated(simulator_factory, trial, conf)
-        notes += said
+        mb, floor, notes = _simulated(simulator_factory, trial, conf)
+    ok, oom, other = outcomes
     if trial.passed:
-        outcome = f"completed at {format_mib(trial.budget or 0)} (measured)"
+        outcome = ok.format(budget=format_mib(trial.budget or 0))
         if mb is not None:
             outcome += f"; its recording simulates to a min budget of {_span(floor, mb)}"
     elif trial.outcome == "oom":
-        outcome = f"ran out of memory at {format_mib(trial.budget or 0)} with the switch (measured)"
+        outcome = oom.format(budget=format_mib(trial.budget or 0))
     else:
-        outcome = f"did not complete with the switch ({trial.outcome}: {trial.error or 'no detail'})"
-    notes.insert(0, outcome)
+        outcome = other.format(detail=f"{trial.outcome}: {trial.error or 'no detail'}")
     return Remedy(name, what, mb, None if mb is None or base is None else base - mb, trial.peak_reserved,
-                  trial.peak_allocated, 0, 0.0, how, MEASURED, conf, confirm=confirm, bound=floor, notes=tuple(notes))
+                  trial.peak_allocated, 0, 0.0, how, MEASURED, conf, confirm=confirm, bound=floor,
+                  notes=(outcome, *notes))
 
 
 def _simulated(simulator_factory: Any, trial: TrialResult, conf: str) -> tuple[int | None, int | None, list[str]]:
