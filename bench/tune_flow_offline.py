@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
 def from_truth(args: argparse.Namespace) -> int:
     from alloctune.run.trial import TrialResult
     from alloctune.tune.candidates import parse_knobs
+    from alloctune.tune.executors.base import BatchRecorder
     from alloctune.tune.simulator import SimulatorFromTrace
     from alloctune.tune.strategy import Tuner, TuneSettings
 
@@ -147,7 +148,7 @@ def from_truth(args: argparse.Namespace) -> int:
 
         settings = TuneSettings(command=("wl",), budget=args.budget_of.get(wl), knobs=parse_knobs(kn), platform="linux",
                                 throughput_check=args.throughput)
-        batches = Batches(evaluator)
+        batches = BatchRecorder(evaluator)
         res = Tuner(evaluator, settings, simulator_factory=SimulatorFromTrace, executor=batches).run()
         best = res.ranking.best
         fits = [v for v in need.values() if settings.budget is None or v <= settings.budget]
@@ -201,37 +202,6 @@ def _section(args: argparse.Namespace, rows: list[str]) -> None:
              "|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
     with out.open("a") as f:
         f.write("\n".join(lines) + "\n")
-
-
-class Batches:
-    """A serial executor that keeps each batch (which runs were side by side, which alone) to model wall time."""
-
-    def __init__(self, evaluator):
-        from alloctune.tune.executors.base import SerialExecutor
-
-        self._serial = SerialExecutor(evaluator)
-        self.batches: list[list] = []
-
-    def run(self, requests):
-        reqs = list(requests)
-        self.batches.append(reqs)
-        return self._serial.run(reqs)
-
-    def wall(self) -> float:
-        """Modelled wall time in runs: alone (baseline, exclusive) one each; side by side ones together."""
-        total = 0.0
-        for reqs in self.batches:
-            alone = [r for r in reqs if r.exclusive or r.budget is None]
-            total += len(alone) + (1.0 if len(alone) < len(reqs) else 0.0)
-        return total
-
-    def layout(self) -> str:
-        parts = []
-        for reqs in self.batches[1:]:
-            alone = sum(1 for r in reqs if r.exclusive or r.budget is None)
-            side = len(reqs) - alone
-            parts.append((f"[{side}]" if side else "") + (f"+{alone}x" if alone else ""))
-        return " ".join(parts) or "-"
 
 
 def _budgets(text: str) -> dict[str, int]:

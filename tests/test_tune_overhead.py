@@ -10,6 +10,7 @@ import pytest
 from alloctune.tune.candidates import parse_knobs
 from alloctune.tune.strategy import Tuner, TuneSettings
 from alloctune.tune.throughput import AllocatorActivity, overhead_bound
+from alloctune.tune.executors.base import wall_in_runs
 from tune_fakes import COMMAND, GiB, MiB, BatchRecorder, FakeEvaluator, FakeSimulator, split_need
 
 A = AllocatorActivity(device_calls=30, syncs=0, fallbacks=0, completed=True)
@@ -105,12 +106,6 @@ def test_a_default_that_reserved_more_than_the_budget_is_not_shown_to_fit_by_the
     assert any("replaying its own recording needs" in n for n in res.notes)
     assert res.ranking.best.candidate.conf == "max_split_size_mb:32"
     assert res.ranking.best.min_budget >= split_need(32)
-
-
-def wall_in_runs(batches):
-    """The tune's wall time in runs of the workload: runs alone one each, side by side ones together."""
-    alone = [sum(1 for r in b if r.exclusive or r.budget is None) for b in batches]
-    return sum(a + (1 if a < len(b) else 0) for a, b in zip(alone, batches))
 
 
 def test_when_the_default_fails_at_the_budget_nothing_needs_the_gpu_alone_and_that_is_said():

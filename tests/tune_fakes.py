@@ -7,6 +7,7 @@ completes iff budget ≥ need[setting]; every call is logged so tests can count 
 from __future__ import annotations
 
 from alloctune.run.trial import TrialResult
+from alloctune.tune.executors.base import BatchRecorder  # noqa: F401 - the tests' executor
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -141,18 +142,3 @@ class FakeSimulator:
 
     def estimates(self, confs):
         return {c: self.min_budget(c) for c in confs}
-
-
-class BatchRecorder:
-    """A serial executor that keeps every batch it was handed (`batches`), to check what ran together."""
-
-    def __init__(self, evaluator):
-        from alloctune.tune.executors.base import SerialExecutor
-
-        self._serial = SerialExecutor(evaluator)
-        self.batches: list[list] = []
-
-    def run(self, requests):
-        reqs = list(requests)
-        self.batches.append(reqs)
-        return self._serial.run(reqs)

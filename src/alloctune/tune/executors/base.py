@@ -9,7 +9,7 @@ strategy run on every executor, and lets tests drive the strategy with fake tria
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Protocol
+from typing import Any, Iterable, Iterator, Protocol, Sequence
 
 from alloctune.run.trial import TrialResult
 
@@ -67,3 +67,44 @@ class SerialExecutor:
     def run(self, requests: Iterable[TrialRequest]) -> Iterator[tuple[TrialRequest, TrialResult]]:
         for req in requests:
             yield req, self.evaluator(req.conf, req.budget, **req.call_options())
+
+
+class BatchRecorder(SerialExecutor):
+    """A serial executor that keeps every batch it was handed (`batches`): which runs a flow put side
+    by side and which alone on the GPU, for a dry run of the flow (bench) or a test."""
+
+    def __init__(self, evaluator: Evaluator):
+        super().__init__(evaluator)
+        self.batches: list[list[TrialRequest]] = []
+
+    def run(self, requests: Iterable[TrialRequest]) -> Iterator[tuple[TrialRequest, TrialResult]]:
+        reqs = list(requests)
+        self.batches.append(reqs)
+        return super().run(reqs)
+
+    def wall(self) -> int:
+        return wall_in_runs(self.batches)
+
+    def layout(self) -> str:
+        """The batches after the recording: `[2]` two side by side, `+1x` one alone."""
+        parts = []
+        for reqs in self.batches[1:]:
+            alone = sum(1 for r in reqs if _alone(r))
+            side = len(reqs) - alone
+            parts.append((f"[{side}]" if side else "") + (f"+{alone}x" if alone else ""))
+        return " ".join(parts) or "-"
+
+
+def _alone(req: TrialRequest) -> bool:
+    """A run that has the GPU to itself: a throughput sample, or the uncapped recording."""
+    return req.exclusive or req.budget is None
+
+
+def wall_in_runs(batches: Iterable[Sequence[TrialRequest]]) -> int:
+    """A flow's wall time in runs of the workload: each run alone counts one, the runs side by side in
+    a batch count one together (each is capped; the GPU holds them at once)."""
+    total = 0
+    for reqs in batches:
+        alone = sum(1 for r in reqs if _alone(r))
+        total += alone + (1 if alone < len(reqs) else 0)
+    return total
