@@ -8,12 +8,19 @@ pattern is a template: another message matching it has the same clauses in the s
 so its `Parsed` is the template's with the new numbers. The same report comes out as from the
 grammar; anything the template cannot vouch for (a different shape, text after the message on
 its line, a next line that could continue it) goes the grammar's way.
+
+A template's match, figures and normalised text are one C call (`_templates.c`) where the
+extension was built: the regex and `collapse` stay as its reference and fallback
+(ALLOCTUNE_TEMPLATES=python forces them; tests/test_diagnose_native.py holds the two equal).
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 from operator import itemgetter
+from typing import Any
 from operator import mul as _mul
 
 from alloctune.diagnose import parse as grammar
@@ -21,8 +28,10 @@ from alloctune.diagnose.parse import _LINE_PREFIX
 from alloctune.diagnose.platform import platform_hint
 from alloctune.diagnose.report import OOMReport
 
-_SIZE = r"(\d+(?:\.\d+)?) *(bytes|[KMGTP]i?B)(?![A-Za-z])"
-_INT = r"(\d+)"
+# ASCII digits only (the grammar's `\d` also reads other scripts' digits, but not in every clause):
+# a message written with others goes the grammar's way.
+_SIZE = r"([0-9]+(?:\.[0-9]+)?) *(bytes|[KMGTP]i?B)(?![A-Za-z])"
+_INT = r"([0-9]+)"
 # ASCII and the full-width punctuation Chinese input methods type: normalisation only turns blanks and
 # line breaks into one space, and those marks into their ASCII forms.
 _CLEAN = re.compile(r"[ -~\t\r\n；：（），]*")
@@ -48,19 +57,27 @@ class Template:
     """One message shape: the regex that matches its raw text and the report of the message it was
     learnt from (everything but the figures is the same)."""
 
-    __slots__ = ("rx", "proto", "reads", "base", "derive", "plan", "has_procs", "ints", "sized", "nums", "units")
+    __slots__ = ("rx", "prog", "proto", "reads", "targets", "base", "derive", "plan", "has_procs", "ints", "sized",
+                 "nums", "units")
 
     def __init__(self, proto: OOMReport, norm_text: str, parsed: grammar.Parsed) -> None:
         parts, pos, reads, k = [], 0, [], 1
+        words: list[str | bool] = []  # the literal texts, and for each number whether it is whole
         for target, a, b in sorted(parsed.numbers, key=lambda t: t[1]):
             parts.append(_literal(norm_text[pos:a]))
             whole = target in ("device", "pid")
             parts.append(_INT if whole else _SIZE)
+            words += [norm_text[pos:a], whole]
             reads.append((target, k, whole))
             k += 1 if whole else 2
             pos = b
         parts.append(_literal(norm_text[pos:parsed.end]))
+        words.append(norm_text[pos:parsed.end])
         self.rx = re.compile("".join(parts))
+        native = _native()
+        ops = _program(words) if native is not None else None
+        self.prog = native.compile(ops, _MULT) if ops is not None else None
+        self.targets = tuple(t for t, _, _ in reads)  # what each number of a native match sets, in order
         self.proto = proto
         self.reads = tuple(reads)  # (target, its first group, a plain integer?)
         # What `build` needs, worked out once per shape: which figures a match sets is fixed by the
@@ -124,13 +141,41 @@ class Template:
                 self._figures(g, d)
             for k, target in self.ints:
                 d[target] = int(g[k])
+        raw = text[s:e]
+        return self._finish(d, raw, collapse(raw), s, e, text, platform, index, base)
+
+    def build_native(self, hit: tuple[int, tuple, str], text: str, s: int, platform: str | None, index,
+                     base: int) -> OOMReport:
+        """`build` of a native match, `hit` = (end, the numbers in order, the normalised text)."""
+        e, values, norm = hit
+        d = self.base.copy()
+        if self.has_procs:
+            pid, procs = 0, []
+            for target, n in zip(self.targets, values):
+                if target == "pid":
+                    pid = n
+                elif target == "mem":
+                    procs.append((pid, n))
+                else:
+                    d[target] = n
+            if procs:
+                d["other_processes"] = tuple(procs)
+        else:
+            d.update(zip(self.targets, values))
+        raw = text[s:e]
+        # One string for both where they are equal (most messages): half the memory, and half the
+        # bytes a worker sends back for the reports its groups keep.
+        return self._finish(d, raw, raw if raw == norm else norm, s, e, text, platform, index, base)
+
+    def _finish(self, d: dict, raw: str, norm: str, s: int, e: int, text: str, platform: str | None, index,
+                base: int) -> OOMReport:
+        """The derived figure, the texts, the span and the platform clue into `d`: the report."""
         if self.derive == 1:
             d["reserved"] = d["allocated"] + d["reserved_unallocated"]
         elif self.derive == 2:
             d["reserved_unallocated"] = max(0, d["reserved"] - d["allocated"])
-        raw = text[s:e]
         d["raw"] = raw
-        d["text"] = collapse(raw)
+        d["text"] = norm
         d["span"] = (s + base, e + base)
         if platform:
             d["platform"], d["platform_evidence"] = platform, "given"
@@ -201,24 +246,93 @@ class FastReader:
 
     def match(self, text: str, s: int) -> tuple[OOMReport, dict, list[tuple[int, int]], str, int] | None:
         """(the shape's report, values, processes, normalised text, raw end) of the message at
-        `text[s]`, or None when no template vouches for it."""
-        hit = self.find(text, s)
-        if hit is None:
-            return None
-        t, m = hit
-        values, procs = t.read(m)
-        return t.proto, values, procs, collapse(text[s:m.end()]), m.end()
-
-    def find(self, text: str, s: int) -> tuple[Template, re.Match[str]] | None:
-        """(the template, its match) of the message at `text[s]`, or None when no template vouches
-        for it (`Template.build` turns it into the report)."""
-        for t in self.templates.get(text[s : s + _KEY_RAW].encode("utf-8", "surrogatepass").translate(None, _DIGITS)[:_KEY],
-                                    ()):
+        `text[s]`, or None when no template vouches for it (the regex way, whatever `find` uses)."""
+        for t in self.templates.get(self.key(text, s), ()):
             m = t.rx.match(text, s)
             if m is not None and _ends_here(text, m.end()):
-                return t, m
-            # else: the grammar would read on: a longer shape of the same beginning may fit
+                values, procs = t.read(m)
+                return t.proto, values, procs, collapse(text[s:m.end()]), m.end()
         return None
+
+    def find(self, text: str, s: int) -> tuple[Template, Any, int] | None:
+        """(the template, its match, where it ends) of the message at `text[s]`, or None when no
+        template vouches for it; `Template.report` turns the match into the report."""
+        native = _native()
+        if native is None:
+            for t in self.templates.get(self.key(text, s), ()):
+                m = t.rx.match(text, s)
+                if m is not None and _ends_here(text, m.end()):
+                    return t, m, m.end()
+                # else: the grammar would read on: a longer shape of the same beginning may fit
+            return None
+        match = native.match
+        for t in self.templates.get(native.key(text, s), ()):
+            if t.prog is None:
+                hit = t.rx.match(text, s)
+                end = hit.end() if hit is not None else -1
+            else:
+                hit = match(t.prog, text, s)
+                if hit is None:
+                    continue
+                if hit is False:  # a figure the Python way must read (a unit without a multiplier)
+                    hit = t.rx.match(text, s)
+                    end = hit.end()
+                else:
+                    end = hit[0]
+            if end >= 0 and _ends_here(text, end):
+                return t, hit, end
+        return None
+
+
+@functools.cache
+def _native() -> Any:
+    """The C module (`_templates.c`) where it was built and not declined (ALLOCTUNE_TEMPLATES=python),
+    else None: the templates' regexes and `collapse` read every message."""
+    if os.environ.get("ALLOCTUNE_TEMPLATES", "").strip().lower() == "python":
+        return None
+    try:
+        from alloctune.diagnose import _templates
+    except ImportError:
+        return None
+    return _templates
+
+
+def _program(words: list[str | bool]) -> list[tuple] | None:
+    """The C program of a template, from its literal texts and, between them, whether each
+    number is whole (`([0-9]+)`) or a size; None where matching it could need backtracking (a whole
+    number right before a digit or another number), which the C matcher does not do: the regex
+    reads that shape."""
+    ops: list[tuple] = []
+    for item in words:
+        if isinstance(item, bool):
+            if ops and ops[-1][0] in ("int", "size"):
+                return None  # two numbers with nothing between them
+            ops.append(("int",) if item else ("size",))
+            continue
+        lit: list[str] = []
+        for ch in item:
+            if ch == " ":
+                if lit:
+                    ops.append(("lit", "".join(lit)))
+                    lit = []
+                if ops and ops[-1][0] == "ws":
+                    ops[-1] = ("ws", ops[-1][1] + 1)
+                else:
+                    ops.append(("ws", 1))
+            elif ch in _WIDE:
+                if lit:
+                    ops.append(("lit", "".join(lit)))
+                    lit = []
+                ops.append(("either", ch + _WIDE[ch]))
+            elif ch in "\t\r\n":
+                return None  # (normalised text holds none)
+            else:
+                if not lit and ops and ops[-1][0] == "int" and "0" <= ch <= "9":
+                    return None  # `[0-9]+` would give a digit back to the literal
+                lit.append(ch)
+        if lit:
+            ops.append(("lit", "".join(lit)))
+    return ops
 
 
 def _literal(words: str) -> str:

@@ -471,7 +471,7 @@ class ReportFinder:
         `text` must reach `LOOKAHEAD` characters past `stop` unless it ends the input; `big`
         allows the platform-clue index (for texts above `BIG_TEXT`)."""
         n = len(text)
-        index = PlatformIndex(text) if big and self.found >= self.index_after and self.platform is None else None
+        index = PlatformIndex.of(text) if big and self.found >= self.index_after and self.platform is None else None
         self.pos = pos
         while pos < stop:
             m = grammar.ANCHOR.search(text, pos, stop + 200)
@@ -480,13 +480,19 @@ class ReportFinder:
             s = m.start()
             hit = None if self.fast is None or text[s : s + WINDOWS[0]] in self._windows else self.fast.find(text, s)
             if hit is not None:  # a shape seen before, read with its template: the grammar's report
-                self.found += 1
-                if index is None and big and self.found == self.index_after and self.platform is None:
-                    index = PlatformIndex(text)
-                report = hit[0].build(hit[1], text, self.platform, index, base)
-                pos = self.pos = max(hit[1].end(), m.end())
-                yield report
-                continue
+                t, x, end = hit
+                if index is None and big and self.found + 1 == self.index_after and self.platform is None:
+                    index = PlatformIndex.of(text)
+                try:
+                    report = (t.build(x, text, self.platform, index, base) if type(x) is not tuple
+                              else t.build_native(x, text, s, self.platform, index, base))
+                except grammar.UNREADABLE:  # a figure beyond a double or int(): the grammar refuses its clause
+                    report = None
+                if report is not None:
+                    self.found += 1
+                    pos = self.pos = max(end, m.end())
+                    yield report
+                    continue
             for window in WINDOWS:  # small first; grow only if the message may run past the window
                 e = min(n, s + window)
                 chunk, norm, parsed = self._window(text, s, e)
@@ -500,7 +506,7 @@ class ReportFinder:
                 continue
             self.found += 1
             if index is None and big and self.found == self.index_after and self.platform is None:
-                index = PlatformIndex(text)
+                index = PlatformIndex.of(text)
             first = self._reports.get(chunk)
             if first is None:
                 report = build_report(parsed, _Shifted(norm, s), 0, text, self.platform, index)

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from alloctune.errors import SizeError
 from alloctune.units import parse_size
 
 _NUM = r"\d+(?:\.\d+)?"
@@ -134,12 +135,18 @@ _MULT = {"bytes": 1, "KB": 1 << 10, "KiB": 1 << 10, "MB": 1 << 20, "MiB": 1 << 2
 
 def _size(text: str) -> int:
     """`parse_size` of a figure the grammar matched, without its general regex (a log of 100,000
-    messages has 600,000 figures); a unit it does not know goes the general way."""
+    messages has 600,000 figures); a unit it does not know goes the general way. Raises
+    `OverflowError` for a figure beyond a double (hundreds of digits: a corrupt or hostile log)."""
     num, _, unit = text.partition(" ")
     mult = _MULT.get(unit)
     if mult is None or " " in unit:
         return parse_size(text.replace(" ", ""))
     return int(round(float(num) * mult))
+
+
+# What reading a figure raises when it cannot be read: beyond a double (OverflowError), too many
+# digits for int() or too large for parse_size (ValueError, SizeError): its clause is refused.
+UNREADABLE = (OverflowError, ValueError, SizeError)
 
 
 def _combined() -> tuple[re.Pattern[str], list[tuple[tuple[str, ...], tuple[str, ...]]]]:
@@ -163,13 +170,16 @@ def parse_at(s: str, pos: int = 0) -> Parsed | None:
     for name, rx in _HEADS:
         m = rx.match(s, pos)
         if m:
-            head = name
             parsed = Parsed(head=name, end=m.end())
-            for k, v in m.groupdict().items():
-                if v is not None:
-                    parsed.values[k] = int(v) if k in ("device", "code") else v
-                    if k in ("device", "code"):
-                        parsed.numbers.append((k, *m.span(k)))
+            try:
+                for k, v in m.groupdict().items():
+                    if v is not None:
+                        parsed.values[k] = int(v) if k in ("device", "code") else v
+                        if k in ("device", "code"):
+                            parsed.numbers.append((k, *m.span(k)))
+            except UNREADABLE:  # a number too long for int(): this head does not hold here
+                continue
+            head = name
             break
     if head is None:
         parsed = Parsed(head="bare", end=pos)
@@ -207,26 +217,30 @@ def _accept(parsed: Parsed, seen: set[str], key: str, repeatable: bool, g: dict[
         return False  # a second "Tried to allocate" etc. belongs to the next message
     if key in _REQUIRES and _REQUIRES[key] not in seen:
         return False
+    try:  # every figure first: a clause with one that cannot be read is refused whole
+        if key == "item":
+            name = _LEGACY_LABELS[g["label"]]
+            if name in parsed.values:
+                return False
+            value = _size(g["v"])
+        elif key == "process":
+            proc = (int(g["pid"]), _size(g["mem"]))
+        else:
+            read = {k: _size(v) if k in _BYTE_GROUPS else int(v) if k == "device" else v for k, v in g.items()}
+    except UNREADABLE:
+        return False
     if key == "item":
-        name = _LEGACY_LABELS[g["label"]]
-        if name in parsed.values:
-            return False
-        parsed.values[name] = _size(g["v"])
+        parsed.values[name] = value
         parsed.values.setdefault("_legacy_labels", []).append(g["label"])
         parsed.numbers.append((name, *m.span(pre + "v")))
     elif key == "process":
-        parsed.processes.append((int(g["pid"]), _size(g["mem"])))
+        parsed.processes.append(proc)
         parsed.numbers += [("pid", *m.span(pre + "pid")), ("mem", *m.span(pre + "mem"))]
     else:
-        for k, v in g.items():
-            if k in _BYTE_GROUPS:
-                parsed.values[k] = _size(v)
+        for k, v in read.items():
+            parsed.values[k] = v
+            if k in _BYTE_GROUPS or k == "device":
                 parsed.numbers.append((k, *m.span(pre + k)))
-            elif k == "device":
-                parsed.values[k] = int(v)
-                parsed.numbers.append((k, *m.span(pre + k)))
-            else:
-                parsed.values[k] = v
     seen.add(ident)
     parsed.clauses.append(key)
     parsed.end = m.end()
