@@ -188,6 +188,28 @@ def test_output_is_bounded_by_the_groups(tmp_path):
     assert j2 < 1.1 * j1 and t2 < 1.1 * t1, sizes
 
 
+def test_a_terminal_shows_the_largest_groups_and_counts_the_rest(tmp_path):
+    """A multi-rank log of many groups: the terminal shows the `SHOWN` largest and one line for the
+    others (their count and messages, checked against the JSON's groups); --all shows every one."""
+    from alloctune.cli.diagnose_cmd import SHOWN
+
+    rnd = random.Random(8)
+    ranks = SHOWN + 15
+    lines = [f"[rank{k % ranks}] step {k}: " + modern(rnd.uniform(1.0, 1.99)) for k in range(ranks * 3 + SHOWN)]
+    p = tmp_path / "log.txt"
+    p.write_text("\n".join(lines) + "\n")
+    groups = json.loads(cli(str(p), "--json").stdout)["groups"]
+    assert len(groups) == ranks
+    rest = groups[SHOWN:]
+    term = cli(str(p)).stdout.decode()
+    assert f"{len(rest)} smaller group(s) with {sum(g['count'] for g in rest)} message(s) not shown" in term
+    assert all(f"rank {g['rank']}" in term for g in groups[:SHOWN])
+    assert "rank" not in term.split("not shown")[1]
+    every = cli(str(p), "--all").stdout.decode()
+    assert "not shown" not in every and all(f"rank {g['rank']}" in every.split("out-of-memory messages")[-1]
+                                            for g in groups)
+
+
 def test_all_streams_every_message_as_json_lines(tmp_path):
     text, expect = _group_log()
     p = tmp_path / "log.txt"

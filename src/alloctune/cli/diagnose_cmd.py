@@ -59,9 +59,15 @@ def render_diagnosis(d, index: int, count: int) -> None:
     console.print()
 
 
-def render_summary(summary) -> None:
+# Groups a terminal shows (the largest): a multi-rank log can hold a thousand, which nobody reads
+# there (and rendering them took longer than reading the log); --json and --all give every group.
+SHOWN = 40
+
+
+def render_summary(summary, every: bool = False) -> None:
     """Many OOMs: one row per group (verdict, device/rank, request sizes), then each fix once with
-    its shell lines. Bounded by the groups, however many messages the log held."""
+    its shell lines. Bounded by the groups, however many messages the log held; the `SHOWN`
+    largest groups unless `every`, the others counted in one line."""
     from rich.padding import Padding
     from rich.text import Text
 
@@ -70,8 +76,9 @@ def render_summary(summary) -> None:
     from alloctune.units import format_size
 
     groups = summary.groups
+    shown = groups if every else groups[:SHOWN]
     rows = []
-    for i, g in enumerate(groups, 1):
+    for i, g in enumerate(shown, 1):
         w = g.worst
         worst = f"line {g.worst_line}: {format_size(w.report.requested or 0)} requested" if w else ""
         if w is not None and w.shortfall:
@@ -87,6 +94,10 @@ def render_summary(summary) -> None:
     console.print(table(Col("#", justify="right", nowrap=True), "verdict", "where", Col("requests", nowrap=True),
                         Col("count", justify="right", nowrap=True), Col("lines", nowrap=True), "worst case",
                         "fix", rows=rows))
+    if len(shown) < len(groups):
+        rest = groups[len(shown):]
+        console.print(f"{len(rest):,} smaller group(s) with {sum(g.count for g in rest):,} message(s) not shown: "
+                      "--json or --all lists every group")
     seen: dict[tuple, list[int]] = {}
     fixes = {}
     for i, g in enumerate(groups[:FULL], 1):  # the largest groups' fixes, each once, with their shell lines
@@ -192,7 +203,7 @@ def register(app: typer.Typer) -> None:
         elif result.single is not None:
             render_diagnosis(result.single, 1, 1)
         else:
-            render_summary(result)
+            render_summary(result, every=show_all)
 
     @app.command("diagnose-snapshot", hidden=True, add_help_option=False,
                  context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
