@@ -328,11 +328,17 @@ def test_parallel_summary_equals_one_pass(oom_corpus):
 
 def test_workers_default_to_the_idle_cpus(monkeypatch):
     import os
+    import sys
 
+    from alloctune.diagnose import parallel
     from alloctune.diagnose.parallel import workers
+
+    if sys.platform.startswith("linux"):  # the kernel's count of what runs now, this process not included
+        assert isinstance(parallel._running_elsewhere(), int) and parallel._running_elsewhere() >= 0
 
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     monkeypatch.delenv("ALLOCTUNE_WORKERS", raising=False)
+    monkeypatch.setattr(parallel, "_running_elsewhere", lambda: None)  # the load average alone
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     assert workers() == max(1, min(cpus, 8))  # an idle machine: every CPU
     monkeypatch.setattr(os, "getloadavg", lambda: (float(cpus), 0.0, 0.0))
@@ -345,6 +351,14 @@ def test_workers_default_to_the_idle_cpus(monkeypatch):
     assert workers() == min(2, cpus, 8)  # half of one
     monkeypatch.setenv("ALLOCTUNE_WORKERS", "auto")
     assert workers() == min(2, cpus, 8)
+    # runnable now: a load average still high from processes that ended counts what runs now
+    monkeypatch.setattr(os, "getloadavg", lambda: (float(cpus), 0.0, 0.0))
+    monkeypatch.setattr(parallel, "_running_elsewhere", lambda: 0)
+    assert workers() == max(1, min(cpus, 8))
+    monkeypatch.setattr(parallel, "_running_elsewhere", lambda: cpus)
+    assert workers() == 1
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert workers() == max(1, min(cpus, 8))  # (a burst now, an idle minute: the smaller)
     monkeypatch.setenv("ALLOCTUNE_WORKERS", "1")
     assert workers() == 1  # one pass in this process
     monkeypatch.setenv("ALLOCTUNE_WORKERS", "3")

@@ -40,10 +40,12 @@ _FAST = None  # a process's templates, kept from task to task (and inherited by 
 def workers() -> int:
     """Processes to use, this one included: ALLOCTUNE_WORKERS when it is a number, else (unset or
     `auto`) this one plus one per idle CPU, at most 8: the CPUs this process may run on less the
-    1-minute load average, a CPU counting as idle when a quarter of it is. Why not every CPU: on a
-    machine whose cores are busy with other work, the extra processes cost more than they bring
-    (bench/diagnose_speed.py). Extra processes start only for a log longer than its first chunk
-    (`summarise_parallel`)."""
+    work of others, a CPU counting as idle when a quarter of it is. The work of others is the
+    1-minute load average, or where the kernel says how many threads are runnable now (Linux),
+    the smaller of the two: the average still counts processes that ended seconds ago (a run right
+    after another). Why not every CPU: on a machine whose cores are busy with other work, the
+    extra processes cost more than they bring (bench/diagnose_speed.py). Extra processes start
+    only for a log longer than its first chunk (`summarise_parallel`)."""
     env = os.environ.get("ALLOCTUNE_WORKERS", "").strip().lower()
     if env.isdigit() and int(env) > 0:
         return int(env)
@@ -52,7 +54,23 @@ def workers() -> int:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):  # no load average (Windows): every CPU
         load = 0.0
+    now = _running_elsewhere()
+    if now is not None:
+        load = min(load, now)
     return max(1, min(cpus, 8, int(cpus - load + 0.75) + 1))
+
+
+def _running_elsewhere() -> int | None:
+    """Threads runnable right now besides this one (`procs_running` of /proc/stat), or None where
+    the kernel does not say."""
+    try:
+        with open("/proc/stat", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"procs_running "):
+                    return max(0, int(line.split()[1]) - 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _found(text: str, begin: int, stop: int, base: int, line: int, platform: str | None,
