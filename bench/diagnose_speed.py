@@ -92,7 +92,7 @@ def write_log(path: Path, size: int, forms: list[str], *, mixed: bool, seed: int
 def run(args: list[str], stdin_path: Path | None = None, workers: int | None = None) -> tuple[float, int, bytes]:
     """Wall seconds, peak RSS (bytes; the largest process's, workers included) and stdout of
     `alloctune ARGS` in a fresh process; `workers`: ALLOCTUNE_WORKERS (None: unset, the default a
-    user gets: every CPU for a log longer than the first chunk)."""
+    user gets: this process and one per idle CPU for a log longer than the first chunk)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "COLUMNS": "120"}
     env.pop("ALLOCTUNE_WORKERS", None)
     if workers is not None:
@@ -153,10 +153,22 @@ def snapshot_rows(size_mb: int, reps: int, tmp: Path) -> list[dict]:
 ONE = "one process (ALLOCTUNE_WORKERS=1)"
 
 
+def startup_seconds(forms: list[str], tmp: Path) -> float:
+    """Wall seconds of `alloctune diagnose --json` on a log of one message (best of 3): the start-up
+    every row pays once (interpreter, imports), which the `beyond start-up` rate leaves out."""
+    path = tmp / "one.txt"
+    path.write_text("[rank0] step 1: torch.OutOfMemoryError: " + forms[0] + "\n", encoding="utf-8")
+    best = min(run(["diagnose", str(path), "--json"])[0] for _ in range(3))
+    path.unlink()
+    return best
+
+
 def log_rows(sizes: list[int], mixed_mb: int, workers: int | None, tmp: Path) -> list[dict]:
     """The CLI on each log as a user runs it (terminal and --json; `workers`: ALLOCTUNE_WORKERS,
     None for the default), and in one process; the largest also from stdin."""
     forms = message_forms()
+    startup = startup_seconds(forms, tmp)
+    print(f"start-up (one message, --json): {startup:.3f} s", flush=True)
     rows = []
     logs = [(f"{s} MB, OOM only", s, False) for s in sizes]
     if mixed_mb:
@@ -177,6 +189,8 @@ def log_rows(sizes: list[int], mixed_mb: int, workers: int | None, tmp: Path) ->
             found = messages_in(stdout, json_out)
             rows.append({"log": name, "bytes": nbytes, "messages": count, "found": found, "mode": mode,
                          "seconds": round(wall, 3), "mb_per_s": round(nbytes / MB / wall, 2),
+                         "startup_s": round(startup, 3),
+                         "mb_per_s_beyond_startup": round(nbytes / MB / max(wall - startup, 1e-3), 2),
                          "peak_rss_mb": round(rss / MB, 1), "output_bytes": len(stdout), "load_avg": round(load, 2)})
             print(f"{name:18s} {mode:22s} {wall:7.2f} s {nbytes / MB / wall:6.2f} MB/s "
                   f"peak {rss / MB:6.1f} MB  output {len(stdout):,} B  messages {found}/{count}  load {load:.1f}",
@@ -202,16 +216,19 @@ def table(rows: list[dict], snaps: list[dict], lin: dict[str, float], load0: flo
     lines = [f"Python {platform.python_version()}, {cpus} CPUs shared with other work; load average "
              f"{load0:.1f} at the start, {load1:.1f} at the end (each row gives the load when it started: "
              "with a load above 1 the figures are lower bounds). Each run is the CLI in a fresh process "
-             "(start-up included), as a user runs it (ALLOCTUNE_WORKERS unset: every CPU for a log longer than "
+             "(start-up included), as a user runs it (ALLOCTUNE_WORKERS unset: this process and one per idle CPU for a log longer than "
              "its first chunk) and in one process (ALLOCTUNE_WORKERS=1); MB/s = log bytes / wall seconds; "
-             "peak = the largest resident set of the CLI process and the workers it waited for. Linearity = "
+             "peak = the largest resident set of the CLI process and the workers it waited for; beyond start-up "
+             "= log bytes / (wall seconds - the start-up, the same CLI on a log of one message"
+             + (f", {rows[0]['startup_s']:.2f} s" if rows else "") + "). Linearity = "
              "(time at the largest size / time at the smallest) / size ratio: 1.0 is linear.", "",
-             "| log | mode | messages found / written | seconds | MB/s | peak memory | output | load |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| log | mode | messages found / written | seconds | MB/s | MB/s beyond start-up | peak memory | output "
+             "| load |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['log']} | {r['mode']} | {r['found']:,} / {r['messages']:,} | {r['seconds']:.2f} | "
-                     f"{r['mb_per_s']:.2f} | {r['peak_rss_mb']:.0f} MB | {r['output_bytes']:,} B | "
-                     f"{r['load_avg']:.1f} |")
+                     f"{r['mb_per_s']:.2f} | {r['mb_per_s_beyond_startup']:.2f} | {r['peak_rss_mb']:.0f} MB | "
+                     f"{r['output_bytes']:,} B | {r['load_avg']:.1f} |")
     if lin:
         lines += ["", "Linearity: " + ", ".join(f"{m} {v}" for m, v in lin.items())]
     if snaps:
@@ -264,7 +281,9 @@ def main(argv: list[str] | None = None) -> int:
                                                     "load_avg": [load0, load1], "counts_match": ok}, indent=1))
     for r in rows:
         if r["mode"] in ("terminal (to a file)", "--json", f"terminal, {ONE}", f"--json, {ONE}"):
-            runlog.log_result(f"{r['log']}, {r['mode']}: {r['mb_per_s']:.2f} MB/s, peak {r['peak_rss_mb']:.0f} MB, "
+            runlog.log_result(f"{r['log']}, {r['mode']}: {r['mb_per_s']:.2f} MB/s "
+                              f"({r['mb_per_s_beyond_startup']:.2f} beyond the {r['startup_s']:.2f} s start-up), "
+                              f"peak {r['peak_rss_mb']:.0f} MB, "
                               f"output {r['output_bytes']:,} B (load {r['load_avg']:.1f})", folder=out.parent)
     if lin:
         runlog.log_result("linearity 10->80 MB: " + ", ".join(f"{m} {v}" for m, v in lin.items()), folder=out.parent)
