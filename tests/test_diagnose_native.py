@@ -15,6 +15,7 @@ import re
 import pytest
 
 from alloctune.diagnose import fast
+from alloctune.diagnose.native import templates
 from alloctune.diagnose.find import BIG_TEXT, ReportFinder, find_reports
 
 native = pytest.importorskip("alloctune.diagnose._templates")
@@ -26,20 +27,20 @@ def regex_path(monkeypatch):
 
     def scan(text: str) -> tuple[list, ReportFinder]:
         monkeypatch.setenv("ALLOCTUNE_TEMPLATES", "python")
-        fast._native.cache_clear()
+        templates.cache_clear()
         try:
             finder = ReportFinder()
             return list(finder.scan(text, 0, len(text), big=len(text) > BIG_TEXT)), finder
         finally:
             monkeypatch.delenv("ALLOCTUNE_TEMPLATES")
-            fast._native.cache_clear()
+            templates.cache_clear()
 
     return scan
 
 
 def native_scan(text: str) -> tuple[list, ReportFinder]:
-    fast._native.cache_clear()
-    assert fast._native() is native
+    templates.cache_clear()
+    assert templates() is native
     finder = ReportFinder()
     return list(finder.scan(text, 0, len(text), big=len(text) > BIG_TEXT)), finder
 
@@ -186,16 +187,16 @@ def test_find_any_equals_the_needle_regex():
 
 def test_without_the_extension_the_regex_reads_every_message(monkeypatch, oom_corpus):
     monkeypatch.setenv("ALLOCTUNE_TEMPLATES", "python")
-    fast._native.cache_clear()
+    templates.cache_clear()
     try:
-        assert fast._native() is None
+        assert templates() is None
         text = "\n".join(one_line_forms(oom_corpus)[:20]) + "\n"
         finder = ReportFinder()
         list(finder.scan(text, 0, len(text), big=False))
         assert all(t.prog is None for slot in finder.fast.templates.values() for t in slot)
     finally:
         monkeypatch.delenv("ALLOCTUNE_TEMPLATES")
-        fast._native.cache_clear()
+        templates.cache_clear()
 
 
 @pytest.mark.parametrize("message", [
@@ -207,16 +208,16 @@ def test_without_the_extension_the_regex_reads_every_message(monkeypatch, oom_co
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 187.50 PB. GPU 0 has a total capacity of 8.00 GiB "
     "of which 1.00 GiB is free.",
 ])
-@pytest.mark.parametrize("templates", ["native", "python"])
-def test_a_figure_no_number_type_holds_is_refused_not_a_traceback(capsys, monkeypatch, message, templates):
+@pytest.mark.parametrize("way", ["native", "python"])
+def test_a_figure_no_number_type_holds_is_refused_not_a_traceback(capsys, monkeypatch, message, way):
     """Hundreds of digits (beyond a double), thousands (beyond int()'s limit), a unit PyTorch never
     prints: the clause holding it is refused (before: 'internal error: OverflowError'), through
     the templates (the same message learnt first with plain figures) as through the grammar."""
     from cli_run import run_cli
 
-    if templates == "python":
+    if way == "python":
         monkeypatch.setenv("ALLOCTUNE_TEMPLATES", "python")
-    fast._native.cache_clear()
+    templates.cache_clear()
     plain = re.sub(r"\{(nines|sevens)\}", "3", message)
     text = message.format(nines="9" * 400, sevens="7" * 5000)
     log = f"[rank0] {plain}\n[rank1] {text}\n[rank0] {plain}\n"
@@ -224,7 +225,7 @@ def test_a_figure_no_number_type_holds_is_refused_not_a_traceback(capsys, monkey
         monkeypatch.setattr("sys.stdin", __import__("io").TextIOWrapper(__import__("io").BytesIO(log.encode())))
         code, out, err = run_cli(capsys, "diagnose", "-", "--json")
     finally:
-        fast._native.cache_clear()
+        templates.cache_clear()
     assert code == 0, err
     assert "internal error" not in err
     got = json.loads(out)

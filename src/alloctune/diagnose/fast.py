@@ -16,14 +16,13 @@ extension was built: the regex and `collapse` stay as its reference and fallback
 
 from __future__ import annotations
 
-import functools
-import os
 import re
 from operator import itemgetter
-from typing import Any
 from operator import mul as _mul
+from typing import Any
 
 from alloctune.diagnose import parse as grammar
+from alloctune.diagnose.native import templates as _native
 from alloctune.diagnose.parse import _LINE_PREFIX
 from alloctune.diagnose.platform import platform_hint
 from alloctune.diagnose.report import OOMReport
@@ -57,8 +56,8 @@ class Template:
     """One message shape: the regex that matches its raw text and the report of the message it was
     learnt from (everything but the figures is the same)."""
 
-    __slots__ = ("pattern", "_rx", "prog", "proto", "reads", "targets", "base", "derive", "plan", "has_procs", "ints", "sized",
-                 "nums", "units")
+    __slots__ = ("pattern", "_rx", "prog", "proto", "reads", "targets", "base", "derive", "plan", "has_procs",
+                 "ints", "sized", "nums", "units")
 
     def __init__(self, proto: OOMReport, norm_text: str, parsed: grammar.Parsed) -> None:
         parts, pos, reads, k = [], 0, [], 1
@@ -265,7 +264,8 @@ class FastReader:
 
     def find(self, text: str, s: int) -> tuple[Template, Any, int] | None:
         """(the template, its match, where it ends) of the message at `text[s]`, or None when no
-        template vouches for it; `Template.report` turns the match into the report."""
+        template vouches for it; `Template.build` (a regex match) or `Template.build_native` turns
+        the match into the report."""
         native = _native()
         if native is None:
             for t in self.templates.get(self.key(text, s), ()):
@@ -285,25 +285,12 @@ class FastReader:
                     continue
                 if hit is False:  # a figure the Python way must read (a unit without a multiplier)
                     hit = t.rx.match(text, s)
-                    end = hit.end()
+                    end = hit.end() if hit is not None else -1
                 else:
                     end = hit[0]
             if end >= 0 and _ends_here(text, end):
                 return t, hit, end
         return None
-
-
-@functools.cache
-def _native() -> Any:
-    """The C module (`_templates.c`) where it was built and not declined (ALLOCTUNE_TEMPLATES=python),
-    else None: the templates' regexes and `collapse` read every message."""
-    if os.environ.get("ALLOCTUNE_TEMPLATES", "").strip().lower() == "python":
-        return None
-    try:
-        from alloctune.diagnose import _templates
-    except ImportError:
-        return None
-    return _templates
 
 
 def _program(words: list[str | bool]) -> list[tuple] | None:
