@@ -330,7 +330,8 @@ static PyObject *collapse(PyObject *text, int kind, const void *data, Py_ssize_t
 
 /* match(program, text, s): None when the template does not match at text[s]; False when it
  * matches but a figure needs the Python way (a unit without a multiplier, a size that is not
- * finite, a whole number of more than 18 digits); else (end, values, normalised text), values in the order of the template's numbers. */
+ * finite, a whole number of more than 18 digits); else (end, values, normalised text), the values
+ * in the order of the template's numbers. */
 static PyObject *match(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3 || !PyUnicode_Check(args[1])) {
         PyErr_SetString(PyExc_TypeError, "match(program, text, s)");
@@ -455,22 +456,7 @@ static PyObject *match(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         Py_DECREF(values);
         goto done;
     }
-    PyObject *end = PyLong_FromSsize_t(i);
-    if (end == NULL) {
-        Py_DECREF(values);
-        Py_DECREF(norm);
-        goto done;
-    }
-    result = PyTuple_New(3);
-    if (result == NULL) {
-        Py_DECREF(values);
-        Py_DECREF(norm);
-        Py_DECREF(end);
-        goto done;
-    }
-    PyTuple_SET_ITEM(result, 0, end);
-    PyTuple_SET_ITEM(result, 1, values);
-    PyTuple_SET_ITEM(result, 2, norm);
+    result = Py_BuildValue("(nNN)", i, values, norm); /* (N: the tuple takes both references) */
 done:
     if (spans != spans_small)
         PyMem_Free(spans);

@@ -17,6 +17,7 @@ extension was built: the regex and `collapse` stay as its reference and fallback
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from operator import itemgetter
 from operator import mul as _mul
 from typing import Any
@@ -56,7 +57,7 @@ class Template:
     """One message shape: the regex that matches its raw text and the report of the message it was
     learnt from (everything but the figures is the same)."""
 
-    __slots__ = ("pattern", "_rx", "prog", "proto", "reads", "targets", "base", "derive", "plan", "has_procs",
+    __slots__ = ("pattern", "_rx", "prog", "proto", "reads", "targets", "base", "derive", "has_procs",
                  "ints", "sized", "nums", "units")
 
     def __init__(self, proto: OOMReport, norm_text: str, parsed: grammar.Parsed) -> None:
@@ -93,7 +94,6 @@ class Template:
             self.derive, derived = 0, ()
         self.base["derived"] = derived
         # (group index, target or None for a process's pid / "" for its memory, a plain integer?)
-        self.plan = tuple((k - 1, None if t == "pid" else "" if t == "mem" else t, whole) for t, k, whole in reads)
         self.has_procs = "mem" in read
         # Without processes, the sizes are read in one go (C loops over the groups): their numbers,
         # their units and the fields they set; whole numbers (the device) one by one.
@@ -115,23 +115,10 @@ class Template:
         """(values, processes) of the matched message, as the grammar reads them. Its normalised
         text is its raw text with each run of blanks one space (`collapse`): the template's words
         are the grammar's, and a number's unit follows it after one space or none, as it prints."""
+        g = m.groups()
         values: dict = {}
-        procs, pid = [], 0
-        groups = m.groups()
-        for target, k, whole in self.reads:
-            if whole:
-                n = int(groups[k - 1])
-            else:
-                num, unit = groups[k - 1], groups[k]
-                mult = _MULT.get(unit)
-                n = int(round(float(num) * mult)) if mult else grammar._size(f"{num} {unit}")
-            if target == "pid":
-                pid = n
-            elif target == "mem":
-                procs.append((pid, n))
-            else:
-                values[target] = n
-        return values, procs
+        procs = _place(((t, _figure(g, k - 1, whole)) for t, k, whole in self.reads), values)
+        return values, list(procs)
 
     def build(self, m: re.Match[str], text: str, platform: str | None, index, base: int) -> OOMReport:
         """The report of the message `m` matched: what `find.with_figures(self.proto, *self.read(m),
@@ -158,16 +145,9 @@ class Template:
         e, values, norm = hit
         d = self.base.copy()
         if self.has_procs:
-            pid, procs = 0, []
-            for target, n in zip(self.targets, values):
-                if target == "pid":
-                    pid = n
-                elif target == "mem":
-                    procs.append((pid, n))
-                else:
-                    d[target] = n
+            procs = _place(zip(self.targets, values), d)
             if procs:
-                d["other_processes"] = tuple(procs)
+                d["other_processes"] = procs
         else:
             d.update(zip(self.targets, values))
         raw = text[s:e]
@@ -197,23 +177,33 @@ class Template:
 
     def _figures(self, g: tuple, d: dict) -> None:
         """Every figure of the match into `d`, one by one (processes as `other_processes`)."""
-        procs = []
-        pid = 0
-        for k, target, whole in self.plan:
-            if whole:
-                n = int(g[k])
-            else:
-                num, unit = g[k], g[k + 1]
-                f = _MULT.get(unit)
-                n = round(float(num) * f) if f else grammar._size(f"{num} {unit}")
-            if target:
-                d[target] = n
-            elif target is None:
-                pid = n
-            else:
-                procs.append((pid, n))
+        procs = _place(((t, _figure(g, k - 1, whole)) for t, k, whole in self.reads), d)
         if procs:
-            d["other_processes"] = tuple(procs)
+            d["other_processes"] = procs
+
+
+def _figure(g: tuple, k: int, whole: bool) -> int:
+    """The figure at group `k` of a template's match (a size: its number and unit), as the grammar
+    reads it."""
+    if whole:
+        return int(g[k])
+    num, unit = g[k], g[k + 1]
+    mult = _MULT.get(unit)
+    return round(float(num) * mult) if mult else grammar._size(f"{num} {unit}")
+
+
+def _place(figures: Iterable[tuple[str, int]], into: dict) -> tuple[tuple[int, int], ...]:
+    """Each (target, figure) into `into`, but a process's pid and memory, which pair up: the
+    processes, in order."""
+    procs, pid = [], 0
+    for target, n in figures:
+        if target == "pid":
+            pid = n
+        elif target == "mem":
+            procs.append((pid, n))
+        else:
+            into[target] = n
+    return tuple(procs)
 
 
 def _getter(idx: list[int]):
