@@ -116,6 +116,8 @@ class _Builder:
     no evidence or reason text and builds the fixes only up to the first working one: the
     verdict, shortfall and top fix are those of the full diagnosis by construction."""
 
+    __slots__ = ("r", "platform", "full", "evidence", "fixes", "contributing")
+
     def __init__(self, r: OOMReport, platform: str | None, full: bool = True) -> None:
         self.r = r
         self.platform = platform
@@ -145,8 +147,9 @@ class _Builder:
                          tuple(ranked), tuple(self.contributing), shortfall, self.platform)
 
     def _top(self) -> Fix | FirstFix | None:
+        probes = fx.PROBES
         for make, args, kw in self.fixes:  # type: ignore[misc]
-            probe = fx.PROBES.get(make)
+            probe = probes.get(make)
             if probe is not None:
                 works, fix_id, demand = probe(*args, **kw)
                 if works:
@@ -202,7 +205,7 @@ def diagnose_report(r: OOMReport, platform: str | None = None) -> Diagnosis:
 def verdict_only(r: OOMReport, platform: str | None = None) -> Verdict:
     """`diagnose_report`'s verdict, shortfall and top fix, without its text: what a long log's
     groups need for every message (the full diagnosis is built for the few shown)."""
-    return _judge(_Builder(r, platform or r.platform, full=False))
+    return _judge(_Builder(r, platform or r.platform, False))
 
 
 def _judge(b: _Builder) -> Any:
