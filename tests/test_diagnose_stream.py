@@ -326,6 +326,26 @@ def test_parallel_summary_equals_one_pass(oom_corpus):
             assert summarise_parallel(pieces, None, n=n, size=size, small=small, first=first).to_dict() == one
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pipe sizes are a Linux fcntl")
+def test_the_pools_pipes_hold_a_whole_result():
+    import fcntl
+    from concurrent.futures import ProcessPoolExecutor
+    from pathlib import Path
+
+    from alloctune.diagnose.parallel import PIPE, _wide_pipes
+
+    if int(Path("/proc/sys/fs/pipe-max-size").read_text()) < PIPE and os.geteuid() != 0:
+        pytest.skip("this system caps pipes below the size asked for")
+    pool = ProcessPoolExecutor(max_workers=1)
+    try:
+        _wide_pipes(pool)
+        ends = [pool._result_queue._reader, pool._result_queue._writer, pool._call_queue._writer]
+        assert all(fcntl.fcntl(e.fileno(), fcntl.F_GETPIPE_SZ) >= PIPE for e in ends)
+        assert pool.submit(sum, [1, 2]).result() == 3  # and the pool still works
+    finally:
+        pool.shutdown()
+
+
 def test_workers_default_to_the_idle_cpus(monkeypatch):
     import os
     import sys

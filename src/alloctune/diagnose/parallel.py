@@ -34,6 +34,7 @@ CHUNK = 1 << 20  # characters per worker task: big enough that a task costs far 
 HEAD = 1 << 14  # a chunk's first characters, summarised apart (read again when a message runs across its start)
 SMALL = 1 << 19  # characters per chunk this process reads itself: it looks for an idle worker this often
 FIRST = 1 << 18  # the first chunk, read here before any worker starts (it learns the shapes they inherit)
+PIPE = 1 << 20  # bytes the pool's pipes hold where the OS lets them grow (`_wide_pipes`)
 _FAST = None  # a process's templates, kept from task to task (and inherited by forked workers)
 
 
@@ -209,6 +210,7 @@ def summarise_parallel(pieces: Iterable[str], platform: str | None = None, n: in
                 try:
                     if pool is None:  # forked now: the workers inherit the shapes learnt so far
                         pool = ProcessPoolExecutor(max_workers=n - 1)
+                        _wide_pipes(pool)
                     fut = pool.submit(_chunk, *task, platform)
                 except (OSError, NotImplementedError, BrokenExecutor):  # no processes here (a sandbox)
                     no_workers()
@@ -225,6 +227,23 @@ def summarise_parallel(pieces: Iterable[str], platform: str | None = None, n: in
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
     return parts.finish()
+
+
+def _wide_pipes(pool: ProcessPoolExecutor) -> None:
+    """Let the pool's pipes hold a whole chunk and a whole result (Linux, where they hold 64 KiB):
+    a worker's result (~0.7 MB for a chunk of a log of many groups) is then written at once,
+    instead of in 64 KiB steps, each waiting for this process's reader thread to get the GIL
+    from the thread that reads chunks here. Best effort: the pool works as it is without it."""
+    if not sys.platform.startswith("linux"):
+        return
+    import fcntl
+
+    for queue in (getattr(pool, "_result_queue", None), getattr(pool, "_call_queue", None)):
+        for end in (getattr(queue, "_reader", None), getattr(queue, "_writer", None)):
+            try:
+                fcntl.fcntl(end.fileno(), fcntl.F_SETPIPE_SZ, PIPE)
+            except (AttributeError, OSError, ValueError):
+                pass  # (not a pipe, or over /proc/sys/fs/pipe-max-size: the default size stays)
 
 
 class Merged:
