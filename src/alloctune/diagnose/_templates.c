@@ -10,7 +10,7 @@
  * two to the same reports on real and mutated logs.
  *
  * A program is what `fast._program` makes of a template: literal runs, blank runs
- * (`[ \t\r\n]+`), a mark or its full-width form (`[;；]`), whole numbers (`([0-9]+)`) and sizes
+ * (`[ \t\r\n]+`), a mark or its full-width form (`[;\uFF1B]`), whole numbers (`([0-9]+)`) and sizes
  * (`([0-9]+(?:\.[0-9]+)?) *(bytes|[KMGTP]i?B)(?![A-Za-z])`). Each of these matches deterministically
  * (no alternative ever needs backtracking: what follows a number, a blank run or a unit cannot
  * start with what they consume; `fast._program` declines a template where that is not so).
@@ -30,7 +30,7 @@ typedef struct {
     Py_UCS4 a, b;        /* OP_EITHER: the mark and its full-width form */
 } Op;
 
-/* The 11 units a size may print, in `unit_index` order, and their multipliers (0: none known). */
+/* The 11 units a size may print, numbered as `unit_at` returns them. */
 #define N_UNITS 11
 static const char *UNIT_NAMES[N_UNITS] = {"bytes", "KB", "KiB", "MB", "MiB", "GB", "GiB", "TB", "TiB", "PB", "PiB"};
 
