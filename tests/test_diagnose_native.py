@@ -145,20 +145,13 @@ def test_native_match_equals_the_regex_match_figure_by_figure(oom_corpus):
         if hit is False:
             handed_back += 1
             continue
-        values, procs = t.read(m)
-        want_values = []
-        pids = iter(procs)
-        for target in t.targets:  # the C values in the template's order, against read()'s
-            if target == "pid":
-                want_values.append(next(pids)[0])
-            elif target == "mem":
-                pass
-            else:
-                want_values.append(values[target])
-        got_values = [v for target, v in zip(t.targets, hit[1]) if target != "mem"]
+        want: dict = {}
+        t._figures(m.groups(), want)  # the regex path's reading of every figure
+        got: dict = {}
+        procs = fast._place(zip(t.targets, hit[1]), got)
         assert hit[0] == m.end()
-        assert got_values == want_values, subject
-        assert [v for target, v in zip(t.targets, hit[1]) if target == "mem"] == [mem for _, mem in procs]
+        assert got == {k: v for k, v in want.items() if k != "other_processes"}, subject
+        assert procs == want.get("other_processes", ())
         assert hit[2] == fast.collapse(subject[s:m.end()])
         compared += 1
     assert compared > 2000 and handed_back > 50

@@ -111,18 +111,10 @@ class Template:
             self._rx = re.compile(self.pattern)
         return self._rx
 
-    def read(self, m: re.Match[str]) -> tuple[dict, list[tuple[int, int]]]:
-        """(values, processes) of the matched message, as the grammar reads them. Its normalised
-        text is its raw text with each run of blanks one space (`collapse`): the template's words
-        are the grammar's, and a number's unit follows it after one space or none, as it prints."""
-        g = m.groups()
-        values: dict = {}
-        procs = _place(((t, _figure(g, k - 1, whole)) for t, k, whole in self.reads), values)
-        return values, list(procs)
-
     def build(self, m: re.Match[str], text: str, platform: str | None, index, base: int) -> OOMReport:
-        """The report of the message `m` matched: what `find.with_figures(self.proto, *self.read(m),
-        ...)` gives, in one step (one dict per report, the derivation decided per shape)."""
+        """The report of the message `m` matched: the proto's report with the figures the grammar
+        would read (a number's unit follows it after one space or none, as it prints), in one step
+        (one dict per report, the derivation decided per shape)."""
         s, e = m.span()
         g = m.groups()
         d = self.base.copy()
@@ -242,46 +234,25 @@ class FastReader:
         slot.insert(0, t)
         self.count += 1
 
-    def match(self, text: str, s: int) -> tuple[OOMReport, dict, list[tuple[int, int]], str, int] | None:
-        """(the shape's report, values, processes, normalised text, raw end) of the message at
-        `text[s]`, or None when no template vouches for it (the regex way, whatever `find` uses)."""
-        for t in self.templates.get(self.key(text, s), ()):
-            m = t.rx.match(text, s)
-            if m is not None and _ends_here(text, m.end()):
-                values, procs = t.read(m)
-                return t.proto, values, procs, collapse(text[s:m.end()]), m.end()
-        return None
-
     def find(self, text: str, s: int) -> tuple[Template, Any, int] | None:
         """(the template, its match, where it ends) of the message at `text[s]`, or None when no
         template vouches for it; `Template.build` (a regex match) or `Template.build_native` turns
         the match into the report."""
         native = _native()
-        if native is None:
-            for t in self.templates.get(self.key(text, s), ()):
-                m = t.rx.match(text, s)
-                if m is not None and _ends_here(text, m.end()):
-                    return t, m, m.end()
-                # else: the grammar would read on: a longer shape of the same beginning may fit
-            return None
-        match = native.match
-        for t in self.templates.get(native.key(text, s), ()):
-            if t.prog is None:
+        key = native.key if native is not None else self.key
+        for t in self.templates.get(key(text, s), ()):
+            hit = native.match(t.prog, text, s) if t.prog is not None and native is not None else False
+            if hit is None:
+                continue  # (C: no match here)
+            if hit is False:  # the regex reads it: no C program, or a figure the Python way must read
                 hit = t.rx.match(text, s)
                 end = hit.end() if hit is not None else -1
             else:
-                hit = match(t.prog, text, s)
-                if hit is None:
-                    continue
-                if hit is False:  # a figure the Python way must read (a unit without a multiplier)
-                    hit = t.rx.match(text, s)
-                    end = hit.end() if hit is not None else -1
-                else:
-                    end = hit[0]
+                end = hit[0]
             if end >= 0 and _ends_here(text, end):
                 return t, hit, end
+            # else: the grammar would read on: a longer shape of the same beginning may fit
         return None
-
 
 def _program(words: list[str | bool]) -> list[tuple] | None:
     """The C program of a template, from its literal texts and, between them, whether each
