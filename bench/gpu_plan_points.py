@@ -40,13 +40,9 @@ POINTS = [
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--jobs", type=int, default=8)
-    ap.add_argument("--deadline", type=float, default=300)
+    gr.pool_options(ap, jobs=8, deadline=300)
     a = ap.parse_args()
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    pool = gr.Pool(a.jobs, a.deadline, out / "log.txt")
+    out, pool = gr.open_pool(a)
     tasks = [(name, conf, cap, s) for name, conf, cap, sizes in POINTS for s in sizes]
 
     def one(t: tuple) -> dict:

@@ -40,13 +40,9 @@ def target(w: str, s: int) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--jobs", type=int, default=12)
-    ap.add_argument("--deadline", type=float, default=520)
+    gr.pool_options(ap, jobs=12, deadline=520)
     a = ap.parse_args()
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    pool = gr.Pool(a.jobs, a.deadline, out / "log.txt")
+    out, pool = gr.open_pool(a)
     rec = [(w, s) for w, sizes in SIZES.items() for s in sizes]
     with ThreadPoolExecutor(len(rec)) as ex:
         side = dict(zip(rec, ex.map(lambda ws: pool.run(out / f"size_{ws[0]}_{ws[1]}", target(*ws), "", record=True,

@@ -100,10 +100,23 @@ class Pool:
                     self.cv.notify_all()
 
 
-def stage_record(a: argparse.Namespace) -> None:
+def pool_options(ap: argparse.ArgumentParser, jobs: int, deadline: float) -> None:
+    """The options every GPU job of bench/ takes: its output folder, the runs at once, and the
+    seconds after its start when it stops starting runs (so that it ends within the device's call)."""
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--jobs", type=int, default=jobs)
+    ap.add_argument("--deadline", type=float, default=deadline)
+
+
+def open_pool(a: argparse.Namespace) -> tuple[Path, Pool]:
+    """The output folder of `pool_options` (made) and a `Pool` logging to log.txt in it."""
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    pool = Pool(a.jobs, a.deadline, out / "log.txt")
+    return out, Pool(a.jobs, a.deadline, out / "log.txt")
+
+
+def stage_record(a: argparse.Namespace) -> None:
+    out, pool = open_pool(a)
     jobs = []
     for w, target in REAL.items():
         for c, conf in CONFS.items():
@@ -187,10 +200,8 @@ def bisect_size(pool: Pool, out: Path, name: str, sizes: list[int], make, conf: 
 
 
 def stage_bisect(a: argparse.Namespace) -> None:
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out, pool = open_pool(a)
     side = {p.name[:-5]: json.loads(p.read_text()) for p in Path(a.sidecars).glob("*.json")}
-    pool = Pool(a.jobs, a.deadline, out / "log.txt")
     tasks = []
     for w, target in {**REAL, **OWN}.items():
         for c, conf in CONFS.items():
@@ -224,10 +235,8 @@ def stage_bisect(a: argparse.Namespace) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("stage", choices=("record", "bisect"))
-    ap.add_argument("--out", required=True)
+    pool_options(ap, jobs=12, deadline=500)
     ap.add_argument("--sidecars")
-    ap.add_argument("--jobs", type=int, default=12)
-    ap.add_argument("--deadline", type=float, default=500)
     ap.add_argument("--steps", type=int, default=6)
     a = ap.parse_args()
     (stage_record if a.stage == "record" else stage_bisect)(a)

@@ -63,15 +63,11 @@ def trial(out: Path, name: str) -> dict | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--jobs", type=int, default=8)
-    ap.add_argument("--deadline", type=float, default=520)
+    gr.pool_options(ap, jobs=8, deadline=520)
     ap.add_argument("--only", default="", help="comma list of programs (peaks + bisections) to run")
     ap.add_argument("--calibrate", action="store_true", help="only the calibration runs (needs the recordings in --out)")
     a = ap.parse_args()
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    pool = gr.Pool(a.jobs, a.deadline, out / "log.txt")
+    out, pool = gr.open_pool(a)
     programs = a.only.split(",") if a.only else PROGRAMS
     cal_jobs = []
     for name, extra in CALIBRATE.items():

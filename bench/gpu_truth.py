@@ -123,22 +123,19 @@ def truth(pool: ga.Pool, out: Path, workload: str, setting: str, prior: int) -> 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--jobs", type=int, default=10)
-    ap.add_argument("--deadline", type=float, default=540)
+    ga.pool_options(ap, jobs=10, deadline=540)
     ap.add_argument("--workloads", default=",".join(TARGETS))
     ap.add_argument("--settings", default=",".join(STANDARD))
     ap.add_argument("--tunes", default="", help="also run gpu_tune_real.py's tunes for these workloads, side by side")
     ap.add_argument("--skip-done", type=Path, default=None, help="a truth.jsonl whose rows are not measured again")
     a = ap.parse_args(argv)
-    out = Path(a.out)
-    (out / "runs").mkdir(parents=True, exist_ok=True)
+    out, pool = ga.open_pool(a)
+    (out / "runs").mkdir(exist_ok=True)
     done = set()
     if a.skip_done and a.skip_done.exists():
         done = {(r["workload"], r["setting"]) for r in map(json.loads, a.skip_done.read_text().splitlines())
                 if r.get("min_budget") and r.get("fails_at")
                 and r["min_budget"] - r["fails_at"] <= max(ALIGN, r["min_budget"] // 100)}
-    pool = ga.Pool(a.jobs, a.deadline, out / "log.txt")
     prior = priors()
     tunes = None
     if a.tunes:
