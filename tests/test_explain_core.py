@@ -189,7 +189,7 @@ def test_json_schema_fields(leak, capsys):
     code, out, err = run_cli(capsys, "explain", str(leak[0]), "--json", "--no-what-if")
     assert code == 0, err
     d = json.loads(out)
-    assert d["schema"] == "alloctune.explain/1"
+    assert d["schema"] == "alloctune.explain/2"
     assert set(d["moment"]) >= {"event", "time", "reserved", "allocated"}
     assert [c["name"] for c in d["categories"]] == list(CATEGORIES)
     assert all(set(c) >= {"name", "bytes", "how"} for c in d["categories"])

@@ -149,7 +149,7 @@ def test_report_adds_explain_for_recordings_with_stacks(tmp_path):
     html = Path(write_report(data, tmp_path / "r").html).read_text()
     assert "Where the memory goes" in html and 'id="x0-site-0"' in html and 'data-site="x0-site-0"' in html
     assert json.loads((tmp_path / "r" / "report.json").read_text())["explains"][0]["explanation"]["schema"] == \
-        "alloctune.explain/1"
+        "alloctune.explain/2"
     assert not build_report([DATA / "convnext_leak.pickle.xz"], explain=False).explains
 
 

@@ -119,7 +119,7 @@ def installed_versions() -> dict[str, Any]:
 
 def explain(recording: Any, *, against: Any = None, **kwargs: Any) -> Any:
     """Where the memory goes at the peak / OOM / `at` of a recording (`alloctune explain`): an
-    `Explanation` (`.to_dict()`: schema `alloctune.explain/1`); with `against`, a `Comparison`
+    `Explanation` (`.to_dict()`: schema `alloctune.explain/2`); with `against`, a `Comparison`
     splitting the gap in peak reserved exactly by category and site; a list of recordings (the ranks
     of one job, `NAME.rankN.pickle`): a `RankImbalance`. See `alloctune.explain.api`."""
     from alloctune.explain import api as _explain_api

@@ -93,6 +93,8 @@ class Analysis:
     # per allocation: outlived, and kept again and again (not a first-time workspace or cache); growth,
     # the growing category and the what-ifs read this (None: the same as `outlived`)
     kept: list[bool] | None = None
+    phase_of: list[str] | None = None  # per allocation: its phase (`explain.phases`)
+    model_of: list[str | None] | None = None  # per allocation: its model-code frame's label
 
     def __post_init__(self) -> None:
         if self.kept is None:
@@ -121,6 +123,13 @@ def analyse(trace: Trace, group: str = "line", repeat_marks: Sequence[int] | Non
     labels: list[str] = []
     site_of: list[int] = []
     lib_of: list[str | None] = []
+    model_labels = ([sitemod.model_label(table.frames[i.model]) if 0 <= i.model != i.user else None for i in infos]
+                    if table is not None else [])
+    model_of = [model_labels[sid] if sid >= 0 and model_labels else None for sid in life.stack]
+    from alloctune.explain.phases import FORWARD, allocation_phases
+
+    phase_of = allocation_phases(req)
+    layers = _layers(life, rep, [p == FORWARD for p in phase_of]) if group == "layer" and table is not None else None
     size_label = _size_labels(life.size) if table is None else {}
     if site_labels is not None and len(site_labels) != len(life.alloc):
         raise ValueError("site_labels needs one label per allocation")
@@ -135,6 +144,8 @@ def analyse(trace: Trace, group: str = "line", repeat_marks: Sequence[int] | Non
             label, lib = sitemod.NO_FRAMES, None
         else:
             label, lib = stack_labels[sid], stack_libs[sid]
+            if layers is not None and layers[k] is not None and infos[sid].model >= 0:
+                label = f"{label} [layer {layers[k][0]} of {layers[k][1]}]"
         i = label_id.get(label)
         if i is None:
             if len(labels) >= MAX_SITES:
@@ -180,7 +191,31 @@ def analyse(trace: Trace, group: str = "line", repeat_marks: Sequence[int] | Non
             if life.free[k] >= life.n and hi >= life.n or lo - slack <= life.free[k] <= hi + slack:
                 outlived[k] = kept[k] = True
     return Analysis(trace, life, lb, rep, site_of, labels, [None] * len(labels), lib_of,
-                    "none" if table is None else "python", outlived, growth, infos, group, kept=kept)
+                    "none" if table is None else "python", outlived, growth, infos, group, kept=kept,
+                    phase_of=phase_of, model_of=model_of)
+
+
+def _layers(life: Lifetimes, rep: Repeats, forward: Sequence[bool]) -> list[tuple[int, int] | None]:
+    """Per allocation: (k, N) when it was made in a forward pass by a stack that recurs N >= 2 times
+    there within its repetition (a module repeated N times, as transformer layers are) and this is
+    the k-th time; else None. Identical modules run the same code, so their stacks are equal and
+    only the order tells them apart."""
+    starts = rep.starts
+    rep_of = [bisect.bisect_right(starts, a) - 1 for a in life.alloc]
+    count: Counter = Counter()
+    seen: Counter = Counter()
+    for k, sid in enumerate(life.stack):
+        if sid >= 0 and forward[k]:
+            count[(rep_of[k], sid)] += 1
+    out: list[tuple[int, int] | None] = []
+    for k, sid in enumerate(life.stack):
+        n = count.get((rep_of[k], sid), 0) if sid >= 0 and forward[k] else 0
+        if n < 2:
+            out.append(None)
+            continue
+        seen[(rep_of[k], sid)] += 1
+        out.append((seen[(rep_of[k], sid)], n))
+    return out
 
 
 def _without_first_time(life: Lifetimes, rep: Repeats, site_of: list[int], outlived: list[bool]) -> list[bool]:
@@ -304,6 +339,14 @@ def explain_trace(trace: Trace, *, at: Any = None, group: str = "line", top: int
     site_rows = _sites(an, live, m, cats, top)
     moment_d = {"event": moment.event, "request": moment.after, "time": moment.time_us, "reason": moment.reason,
                 "reserved": tot.reserved, "allocated": allocated, "requested": req_live}
+    phase_rows = _phase_bytes(an, live, allocated - req_live)
+    if phase_rows:
+        from alloctune.explain.phases import phase_at
+
+        moment_d["phase"] = phase_at(trace.requests, an.phase_of or [], m)
+        if rep.starts:
+            moment_d["step"] = max(0, bisect.bisect_right(rep.starts, m) - 1) + 1
+            moment_d["steps"] = len(rep.starts)
     notes = []
     if an.stacks == "none":
         notes.append("the recording has no Python stacks: sites are allocation sizes and categories come from "
@@ -314,8 +357,22 @@ def explain_trace(trace: Trace, *, at: Any = None, group: str = "line", top: int
         source=trace.source, moment=moment_d, categories=categories,
         overhead={"cached_free": cached, "inactive_split": split, "rounding": allocated - req_live},
         sites=tuple(site_rows), sites_total=len({an.site_of[k] for k in live}), group=an.group,
-        stacks=an.stacks, repeats=rep.to_dict(), map_source=map_source, notes=tuple(notes),
+        stacks=an.stacks, repeats=rep.to_dict(), map_source=map_source, notes=tuple(notes), phases=tuple(phase_rows),
     )
+
+
+def _phase_bytes(an: Analysis, live: list[int], rounding: int) -> list[Any]:
+    """Live requested bytes by phase plus the allocator's rounding: rows summing to allocated bytes.
+    Empty when no allocation of the recording has a phase other than `other` (nothing to tell)."""
+    from alloctune.explain.phases import OTHER, PHASES, PhaseBytes
+
+    phase_of = an.phase_of or []
+    if not phase_of or all(p == OTHER for p in phase_of):
+        return []
+    by: Counter = Counter()
+    for k in live:
+        by[phase_of[k]] += an.life.size[k]
+    return [PhaseBytes(p, by[p]) for p in PHASES] + [PhaseBytes("rounding", rounding)]
 
 
 def block_categories(an: Analysis) -> dict[int, str]:
@@ -391,6 +448,7 @@ def _sites(an: Analysis, live: list[int], m: int, cats: dict[int, str], top: int
     life = an.life
     agg: dict[int, list[int]] = {}
     libs: dict[int, Counter] = defaultdict(Counter)
+    models: dict[int, Counter] = defaultdict(Counter)
     per_cat: dict[int, Counter] = defaultdict(Counter)
     for k in live:
         s = an.site_of[k]
@@ -403,6 +461,8 @@ def _sites(an: Analysis, live: list[int], m: int, cats: dict[int, str], top: int
             a[3] += life.size[k]
         if an.lib_of[k]:
             libs[s][an.lib_of[k]] += life.size[k]
+        if an.model_of and an.model_of[k]:
+            models[s][an.model_of[k]] += life.size[k]
         per_cat[s][cats[k]] += life.size[k]
     order = sorted(agg, key=lambda s: (-agg[s][0], an.labels[s]))
     rows = []
@@ -412,8 +472,9 @@ def _sites(an: Analysis, live: list[int], m: int, cats: dict[int, str], top: int
         lib = libs[s].most_common(1)[0][0] if libs[s] else None
         # growing bytes: what the category `growing` holds of this site (kept again and again, not a
         # first-time workspace); equal to the site's share of that category by construction
+        model = models[s].most_common(1)[0][0] if models[s] else None
         rows.append(Site(an.labels[s], lib, b, nblocks, outl, grows, kept if grows else 0, per,
-                         dict(per_cat[s])))
+                         dict(per_cat[s]), model_frame=model))
     if len(rows) > top:
         keep = [r for i, r in enumerate(rows) if i < top or r.growing]
         rest = [r for i, r in enumerate(rows) if not (i < top or r.growing)]

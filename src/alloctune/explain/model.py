@@ -1,4 +1,4 @@
-"""Plain data of an explanation (`alloctune.explain/1`): frozen dataclasses with `to_dict`."""
+"""Plain data of an explanation (`alloctune.explain/2`): frozen dataclasses with `to_dict`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from alloctune.schema import schema_id
 
-SCHEMA = schema_id("explain")
+SCHEMA = schema_id("explain", 2)
 CATEGORIES = ("model_state", "gradients", "optimizer_state", "activations", "growing",
               "cached_free", "inactive_split", "rounding")
 OVERHEAD = ("cached_free", "inactive_split", "rounding")
@@ -51,6 +51,7 @@ class Site:
     min_budget_if_freed: int | None = None
     what_if_command: str | None = None
     delta: int | None = None  # with --against: bytes here minus bytes in the other recording
+    model_frame: str | None = None  # the model's own code between the user's line and the library (most bytes)
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -76,6 +77,9 @@ class Explanation:
     notes: tuple[str, ...] = ()
     remedies: tuple[Any, ...] = ()  # program-level remedies simulated on the recording (`explain.remedies.Remedy`)
     utilization: Any = None  # `explain.utilization.UtilizationTable`: the recording and each remedy
+    # live bytes at the moment by the phase that made them (`explain.phases.PhaseBytes`), summing to
+    # moment["allocated"]; empty when the recording names no phase
+    phases: tuple[Any, ...] = ()
 
     @property
     def reserved(self) -> int:
@@ -101,6 +105,7 @@ class Explanation:
             "what_if": [w.to_dict() for w in self.what_if],
             "remedies": [r.to_dict() for r in self.remedies],
             "utilization": self.utilization.to_dict() if self.utilization is not None else None,
+            "phases": [p.to_dict() for p in self.phases],
             "notes": list(self.notes),
         }
 

@@ -20,13 +20,17 @@ from alloctune.trace.model import Trace
 
 def simulated_remedies(an: Analysis, base_min_budget: int | None, conf: str | None = None,
                        command: str = "CMD") -> list[Remedy]:
-    """Every remedy the recording alone can answer: release points, the Janitor's policies and the
-    workspace caps that apply (the latter also without repetitions)."""
+    """Every remedy the recording alone can answer: release points, the Janitor's policies, the
+    workspace caps that apply (the latter also without repetitions), and for a training recording
+    activation checkpointing and the optimizer-state changes (`explain.training`)."""
+    from alloctune.explain.training import training_remedies
+
     conf = recorded_conf(an.trace) if conf is None else conf
     out = release_points(an, base_min_budget, conf=conf)
     if out:
         out += janitor_remedies(an, base_min_budget, conf)
-    return out + workspace_remedies(an.trace, base_min_budget, conf, command=command)
+    out += workspace_remedies(an.trace, base_min_budget, conf, command=command)
+    return out + training_remedies(an, base_min_budget, conf)
 
 
 def best_release(remedies: Sequence[Remedy]) -> Remedy | None:

@@ -3,7 +3,11 @@
 A site is the user's line (the innermost frame outside torch, the standard library and
 installed packages) together with the innermost library frame (`timm/models/convnext.py:88`),
 because one user line (`out = model(x)`) allocates through many library lines and a user
-acts on the line they wrote. An allocation with no Python frames in a recording that kept
+acts on the line they wrote. Between the two lies the model's own code: the innermost frame
+outside torch and the standard library (`transformers/models/bert/modeling_bert.py:350`, or
+the user's own module), named with its class where the source file can be read
+(`BertSelfAttention.forward`); `--group model` groups by it and `--group layer` also tells
+repeated identical modules apart as layer k of N by their order in the step. An allocation with no Python frames in a recording that kept
 stacks was made by a thread with no Python code: autograd's backward engine.
 
 `--group line|function|file|module` coarsens the user's side of the site only.
@@ -17,7 +21,8 @@ from typing import Sequence
 
 from alloctune.trace.model import StackTable
 
-GROUPS = ("line", "function", "file", "module")
+GROUPS = ("line", "function", "file", "module", "model", "layer")
+MODEL_GROUPS = ("model", "layer")
 NO_FRAMES = "(no Python frames: autograd backward)"
 NO_STACKS = "(recording has no stacks)"
 SETUP_FRAMES = "(library code only)"
@@ -32,6 +37,69 @@ def is_library(filename: str) -> bool:
         return True  # <frozen importlib...>, <string>: not a line a user can edit
     f = filename.replace("\\", "/")
     return any(m in f for m in _LIB_MARKERS) or bool(_TORCH.search(f))
+
+
+_STDLIB = re.compile(r"/lib(64)?/python3[^/]*/(?!site-packages/|dist-packages/)")
+
+
+def is_model_code(filename: str) -> bool:
+    """Whether a frame is the model's own code: neither torch nor the standard library (a model
+    library such as transformers or timm, or the user's own modules)."""
+    if not filename or filename.startswith("<"):
+        return False
+    f = filename.replace("\\", "/")
+    return not _TORCH.search(f) and not _STDLIB.search(f)
+
+
+_CLASS_CACHE: dict[str, list[str] | None] = {}
+MAX_SOURCE_BYTES = 4 << 20
+
+
+def class_of(filename: str, line: int) -> str | None:
+    """The class whose method holds `line` of `filename`, read from the source where it can be read
+    (the machine that recorded; a file up to 4 MiB), else None."""
+    if filename not in _CLASS_CACHE:
+        lines = None
+        try:
+            import os
+
+            if os.path.isfile(filename) and os.path.getsize(filename) <= MAX_SOURCE_BYTES:
+                with open(filename, encoding="utf-8", errors="replace") as f:
+                    lines = f.read().splitlines()
+        except OSError:
+            lines = None
+        if len(_CLASS_CACHE) > 4096:
+            _CLASS_CACHE.clear()
+        _CLASS_CACHE[filename] = lines
+    lines = _CLASS_CACHE[filename]
+    if not lines or not 1 <= line <= len(lines):
+        return None
+    indent = None
+    for k in range(line - 1, -1, -1):
+        text = lines[k]
+        stripped = text.lstrip()
+        if not stripped:
+            continue
+        ind = len(text) - len(stripped)
+        if indent is None:
+            if stripped.startswith(("def ", "async def ")):
+                indent = ind
+            continue
+        if ind < indent and stripped.startswith("class "):
+            name = stripped[6:].split("(")[0].split(":")[0].strip()
+            return name if name.isidentifier() else None
+        if ind == 0:
+            return None
+    return None
+
+
+def model_label(frame: tuple[str, int, str] | None) -> str | None:
+    """How a model-code frame reads: `path:line (Class.function)` (the class where the source says it)."""
+    if frame is None:
+        return None
+    cls = class_of(frame[0], frame[1])
+    func = f"{cls}.{frame[2]}" if cls else frame[2]
+    return f"{short_path(frame[0])}:{frame[1]} ({func})"
 
 
 def short_path(filename: str) -> str:
@@ -69,6 +137,7 @@ class SiteInfo:
 
     user: int
     library: int
+    model: int  # the innermost model-code frame (`is_model_code`), -1: none
     optimizer: bool  # a frame in torch/optim: the optimizer made it
     construction: bool  # module construction / .to() / .cuda() / parameter init
 
@@ -82,11 +151,13 @@ def site_infos(table: StackTable) -> list[SiteInfo]:
     """One `SiteInfo` per stack of the table."""
     frames = table.frames
     lib = [is_library(f[0]) for f in frames]
+    model = [is_model_code(f[0]) for f in frames]
     norm = [f[0].replace("\\", "/") for f in frames]
     out = []
     for st in table.stacks:
         user = next((fid for fid in st if not lib[fid]), -1)
         library = st[0] if st and lib[st[0]] else -1
+        model_fid = next((fid for fid in st if model[fid]), -1)
         optimizer = any("torch/optim/" in norm[fid] for fid in st)
         construction = any(
             ("torch/nn/modules/module.py" in norm[fid] and frames[fid][2] in _CONSTRUCT_FUNCS)
@@ -94,7 +165,7 @@ def site_infos(table: StackTable) -> list[SiteInfo]:
             or (frames[fid][2] in _CONSTRUCT_FUNCS and lib[fid] and frames[fid][2] != "to")
             for fid in st
         )
-        out.append(SiteInfo(user, library, optimizer, construction))
+        out.append(SiteInfo(user, library, model_fid, optimizer, construction))
     return out
 
 
@@ -130,8 +201,10 @@ def site_keys(table: StackTable | None, infos: Sequence[SiteInfo], group: str) -
     libs: list[str | None] = []
     for info in infos:
         lib = table.frames[info.library] if info.library >= 0 else None
-        if info.user >= 0:
-            labels.append(frame_label(table.frames[info.user], group))
+        if group in MODEL_GROUPS and info.model >= 0:
+            labels.append(model_label(table.frames[info.model]) or "")
+        elif info.user >= 0:
+            labels.append(frame_label(table.frames[info.user], "line" if group in MODEL_GROUPS else group))
         elif lib is not None:
             labels.append(f"{SETUP_FRAMES} {library_label(lib)}")
         else:

@@ -21,7 +21,7 @@ from typing import Iterable, Sequence
 
 from alloctune.explain.core import Analysis
 from alloctune.explain.model import Explanation, WhatIfResult
-from alloctune.trace.model import FREE, RequestStream, Trace
+from alloctune.trace.model import Annotation, FREE, RequestStream, Trace
 
 MAX_SITE_WHAT_IFS = 5
 WHAT_IF_REL_TOL = 0.002
@@ -78,6 +78,8 @@ def rewritten(trace: Trace, out: RequestStream, new_index: list[int]) -> Trace:
             if k < len(out) and out.rids[k] == req.rids[r] and out.ops[k] == req.ops[r]:
                 ids[k] = req.stack_ids[r]
         out.stack_ids, out.stack_table = ids, req.stack_table
+    if req.annotations and not out.annotations:  # each range keeps the requests it held
+        out.annotations = [Annotation(a.name, new_index[a.start], new_index[a.end]) for a in req.annotations]
     seg = [replace(e, request_index=new_index[min(e.request_index, len(req))]) for e in trace.segment_events]
     return Trace(source=trace.source, device=trace.device, requests=out, segment_events=seg,
                  allocator_settings=dict(trace.allocator_settings), events=[], meta=dict(trace.meta or {}),

@@ -29,7 +29,8 @@ from typing import Any
 from alloctune.errors import TraceError
 from alloctune.trace.limits import Limits
 from alloctune.trace.model import (
-    ALLOC, FREE, MAX_FRAMES, MAX_FRAMES_PER_STACK, MAX_STACKS, RequestStream, SegmentEvent, StackTable, Trace,
+    ALLOC, FREE, MAX_ANNOTATION_NAME, MAX_ANNOTATIONS, MAX_FRAMES, MAX_FRAMES_PER_STACK, MAX_STACKS, Annotation,
+    RequestStream, SegmentEvent, StackTable, Trace,
 )
 from alloctune.trace.validate import check_fallbacks, check_trace
 
@@ -110,6 +111,7 @@ def to_compact_dict(trace: Trace) -> dict[str, Any]:
             **({"fallbacks": {str(k): list(v) for k, v in sorted(req.fallbacks.items())}} if req.fallbacks else {}),
         },
         **({"stacks": _stacks_dict(req)} if req.stack_table is not None else {}),
+        **({"annotations": [[a.name, a.start, a.end] for a in req.annotations]} if req.annotations else {}),
         "segment_events": {
             "action": [e.action for e in seg],
             "addr": [e.addr for e in seg],
@@ -171,6 +173,7 @@ def from_compact_dict(d: dict[str, Any], *, source: str = "<compact>") -> Trace:
                             fallbacks=fallbacks)
         if d.get("stacks") is not None:
             req.stack_table, req.stack_ids = _stacks_from_dict(d["stacks"], ops)
+        req.annotations = _annotations_from_list(d.get("annotations") or [], n)
         total = d.get("total_memory")
         trace = Trace(
             source=str(d.get("source") or source),
@@ -233,6 +236,19 @@ def _stacks_from_dict(d: Any, ops: list[int]) -> tuple[StackTable, list[int]]:
         ids[r] = sid
     dropped = d.get("dropped")
     return StackTable(frames, stacks, dropped if isinstance(dropped, str) else None), ids
+
+
+def _annotations_from_list(raw: Any, n: int) -> list[Annotation]:
+    """Read the stored annotations back: [name, start, end] each, a range of the n requests."""
+    if not isinstance(raw, list) or len(raw) > MAX_ANNOTATIONS:
+        raise ValueError("the annotations are not a list of at most MAX_ANNOTATIONS ranges")
+    out = []
+    for a in raw:
+        if not (isinstance(a, list) and len(a) == 3 and type(a[0]) is str and len(a[0]) <= MAX_ANNOTATION_NAME
+                and type(a[1]) is int and type(a[2]) is int and 0 <= a[1] <= a[2] <= n):
+            raise ValueError("an annotation is not [name, start, end] within the requests")
+        out.append(Annotation(a[0], a[1], a[2]))
+    return out
 
 
 def _count(value: Any) -> int:

@@ -16,7 +16,7 @@ from alloctune.trace.compact import is_compact, trace_from_compact_bytes
 from alloctune.trace.model import Trace
 from alloctune.trace.sidecar import read_sidecar  # noqa: F401  (re-exported: where callers look for it)
 from alloctune.trace.safe_pickle import load_pickle_bytes, read_decompressed
-from alloctune.trace.stream import build_stream, run_record, stream_context, with_run_record
+from alloctune.trace.stream import build_stream, collect_annotations, run_record, stream_context, with_run_record
 from alloctune.trace.validate import check_events, check_settings, check_snapshot, device_bound
 
 _RECORD_HINT = (
@@ -128,6 +128,7 @@ def trace_from_snapshot(
             "torch.cuda.memory._record_memory_history) or recording started after the workload began "
             "(start it before the first allocation)"
         )
+    collect_annotations(snapshot.get("external_annotations"), events, built.requests, dev, source)
     total = meta.get("total_memory")
     return Trace(
         source=source,

@@ -42,6 +42,24 @@ class StackTable:
     dropped: str | None = None
 
 
+@dataclass(frozen=True)
+class Annotation:
+    """A named range of the program's requests: a `record_function` range torch wrote into the
+    snapshot's `external_annotations` (the optimizer's `Optimizer.step#AdamW.step` and
+    `Optimizer.zero_grad#...` by default, users' own ranges too), placed by its times.
+
+    The range holds requests `start <= r < end` (request indices of the stream)."""
+
+    name: str
+    start: int
+    end: int
+
+
+# Bounds on the annotations one recording may carry (hostile files: bounded like stacks).
+MAX_ANNOTATIONS = 2_000_000
+MAX_ANNOTATION_NAME = 1024
+
+
 @dataclass
 class RequestStream:
     """The program's requests in order, one column per field (all lists have equal length).
@@ -62,6 +80,9 @@ class RequestStream:
     # (-1: none). None when the recording kept no frames at all.
     stack_ids: list[int] | None = None
     stack_table: StackTable | None = None
+    # The program's named ranges (`Annotation`), in order of their start; empty when the
+    # recording has none.
+    annotations: list[Annotation] = field(default_factory=list)
 
     def append(self, op: int, size: int, rid: int, stream: int, event_index: int) -> None:
         self.ops.append(op)

@@ -1,0 +1,296 @@
+"""Training remedies, simulated by rewriting the recording: activation checkpointing and
+optimizer state.
+
+Each is a `Remedy` like the release points: the request stream rewritten the way the change
+would rewrite the program's requests, its min budget from `sim.sweep`.
+
+* Activation checkpointing of the repeated blocks. The blocks are the repeated modules of the
+  forward pass (a stack that recurs N >= 2 times per step, as `--group layer` counts them); a
+  block's window runs from one occurrence of its first stack to the next. Of what a window
+  allocates, the blocks that outlive it are what autograd saved for backward, except the
+  block's output (the latest of them, the next block's input). With checkpointing the saved
+  blocks are freed where the window ends, and the window's allocations are made again (its
+  own frees with them) when the block's backward starts: right after the backward of the
+  block after it has freed what it saved (the last block: before it frees its first saved
+  block). The recomputed output is dropped at once; the recomputed saved blocks are freed
+  where the originals were.
+* Optimizer state. The state is what the optimizer's frames made and held past their step,
+  one stack per kind of state (Adam's `exp_avg`, `exp_avg_sq`). SGD with momentum keeps one
+  buffer per parameter and makes no temporaries in its step (no weight decay): the first state
+  kind is kept, the others and the step's temporaries are dropped. 8-bit AdamW (bitsandbytes)
+  keeps each state of a tensor of at least 4096 elements as one byte per element plus a float
+  per 256-element block (absmax); smaller tensors keep 32-bit state. Elements are counted as
+  fp32 (4 bytes), the dtype of an fp32 model's state.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+from alloctune.explain.core import Analysis
+from alloctune.explain.phases import FORWARD, OPTIMIZER_STEP
+from alloctune.explain.remedies import Remedy, activity, simulated
+from alloctune.explain.what_if import recorded_conf, rewritten
+from alloctune.trace.model import ALLOC, FREE, RequestStream, Trace
+
+BNB_MIN_8BIT = 4096  # bitsandbytes keeps 32-bit state below this many elements
+BNB_BLOCK = 256  # elements per absmax float in blockwise 8-bit state
+
+
+@dataclass(frozen=True)
+class Window:
+    """One block's forward: requests [start, end); `saved` are its allocations (ids) that outlive it
+    except `output` (-1: none)."""
+
+    start: int
+    end: int
+    allocs: tuple[int, ...]
+    saved: tuple[int, ...]
+    output: int
+
+
+def block_windows(an: Analysis) -> list[Window]:
+    """Every repeated block's forward window in the recording (module doc)."""
+    life, rep, phases = an.life, an.repeats, an.phase_of or []
+    if not rep.starts or not phases or an.stacks != "python":
+        return []
+    rep_of = [bisect.bisect_right(rep.starts, a) - 1 for a in life.alloc]
+    by_rep: dict[int, list[int]] = {}
+    for k, sid in enumerate(life.stack):
+        if sid >= 0 and phases[k] == FORWARD and rep_of[k] >= 0 and an.flags[sid].model >= 0:
+            by_rep.setdefault(rep_of[k], []).append(k)
+    out: list[Window] = []
+    for ks in by_rep.values():
+        count = Counter(life.stack[k] for k in ks)
+        per_n = Counter(c for c in count.values() if c >= 2)
+        if not per_n:
+            continue
+        n = max(per_n, key=lambda c: (per_n[c], c))
+        layer_ks = [k for k in ks if count[life.stack[k]] == n]
+        anchor = life.stack[layer_ks[0]]
+        starts = [k for k in layer_ks if life.stack[k] == anchor]
+        last = layer_ks[-1]
+        for i, k0 in enumerate(starts):
+            k1 = starts[i + 1] if i + 1 < len(starts) else last + 1
+            a = life.alloc[k0]
+            b = life.alloc[k1] if k1 < len(life.alloc) and i + 1 < len(starts) else life.alloc[last] + 1
+            allocs = tuple(range(k0, k1))
+            survivors = [k for k in allocs if life.free[k] >= b]
+            output = max(survivors) if survivors else -1
+            saved = tuple(k for k in survivors if k != output and life.free[k] < life.n)
+            out.append(Window(a, b, allocs, saved, output))
+    return out
+
+
+def with_checkpointing(an: Analysis, windows: Sequence[Window]) -> Trace:
+    """The recording rewritten as if every window's block were checkpointed (module doc)."""
+    trace, life = an.trace, an.life
+    req = trace.requests
+    rid_of = [req.rids[a] for a in life.alloc]
+    next_rid = max(req.rids, default=-1) + 1
+    free_at: dict[int, list[int]] = {}  # request index -> saved allocations freed before it
+    dropped: set[int] = set()  # rids whose original FREE goes
+    redo_at: dict[int, list[Window]] = {}  # request index -> windows recomputed before it
+    ordered = sorted(windows, key=lambda w: w.start)
+    for i, w in enumerate(ordered):
+        for k in w.saved:
+            free_at.setdefault(w.end, []).append(k)
+            dropped.add(rid_of[k])
+        own_first = min((life.free[k] for k in w.saved), default=None)
+        if own_first is None:
+            continue
+        nxt = ordered[i + 1] if i + 1 < len(ordered) and ordered[i + 1].start >= w.end else None
+        at = own_first
+        if nxt is not None and nxt.saved:
+            after_next = max(life.free[k] for k in nxt.saved) + 1
+            at = min(own_first, after_next)
+        redo_at.setdefault(max(at, w.end), []).append(w)
+    clone_free: dict[int, int] = {}  # original free request index of a saved block -> its clone's rid
+    out = RequestStream()
+    ids: list[int] = []
+    stack_ids = req.stack_ids
+    new_index = [0] * (len(req) + 1)
+
+    def put(op: int, size: int, rid: int, r: int, sid: int = -1) -> None:
+        out.append(op, size, rid, req.streams[r], req.event_index[r])
+        ids.append(sid)
+
+    for r in range(len(req)):
+        for k in free_at.get(r, ()):
+            put(FREE, life.size[k], rid_of[k], r)
+        for w in redo_at.get(r, ()):
+            in_window = set(w.allocs)
+            clones: dict[int, int] = {}
+            for k in w.allocs:
+                clones[k] = next_rid
+                next_rid += 1
+            for q in range(w.start, w.end):
+                op = req.ops[q]
+                if op == ALLOC:
+                    k = bisect.bisect_left(life.alloc, q)
+                    if k in in_window:
+                        put(ALLOC, life.size[k], clones[k], r, stack_ids[q] if stack_ids else -1)
+                elif op == FREE:
+                    k = _alloc_of(rid_of, req.rids[q])
+                    if k in in_window and life.free[k] == q:
+                        put(FREE, life.size[k], clones[k], r)
+            if w.output >= 0:
+                put(FREE, life.size[w.output], clones[w.output], r)
+            for k in w.saved:
+                clone_free[life.free[k]] = clones[k]
+        new_index[r] = len(out)
+        op = req.ops[r]
+        if op == FREE and req.rids[r] in dropped:
+            if r in clone_free:
+                k = _alloc_of(rid_of, req.rids[r])
+                put(FREE, life.size[k], clone_free[r], r)
+            continue
+        put(op, req.sizes[r], req.rids[r], r, stack_ids[r] if stack_ids else -1)
+    if stack_ids is not None:
+        out.stack_ids, out.stack_table = ids, req.stack_table
+    return rewritten(trace, out, new_index)
+
+
+def _alloc_of(rid_of: list[int], rid: int) -> int:
+    """The allocation id (index into the lifetimes) of a request id: rids count up in allocation order."""
+    k = bisect.bisect_left(rid_of, rid)
+    return k if k < len(rid_of) and rid_of[k] == rid else -1
+
+
+def checkpointing_code(an: Analysis) -> str:
+    """The line to write for the recording's model library."""
+    table = an.trace.requests.stack_table
+    files = {f[0].replace("\\", "/") for f in table.frames} if table is not None else set()
+    if any("/transformers/" in f for f in files):
+        return "model.gradient_checkpointing_enable()  # transformers; before the training loop"
+    if any("/timm/" in f for f in files):
+        return "model.set_grad_checkpointing(True)  # timm; before the training loop"
+    return ("x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)  # for each repeated block "
+            "in the model's forward")
+
+
+def checkpointing_remedy(an: Analysis, base: int | None, conf: str) -> Remedy | None:
+    windows = block_windows(an)
+    if not windows:
+        return None
+    t = with_checkpointing(an, windows)
+    per_step = len(windows) // max(1, an.repeats.count)
+    return simulated("checkpointing", f"activation checkpointing of the {per_step} repeated blocks of each step",
+                     t, conf, an.trace, base, activity(an.trace, conf, an.trace), checkpointing_code(an),
+                     notes=(f"{len(windows)} block forwards recomputed in backward; "
+                           f"{sum(len(w.saved) for w in windows)} saved tensors freed at their block's end",))
+
+
+# ---- optimizer state ----
+
+def optimizer_blocks(an: Analysis) -> tuple[dict[int, list[int]], list[int], str | None]:
+    """The optimizer's state by stack (stack id -> allocation ids, made in the first step that made
+    any), its step temporaries (allocation ids), and the optimizer's file (`adamw.py`, ...)."""
+    life, phases = an.life, an.phase_of or []
+    last_alloc = life.alloc[-1] if life.alloc else 0
+    state: dict[int, list[int]] = {}
+    temps: list[int] = []
+    kind = None
+    table = an.trace.requests.stack_table
+    for k, sid in enumerate(life.stack):
+        if sid < 0 or not an.flags[sid].optimizer or phases[k] != OPTIMIZER_STEP:
+            continue
+        if kind is None and table is not None:
+            kind = next((table.frames[f][0].replace("\\", "/").rsplit("/", 1)[-1] for f in table.stacks[sid]
+                         if "torch/optim/" in table.frames[f][0].replace("\\", "/")
+                         and not table.frames[f][0].endswith("optimizer.py")), None)
+        if life.free[k] > last_alloc:
+            state.setdefault(sid, []).append(k)
+        else:
+            temps.append(k)
+    return state, temps, kind
+
+
+def _rewrite_sizes(an: Analysis, drop: set[int], resize: dict[int, list[int]]) -> Trace:
+    """The recording with the allocations in `drop` gone (and their frees) and each allocation in
+    `resize` made as the listed sizes instead (each a block of its own, freed together)."""
+    trace, life = an.trace, an.life
+    req = trace.requests
+    rid_of = [req.rids[a] for a in life.alloc]
+    next_rid = max(req.rids, default=-1) + 1
+    extra: dict[int, list[int]] = {}
+    dropped_rids = {rid_of[k] for k in drop}
+    out = RequestStream()
+    ids: list[int] = []
+    stack_ids = req.stack_ids
+    new_index = [0] * (len(req) + 1)
+    for r in range(len(req)):
+        new_index[r] = len(out)
+        op, rid = req.ops[r], req.rids[r]
+        sid = stack_ids[r] if stack_ids else -1
+        if op in (ALLOC, FREE) and rid in dropped_rids:
+            continue
+        if op == ALLOC:
+            k = _alloc_of(rid_of, rid)
+            if k in resize:
+                first, *rest = resize[k]
+                out.append(ALLOC, first, rid, req.streams[r], req.event_index[r])
+                ids.append(sid)
+                extra[rid] = []
+                for size in rest:
+                    out.append(ALLOC, size, next_rid, req.streams[r], req.event_index[r])
+                    ids.append(sid)
+                    extra[rid].append(next_rid)
+                    next_rid += 1
+                continue
+        out.append(op, req.sizes[r], rid, req.streams[r], req.event_index[r])
+        ids.append(sid)
+        if op == FREE and rid in extra:
+            k = _alloc_of(rid_of, rid)
+            for other, size in zip(extra[rid], resize[k][1:]):
+                out.append(FREE, size, other, req.streams[r], req.event_index[r])
+                ids.append(-1)
+    if stack_ids is not None:
+        out.stack_ids, out.stack_table = ids, req.stack_table
+    return rewritten(trace, out, new_index)
+
+
+def optimizer_remedies(an: Analysis, base: int | None, conf: str) -> list[Remedy]:
+    state, temps, kind = optimizer_blocks(an)
+    if kind not in ("adamw.py", "adam.py") or len(state) < 2:
+        return []
+    kinds = sorted(state, key=lambda sid: min(state[sid]))
+    base_act = activity(an.trace, conf, an.trace)
+    state_bytes = sum(an.life.size[k] for ks in state.values() for k in ks)
+    out = []
+    drop = {k for sid in kinds[1:] for k in state[sid]} | set(temps)
+    out.append(simulated(
+        "optimizer_sgd", "SGD with momentum instead of Adam: one state tensor per parameter, no step temporaries",
+        _rewrite_sizes(an, drop, {}), conf, an.trace, base, base_act,
+        "torch.optim.SGD(model.parameters(), lr=..., momentum=0.9)  # changes the training dynamics",
+        notes=(f"Adam state {state_bytes} bytes in {len(kinds)} kinds; SGD keeps one kind",)))
+    resize: dict[int, list[int]] = {}
+    for sid in kinds:
+        for k in state[sid]:
+            n = an.life.size[k] // 4
+            if n >= BNB_MIN_8BIT:
+                resize[k] = [n, -(-n // BNB_BLOCK) * 4]
+    out.append(simulated(
+        "optimizer_8bit", "8-bit AdamW (bitsandbytes): one byte per state element plus a float per 256",
+        _rewrite_sizes(an, set(temps), resize), conf, an.trace, base, base_act,
+        "bitsandbytes.optim.AdamW8bit(model.parameters(), lr=...)  # pip install bitsandbytes",
+        notes=("state sizes by bitsandbytes' blockwise rule (tensors of 4096+ elements); its fused step makes "
+               "no temporaries; not confirmed on a GPU by alloctune",)))
+    return [replace(r, notes=r.notes) for r in out]
+
+
+def training_remedies(an: Analysis, base: int | None, conf: str | None = None) -> list[Remedy]:
+    """Checkpointing and optimizer-state remedies of a training recording (none for inference)."""
+    from alloctune.explain.phases import has_training_phases
+
+    if not has_training_phases(an.phase_of or []):
+        return []
+    conf = recorded_conf(an.trace) if conf is None else conf
+    out = []
+    ck = checkpointing_remedy(an, base, conf)
+    if ck is not None:
+        out.append(ck)
+    return out + optimizer_remedies(an, base, conf)
