@@ -352,18 +352,26 @@ def _cap_bracket(events: Sequence[Mapping[str, Any]], oom_i: int, reserved: int,
     return max(peak, reserved), reserved + needed
 
 
-def shortage_next_steps(recording: str, budget: int | None, command: str, before: Sequence[str] = ()) -> list[str]:
+def shortage_next_steps(recording: str, budget: int | None, command: str, before: Sequence[str] = (),
+                        training: bool = False) -> list[str]:
     """What can help when no setting can (#29.4), for `diagnose` and `tune` alike: see what holds the
     memory and what freeing it would buy (`before`: the caller's own steps), then -- last, the command
     to run next -- find the largest input that fits the budget, or, for a service whose inputs come as
-    they come, split each one where it runs out (`guard.chunked`)."""
+    they come, split each one where it runs out (`guard.chunked`). A training run (`training`: it ran
+    backward) is not a service: its input is the micro-batch, accumulated to the batch it needs."""
     cap = f" --cap {budget // MiB}MiB" if budget else ""  # rounded down: the plan stays within the budget
-    return [f"where the memory goes and what would free it: alloctune explain {recording}", *before,
-            f"the largest input that fits: alloctune record --size S1,S2,S3 --out sizes/run.pickle -- {command} "
-            f"(with {{size}} where the input size goes), then alloctune plan sizes/{cap}",
-            "or, for a service (inputs of any length): run the model through alloctune.guard.chunked, e.g. "
-            "@alloctune.guard.chunked(dim=-1, overlap=N) on the function that calls it: each input is split only "
-            "where it runs out of memory"]
+    head = [f"where the memory goes and what would free it: alloctune explain {recording}", *before]
+    if training:
+        return head + [
+            f"the largest micro-batch that fits: alloctune record --size S1,S2,S3 --out sizes/run.pickle -- {command} "
+            f"(with {{size}} as the micro-batch the program accumulates gradients over), then alloctune plan "
+            f"sizes/{cap}; accumulate over ceil(batch / micro-batch) steps"]
+    return head + [
+        f"the largest input that fits: alloctune record --size S1,S2,S3 --out sizes/run.pickle -- {command} "
+        f"(with {{size}} where the input size goes), then alloctune plan sizes/{cap}",
+        "or, for a service (inputs of any length): run the model through alloctune.guard.chunked, e.g. "
+        "@alloctune.guard.chunked(dim=-1, overlap=N) on the function that calls it: each input is split only "
+        "where it runs out of memory"]
 
 
 def _map_evidence(request: int, needed: int, pool: str, reserved: int, allocated: int, largest: int, nfree: int,

@@ -282,6 +282,23 @@ def optimizer_remedies(an: Analysis, base: int | None, conf: str) -> list[Remedy
     return [replace(r, notes=r.notes) for r in out]
 
 
+def leak_remedy(an: Analysis, base: int | None, conf: str) -> Remedy | None:
+    """The growing sites' kept blocks freed at the end of the repetition that made them (the what-if
+    `explain` shows per site), as a remedy naming the lines that keep them."""
+    from alloctune.explain.what_if import free_at_repeat_end
+
+    growing = sorted((i for i, (g, _) in an.growth.items() if g), key=lambda i: -an.growth[i][1])
+    if not growing:
+        return None
+    names = "; ".join(f"{an.labels[i]} (+{an.growth[i][1]} bytes a repetition)" for i in growing[:3])
+    return simulated(
+        "free_growing", f"free what the growing site(s) keep each repetition: {names}",
+        free_at_repeat_end(an, growing), conf, an.trace, base, activity(an.trace, conf, an.trace),
+        f"at {an.labels[growing[0]]}: keep a number (loss.item()) or move the tensor off the GPU (.detach().cpu()) "
+        "instead of keeping it on the GPU across steps",
+        notes=tuple(f"grows: {an.labels[i]}" for i in growing))
+
+
 def training_remedies(an: Analysis, base: int | None, conf: str | None = None) -> list[Remedy]:
     """Checkpointing and optimizer-state remedies of a training recording (none for inference)."""
     from alloctune.explain.phases import has_training_phases
@@ -290,6 +307,9 @@ def training_remedies(an: Analysis, base: int | None, conf: str | None = None) -
         return []
     conf = recorded_conf(an.trace) if conf is None else conf
     out = []
+    leak = leak_remedy(an, base, conf)
+    if leak is not None:
+        out.append(leak)
     ck = checkpointing_remedy(an, base, conf)
     if ck is not None:
         out.append(ck)

@@ -434,7 +434,8 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
         need = self._likely(closest) or 0
         confirmed = closest.conf not in self.refused and b.failed is not None
         self.shortfall = Shortfall(closest.conf, need, self.budget, confirmed, self.baseline.snapshot,
-                                   next_steps(self.baseline.snapshot, self.budget, need, self.t.settings.command))
+                                   next_steps(self.baseline.snapshot, self.budget, need, self.t.settings.command,
+                                              training=bool((self.baseline.autograd or {}).get("backward_calls"))))
         self.t.notes.append(
             f"no setting is simulated to fit {format_mib(self.budget)}: the closest, {closest.label}, needs "
             f"{format_mib(need)} ({format_mib(self.shortfall.missing)} more)"

@@ -219,7 +219,8 @@ class ReportMixin(FlowState):
         return out
 
 
-def next_steps(recording: str | None, budget: int, need: int, command: tuple[str, ...]) -> tuple[str, ...]:
+def next_steps(recording: str | None, budget: int, need: int, command: tuple[str, ...],
+               training: bool = False) -> tuple[str, ...]:
     """What can help when no allocator setting fits: see where the memory goes (explain: sites,
     what-ifs, remedies), give the budget the closest setting needs, and, last, the next command: find
     the largest input that fits (plan) or split a service's inputs (guard.chunked)."""
@@ -228,7 +229,7 @@ def next_steps(recording: str | None, budget: int, need: int, command: tuple[str
     at_least = f"{-(-need // MiB)}MiB"  # rounded up: the closest setting's need
     budget_line = f"or a budget of at least {at_least} (the closest setting's simulated need): alloctune tune --budget {at_least} ..."
     return tuple(shortage_next_steps(recording or "REC.pickle", budget, " ".join(command) if command else "CMD",
-                                     before=(budget_line,)))
+                                     before=(budget_line,), training=training))
 
 
 def _fmt(n: int | None) -> str:

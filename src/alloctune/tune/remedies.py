@@ -273,9 +273,13 @@ def fitting(report: RemedyReport, budget: int) -> list[Remedy]:
 
 
 def shortfall_with_remedies(shortfall: Any, report: RemedyReport) -> Any:
-    """A shortfall whose next steps start with the remedies that fit (each with how to get it)."""
+    """A shortfall whose next steps start with the remedies that fit (each with how to get it), the best
+    one's line first, and name what the program keeps growing where freeing it does not fit alone."""
     found = fitting(report, shortfall.budget)
-    if not found:
+    leaks = [r for r in report.remedies if r.name == "free_growing" and r not in found]
+    if not found and not leaks:
         return shortfall
     lines = tuple(f"{r.what} fits ({r.method}: min budget {format_mib(r.min_budget or 0)}): {r.how_to}" for r in found)
+    lines += tuple(f"the program keeps memory it does not need: {r.what}; freed, its min budget is "
+                   f"{format_mib(r.min_budget) if r.min_budget else 'unknown'} ({r.method}): {r.how_to}" for r in leaks)
     return replace(shortfall, next_steps=lines + tuple(shortfall.next_steps))
