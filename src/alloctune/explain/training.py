@@ -55,12 +55,12 @@ class Window:
 def block_windows(an: Analysis) -> list[Window]:
     """Every repeated block's forward window in the recording (module doc)."""
     life, rep, phases = an.life, an.repeats, an.phase_of or []
-    if not rep.starts or not phases or an.stacks != "python":
+    if not phases or an.stacks != "python":
         return []
     rep_of = [bisect.bisect_right(rep.starts, a) - 1 for a in life.alloc]
     by_rep: dict[int, list[int]] = {}
     for k, sid in enumerate(life.stack):
-        if sid >= 0 and phases[k] == FORWARD and rep_of[k] >= 0 and an.flags[sid].model >= 0:
+        if sid >= 0 and phases[k] == FORWARD and an.flags[sid].model >= 0:
             by_rep.setdefault(rep_of[k], []).append(k)
     out: list[Window] = []
     for ks in by_rep.values():
