@@ -93,6 +93,7 @@ class Agent(_outputs.AgentOutputs):
         self.device_name: str | None = None
         self.total_memory: int | None = None
         self.fraction: float | None = None
+        self.checkpointing_enabled: list[str] = []  # what `--checkpointing` switched on
         self.exception: dict[str, str] | None = None
         self.exit_code: int | None = None
         self.forced_outcome: str | None = None
@@ -136,6 +137,13 @@ class Agent(_outputs.AgentOutputs):
                 torch.set_grad_enabled(False)  # grad mode is per thread: the program's main thread
             except Exception as exc:
                 self._note(f"cannot switch autograd off: {exc}")
+        if self.config.get("checkpointing"):
+            try:
+                from alloctune.agent.checkpointing import install
+
+                install(torch, self.checkpointing_enabled, self._note)
+            except Exception as exc:
+                self._note(f"cannot switch checkpointing on: {exc}")
         if self.config.get("cudnn_benchmark") is not None:
             try:  # the program may set it again itself: the report reads it back at the end
                 torch.backends.cudnn.benchmark = bool(self.config["cudnn_benchmark"])

@@ -263,6 +263,7 @@ class AgentOutputs:
             "oom_snapshot": self.oom_snapshot,
             "autograd": dict(self.autograd_counts) if self.autograd_counts is not None else None,
             "no_grad": bool(self.config.get("no_grad")),
+            "checkpointing": list(self.checkpointing_enabled) if self.config.get("checkpointing") else None,
             "cudnn_benchmark_set": self.config.get("cudnn_benchmark"),
             "cudnn_benchmark": self._cudnn_benchmark(),
             "segment_sizes": None,

@@ -35,6 +35,9 @@ _DEFAULTS: dict[str, Any] = {
     # Opt-in: torch.backends.cudnn.benchmark set to this (True / False) at torch import; None leaves it
     # as the program sets it. Measures what the cuDNN switch changes in a convolution program (#29.3).
     "cudnn_benchmark": None,
+    # Opt-in: activation checkpointing switched on in the first model called in training
+    # (agent/checkpointing.py): the confirming run of the checkpointing remedy.
+    "checkpointing": False,
     "live": True,
     "live_interval": 1.0,
     "state_dir": None,  # default $ALLOCTUNE_STATE_DIR or ~/.cache/alloctune/live

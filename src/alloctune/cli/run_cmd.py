@@ -40,6 +40,10 @@ def register(app: typer.Typer) -> None:
             None, "--cudnn-benchmark", metavar="on|off",
             help="Set torch.backends.cudnn.benchmark at torch import (measures what the cuDNN switch changes; "
             "a program that sets it itself keeps its own)."),
+        checkpointing: bool = typer.Option(
+            False, "--checkpointing",
+            help="Switch activation checkpointing on in the first model the program trains (transformers, timm, "
+            "or torch.utils.checkpoint around repeated blocks): measures what checkpointing would save."),
         json_out: bool = typer.Option(False, "--json", help="Print the trial as JSON (the command's stdout goes to stderr)."),
     ) -> None:
         """Run a command with the agent inside: budget, optional history, a report of what the allocator did.
@@ -68,6 +72,7 @@ def register(app: typer.Typer) -> None:
             stdout_to_stderr=json_out,
             no_grad=no_grad,
             cudnn_benchmark=switch,
+            checkpointing=checkpointing,
         )
         raise_for_environment(result)
         if json_out:

@@ -168,6 +168,7 @@ def run_trial(
     stacks: str | None = None,
     no_grad: bool = False,
     cudnn_benchmark: bool | None = None,
+    checkpointing: bool = False,
     device: int | None = None,
     on_oom: str | None = None,
     oom_dir: str | os.PathLike | None = None,
@@ -194,6 +195,8 @@ def run_trial(
     `torch.no_grad()` would save an inference program; a program that trains then fails).
     `cudnn_benchmark`: the agent sets `torch.backends.cudnn.benchmark` to it at torch import (opt-in;
     None leaves the program's own choice).
+    `checkpointing`: the agent switches activation checkpointing on in the first model the program
+    trains (opt-in; `agent.checkpointing`; the checkpointing remedy's confirming run).
     `device`: the CUDA device the agent measures and caps (None = LOCAL_RANK's or the current).
     `on_oom="snapshot"`: keep a bounded history and dump it into `oom_dir` (default: the
     current directory) as `oom-snapshot.<pid>.pickle` when the allocator runs out of memory.
@@ -219,7 +222,7 @@ def run_trial(
         agent = _agent_settings(reports_dir, conf=conf, budget=budget, ensure_cap=ensure_cap, record=record,
                                 record_max_entries=record_max_entries, on_oom=on_oom, oom_dir=oom_dir,
                                 device=device, watch_r=watch_r, stacks=stacks, no_grad=no_grad,
-                                cudnn_benchmark=cudnn_benchmark)
+                                cudnn_benchmark=cudnn_benchmark, checkpointing=checkpointing)
         child_env = build_env(env if env is not None else os.environ, conf=conf, agent=agent, site_dir=site,
                               torch_version=torch_version, command=argv)
         log_path = Path(capture) if capture else None
@@ -275,7 +278,7 @@ def _agent_settings(reports_dir: Path, *, conf: str | None, budget: int | None, 
                     record: str | os.PathLike | None, record_max_entries: int | None, on_oom: str | None,
                     oom_dir: str | os.PathLike | None, device: int | None, watch_r: int,
                     stacks: str | None = None, no_grad: bool = False,
-                    cudnn_benchmark: bool | None = None) -> dict[str, Any]:
+                    cudnn_benchmark: bool | None = None, checkpointing: bool = False) -> dict[str, Any]:
     """What the agent inside the child is told (`ALLOCTUNE_AGENT`): where to report, what to apply."""
     agent: dict[str, Any] = {
         "report_dir": str(reports_dir),
@@ -296,6 +299,8 @@ def _agent_settings(reports_dir: Path, *, conf: str | None, budget: int | None, 
         agent["no_grad"] = True
     if cudnn_benchmark is not None:
         agent["cudnn_benchmark"] = bool(cudnn_benchmark)
+    if checkpointing:
+        agent["checkpointing"] = True
     agent.update(watch_fd=watch_r, watch_ino=os.fstat(watch_r).st_ino, runner_pid=os.getpid())
     return agent
 
@@ -403,6 +408,7 @@ def _result(
         no_grad=bool(main.get("no_grad")),
         cudnn_benchmark=main.get("cudnn_benchmark"),
         cudnn_benchmark_set=main.get("cudnn_benchmark_set"),
+        checkpointing=tuple(str(x) for x in main["checkpointing"]) if isinstance(main.get("checkpointing"), list) else None,
     )
 
 

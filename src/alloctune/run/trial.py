@@ -54,6 +54,8 @@ class TrialResult:
     # at torch import (None: left alone; a remedy's confirming run)
     cudnn_benchmark: bool | None = None
     cudnn_benchmark_set: bool | None = None
+    # What the agent's checkpointing switch turned on (None: not asked; empty: nothing it could checkpoint)
+    checkpointing: tuple[str, ...] | None = None
 
     @property
     def inference_with_grad(self) -> bool:
