@@ -74,6 +74,9 @@ class Remedy:
         d.pop("trace")
         d["notes"] = list(self.notes)
         d["utilization"] = self.utilization
+        d["code"] = self.how_to  # the line to write, under the name every remedy row shares
+        if self.bound is not None and self.min_budget is not None and self.bound < self.min_budget:
+            d["min_budget_range"] = [self.bound, self.min_budget]
         return d
 
 
