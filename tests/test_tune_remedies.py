@@ -266,3 +266,40 @@ def test_a_transformer_recording_gets_no_cudnn_run():
     found, evidence = cudnn_requests(hubert)
     sizes = hubert.requests.sizes
     assert found and "Python stacks" in evidence and max(sizes[i] for i in found) > 64 * MiB
+
+
+def _train_tune(ev, budget_mib, executor=None):
+    """`_tune` with a baseline recording of a training loop over repeated blocks (phases, layers)."""
+    from test_explain_training import layered_program
+
+    from alloctune.trace.load import trace_from_snapshot
+
+    train = trace_from_snapshot(layered_program()[0], source="train")
+    s = TuneSettings(command=COMMAND, budget=budget_mib * MiB, knobs=parse_knobs(None), platform="linux")
+
+    def factory(b):
+        sim = FakeSimulator(ev, error=-ev.checkpointing_saving if b.checkpointing else 0)
+        sim.raw = train
+        return sim
+    return Tuner(ev, s, simulator_factory=factory, executor=executor).run()
+
+
+def test_where_nothing_fits_a_training_program_gets_one_checkpointing_run_and_it_comes_first():
+    """#36.4: a training program (the baseline ran backward) that no setting fits, whose recording shows
+    repeated blocks: ONE run with the agent's checkpointing switch beside the closest setting's run
+    (three runs in all), measured, and the shortfall's next steps start with its line when it fits."""
+    ev = FakeEvaluator(autograd={"module_calls_with_grad": 40, "backward_calls": 4}, checkpointing_saving=600 * MiB)
+    res = _train_tune(ev, 1700)
+    assert res.shortfall is not None
+    closest = res.shortfall.conf
+    assert len(ev.calls) == 3 and ev.checkpointing_calls == [(closest, 1700 * MiB)]
+    ck = [r for r in res.remedies.remedies if r.name == "checkpointing"]
+    assert len(ck) == 1 and ck[0].method == "measured" and ck[0].min_budget == ev.need(closest) - 600 * MiB
+    assert ck[0].confirm.startswith("alloctune run --checkpointing --budget")
+    assert res.shortfall.next_steps[0].startswith("activation checkpointing") and "fits (measured" in \
+        res.shortfall.next_steps[0]
+    assert not any("guard.chunked" in s for s in res.shortfall.next_steps)
+    assert any("micro-batch" in s for s in res.shortfall.next_steps)
+    inference = FakeEvaluator(checkpointing_saving=600 * MiB)
+    _train_tune(inference, 1700)
+    assert not inference.checkpointing_calls  # no backward in the baseline: no checkpointing run

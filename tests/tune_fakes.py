@@ -42,7 +42,7 @@ THROUGHPUT = {"garbage_collection_threshold:0.6": 90.0}
 class FakeEvaluator:
     def __init__(self, needs=None, *, total=8 * GiB, crash_on=None, timeout_on=None, snapshot="/dev/null",
                  ignored=(), throughputs=None, autograd=None, no_grad_saving=0, cudnn_benchmark=None,
-                 cudnn_saving=0, cudnn_sticky=False):
+                 cudnn_saving=0, cudnn_sticky=False, checkpointing_saving=0):
         """`ignored`: settings the child silently does not apply (read back as the default);
         `throughputs`: conf -> samples handed out in turn (noise), else THROUGHPUT / 100."""
         self.needs = dict(NEEDS if needs is None else needs)
@@ -63,6 +63,8 @@ class FakeEvaluator:
         self.cudnn_saving = cudnn_saving
         self.cudnn_sticky = cudnn_sticky
         self.cudnn_calls: list[tuple[str, int | None, bool]] = []
+        self.checkpointing_saving = checkpointing_saving  # bytes the program needs less with checkpointing on
+        self.checkpointing_calls: list[tuple[str, int | None]] = []
 
     def need(self, conf: str) -> int:
         if conf.startswith("max_split_size_mb:"):
@@ -78,8 +80,10 @@ class FakeEvaluator:
         return a or None
 
     def __call__(self, conf, budget, *, repeat=0, record=False, ensure_cap=False, no_grad=False,
-                 cudnn_benchmark=None):
+                 cudnn_benchmark=None, checkpointing=False):
         self.calls.append((conf, budget, repeat, record, ensure_cap))
+        if checkpointing:
+            self.checkpointing_calls.append((conf, budget))
         if no_grad:
             self.no_grad_calls.append((conf, budget))
         switched = cudnn_benchmark is not None and not self.cudnn_sticky
@@ -93,6 +97,7 @@ class FakeEvaluator:
             return TrialResult(outcome="timeout", exit_code=-15, error="killed at the timeout", **base)
         applied = "" if conf in self.ignored else conf
         need = self.need(applied) - (self.no_grad_saving if no_grad else 0) - (self.cudnn_saving if switched else 0)
+        need -= self.checkpointing_saving if checkpointing else 0
         ok = budget is None or budget >= need
         peak_reserved = min(need, budget) if budget is not None else need
         warnings = (f"the allocator parsed '', not {conf!r} (the program set its own?)",) if conf in self.ignored else ()
@@ -113,6 +118,7 @@ class FakeEvaluator:
             no_grad=no_grad,
             cudnn_benchmark=cudnn_benchmark if switched else self.cudnn_benchmark,
             cudnn_benchmark_set=cudnn_benchmark,
+            checkpointing=("Model.gradient_checkpointing_enable() (transformers)",) if checkpointing else None,
             **base,
         )
 

@@ -450,7 +450,7 @@ class TrialEvaluator:
 
     def __call__(self, conf: str, budget: int | None, *, repeat: int = 0, record: bool = False,
                  ensure_cap: bool = False, no_grad: bool = False,
-                 cudnn_benchmark: bool | None = None) -> TrialResult:
+                 cudnn_benchmark: bool | None = None, checkpointing: bool = False) -> TrialResult:
         with self._count_lock:
             self.count += 1
             number = self.count
@@ -469,6 +469,7 @@ class TrialEvaluator:
             env=self.env,
             no_grad=no_grad,
             cudnn_benchmark=cudnn_benchmark,
+            checkpointing=checkpointing,
             pid_file=self.workdir / f"running-{number:04d}.json",
         )
         if record and budget is None and result.outcome in ("ok", "oom"):

@@ -89,6 +89,7 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
         self.shortfall: Shortfall | None = None  # no setting fits: the closest, how far off, what next
         self.no_grad: tuple[str, TrialResult] | None = None  # (setting, its run) confirming torch.no_grad()
         self.cudnn: tuple[str, TrialResult] | None = None  # (setting, its run) confirming the cuDNN switch
+        self.checkpointing: tuple[str, TrialResult] | None = None  # (setting, its run) confirming checkpointing
         self.early: Any = None  # Future of `tune.remedies.simulate` under the planned best, run beside the GPU
 
     # ---- GPU runs ----------------------------------------------------------------------------
@@ -105,6 +106,9 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
             return
         if req.cudnn_benchmark is not None:
             self.cudnn = (req.conf, res)
+            return
+        if req.checkpointing:
+            self.checkpointing = (req.conf, res)
             return
         if res.warnings and req.conf not in self.refused:
             self.refused[req.conf] = "; ".join(res.warnings)
@@ -317,14 +321,16 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
         convolution workspaces whose giving up would fit the budget)."""
         if c is None or not self.s.remedies:
             return []
-        from alloctune.tune.remedies import _trace, cudnn_request, no_grad_request
+        from alloctune.tune.remedies import _trace, checkpointing_request, cudnn_request, no_grad_request
 
         reqs = [no_grad_request(self.baseline, c.conf, self.budget)]
         try:
             if shortfall:
-                reqs.append(cudnn_request(self.baseline, _trace(self.sim, self.baseline), c.conf, self.budget))
+                trace = _trace(self.sim, self.baseline)
+                reqs.append(cudnn_request(self.baseline, trace, c.conf, self.budget))
+                reqs.append(checkpointing_request(self.baseline, trace, c.conf, self.budget))
         except Exception as exc:  # noqa: BLE001 - the settings stand without the remedy
-            self.t.notes.append(f"the cuDNN switch not confirmed ({type(exc).__name__}: {exc})")
+            self.t.notes.append(f"a remedy's confirming run not made ({type(exc).__name__}: {exc})")
         return [replace(r, ensure_cap=r.ensure_cap or self._gc(c)) for r in reqs if r is not None]
 
     def _settle_best(self, best: Candidate | None, default: Candidate,

@@ -107,6 +107,37 @@ def cudnn_request(baseline: TrialResult, trace: Any, conf: str, budget: int) -> 
                         purpose=f"remedy: torch.backends.cudnn.benchmark = {flip} by the agent: confirm")
 
 
+def checkpointing_request(baseline: TrialResult, trace: Any, conf: str, budget: int) -> TrialRequest | None:
+    """The confirming run of activation checkpointing, where no setting fits: when the baseline trained
+    (it ran backward) and its recording shows repeated blocks to checkpoint (`explain.training`). The
+    agent switches it on in the program as its library offers it; the run is capped and recorded."""
+    if trace is None or not (baseline.autograd or {}).get("backward_calls"):
+        return None
+    from alloctune.explain.core import analyse
+    from alloctune.explain.training import block_windows
+
+    if not block_windows(analyse(trace)):
+        return None
+    return TrialRequest(conf, budget, record=True, ensure_cap=True, checkpointing=True,
+                        purpose="remedy: activation checkpointing switched on by the agent: confirm")
+
+
+def checkpointing_measured(trial: TrialResult, conf: str, base: int | None, simulator_factory: Any,
+                           command: str, code: str) -> Remedy:
+    """The measured checkpointing remedy from its confirming run."""
+    what = "activation checkpointing of the repeated blocks"
+    confirm = f"alloctune run --checkpointing --budget {trial.budget}B -- {command}"
+    if trial.checkpointing is not None and not trial.checkpointing:
+        return Remedy("checkpointing", what, None, None, None, None, 0, 0.0, code, UNCONFIRMED, conf, confirm=confirm,
+                      notes=("not measured: the agent found no model it could switch checkpointing on in",))
+    switched = "; ".join(trial.checkpointing or ())
+    rem = _measured(trial, conf, base, simulator_factory, "checkpointing", what, code, confirm,
+                    ("completed at {budget} with checkpointing on (measured)",
+                     "ran out of memory at {budget} even with checkpointing on (measured)",
+                     "did not complete with checkpointing on ({detail})"))
+    return replace(rem, notes=(*rem.notes, f"switched on: {switched}") if switched else rem.notes)
+
+
 def cudnn_remedy(trial: TrialResult, conf: str, base: int | None, simulator_factory: Any, command: str) -> Remedy:
     """The measured cuDNN switch from its confirming run (capped at the budget, recorded)."""
     flip = bool(trial.cudnn_benchmark_set)
@@ -250,6 +281,8 @@ def tune_remedies(sim: Any, baseline: TrialResult, conf: str, summaries: Sequenc
     trace, remedies, notes = done.trace, list(done.remedies), list(done.notes)
     if any(m.name.startswith("cudnn_benchmark") for m in measured):
         remedies = [r for r in remedies if not (r.name.startswith("cudnn_benchmark") and r.method == UNCONFIRMED)]
+    if any(m.name == "checkpointing" and m.min_budget is not None for m in measured):  # the run has the last word
+        remedies = [r for r in remedies if r.name != "checkpointing"]
     remedies += list(measured)
     for m in measured:
         notes.append(f"{m.what}: {m.notes[0]}" if m.notes else m.what)

@@ -220,7 +220,7 @@ class Tuner:
             )
         counts: dict[str, int] = {}
         for t in self.trials[1:]:
-            if not (t.result.no_grad or t.result.cudnn_benchmark_set is not None):  # a remedy's run: no trial of its setting
+            if not (t.result.no_grad or t.result.cudnn_benchmark_set is not None or t.result.checkpointing is not None):  # a remedy's run: no trial of its setting
                 counts[t.result.conf or ""] = counts.get(t.result.conf or "", 0) + 1
         summaries = [_replace(sm, trials=counts.get(sm.candidate.conf, 0)) for sm in summaries]
         ranking = rank(summaries, budget, throughput_tolerance=s.throughput_tolerance, noise_rule=s.strategy == "confirm")
@@ -235,7 +235,9 @@ class Tuner:
     def _remedies(self, flow: Any, ranking: Any, summaries: list[CandidateSummary], shortfall: Any) -> tuple[Any, Any]:
         """The remedies beside the best setting (or, where none fits, the closest), and the shortfall
         with the remedies that would fit first in its next steps."""
-        from alloctune.tune.remedies import cudnn_remedy, no_grad_remedy, shortfall_with_remedies, tune_remedies
+        from alloctune.tune.remedies import (
+            checkpointing_measured, cudnn_remedy, no_grad_remedy, shortfall_with_remedies, tune_remedies,
+        )
 
         best = ranking.best
         conf = best.candidate.conf if best is not None else shortfall.conf if shortfall is not None else ""
@@ -248,6 +250,15 @@ class Tuner:
         if flow.cudnn is not None:  # the cuDNN switch, run the other way than the recording
             cd_conf, trial = flow.cudnn
             measured.append(cudnn_remedy(trial, cd_conf, flow.est.get(cd_conf), self.simulator_factory, command))
+        if flow.checkpointing is not None:  # activation checkpointing, switched on by the agent
+            from alloctune.explain.core import analyse
+            from alloctune.explain.training import checkpointing_code
+
+            ck_conf, trial = flow.checkpointing
+            trace = getattr(flow.sim, "trace", None)
+            code = checkpointing_code(analyse(trace)) if trace is not None else "model.gradient_checkpointing_enable()"
+            measured.append(checkpointing_measured(trial, ck_conf, flow.est.get(ck_conf), self.simulator_factory,
+                                                   command, code))
         # simulated beside the GPU runs, unless a capped run taught fallbacks since (then again, with them)
         early = flow.early.result() if flow.early is not None and not flow.calibrated else None
         report = tune_remedies(flow.sim, flow.baseline, conf, summaries, ng, command, early=early, measured=measured)

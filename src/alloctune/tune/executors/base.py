@@ -27,11 +27,12 @@ class TrialRequest:
     purpose: str = ""
     no_grad: bool = False  # the agent runs the program with autograd off (a remedy's confirming run)
     cudnn_benchmark: bool | None = None  # the agent sets cudnn.benchmark to it (a remedy's confirming run)
+    checkpointing: bool = False  # the agent switches activation checkpointing on (a remedy's confirming run)
 
     @property
     def remedy(self) -> bool:
         """A remedy's confirming run: it says nothing about its setting's bracket."""
-        return self.no_grad or self.cudnn_benchmark is not None
+        return self.no_grad or self.cudnn_benchmark is not None or self.checkpointing
 
     def call_options(self) -> dict[str, Any]:
         """The evaluator's keyword arguments; the remedy switches only when set, so evaluators that
@@ -41,6 +42,8 @@ class TrialRequest:
             out["no_grad"] = True
         if self.cudnn_benchmark is not None:
             out["cudnn_benchmark"] = self.cudnn_benchmark
+        if self.checkpointing:
+            out["checkpointing"] = True
         return out
 
 
