@@ -193,9 +193,12 @@ def test_real_capped_oom_snapshots_agree_with_real_runs(program):
     serving = {w.config for w in d.what_if if w.avoids_oom}
     if completed:  # a setting fixes it for real: the replays name exactly the settings that completed
         assert d.verdict == "fragmentation" and serving == completed and d.recommendation in completed
+        assert d.margin is not None and not d.margin.thin and d.to_dict()["margin"]["bytes"] == d.margin.bytes > 0
         assert d.confirm.startswith(f"alloctune run --conf {d.recommendation} --budget ")
-    elif serving:  # no setting completes, yet one serves the failed request: said to be only just
-        assert d.verdict == "fragmentation" and "thin" in d.summary
+    elif serving:  # no setting completes, yet one serves the failed request: only just, and nothing recommended
+        assert d.verdict == "borderline" and "thin" in d.summary and d.recommendation is None
+        assert d.margin is not None and d.margin.thin and d.to_dict()["margin"]["thin"] is True
+        assert d.margin.bytes == d.budget - max(w.peak_reserved for w in d.what_if if w.avoids_oom)
         # the real run under that setting got past the failed request, to the very peak the replay gives
         w = next(w for w in d.what_if if w.avoids_oom)
         assert facts["real_peak_reserved"][w.config] == w.peak_reserved

@@ -13,6 +13,7 @@ from alloctune.cli.common import console, print_json
 
 _VERDICT_STYLE = {
     "fragmentation": "bold yellow",
+    "borderline": "bold yellow",
     "cap": "bold magenta",
     "contention": "bold cyan",
     "shortage": "bold red",

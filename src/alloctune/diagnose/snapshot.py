@@ -41,6 +41,7 @@ from alloctune.diagnose.snapshot_model import (  # noqa: F401
     SCHEMA,
     BlockView,
     MemoryMap,
+    Margin,
     PinnedSegment,
     SegmentView,
     SnapshotDiagnosis,
@@ -182,6 +183,7 @@ class _Judgement:
     needs_setting: str | None = None
     undecided: str = ""
     confirm: str | None = None
+    margin: Margin | None = None
 
 
 def _judge_by_numbers(allocated: int, request: int, reserved_free: int, largest: int, budget: Budget) -> _Judgement:
@@ -224,19 +226,27 @@ def _judge_by_replays(w: WhatIfs, allocated: int, request: int, budget: Budget, 
              if ends_at_oom else "")
     serving = [x for x in w.rows[1:] if x.avoids_oom]
     if serving:
-        first = serving[0]
+        # the setting that leaves the most room (a row without a peak counts as none left)
+        first = max(serving, key=lambda x: budget.bytes - (x.peak_reserved if x.peak_reserved is not None
+                                                           else budget.bytes))
         best = first.config
+        margin = None
         spare = ""
         if first.peak_reserved is not None:
-            margin = budget.bytes - first.peak_reserved
-            spare = f", with {fs(margin)} ({margin / budget.bytes:.1%}) of it to spare so far"
-            if ends_at_oom and margin < THIN_MARGIN * budget.bytes:
-                later = ("; the snapshot ends at the OOM and that margin is thin: the rest of the run very likely "
-                         "needs more than the budget -- one run settles it")
+            left = budget.bytes - first.peak_reserved
+            margin = Margin(left, left / budget.bytes, left < THIN_MARGIN * budget.bytes)
+            spare = (f", with {fs(left)} ({margin.fraction:.1%}) of it to spare so far" if left > 0 else
+                     f", but with no room left ({fs(-left)} over it at the peak so far)")
+        if margin is not None and (margin.bytes <= 0 or (ends_at_oom and margin.thin)):
+            return _Judgement("borderline", (
+                f"Borderline within the {cap} budget: replayed exactly, {best or '(default)'} gets the program "
+                f"through the failed {fs(request)} request{spare}; the snapshot ends at the OOM and that margin "
+                "is thin, so the rest of the run very likely needs more than the budget: no setting is recommended "
+                "-- one run settles it."), confirm=confirm_command(best, budget.bytes, cmd), margin=margin)
         return _Judgement("fragmentation", (
             f"Fragmentation within the {cap} budget: replayed exactly, {best or '(default)'} serves the program "
             f"through the failed {fs(request)} request under the same budget{spare}, where the recorded setting "
-            f"fails{later}."), recommendation=best, confirm=confirm_command(best, budget.bytes, cmd))
+            f"fails{later}."), recommendation=best, confirm=confirm_command(best, budget.bytes, cmd), margin=margin)
     needs = [(x.min_budget, x.config) for x in w.rows if x.min_budget is not None]
     if needs:
         need, conf = min(needs)
@@ -336,7 +346,7 @@ def diagnose_snapshot(
         pinned=tuple(pinned[:top]), pinned_count=len(pinned), pinned_free=pinned_free, what_if=what_if,
         recommendation=judged.recommendation, evidence=tuple(evidence), memory_map=mm, reproduced=reproduced,
         undecided=judged.undecided, needs=judged.needs, needs_setting=judged.needs_setting,
-        ends_at_oom=ends_at_oom, confirm=judged.confirm,
+        ends_at_oom=ends_at_oom, confirm=judged.confirm, margin=judged.margin,
     )
 
 

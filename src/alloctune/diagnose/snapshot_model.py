@@ -153,11 +153,27 @@ class WhatIf:
 
 
 @dataclass(frozen=True)
+class Margin:
+    """Headroom the best serving setting leaves under the budget after the failed request (its replay's
+    peak reserved so far): `bytes` = budget - that peak (<= 0: none left), `fraction` of the budget, and
+    `thin` when it is under the share (`diagnose.snapshot.THIN_MARGIN`) that the rest of a run needs."""
+
+    bytes: int
+    fraction: float
+    thin: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"bytes": self.bytes, "fraction": self.fraction, "thin": self.thin}
+
+
+@dataclass(frozen=True)
 class SnapshotDiagnosis:
     source: str
-    # Within the budget: "fragmentation" (a setting serves the failed request under it), "shortage"
-    # (none does: `needs` says how much the run needs to get that far), "unknown" (the replays could
-    # not decide: the budget or the history is not what the run had; `undecided` says why).
+    # Within the budget: "fragmentation" (a setting serves the failed request under it with room to
+    # spare), "borderline" (a setting serves it, but with a thin margin or none, in a history that ends
+    # at the OOM: no recommendation, `confirm` settles it), "shortage" (none does: `needs` says how
+    # much the run needs to get that far), "unknown" (the replays could not decide: the budget or the
+    # history is not what the run had; `undecided` says why).
     verdict: str
     summary: str
     state_source: str  # "snapshot-at-oom", "replayed-history" or "snapshot-final"
@@ -189,9 +205,12 @@ class SnapshotDiagnosis:
     needs_setting: str | None = None
     ends_at_oom: bool = True  # the history stops at the OOM: later requests are not known
     confirm: str | None = None  # the command that settles whether the recommendation completes the run
+    margin: Margin | None = None  # the best serving setting's headroom (None: no setting serves it)
 
     def to_dict(self, with_map: bool = True) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("pinned", "what_if", "memory_map")}
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__
+             if k not in ("pinned", "what_if", "memory_map", "margin")}
+        d["margin"] = self.margin.to_dict() if self.margin is not None else None
         d["schema"] = SCHEMA
         d["evidence"] = list(self.evidence)
         d["pinned"] = [p.to_dict() for p in self.pinned]
@@ -202,9 +221,11 @@ class SnapshotDiagnosis:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "SnapshotDiagnosis":
-        kw = {k: d[k] for k in cls.__dataclass_fields__ if k in d and k not in ("pinned", "what_if", "memory_map")}
+        kw = {k: d[k] for k in cls.__dataclass_fields__ if k in d and k not in ("pinned", "what_if", "memory_map", "margin")}
         kw["evidence"] = tuple(d.get("evidence", ()))
         kw["pinned"] = tuple(PinnedSegment.from_dict(p) for p in d.get("pinned", ()))
         kw["what_if"] = tuple(WhatIf.from_dict(w) for w in d.get("what_if", ()))
         kw["memory_map"] = MemoryMap.from_dict(d.get("memory_map", {}))
+        m = d.get("margin")
+        kw["margin"] = Margin(int(m["bytes"]), float(m["fraction"]), bool(m["thin"])) if m else None
         return cls(**kw)
