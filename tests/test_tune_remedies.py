@@ -303,3 +303,19 @@ def test_where_nothing_fits_a_training_program_gets_one_checkpointing_run_and_it
     inference = FakeEvaluator(checkpointing_saving=600 * MiB)
     _train_tune(inference, 1700)
     assert not inference.checkpointing_calls  # no backward in the baseline: no checkpointing run
+
+
+def test_a_recommendation_whose_run_survived_caught_ooms_says_so_with_the_fallback_free_budget():
+    """#37: a completing run that survived OOMs the program caught (cuDNN's fallbacks) is said so, with the
+    budget where none happen (the simulated need of the recording as made)."""
+    from alloctune.tune.recommend import recommend
+
+    plain = _tune(FakeEvaluator(), 2600)
+    assert plain.ranking.best is not None and recommend(plain).fallbacks is None
+    best = plain.ranking.best.candidate.conf
+    ev = FakeEvaluator(caught_ooms={best: 5})
+    res = _tune(ev, 2600)
+    rec = recommend(res)
+    assert rec.conf == best and rec.fallbacks is not None and rec.fallbacks["ooms_caught"] == 5
+    assert rec.fallbacks["fallback_free_budget"] == ev.need(best)  # the fake simulator is exact
+    assert "survived 5 out-of-memory error(s)" in rec.summary and rec.to_dict()["fallbacks"]["ooms_caught"] == 5

@@ -18,10 +18,14 @@ class Recommendation:
     conf: str | None  # None: nothing completes at the budget; "": keep the default
     summary: str  # one sentence
     lines: dict[str, str] = field(default_factory=dict)  # shell -> text that sets it
+    # the recommended setting's completing runs that survived OOMs the program caught (a library falling
+    # back to smaller workspaces): {"ooms_caught", "run_budget", "fallback_free_budget"}; None: none did
+    fallbacks: dict[str, Any] | None = None
     reasons: dict[str, str] = field(default_factory=dict)  # other conf -> why it lost
 
     def to_dict(self) -> dict[str, Any]:
-        return {"conf": self.conf, "summary": self.summary, "lines": dict(self.lines), "reasons": dict(self.reasons)}
+        return {"conf": self.conf, "summary": self.summary, "lines": dict(self.lines), "reasons": dict(self.reasons),
+                "fallbacks": dict(self.fallbacks) if self.fallbacks is not None else None}
 
 
 def recommend(result: TuneResult) -> Recommendation:
@@ -77,7 +81,33 @@ def recommend(result: TuneResult) -> Recommendation:
         vs = f" (default: {format_mib(default.min_budget)})"
     return Recommendation(
         best.candidate.conf,
-        f"use {best.candidate.conf}: completes under {budget} with min_budget {format_mib(best.min_budget or 0)}{vs}",
+        f"use {best.candidate.conf}: completes under {budget} with min_budget {format_mib(best.min_budget or 0)}{vs}"
+        + _fallback_words(fallbacks := caught_fallbacks(result, best)),
         lines=lines,
         reasons=reasons,
+        fallbacks=fallbacks,
     )
+
+
+def caught_fallbacks(result: TuneResult, best: Any) -> dict[str, Any] | None:
+    """The recommended setting's completing runs at or below the user's budget that survived OOMs the
+    program caught itself (cuDNN answers a failed workspace with another algorithm): the most OOMs one
+    such run caught, the budget of the lowest such run, and the budget where none happen (the simulated
+    need of the recording as made, every request at its full size; None when not simulated)."""
+    conf = best.candidate.conf
+    caught = [t.result for t in result.trials if t.result.conf == conf and t.result.passed and t.result.num_ooms
+              and t.result.budget is not None and t.result.budget <= result.budget]
+    if not caught:
+        return None
+    return {"ooms_caught": max(int(r.num_ooms or 0) for r in caught), "run_budget": min(int(r.budget or 0) for r in caught),
+            "fallback_free_budget": best.sim_min_budget}
+
+
+def _fallback_words(fb: dict[str, Any] | None) -> str:
+    if fb is None:
+        return ""
+    free = (f"; without fallbacks it needs about {format_mib(fb['fallback_free_budget'])} (simulated, every request "
+            "at the size the uncapped run asked for)" if fb["fallback_free_budget"] else "")
+    return (f"; its completing run at {format_mib(fb['run_budget'])} survived {fb['ooms_caught']} out-of-memory "
+            "error(s) the program caught itself (a library such as cuDNN fell back to algorithms with smaller "
+            f"workspaces, which can run slower){free}")
