@@ -89,3 +89,26 @@ def test_the_hook_switches_the_first_model_trained_once() -> None:
     finally:
         handle.remove()
     assert enabled == ["Net: torch.utils.checkpoint around 3 x Block"] and not notes
+
+
+def test_run_trial_switches_it_on_in_the_child_and_reports_it(tmp_path) -> None:
+    """End to end through the agent loaded by path in a fresh interpreter (a CPU program: the trial's
+    outcome is no-cuda, the switch and its report are the same)."""
+    import sys
+
+    from alloctune.run.runner import run_trial
+
+    prog = tmp_path / "train.py"
+    prog.write_text(
+        "import torch\n"
+        "class Block(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__(); self.a = torch.nn.Linear(8, 8); self.b = torch.nn.Linear(8, 8)\n"
+        "    def forward(self, x): return x + self.b(torch.relu(self.a(x)))\n"
+        "net = torch.nn.Sequential(Block(), Block(), torch.nn.Linear(8, 2))\n"
+        "for _ in range(2):\n"
+        "    net(torch.randn(4, 8)).sum().backward()\n")
+    on = run_trial([sys.executable, str(prog)], checkpointing=True, capture=tmp_path / "on.log")
+    off = run_trial([sys.executable, str(prog)], capture=tmp_path / "off.log")
+    assert on.checkpointing == ("Sequential: torch.utils.checkpoint around 2 x Block",)
+    assert off.checkpointing is None

@@ -139,9 +139,7 @@ class Agent(_outputs.AgentOutputs):
                 self._note(f"cannot switch autograd off: {exc}")
         if self.config.get("checkpointing"):
             try:
-                from alloctune.agent.checkpointing import install
-
-                install(torch, self.checkpointing_enabled, self._note)
+                _sibling("checkpointing").install(torch, self.checkpointing_enabled, self._note)
             except Exception as exc:
                 self._note(f"cannot switch checkpointing on: {exc}")
         if self.config.get("cudnn_benchmark") is not None:

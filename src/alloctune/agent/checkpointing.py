@@ -9,7 +9,8 @@ autograd on, the outermost such module gets checkpointing the way its library of
   appears there at least twice and has children of its own -- runs through
   `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`.
 Its submodules are then left alone (one model is switched once). What was switched is listed in
-the agent's report (`checkpointing`).
+the agent's report (`checkpointing`). Standard library only, like the rest of the agent (it is
+loaded by file path in the user's interpreter): torch is the one the program imported.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def enable(module: Any, torch: Any) -> str | None:
 
 
 def _checkpointed(forward: Callable[..., Any], torch: Any) -> Callable[..., Any]:
-    from torch.utils.checkpoint import checkpoint
+    checkpoint = torch.utils.checkpoint.checkpoint
 
     def run(*args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
