@@ -44,3 +44,18 @@ def test_missing_provider_fails_clearly(monkeypatch):
 def test_provided_entry_point_is_called(monkeypatch):
     monkeypatch.setitem(api.PROVIDERS, "plan", ("alloctune.units", "format_size"))
     assert api.plan(2048) == "2.00 KiB"
+
+
+def test_no_entry_point_returns_any():
+    """Every public function of `alloctune.api` names what it returns (a typed record, not `Any`)."""
+    import inspect
+
+    from alloctune import api
+
+    for name in api.__all__:
+        obj = getattr(api, name)
+        if not inspect.isfunction(obj):
+            continue
+        ret = inspect.signature(obj).return_annotation
+        assert ret is not inspect.Signature.empty, name
+        assert "Any" != str(ret).strip() and not str(ret).startswith("Any"), (name, ret)

@@ -19,12 +19,20 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from alloctune.config.effective import check_setting
 from alloctune.errors import AlloctuneError
 from alloctune.sim.simulate import simulate
 from alloctune.trace.service import convert_trace, trace_info
+
+if TYPE_CHECKING:  # the result types, named without importing their packages at run time
+    from alloctune.diagnose.snapshot_model import SnapshotDiagnosis
+    from alloctune.diagnose.verdict import Diagnosis
+    from alloctune.explain.model import Comparison, Explanation, RankImbalance
+    from alloctune.plan.answer import PlanResult
+    from alloctune.run.record import Recording
+    from alloctune.tune.session import TuneOutcome
 
 __all__ = [
     "ApiUnavailable", "check_setting", "convert_trace", "diagnose", "diagnose_all", "diagnose_snapshot", "explain",
@@ -45,7 +53,7 @@ class ApiUnavailable(AlloctuneError):
     exit_code = 2
 
 
-def _provided(name: str) -> Any:
+def _provided(name: str) -> Callable[..., Any]:
     module, attr = PROVIDERS[name]
     if importlib.util.find_spec(module) is None:
         raise ApiUnavailable(f"alloctune.api.{name} is not available: module {module} is not in this build")
@@ -55,14 +63,14 @@ def _provided(name: str) -> Any:
     return func
 
 
-def diagnose(text_or_exception: object, platform: str | None = None) -> Any:
+def diagnose(text_or_exception: object, platform: str | None = None) -> Diagnosis:
     """The `Diagnosis` of the last OOM message in a text, a log, or a caught exception."""
     from alloctune.diagnose import diagnose as _diagnose
 
     return _diagnose(text_or_exception, platform)
 
 
-def diagnose_all(text_or_exception: object, platform: str | None = None) -> list:
+def diagnose_all(text_or_exception: object, platform: str | None = None) -> list[Diagnosis]:
     """One `Diagnosis` per distinct OOM message, in order."""
     from alloctune.diagnose import diagnose_all as _diagnose_all
 
@@ -70,26 +78,29 @@ def diagnose_all(text_or_exception: object, platform: str | None = None) -> list
 
 
 def diagnose_snapshot(snapshot: Any, *, budget: int | str | None = None, device: int = 0, oom: int = -1,
-                      what_if: bool = True) -> Any:
+                      what_if: bool = True) -> SnapshotDiagnosis:
     """The `SnapshotDiagnosis` of the OOM recorded in a snapshot file (`alloctune diagnose --snapshot`)."""
     from alloctune.diagnose.service import explain_snapshot
 
     return explain_snapshot(snapshot, budget=budget, device=device, oom=oom, what_if=what_if)
 
 
-def tune(*args: Any, **kwargs: Any) -> Any:
+def tune(*args: Any, **kwargs: Any) -> TuneOutcome:
     """Sweep allocator settings for a workload (`alloctune tune`); see `alloctune.tune.tune`."""
-    return _provided("tune")(*args, **kwargs)
+    out: TuneOutcome = _provided("tune")(*args, **kwargs)
+    return out
 
 
-def record(*args: Any, **kwargs: Any) -> Any:
+def record(*args: Any, **kwargs: Any) -> Recording:
     """Record a workload's allocator history (`alloctune record`); see `alloctune.run.record.record`."""
-    return _provided("record")(*args, **kwargs)
+    out: Recording = _provided("record")(*args, **kwargs)
+    return out
 
 
-def plan(*args: Any, **kwargs: Any) -> Any:
+def plan(*args: Any, **kwargs: Any) -> PlanResult:
     """Answer sizing questions from recordings at several input sizes; see `alloctune.plan.plan`."""
-    return _provided("plan")(*args, **kwargs)
+    out: PlanResult = _provided("plan")(*args, **kwargs)
+    return out
 
 
 def installed_versions() -> dict[str, Any]:
@@ -117,7 +128,7 @@ def installed_versions() -> dict[str, Any]:
     }
 
 
-def explain(recording: Any, *, against: Any = None, **kwargs: Any) -> Any:
+def explain(recording: Any, *, against: Any = None, **kwargs: Any) -> Explanation | Comparison | RankImbalance:
     """Where the memory goes at the peak / OOM / `at` of a recording (`alloctune explain`): an
     `Explanation` (`.to_dict()`: schema `alloctune.explain/2`); with `against`, a `Comparison`
     splitting the gap in peak reserved exactly by category and site; a list of recordings (the ranks

@@ -10,10 +10,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from alloctune.errors import InputError
 from alloctune.progress import Progress, no_progress
+
+if TYPE_CHECKING:
+    from alloctune.diagnose.snapshot_model import SnapshotDiagnosis
 
 
 def _stdin(stdin: BinaryIO | None) -> BinaryIO:
@@ -106,7 +109,7 @@ def explain_snapshot(
     what_if: bool = True,
     progress: Progress = no_progress,
     log_text: str | None = None,
-) -> Any:
+) -> SnapshotDiagnosis:
     """The `SnapshotDiagnosis` of the OOM recorded in `snapshot` (`oom`: which one, -1 = last).
 
     `budget`: the per-process cap the run had (bytes, or text with a unit); without it, the cap

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from alloctune.explain.core import TOP_SITES, analyse, explain_trace
-from alloctune.explain.model import CATEGORIES, OVERHEAD, Comparison, Explanation, Site
+from alloctune.explain.model import CATEGORIES, OVERHEAD, Comparison, Explanation, RankImbalance, Site
 from alloctune.progress import Progress, no_progress
 from alloctune.trace.model import Trace
 
@@ -193,10 +193,9 @@ def rank_of(path: str | Path, default: int) -> int:
 
 
 def explain_ranks(recordings: Sequence[str | Path | Trace], *, group: str = "line", top: int = TOP_SITES,
-                  device: int | None = None) -> "RankImbalance":
+                  device: int | None = None) -> RankImbalance:
     """Each rank of one program explained at its own peak, and the imbalance by category and site."""
     from alloctune.errors import InputError
-    from alloctune.explain.model import RankImbalance
 
     if len(recordings) < 2:
         raise InputError("explaining ranks needs two recordings or more (one per rank)")

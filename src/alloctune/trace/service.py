@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from alloctune.errors import InputError
 from alloctune.progress import Progress, no_progress
 from alloctune.schema import schema_id
+
+if TYPE_CHECKING:
+    from alloctune.trace.summary import TraceSummary
 
 
 def _check_device(device: int | None) -> None:
@@ -21,7 +24,7 @@ def _check_device(device: int | None) -> None:
 
 
 def trace_info(file: str | Path, device: int | None = None, *, partial: bool = False,
-               progress: Progress = no_progress) -> Any:
+               progress: Progress = no_progress) -> TraceSummary:
     """The `TraceSummary` of a snapshot or compact trace (requests, peaks, segment events, settings)."""
     from alloctune.trace.load import load_trace
     from alloctune.trace.summary import summarize

@@ -7,10 +7,13 @@ the whole thing in one call (`alloctune.api.tune`); see `alloctune.tune.session`
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:
+    from alloctune.tune.session import TuneOutcome
 
 
-def tune(command: Sequence[str], **options: Any) -> Any:
+def tune(command: Sequence[str], **options: Any) -> TuneOutcome:
     """Tune `command` (see `alloctune.tune.session.prepare` for the options) → `TuneOutcome`.
 
     Imported lazily so `import alloctune.tune` stays cheap.
