@@ -124,7 +124,8 @@ def test_page_is_self_contained_and_links_sites_to_their_blocks(view, tmp_path):
         n = html.count(f'<rect class="blk" data-site="{anchor}"')
         assert n >= 1, anchor  # every listed site has blocks at the moment, each linked to its row
         assert f'body:has(#{anchor}:target) svg .blk[data-site="{anchor}"]' in html
-    assert html.count('class="col"') == 2 * len(v.over_time.request)  # hover targets of both charts
+    charts = 3 if v.over_time.phases else 2  # categories, sites, and phases on a training recording
+    assert html.count('class="col"') == charts * len(v.over_time.request)  # hover targets of every chart
 
 
 def test_cli_explain_html(tmp_path):

@@ -214,3 +214,24 @@ def test_sgd_rewrite_is_the_program_written_with_sgd() -> None:
     assert rems["optimizer_sgd"].min_budget == min_budget(sgd, "", sgd)
     assert rems["optimizer_8bit"].min_budget is not None
     assert rems["optimizer_8bit"].min_budget < rems["optimizer_sgd"].min_budget
+
+
+def test_the_page_charts_phases_over_the_run_and_they_sum_to_allocated(tmp_path: Path) -> None:
+    from alloctune.report.explain_html import write_explain_html
+    from alloctune.report.explain_view import explain_view
+
+    trace = trace_from_snapshot(layered_program()[0], source="page")
+    ex = explain(trace, what_if=False)
+    ot = explain_view(trace, ex).over_time
+    assert list(ot.phases) == [p.name for p in ex.phases]
+    for i, allocated in enumerate(ot.allocated):
+        assert sum(col[i] for col in ot.phases.values()) == allocated
+    assert {p: col[ot.moment] for p, col in ot.phases.items()} == {p.name: p.bytes for p in ex.phases}
+    import pickle
+
+    rec = tmp_path / "layered.pickle"
+    rec.write_bytes(pickle.dumps(layered_program()[0]))
+    html = (tmp_path / "page.html")
+    write_explain_html(rec, html, what_if=False)
+    text = html.read_text()
+    assert 'data-phase="backward"' in text and "by the phase that made it" in text

@@ -60,7 +60,8 @@ def _provided(name: str) -> Callable[..., Any]:
     func = getattr(importlib.import_module(module), attr, None)  # real import errors propagate as they are
     if not callable(func):
         raise ApiUnavailable(f"alloctune.api.{name} is not available: {module} has no function {attr}()")
-    return func
+    entry: Callable[..., Any] = func
+    return entry
 
 
 def diagnose(text_or_exception: object, platform: str | None = None) -> Diagnosis:

@@ -15,7 +15,8 @@ What it does, in order:
    applied (`set_per_process_memory_fraction(budget / total_memory)`), allocator history is
    recorded if asked (`--record`: full history; `--on-oom snapshot`: a bounded ring dumped
    when an OOM happens), the OOM observer is attached, and the live sampler starts.
-3. At exit (normal, exception, OOM, `sys.exit`, SIGTERM) it writes `report.<pid>.json` (`report.rank<R>.<pid>.json` in a rank of a multi-process job)
+3. At exit (normal, exception, OOM, `sys.exit`, SIGTERM) it writes `report.<pid>.json`
+   (`report.rank<R>.<pid>.json` in a rank of a multi-process job)
    into the report directory (schema `REPORT_SCHEMA`, see `build_report`).
 
 What it writes -- the report, the snapshots, the live samples `alloctune watch` reads -- is

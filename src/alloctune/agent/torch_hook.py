@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 
+
 class _TorchImportHook:
     """A meta-path finder that lets `torch` import normally, then calls `on_import(torch)`.
 

@@ -59,7 +59,6 @@ def register(app: typer.Typer) -> None:
         knobs = knobs_for(version)
         if json_out:
             from alloctune.cli.common import print_json
-
             from alloctune.schema import with_schema
 
             print_json(with_schema("config-knobs", {"torch": torch, "knobs": [k.to_dict() for k in knobs]}))

@@ -14,8 +14,10 @@ from alloctune.cli.common import console, print_json
 def register(app: typer.Typer) -> None:
     @app.command("demo")
     def demo(
-        trace: Optional[str] = typer.Option(None, "--trace", help="Trace file, or the name of a shipped trace (see --list); default: the shipped RVC trace."),
-        budget: Optional[str] = typer.Option(None, "--budget", help="Also say whether each setting fits this per-process budget, e.g. 1.6GiB."),
+        trace: Optional[str] = typer.Option(
+            None, "--trace", help="Trace file, or the name of a shipped trace (see --list); default: the shipped RVC trace."),
+        budget: Optional[str] = typer.Option(
+            None, "--budget", help="Also say whether each setting fits this per-process budget, e.g. 1.6GiB."),
         gpu: Optional[bool] = typer.Option(
             None, "--gpu/--no-gpu", help="Tune the RVC workload on the GPU (default: when one is present)."
         ),
@@ -23,8 +25,8 @@ def register(app: typer.Typer) -> None:
         list_traces: bool = typer.Option(False, "--list", help="List the shipped traces and exit."),
     ) -> None:
         """Show alloctune at work: tune RVC on a GPU, or simulate a real RVC trace without one."""
-        from alloctune.sim import demo as core
         from alloctune.cli import demo_view
+        from alloctune.sim import demo as core
         from alloctune.units import parse_user_size
 
         if list_traces:

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-
 from rich.markup import escape
 
 from alloctune.cli.common import console, print_json
@@ -44,7 +43,8 @@ def render_diagnosis(d, index: int, count: int) -> None:
     if d.working_fixes:
         console.print("[bold]Fixes[/bold] (best first)")
     for rank, f in enumerate(d.working_fixes, 1):
-        console.print(f"[bold]{rank}. {escape(f.title)}[/bold]" + (f" [dim](requires {escape(f.requires)})[/dim]" if f.requires else ""))
+        requires = f" [dim](requires {escape(f.requires)})[/dim]" if f.requires else ""
+        console.print(f"[bold]{rank}. {escape(f.title)}[/bold]" + requires)
         console.print(Padding(Text(f.why), (0, 0, 0, 3)))
         forms = [*f.shell_forms().items(), *([("python", f.code)] if f.code else [])]
         for shell, text in forms:

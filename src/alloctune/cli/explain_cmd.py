@@ -15,7 +15,8 @@ def register(app: typer.Typer) -> None:
             ..., metavar="RECORDING...",
             help="Snapshot (.pickle[.gz|.xz]) or compact trace; several: the ranks of one job (NAME.rankN.pickle)."),
         against: Optional[Path] = typer.Option(
-            None, "--against", metavar="RECORDING", help="Split the gap in peak reserved to this recording by site and category."),
+            None, "--against", metavar="RECORDING",
+            help="Split the gap in peak reserved to this recording by site and category."),
         at: Optional[str] = typer.Option(
             None, "--at", metavar="EVENT|SECONDSs", help="Event index, or a time like 12.5s (default: OOM, else peak reserved)."),
         group: str = typer.Option("line", "--group", metavar="line|function|file|module|model|layer",
@@ -24,7 +25,8 @@ def register(app: typer.Typer) -> None:
         what_if: bool = typer.Option(True, "--what-if/--no-what-if", help="Simulate the min budget with each kept site freed."),
         what_if_dir: Optional[Path] = typer.Option(
             None, "--what-if-dir", metavar="DIR", help="Write each what-if's rewritten recording here (for alloctune simulate)."),
-        device: Optional[int] = typer.Option(None, "--device", "-d", metavar="N", help="Device index (needed if several recorded)."),
+        device: Optional[int] = typer.Option(
+            None, "--device", "-d", metavar="N", help="Device index (needed if several recorded)."),
         json_out: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
         calibration: Optional[List[Path]] = typer.Option(
             None, "--calibration", metavar="FILE",

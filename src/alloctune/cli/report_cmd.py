@@ -30,9 +30,9 @@ def register(app: typer.Typer) -> None:
         PNG figures: reserved vs allocated over time, peaks and min_budget per setting, the
         segment map at the peak or the OOM."""
         from alloctune.cli.common import console, print_json
+        from alloctune.cli.views import snapshot_view
         from alloctune.report import build_report, write_report
         from alloctune.report.model import min_budgets
-        from alloctune.cli.views import snapshot_view
         from alloctune.report.tables import SETTINGS_HEADER, settings_cells
 
         if device is not None and device < 0:

@@ -40,7 +40,7 @@ def register(app: typer.Typer) -> None:
             "simulated allocator work of the best could slow it by the tolerance, and never when the default does not "
             "complete at the budget: it has no rate there to compare with) or measure (always sample the best alone)."
         ),
-        store: Optional[Path] = typer.Option(None, "--store", help="Results store (JSONL); default under ~/.cache/alloctune/tune/."),
+        store: Optional[Path] = typer.Option(None, "--store", help="Results store (JSONL); default: ~/.cache/alloctune/tune/."),
         resume: bool = typer.Option(False, "--resume", help="Continue the sweep in the store, skipping finished trials."),
         simulate_first: bool = typer.Option(
             False, "--simulate-first", help="exhaustive: rank all candidates with the simulator, run only the top three."
@@ -74,8 +74,8 @@ def register(app: typer.Typer) -> None:
         """
         from alloctune.cli.common import err_console, print_json, warn
         from alloctune.cli.tune_view import render_result, render_trials
-        from alloctune.progress import TrialLines
         from alloctune.errors import AlloctuneError
+        from alloctune.progress import TrialLines
         from alloctune.tune.session import prepare
         from alloctune.units import parse_user_size
 
@@ -83,7 +83,8 @@ def register(app: typer.Typer) -> None:
         session = prepare(
             command, budget=parse_user_size(budget, "--budget") if budget is not None else None, knobs=knobs, strategy=strategy,
             platform=platform, store=store, resume=resume, simulate_first=simulate_first, repeat=repeat,
-            timeout=timeout, max_gpu_runs=max_gpu_runs, throughput=throughput, on_trial_start=shown.started, on_trial_end=shown.finished,
+            timeout=timeout, max_gpu_runs=max_gpu_runs, throughput=throughput, on_trial_start=shown.started,
+            on_trial_end=shown.finished,
             progress=shown.simulating, executor_name=executor, jobs=jobs, address=address, remedies=remedies,
         )
         shown.count = lambda: len(session.tuner.trials)

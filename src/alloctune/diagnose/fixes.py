@@ -9,8 +9,8 @@ expandable_segments" on a forum learns why it does nothing for them.
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from alloctune.config import shells

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from alloctune.diagnose.fixes import Fix
-from alloctune.diagnose.scan import Found
 from alloctune.diagnose.report import OOMReport
+from alloctune.diagnose.scan import Found
 from alloctune.diagnose.verdict import Diagnosis, FirstFix, Verdict, diagnose_report, verdict_only
 from alloctune.units import format_size
 

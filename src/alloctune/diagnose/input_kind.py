@@ -74,9 +74,8 @@ def open_input(path: str | Path, *, expected: str, error: type[InputError] = Inp
     import gzip
     import lzma
 
-    from alloctune.trace.safe_pickle import sniff_compression
-
     from alloctune.trace.input_file import existing_file
+    from alloctune.trace.safe_pickle import sniff_compression
 
     p = existing_file(path, expected=expected, error=error)
     try:

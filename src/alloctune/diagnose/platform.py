@@ -13,7 +13,6 @@ from collections.abc import Iterator
 
 from alloctune.diagnose import native
 
-
 # (name, cheap substrings that must occur, regex giving the evidence); the first platform with a
 # hit wins: WSL over Windows (a Linux process on a Windows driver), Windows over Linux (Windows
 # paths rarely appear by accident). The substring test keeps big logs fast.

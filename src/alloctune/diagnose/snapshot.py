@@ -40,8 +40,8 @@ from alloctune.diagnose.memory_map import (  # noqa: F401  (re-exported: the sna
 from alloctune.diagnose.snapshot_model import (  # noqa: F401
     SCHEMA,
     BlockView,
-    MemoryMap,
     Margin,
+    MemoryMap,
     PinnedSegment,
     SegmentView,
     SnapshotDiagnosis,

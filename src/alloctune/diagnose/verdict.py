@@ -266,7 +266,8 @@ def _without_request(b: _Builder) -> Any:
         b.ev(f"device total: {_fs(T)}")
     if A is not None:
         b.ev(f"allocated by PyTorch: {_fs(A)}")
-    b.ev(f"reserved but unallocated: {_fs(U)}" + (" (derived: reserved - allocated)" if "reserved_unallocated" in r.derived else ""))
+    b.ev(f"reserved but unallocated: {_fs(U)}"
+             + (" (derived: reserved - allocated)" if "reserved_unallocated" in r.derived else ""))
     if F is not None:
         b.ev(f"device free: {_fs(F)}: the request was larger than this (the device refused it after the cache was released)")
         b.ev(f"a request up to {_fs(U + F)} (cached {_fs(U)} + free {_fs(F)}) failed from fragmentation; "
@@ -281,19 +282,20 @@ def _without_request(b: _Builder) -> Any:
 
 def _mps(b: _Builder) -> Any:
     r = b.r
-    X, A, O, cap = r.requested or 0, r.allocated, r.other_allocations, r.cap
-    if A is None or cap is None:
+    requested, allocated, other, cap = r.requested or 0, r.allocated, r.other_allocations, r.cap
+    if allocated is None or cap is None:
         return b.done("unknown", "the MPS message was cut before its figures")
-    need = A + (O or 0) + X
-    b.ev(f"MPS allocated {_fs(A)} + other allocations {_fs(O or 0)} + request {_fs(X)} = {_fs(need)}")
+    need = allocated + (other or 0) + requested
+    b.ev(f"MPS allocated {_fs(allocated)} + other allocations {_fs(other or 0)} + request {_fs(requested)} "
+         f"= {_fs(need)}")
     b.ev(f"max allowed (high watermark): {_fs(cap)}")
     for name in ("expandable_segments", "max_split_size_mb"):
         b.fix(Fix, name, name, "MPS has no such option: it belongs to the CUDA/ROCm caching allocator "
               "(PYTORCH_CUDA_ALLOC_CONF is not read on MPS)", works=False)
     if need + tol(need) + tol(cap) >= cap:
         short = max(0, need - cap)
-        b.fix(fx.mps_watermark, r, need, tol(A) + tol(O) + tol(X) + tol(cap), at=0)
-        b.fix(fx.reduce_work, r, max(short, X), A + X, at=1)
+        b.fix(fx.mps_watermark, r, need, tol(allocated) + tol(other) + tol(requested) + tol(cap), at=0)
+        b.fix(fx.reduce_work, r, max(short, requested), allocated + requested, at=1)
         return b.done("cap", f"the MPS high-watermark limit ({_fs(cap)}) was reached; the process needed "
                       f"{_fs(need)}", short)
     return b.done("unknown", "allocated + other + request stays under the MPS limit; the system itself is out of "
@@ -432,7 +434,8 @@ def _native_evidence(b: _Builder) -> None:
     if R is not None:
         b.ev(f"reserved by PyTorch: {_fs(R)}" + (" (derived: allocated + unallocated)" if "reserved" in r.derived else ""))
     if U is not None:
-        b.ev(f"reserved but unallocated: {_fs(U)}" + (" (derived: reserved - allocated)" if "reserved_unallocated" in r.derived else ""))
+        b.ev(f"reserved but unallocated: {_fs(U)}"
+             + (" (derived: reserved - allocated)" if "reserved_unallocated" in r.derived else ""))
     if F is not None:
         b.ev(f"device free: {_fs(F)}")
     if r.process_in_use is not None:

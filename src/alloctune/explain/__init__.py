@@ -10,19 +10,23 @@ site's kept blocks would save. Pure Python over plain data: no torch.
 
 from __future__ import annotations
 
+from typing import Any
+
 from alloctune.explain.model import CATEGORIES, SCHEMA, Category, Comparison, Explanation, Site, WhatIfResult
 
 __all__ = ["CATEGORIES", "SCHEMA", "Category", "Comparison", "Explanation", "Site", "WhatIfResult", "explain",
            "explain_against"]
 
 
-def explain(*args, **kwargs):  # noqa: ANN002, ANN003 - see alloctune.explain.api.explain
+def explain(*args: Any, **kwargs: Any) -> Explanation:
+    """See `alloctune.explain.api.explain` (imported on the first call: `import alloctune.explain` stays cheap)."""
     from alloctune.explain.api import explain as _explain
 
     return _explain(*args, **kwargs)
 
 
-def explain_against(*args, **kwargs):  # noqa: ANN002, ANN003 - see alloctune.explain.api.explain_against
+def explain_against(*args: Any, **kwargs: Any) -> Comparison:
+    """See `alloctune.explain.api.explain_against`."""
     from alloctune.explain.api import explain_against as _against
 
     return _against(*args, **kwargs)

@@ -36,8 +36,8 @@ def with_calibrations(trace: Trace, calibrations: Sequence[str | Path | Trace]) 
         caps.append(m.calibration_cap)
         model = m if model is None else combine(model, m)
     if model is None or not model.ladders:
-        return trace, (f"the calibration run(s) taught no fallback: no request of this recording fell back to a "
-                       f"smaller one there (min budgets are those of the recording as it ran)")
+        return trace, ("the calibration run(s) taught no fallback: no request of this recording fell back to a "
+                       "smaller one there (min budgets are those of the recording as it ran)")
     general = generalise(model, trace)
     carried = len(general.general) if general.general else 0
     shown = ", ".join(f"{c / 2**20:.0f} MiB" for c in caps if c) or "unknown caps"
@@ -165,7 +165,7 @@ def explain_against(
     rows = [Site(**{**s.__dict__, "delta": s.bytes - a_sites.get(s.site, 0)}) for s in b.sites]
     only_a = tuple(sorted(((s, -v) for s, v in a_sites.items() if s not in {r.site for r in rows}),
                           key=lambda x: x[1]))
-    total = sum(r.delta for r in rows) + sum(v for _, v in only_a) + sum(cat[c] for c in OVERHEAD)
+    total = sum(r.delta or 0 for r in rows) + sum(v for _, v in only_a) + sum(cat[c] for c in OVERHEAD)
     if total != gap or sum(cat.values()) != gap:
         from alloctune.errors import TraceError
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from alloctune.errors import TraceError
@@ -92,12 +92,12 @@ class Analysis:
     group: str = "line"
     # per allocation: outlived, and kept again and again (not a first-time workspace or cache); growth,
     # the growing category and the what-ifs read this (None: the same as `outlived`)
-    kept: list[bool] | None = None
+    kept: list[bool] = field(default_factory=list)
     phase_of: list[str] | None = None  # per allocation: its phase (`explain.phases`)
     model_of: list[str | None] | None = None  # per allocation: its model-code frame's label
 
     def __post_init__(self) -> None:
-        if self.kept is None:
+        if len(self.kept) != len(self.outlived):
             self.kept = list(self.outlived)
 
 
@@ -144,8 +144,9 @@ def analyse(trace: Trace, group: str = "line", repeat_marks: Sequence[int] | Non
             label, lib = sitemod.NO_FRAMES, None
         else:
             label, lib = stack_labels[sid], stack_libs[sid]
-            if layers is not None and layers[k] is not None and infos[sid].model >= 0:
-                label = f"{label} [layer {layers[k][0]} of {layers[k][1]}]"
+            layer = layers[k] if layers is not None else None
+            if layer is not None and infos[sid].model >= 0:
+                label = f"{label} [layer {layer[0]} of {layer[1]}]"
         i = label_id.get(label)
         if i is None:
             if len(labels) >= MAX_SITES:

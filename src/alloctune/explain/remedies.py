@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from alloctune.explain.core import Analysis
-from alloctune.explain.what_if import WHAT_IF_ABS_TOL, WHAT_IF_REL_TOL, recorded_conf, rewritten
 from alloctune.explain.repeats import loop_tops
+from alloctune.explain.what_if import WHAT_IF_ABS_TOL, WHAT_IF_REL_TOL, recorded_conf, rewritten
 from alloctune.trace.model import EMPTY_CACHE, RequestStream, Trace
 from alloctune.units import utilization
 

@@ -73,7 +73,7 @@ def find_repeats(req: RequestStream, live_bytes: Sequence[int] | None = None) ->
     alloc_reqs: list[int] = []
     for r, op in enumerate(ops):
         if op == ALLOC:
-            key = ids[r] if use_stacks else sizes[r]
+            key = ids[r] if ids is not None else sizes[r]
             if use_stacks and key < 0:
                 key = -1 - sizes[r]  # no frames (backward thread): key by size, kept apart from stack ids
             lst = positions.get(key)

@@ -7,7 +7,8 @@ acts on the line they wrote. Between the two lies the model's own code: the inne
 outside torch and the standard library (`transformers/models/bert/modeling_bert.py:350`, or
 the user's own module), named with its class where the source file can be read
 (`BertSelfAttention.forward`); `--group model` groups by it and `--group layer` also tells
-repeated identical modules apart as layer k of N by their order in the step. An allocation with no Python frames in a recording that kept
+repeated identical modules apart as layer k of N by their order in the step. An allocation with no
+Python frames in a recording that kept
 stacks was made by a thread with no Python code: autograd's backward engine.
 
 `--group line|function|file|module` coarsens the user's side of the site only.
@@ -109,9 +110,9 @@ def short_path(filename: str) -> str:
         k = f.rfind(m)
         if k >= 0:
             return f[k + len(m):]
-    m = _TORCH.search(f)
-    if m:
-        return f[m.start() + (1 if f[m.start()] == "/" else 0):]
+    hit = _TORCH.search(f)
+    if hit:
+        return f[hit.start() + (1 if f[hit.start()] == "/" else 0):]
     return f
 
 

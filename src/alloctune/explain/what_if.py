@@ -21,7 +21,7 @@ from typing import Iterable, Sequence
 
 from alloctune.explain.core import Analysis
 from alloctune.explain.model import Explanation, WhatIfResult
-from alloctune.trace.model import Annotation, FREE, RequestStream, Trace
+from alloctune.trace.model import FREE, Annotation, RequestStream, Trace
 
 MAX_SITE_WHAT_IFS = 5
 WHAT_IF_REL_TOL = 0.002

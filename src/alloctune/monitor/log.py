@@ -9,7 +9,6 @@ from typing import IO, Any
 
 from alloctune.monitor.sample import Sample
 
-
 CSV_COLUMNS = (
     "time",
     "gpu",

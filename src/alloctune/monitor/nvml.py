@@ -12,7 +12,6 @@ from typing import Protocol
 from alloctune.errors import EnvironmentProblem
 
 
-
 @dataclass(frozen=True)
 class GpuInfo:
     name: str

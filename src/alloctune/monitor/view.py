@@ -8,6 +8,7 @@ from typing import Callable
 from alloctune.monitor.log import _blank
 from alloctune.monitor.sample import Sample
 
+
 def short_size(n: int) -> str:
     """Compact sizes for the live view (`6.0G`, `300M`): the terminal is narrow, logs keep bytes."""
     if n >= 1 << 30:

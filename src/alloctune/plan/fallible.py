@@ -455,5 +455,6 @@ def _command_at(ts: "TraceSet", size: str) -> str:
     return f"<the program at size {size}>"
 
 
-__all__ = ["Evidence", "Learned", "learn", "as_uncapped", "died", "survived", "from_calibration", "from_frames", "from_store", "place", "record_hint",
+__all__ = ["Evidence", "Learned", "learn", "as_uncapped", "died", "survived", "from_calibration", "from_frames",
+           "from_store", "place", "record_hint",
            "SMALL"]

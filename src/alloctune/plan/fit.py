@@ -79,7 +79,8 @@ class Law:
             return ["p", self.grain, int(self.verified), den, *[int(c * den) for c in self.coef]]
         if self.kind in ("floor", "floor2"):
             unit, rest, p, q = self.coef
-            return ["f" if self.kind == "floor" else "f2", 1, int(self.verified), int(unit), int(rest), p.numerator, p.denominator, q.numerator,
+            return ["f" if self.kind == "floor" else "f2", 1, int(self.verified), int(unit), int(rest), p.numerator,
+                    p.denominator, q.numerator,
                     q.denominator]
         return ["t", self.grain, 0, *[[_num(x), y] for x, y in self.points]]
 
@@ -269,7 +270,8 @@ def _through(pts: list[tuple[Fraction, int]]) -> list[Fraction]:
 def _interpolate(points: tuple[tuple[Fraction, int], ...], x: Fraction) -> Fraction:
     """Inside the recorded range, the parabola through the three recorded points nearest x, held
     inside the two neighbours' values so a jump (a workspace that changes algorithm) cannot
-    overshoot; outside, the line through the two nearest ends (a parabola extrapolates wildly). Sizes grow like polynomials between
+    overshoot; outside, the line through the two nearest ends (a parabola extrapolates wildly). Sizes grow like
+    polynomials between
     jumps, which a straight line between neighbours gets wrong (a quadratic activation at the
     midpoint of 256 and 512 is 62 %, not 100 %, of the way up)."""
     if len(points) == 1:

@@ -14,8 +14,8 @@ from typing import Any, Sequence
 from alloctune.errors import InputError
 from alloctune.plan import fileformat
 from alloctune.plan.traceset import TraceSet, as_size, build
-from alloctune.trace.load import load_trace, read_sidecar
 from alloctune.trace.fallible import has_cpp_frames
+from alloctune.trace.load import load_trace, read_sidecar
 from alloctune.trace.model import FAILED_ALLOC, Trace
 
 _TRACE_SUFFIXES = (".pickle", ".pickle.xz", ".pickle.gz", ".pickle.bz2", ".atrace", ".atrace.gz")

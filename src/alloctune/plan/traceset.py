@@ -167,7 +167,8 @@ class TraceSet:
                 if k < 0:
                     continue
                 law = self.laws[k]
-                name = ({"floor": "floor-linear", "floor2": "floor-square"}.get(law.kind) or f"degree {law.degree}") if law.exact \
+                name = ({"floor": "floor-linear", "floor2": "floor-square"}.get(law.kind)
+                        or f"degree {law.degree}") if law.exact \
                     else "table (inexact)"
                 if law.exact and not law.verified:
                     name += " (unverified)"

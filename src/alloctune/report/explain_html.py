@@ -26,6 +26,8 @@ CATEGORY_COLORS = {
 }
 STACK_ORDER = ("model_state", "gradients", "optimizer_state", "growing", "activations", "rounding",
                "inactive_split", "cached_free")
+PHASE_COLORS = {"forward": "#3182ce", "backward": "#dd6b20", "optimizer_step": "#805ad5", "zero_grad": "#d53f8c",
+                "other": "#718096", "rounding": "#a0aec0"}
 SITE_COLORS = ("#e53e3e", "#3182ce", "#38a169", "#805ad5", "#dd6b20", "#319795", "#d53f8c", "#718096")
 MAP_ROWS = 36  # the map wraps reserved memory into this many rows of equal bytes
 MAX_MAP_BLOCKS = 20_000  # live blocks above which sub-pixel neighbours of different sites share a rect
@@ -187,6 +189,41 @@ def categories_svg(view: ExplainView) -> bytes:
     return _svg(ax.y0 + ax.h + 34, body, "Reserved memory over the run by category")
 
 
+def phases_svg(view: ExplainView) -> bytes:
+    """Allocated memory over the run stacked by the phase of the step that made it, the moment marked."""
+    ot = view.over_time
+    ex = view.explanation
+    ax = _Axes(view, max(ot.allocated), 30, 200)
+    where = f" ({ex.moment['phase'].replace('_', ' ')})" if "phase" in ex.moment else ""
+    body = [_text(X0, 16, f"Allocated memory over the run by the phase that made it: {_fmt(ex.moment['allocated'])} "
+                          f"at the {ex.moment['reason']}{where}", weight="bold", size=12)]
+    body += ax.frame("bytes")
+    base = [0] * len(ot.request)
+    px = [ax.x(v) for v in ax.xs]
+    for p, col in ot.phases.items():
+        upper = [b + v for b, v in zip(base, col)]
+        if any(col):
+            pts = [f"{x:.1f},{ax.y(u):.1f}" for x, u in zip(px, upper)]
+            pts += [f"{x:.1f},{ax.y(b):.1f}" for x, b in zip(reversed(px), reversed(base))]
+            body.append(f'<polygon class="phase" data-phase="{p}" points="{" ".join(pts)}" '
+                        f'fill="{PHASE_COLORS.get(p, "#718096")}" fill-opacity="0.85"><title>{_e(p)}</title></polygon>')
+        base = upper
+    mx = px[ot.moment]
+    body.append(f'<line x1="{mx:.1f}" x2="{mx:.1f}" y1="{ax.y0 - 4}" y2="{ax.y0 + ax.h}" stroke="#1a202c" '
+                'stroke-width="1.2"/>')
+    titles = ["\n".join([_where(view, i), f"allocated {_fmt(ot.allocated[i])}"]
+                        + [f"{p}: {_fmt(col[i])}" for p, col in ot.phases.items() if col[i]])
+              for i in range(len(ot.request))]
+    body += ax.columns(titles)
+    return _svg(ax.y0 + ax.h + 34, body, "Allocated memory over the run by phase")
+
+
+def _phase_legend(view: ExplainView) -> str:
+    return '<p class="xp-legend">' + "".join(
+        f'<span><i style="background:{PHASE_COLORS.get(p, "#718096")}"></i>{_e(p)}</span>'
+        for p in view.over_time.phases) + "</p>"
+
+
 def sites_svg(view: ExplainView, prefix: str = "") -> bytes:
     """Live requested bytes of the top sites over the run."""
     ot = view.over_time
@@ -329,6 +366,10 @@ def explain_section(view: ExplainView, heading: str = "h2", prefix: str = "") ->
     parts.append(f"<figure class=\"xp\">{categories_svg(view).decode()}{_legend()}<figcaption>Stacked by category at "
                  f"{len(view.over_time.request)} points of the run; dashed: allocated; the line marks the explained "
                  "moment.</figcaption></figure>")
+    if view.over_time.phases:
+        parts.append(f'<figure class="xp">{phases_svg(view).decode()}{_phase_legend(view)}<figcaption>Stacked by '
+                     "the phase of the training step that made each live block (explain.phases: annotations, then "
+                     "frames); they sum to allocated.</figcaption></figure>")
     site_rows, attrs = [], []
     colors = {row: SITE_COLORS[j % len(SITE_COLORS)] for j, (row, _) in enumerate(view.over_time.sites)}
     for i, s in enumerate(ex.sites):

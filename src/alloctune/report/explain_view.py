@@ -44,10 +44,14 @@ class OverTime:
     sites: tuple[tuple[int, tuple[int, ...]], ...]  # (row index in ex.sites, live requested bytes at each point)
     moment: int  # index of the explained moment among the points
     recorded_reserved: tuple[int, ...]  # what the recording itself held there (a check of the replay)
+    # per phase (explain.phases.PHASES, then "rounding"), allocated bytes at each point (they sum to allocated);
+    # empty when the recording names no phase
+    phases: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"request": list(self.request), "event": list(self.event),
                 "categories": {k: list(v) for k, v in self.categories.items()},
+                "phases": {k: list(v) for k, v in self.phases.items()},
                 "reserved": list(self.reserved), "allocated": list(self.allocated),
                 "sites": [{"site_row": i, "bytes": list(v)} for i, v in self.sites], "moment": self.moment}
 
@@ -97,7 +101,8 @@ def explain_view(trace: Trace, ex: Explanation, an: Any = None, max_points: int 
     mm, map_source, owners = _map_and_owners(trace, an, ex, after, run.owners, row_of_site, run.notes)
     ot = OverTime(tuple(samples), tuple(trace.requests.event_index[s] for s in samples),
                   {c: tuple(v) for c, v in run.categories.items()}, tuple(run.reserved), tuple(run.allocated),
-                  tuple((r, tuple(col[:m])) for r, col in zip(top_rows, run.sites)), moment_i, recorded)
+                  tuple((r, tuple(col[:m])) for r, col in zip(top_rows, run.sites)), moment_i, recorded,
+                  {p: tuple(v[:m]) for p, v in run.phases.items()} if ex.phases else {})
     return ExplainView(ex, ot, mm, map_source, owners, tuple(run.notes))
 
 
@@ -118,6 +123,7 @@ class _Sampled:
     reserved: list[int]
     allocated: list[int]
     sites: list[list[int]]  # per drawn site row, live requested bytes
+    phases: dict[str, list[int]] = field(default_factory=dict)  # per phase, then "rounding"
     owners: dict[int, int] = field(default_factory=dict)  # simulated block address -> allocation, at the moment
     notes: list[str] = field(default_factory=list)
 
@@ -142,7 +148,10 @@ def _replay_samples(trace: Trace, an: Any, samples: list[int], after: int, row_o
     index: dict[int, int] = {}
     live: set[int] = set()
     k_next = 0
-    run = _Sampled({c: [] for c in CATEGORIES}, [], [], [[] for _ in top_rows])
+    from alloctune.explain.phases import PHASES
+
+    run = _Sampled({c: [] for c in CATEGORIES}, [], [], [[] for _ in top_rows],
+                   phases={p: [] for p in (*PHASES, "rounding")})
     si = 0
     for i in range(len(req)):
         if si >= len(samples):
@@ -198,10 +207,14 @@ def _read_point(run: _Sampled, an: Any, ks: list[int], i: int, st: Any, row_of_s
     cats, _ = _categorise(an, ks, i)  # explain's own rule, with the blocks live here
     sums = dict.fromkeys(CATEGORIES, 0)
     per_top = [0] * len(top_index)
+    by_phase = dict.fromkeys(run.phases, 0)
+    phase_of = an.phase_of or []
     requested = 0
     for k in ks:
         size = life.size[k]
         sums[cats[k]] += size
+        if phase_of:
+            by_phase[phase_of[k]] += size
         requested += size
         j = top_index.get(row_of_site[an.site_of[k]])
         if j is not None:
@@ -211,6 +224,9 @@ def _read_point(run: _Sampled, an: Any, ks: list[int], i: int, st: Any, row_of_s
     sums["cached_free"] = st.reserved - st.allocated - st.inactive_split_bytes
     for c in CATEGORIES:
         run.categories[c].append(sums[c])
+    by_phase["rounding"] = st.allocated - requested
+    for p, v in by_phase.items():
+        run.phases[p].append(v)
     run.reserved.append(st.reserved)
     run.allocated.append(st.allocated)
     for j, v in enumerate(per_top):
@@ -236,6 +252,10 @@ def _check_against(trace: Trace, ex: Explanation, samples: list[int], after: int
         if got != want:
             raise TraceError(f"{trace.source}: internal check failed: the categories over time give {got} at the "
                              f"moment, explain {want}")
+        phases = {p: col[moment_i] for p, col in run.phases.items()}
+        if ex.phases and phases != {p.name: p.bytes for p in ex.phases}:
+            raise TraceError(f"{trace.source}: internal check failed: the phases over time give {phases} at the "
+                             f"moment, explain {[p.to_dict() for p in ex.phases]}")
     return recorded, moment_i
 
 
@@ -280,12 +300,10 @@ def explain_recording(recording: Any, *, at: Any = None, group: str = "line", to
                       progress: Any = None, calibrations: Sequence[Any] = ()) -> ExplainView:
     """Load a recording once, explain it exactly as `alloctune explain` does, and add the page's
     views (`explain_view`)."""
-    from alloctune.explain.api import explain
+    from alloctune.explain.api import explain, with_calibrations
     from alloctune.explain.core import analyse
     from alloctune.progress import no_progress
     from alloctune.trace import load_trace
-
-    from alloctune.explain.api import with_calibrations
 
     trace = recording if isinstance(recording, Trace) else load_trace(recording, device)
     trace, taught = with_calibrations(trace, calibrations)

@@ -12,10 +12,8 @@ from typing import Any, Mapping, Sequence
 
 from alloctune.diagnose.snapshot_model import MemoryMap
 from alloctune.report.model import SegmentMapView, Series, SettingRow
-from alloctune.report.style import (ALLOCATED, FREE, LARGEST_FREE, MAX_PANELS, MAX_SEGMENT_ROWS, RESERVED,
-                                     axis_unit)
+from alloctune.report.style import ALLOCATED, FREE, LARGEST_FREE, MAX_PANELS, MAX_SEGMENT_ROWS, RESERVED, axis_unit
 from alloctune.units import format_mib
-
 
 
 def _figure(width: float, height: float) -> Any:

@@ -11,8 +11,7 @@ import html
 from typing import Mapping, Sequence
 
 from alloctune.report.model import SegmentMapView, Series, SettingRow
-from alloctune.report.style import (ALLOCATED, FREE, LARGEST_FREE, MAX_PANELS, MAX_SEGMENT_ROWS, RESERVED,
-                                     axis_unit)
+from alloctune.report.style import ALLOCATED, FREE, LARGEST_FREE, MAX_PANELS, MAX_SEGMENT_ROWS, RESERVED, axis_unit
 from alloctune.units import format_mib
 
 WIDTH = 900

@@ -56,7 +56,6 @@ from alloctune.run.process import (  # noqa: F401 (check_previous_trial.. re-exp
     terminate_running,
 )
 from alloctune.run.ranks import summarize_ranks
-from alloctune.run.trial import OUTCOMES, RESULT_SCHEMA, TrialResult, raise_for_environment  # noqa: F401 (re-exported)
 from alloctune.run.reports import (  # noqa: F401 (re-exported: tests and executors import them from here)
     _knobs,
     _last_line,
@@ -68,6 +67,7 @@ from alloctune.run.reports import (  # noqa: F401 (re-exported: tests and execut
     read_reports,
     settings_mismatch,
 )
+from alloctune.run.trial import OUTCOMES, RESULT_SCHEMA, TrialResult, raise_for_environment  # noqa: F401 (re-exported)
 from alloctune.units import format_size
 
 CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")

@@ -4,7 +4,8 @@
 This module owns the page bookkeeping of one range (`ExpandableSegment`: which pages are
 mapped, what map/unmap of an address range really touches); the block-level logic
 (find_expandable_block, map_block, unmap_block) is `ExpandableBlocks`, which
-`CachingAllocator` inherits, next to the free sets it edits. Page size: 2 MiB in the small pool, 20 MiB (`large_segment_size`, 2.11+)
+`CachingAllocator` inherits, next to the free sets it edits. Page size: 2 MiB in the small pool,
+20 MiB (`large_segment_size`, 2.11+)
 in the large pool.
 """
 

@@ -8,7 +8,6 @@ from typing import Any
 from alloctune.sim.blocks import Block, Segment
 
 
-
 class Inspection:
     """`segment_table()` and `check()` (methods of `CachingAllocator`)."""
 

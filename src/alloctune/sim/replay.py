@@ -18,7 +18,14 @@ from alloctune.sim.driver import DEFAULT_OVERHEAD, H200_TOTAL, AddressModel, Dev
 from alloctune.sim.settings import SimSettings
 from alloctune.sim.stats import Stats
 from alloctune.trace.model import (
-    ALLOC, EMPTY_CACHE, FAILED_ALLOC, FREE, RequestStream, SegmentEvent, Trace, reserved_by_mark,
+    ALLOC,
+    EMPTY_CACHE,
+    FAILED_ALLOC,
+    FREE,
+    RequestStream,
+    SegmentEvent,
+    Trace,
+    reserved_by_mark,
 )
 
 SCHEMA = "alloctune.sim_result/1"

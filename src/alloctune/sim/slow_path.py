@@ -10,7 +10,6 @@ from __future__ import annotations
 from alloctune.sim.blocks import Block, OOMInfo, Pool, Segment
 
 
-
 class SlowPath:
     """`malloc`'s way to a block when no cached one fits (methods of `CachingAllocator`)."""
 

@@ -26,6 +26,40 @@ class Stats:
         "num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc", "num_device_free",
     )
 
+    # every counter is a byte or event count, set to 0 in __init__ (annotated for type checkers)
+    alloc_count: int
+    alloc_peak: int
+    alloc_cum: int
+    allocated: int
+    allocated_peak: int
+    allocated_cum: int
+    requested: int
+    requested_peak: int
+    requested_cum: int
+    reserved: int
+    reserved_peak: int
+    reserved_cum: int
+    segments: int
+    segments_peak: int
+    segments_cum: int
+    inactive_split: int
+    inactive_split_peak: int
+    inactive_split_cum: int
+    inactive_split_bytes: int
+    inactive_split_bytes_peak: int
+    inactive_split_bytes_cum: int
+    oversize_allocations: int
+    oversize_allocations_peak: int
+    oversize_allocations_cum: int
+    oversize_segments: int
+    oversize_segments_peak: int
+    oversize_segments_cum: int
+    num_alloc_retries: int
+    num_ooms: int
+    num_sync_all_streams: int
+    num_device_alloc: int
+    num_device_free: int
+
     def __init__(self) -> None:
         for name in self.__slots__:
             setattr(self, name, 0)

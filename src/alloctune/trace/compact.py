@@ -29,8 +29,18 @@ from typing import Any
 from alloctune.errors import TraceError
 from alloctune.trace.limits import Limits
 from alloctune.trace.model import (
-    ALLOC, FREE, MAX_ANNOTATION_NAME, MAX_ANNOTATIONS, MAX_FRAMES, MAX_FRAMES_PER_STACK, MAX_STACKS, Annotation,
-    RequestStream, SegmentEvent, StackTable, Trace,
+    ALLOC,
+    FREE,
+    MAX_ANNOTATION_NAME,
+    MAX_ANNOTATIONS,
+    MAX_FRAMES,
+    MAX_FRAMES_PER_STACK,
+    MAX_STACKS,
+    Annotation,
+    RequestStream,
+    SegmentEvent,
+    StackTable,
+    Trace,
 )
 from alloctune.trace.validate import check_fallbacks, check_trace
 

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 from alloctune.schema import schema_id
-from alloctune.units import MiB, format_mib
 from alloctune.trace.model import ALLOC, EMPTY_CACHE, FAILED_ALLOC, FREE, RequestStream, Trace
+from alloctune.units import MiB, format_mib
 
 SCHEMA = schema_id("fallible")
 # "Ran without a workspace": the replay stores one block per request, so the no-memory choice

@@ -16,7 +16,6 @@ from typing import Any
 from alloctune.errors import InputError
 from alloctune.units import GiB
 
-
 # name of the field -> environment variable that overrides it
 ENV = {
     "max_decompressed": "ALLOCTUNE_MAX_DECOMPRESSED",

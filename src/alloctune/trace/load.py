@@ -14,8 +14,8 @@ from typing import Any
 from alloctune.errors import TraceError
 from alloctune.trace.compact import is_compact, trace_from_compact_bytes
 from alloctune.trace.model import Trace
-from alloctune.trace.sidecar import read_sidecar  # noqa: F401  (re-exported: where callers look for it)
 from alloctune.trace.safe_pickle import load_pickle_bytes, read_decompressed
+from alloctune.trace.sidecar import read_sidecar  # noqa: F401  (re-exported: where callers look for it)
 from alloctune.trace.stream import build_stream, collect_annotations, run_record, stream_context, with_run_record
 from alloctune.trace.validate import check_events, check_settings, check_snapshot, device_bound
 

@@ -77,8 +77,19 @@ from typing import Any, Mapping, Sequence
 
 from alloctune.errors import TraceError
 from alloctune.trace.model import (
-    ALLOC, EMPTY_CACHE, FAILED_ALLOC, FREE, MAX_ANNOTATION_NAME, MAX_ANNOTATIONS, MAX_FRAMES, MAX_FRAMES_PER_STACK,
-    MAX_STACKS, Annotation, RequestStream, SegmentEvent, StackTable,
+    ALLOC,
+    EMPTY_CACHE,
+    FAILED_ALLOC,
+    FREE,
+    MAX_ANNOTATION_NAME,
+    MAX_ANNOTATIONS,
+    MAX_FRAMES,
+    MAX_FRAMES_PER_STACK,
+    MAX_STACKS,
+    Annotation,
+    RequestStream,
+    SegmentEvent,
+    StackTable,
 )
 from alloctune.units import MiB
 

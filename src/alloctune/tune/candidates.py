@@ -13,7 +13,6 @@ from typing import Any, Mapping, Sequence
 from alloctune.errors import InputError
 from alloctune.units import MiB
 
-
 DEFAULT = "default"
 EXPANDABLE = "expandable_segments"
 MAX_SPLIT = "max_split_size_mb"

@@ -184,7 +184,8 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
                 return c  # nothing new to learn there
             pair = self._hint_pair(c, b)
             if pair and self.t.fresh_runs_after_baseline() + 2 <= self.s.max_gpu_runs:
-                self._run([TrialRequest(c.conf, x, ensure_cap=self._gc(c), purpose="at the re-simulated min_budget (after calibration)")
+                self._run([TrialRequest(c.conf, x, ensure_cap=self._gc(c),
+                                        purpose="at the re-simulated min_budget (after calibration)")
                            for x in pair])
                 continue
             if b.est is None:

@@ -172,7 +172,8 @@ class ReportMixin(FlowState):
             base = dict(sim_min_budget=est, sim_optimistic=self._floor(c), throughput=r.mean if r else None,
                         throughput_noise=r.noise if r else None, throughput_samples=r.samples if r else 0)
             if c.conf in self.refused:
-                out.append(CandidateSummary(c, feasible=None, note=f"refused: the setting did not take effect ({self.refused[c.conf]})", **base))
+                out.append(CandidateSummary(
+                    c, feasible=None, note=f"refused: the setting did not take effect ({self.refused[c.conf]})", **base))
                 continue
             if b is not None and b.runs:
                 feasible = True if b.passed is not None else (False if b.failed is not None and b.failed >= self.budget else None)
@@ -207,7 +208,8 @@ class ReportMixin(FlowState):
             if c.knob == DEFAULT and self.default_fails:
                 why = self.default_fails
             elif est is None or est > self.budget:
-                why = f"simulated: does not complete under the budget {format_mib(self.budget)}" if est is None or est > self.budget else ""
+                over = est is None or est > self.budget
+                why = f"simulated: does not complete under the budget {format_mib(self.budget)}" if over else ""
                 if est is not None:
                     why += f" (simulated min_budget {format_mib(est)})"
             elif focus_b is not None and focus_b.passed is not None:
@@ -227,7 +229,8 @@ def next_steps(recording: str | None, budget: int, need: int, command: tuple[str
     from alloctune.diagnose.snapshot import shortage_next_steps
 
     at_least = f"{-(-need // MiB)}MiB"  # rounded up: the closest setting's need
-    budget_line = f"or a budget of at least {at_least} (the closest setting's simulated need): alloctune tune --budget {at_least} ..."
+    budget_line = (f"or a budget of at least {at_least} (the closest setting's simulated need): "
+                   f"alloctune tune --budget {at_least} ...")
     return tuple(shortage_next_steps(recording or "REC.pickle", budget, " ".join(command) if command else "CMD",
                                      before=(budget_line,), training=training))
 

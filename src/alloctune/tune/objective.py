@@ -37,7 +37,8 @@ class CandidateSummary:
     sim_optimistic: int | None = None  # the same if every workspace-shaped request could be given up (None: no difference)
     trials: int = 0
     note: str | None = None
-    verified: bool | None = None  # min_budget proven on the GPU: a tested pass and a tested failure within the tolerance (confirm: 2 %)
+    # min_budget proven on the GPU: a tested pass and a tested failure within the tolerance (confirm: 2 %)
+    verified: bool | None = None
     sim_agrees: bool | None = None  # the simulated min_budget lies inside the measured bracket
     throughput_noise: float | None = None  # sample standard deviation of exclusive runs (None: one sample)
     throughput_samples: int = 0

@@ -11,7 +11,6 @@ from typing import Any, Sequence
 from alloctune.run.trial import TrialResult
 from alloctune.units import MiB, format_mib
 
-
 # The simulated min_budget's own resolution: the bisection stops within 0.2 % or one 2 MiB cap step
 # of the simulator's threshold. At sim.sweep's default (1 % or 16 MiB) the estimate could lie 16 MiB
 # above the threshold -- 3.5 % of a 450 MiB budget, more than the confirm flow's opening pair spans

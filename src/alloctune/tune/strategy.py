@@ -220,7 +220,8 @@ class Tuner:
             )
         counts: dict[str, int] = {}
         for t in self.trials[1:]:
-            if not (t.result.no_grad or t.result.cudnn_benchmark_set is not None or t.result.checkpointing is not None):  # a remedy's run: no trial of its setting
+            remedy_run = t.result.no_grad or t.result.cudnn_benchmark_set is not None or t.result.checkpointing is not None
+            if not remedy_run:  # a remedy's confirming run is no trial of its setting
                 counts[t.result.conf or ""] = counts.get(t.result.conf or "", 0) + 1
         summaries = [_replace(sm, trials=counts.get(sm.candidate.conf, 0)) for sm in summaries]
         ranking = rank(summaries, budget, throughput_tolerance=s.throughput_tolerance, noise_rule=s.strategy == "confirm")
@@ -236,7 +237,11 @@ class Tuner:
         """The remedies beside the best setting (or, where none fits, the closest), and the shortfall
         with the remedies that would fit first in its next steps."""
         from alloctune.tune.remedies import (
-            checkpointing_measured, cudnn_remedy, no_grad_remedy, shortfall_with_remedies, tune_remedies,
+            checkpointing_measured,
+            cudnn_remedy,
+            no_grad_remedy,
+            shortfall_with_remedies,
+            tune_remedies,
         )
 
         best = ranking.best

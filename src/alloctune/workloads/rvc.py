@@ -27,13 +27,13 @@ import torch.nn.functional as F
 
 from alloctune.workloads import chunking, common
 from alloctune.workloads.rvc_models import (
+    RMVPE,
     SYNTH_CONFIGS,
     TINY_SYNTH,
-    RMVPE,
     ContentEncoder,
     MelFrontEnd,
-    Synthesizer,
     SynthConfig,
+    Synthesizer,
 )
 
 NAME = "rvc"

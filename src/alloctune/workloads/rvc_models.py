@@ -541,7 +541,8 @@ class UNetEncoder(nn.Module):
 class UNetIntermediate(nn.Module):
     def __init__(self, c_in: int, c_out: int, n: int = 4):
         super().__init__()
-        self.layers = nn.ModuleList([ResEncoderBlock(c_in, c_out, False)] + [ResEncoderBlock(c_out, c_out, False) for _ in range(n - 1)])
+        self.layers = nn.ModuleList([ResEncoderBlock(c_in, c_out, False)]
+                                    + [ResEncoderBlock(c_out, c_out, False) for _ in range(n - 1)])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:

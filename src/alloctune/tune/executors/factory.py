@@ -6,8 +6,8 @@ import os
 from typing import Any, Sequence
 
 from alloctune.errors import InputError
-from alloctune.tune.executors.base import Executor
 from alloctune.progress import TrialProgress
+from alloctune.tune.executors.base import Executor
 from alloctune.tune.executors.tasks import DEFAULT_CONTEXT_BYTES
 
 EXECUTORS = ("local", "gpus", "ray")

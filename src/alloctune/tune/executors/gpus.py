@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from alloctune.errors import EnvironmentProblem, InputError
+from alloctune.progress import TrialProgress
 from alloctune.tune.executors.gpuinfo import GpuInfo, probe
 from alloctune.tune.executors.local import usable_memory
 from alloctune.tune.executors.pool import PoolExecutor, Slot
-from alloctune.progress import TrialProgress
 from alloctune.tune.executors.tasks import DEFAULT_CONTEXT_BYTES
 
 

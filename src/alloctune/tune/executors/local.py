@@ -12,9 +12,9 @@ import os
 from typing import Any, Sequence
 
 from alloctune.errors import InputError
+from alloctune.progress import TrialProgress
 from alloctune.tune.executors.gpuinfo import probe
 from alloctune.tune.executors.pool import PoolExecutor, Slot
-from alloctune.progress import TrialProgress
 from alloctune.tune.executors.tasks import DEFAULT_CONTEXT_BYTES
 
 # Left free beside the trials: NVML's "free" moves with other processes, and the driver
