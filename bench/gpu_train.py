@@ -46,24 +46,6 @@ def record(pool: gr.Pool, rec: Path, name: str, model: str, extra: list[str]) ->
                     claim=14 << 30)
 
 
-def bisect_budget(pool: gr.Pool, out: Path, name: str, tgt: list[str], lo: int, hi: int, steps: int) -> dict:
-    runs = []
-    r = pool.run(out / "runs" / f"{name}_hi", tgt, "", cap=hi)
-    if r is None or r["outcome"] != "ok":
-        return {"kind": "min_budget", "name": name, "min_budget": None, "fails_at": hi, "runs": runs}
-    for k in range(steps):
-        mid = (lo + hi) // 2
-        r = pool.run(out / "runs" / f"{name}_b{k}", tgt, "", cap=mid)
-        if r is None:
-            break
-        runs.append({"cap": mid, "outcome": r["outcome"]})
-        if r["outcome"] == "ok":
-            hi = mid
-        else:
-            lo = mid
-    return {"kind": "min_budget", "name": name, "min_budget": hi, "fails_at": lo, "runs": runs}
-
-
 def largest_micro(pool: gr.Pool, out: Path, model: str, batch: int, cap: int) -> dict:
     lo, hi = 0, batch + 1  # lo passes (0: nothing known), hi fails
     runs = []
@@ -118,7 +100,8 @@ def main() -> None:
         st = r["stats"]
         lo = int(st["allocated_bytes.all.peak"] * 0.95)
         hi = int(st["reserved_bytes.all.peak"] * 1.02) + (32 << 20)
-        res = bisect_budget(pool, out, name, target(m, VARIANTS[v]), lo, hi, a.steps)
+        res = {"kind": "min_budget", **gr.bisect_budget(pool, out / "runs", name, target(m, VARIANTS[v]), "", lo, hi,
+                                                        a.steps)}
         log(out, res)
         return res
 

@@ -149,6 +149,22 @@ def _where(view: ExplainView, i: int) -> str:
     return f"event {ot.event[i]} (after request {ot.request[i]})"
 
 
+def _stacked(ax: _Axes, px: Sequence[float], columns: Sequence[tuple[str, Sequence[int]]], colors: dict[str, str],
+             kind: str) -> list[str]:
+    """One filled band per column, stacked in the given order (`kind`: the polygons' class and data key)."""
+    out = []
+    base = [0] * len(px)
+    for name, col in columns:
+        upper = [b + v for b, v in zip(base, col)]
+        if any(col):
+            pts = [f"{x:.1f},{ax.y(u):.1f}" for x, u in zip(px, upper)]
+            pts += [f"{x:.1f},{ax.y(b):.1f}" for x, b in zip(reversed(px), reversed(base))]
+            out.append(f'<polygon class="{kind}" data-{kind}="{name}" points="{" ".join(pts)}" '
+                       f'fill="{colors.get(name, "#718096")}" fill-opacity="0.85"><title>{_e(name)}</title></polygon>')
+        base = upper
+    return out
+
+
 def categories_svg(view: ExplainView) -> bytes:
     """Reserved memory over the run stacked by category (allocated = the categories below
     `inactive_split`), the explained moment marked."""
@@ -159,17 +175,8 @@ def categories_svg(view: ExplainView) -> bytes:
     body = [_text(X0, 16, f"Reserved memory over the run by category: {_fmt(ex.reserved)} at the {ex.moment['reason']} "
                           f"(event {ex.moment['event']})", weight="bold", size=12)]
     body += ax.frame("bytes")
-    base = [0] * len(ot.request)
     px = [ax.x(v) for v in ax.xs]
-    for c in STACK_ORDER:
-        col = ot.categories[c]
-        upper = [b + v for b, v in zip(base, col)]
-        if any(col):
-            pts = [f"{x:.1f},{ax.y(u):.1f}" for x, u in zip(px, upper)]
-            pts += [f"{x:.1f},{ax.y(b):.1f}" for x, b in zip(reversed(px), reversed(base))]
-            body.append(f'<polygon class="cat" data-cat="{c}" points="{" ".join(pts)}" fill="{CATEGORY_COLORS[c]}" '
-                        f'fill-opacity="0.85"><title>{_e(c)}</title></polygon>')
-        base = upper
+    body += _stacked(ax, px, [(c, ot.categories[c]) for c in STACK_ORDER], CATEGORY_COLORS, "cat")
     alloc_pts = " ".join(f"{x:.1f},{ax.y(a):.1f}" for x, a in zip(px, ot.allocated))
     body.append(f'<polyline points="{alloc_pts}" fill="none" stroke="#1a202c" stroke-width="1" '
                 'stroke-dasharray="3,2"/>')
@@ -198,16 +205,8 @@ def phases_svg(view: ExplainView) -> bytes:
     body = [_text(X0, 16, f"Allocated memory over the run by the phase that made it: {_fmt(ex.moment['allocated'])} "
                           f"at the {ex.moment['reason']}{where}", weight="bold", size=12)]
     body += ax.frame("bytes")
-    base = [0] * len(ot.request)
     px = [ax.x(v) for v in ax.xs]
-    for p, col in ot.phases.items():
-        upper = [b + v for b, v in zip(base, col)]
-        if any(col):
-            pts = [f"{x:.1f},{ax.y(u):.1f}" for x, u in zip(px, upper)]
-            pts += [f"{x:.1f},{ax.y(b):.1f}" for x, b in zip(reversed(px), reversed(base))]
-            body.append(f'<polygon class="phase" data-phase="{p}" points="{" ".join(pts)}" '
-                        f'fill="{PHASE_COLORS.get(p, "#718096")}" fill-opacity="0.85"><title>{_e(p)}</title></polygon>')
-        base = upper
+    body += _stacked(ax, px, list(ot.phases.items()), PHASE_COLORS, "phase")
     mx = px[ot.moment]
     body.append(f'<line x1="{mx:.1f}" x2="{mx:.1f}" y1="{ax.y0 - 4}" y2="{ax.y0 + ax.h}" stroke="#1a202c" '
                 'stroke-width="1.2"/>')
