@@ -235,3 +235,23 @@ def test_the_page_charts_phases_over_the_run_and_they_sum_to_allocated(tmp_path:
     write_explain_html(rec, html, what_if=False)
     text = html.read_text()
     assert 'data-phase="backward"' in text and "by the phase that made it" in text
+
+
+def test_an_inference_recording_has_no_backward_and_no_training_remedies() -> None:
+    """Real H200 recordings (tests/data/explain_gpu): a timm ConvNeXt run in inference and a Llama generate()
+    never call torch.autograd or an optimizer; the training loop does."""
+    from alloctune.explain.phases import trains
+    from alloctune.explain.remedy_set import simulated_remedies
+    from alloctune.trace import load_trace
+
+    data = Path(__file__).parent / "data" / "explain_gpu"
+    for name in ("convnext_clean", "llama_generate"):
+        trace = load_trace(data / f"{name}.pickle.xz")
+        assert not trains(trace.requests)
+        assert BACKWARD not in allocation_phases(trace.requests)
+        ex = explain(trace, what_if=False)
+        assert ex.moment["phase"] == FORWARD
+        names = {r.name for r in simulated_remedies(analyse(trace), None)}
+        assert not names & {"checkpointing", "optimizer_sgd", "optimizer_8bit"}
+    train = load_trace(data / "train_clean.pickle.xz")
+    assert trains(train.requests)

@@ -5,8 +5,9 @@ The phase comes, in this order, from
 1. the recording's annotations (`RequestStream.annotations`): torch's own `Optimizer.step#...`
    and `Optimizer.zero_grad#...` ranges, and a user's `record_function` range whose name says a
    phase ("forward", "backward", "optimizer"/"step", "zero_grad"); the innermost range wins;
-2. the allocation's Python stack: no frames at all in a recording that kept stacks is autograd's
-   backward thread; `torch/autograd` frames (the main thread's part of `loss.backward()`) and
+2. the allocation's Python stack: no frames at all in a recording that kept stacks and trains is
+   autograd's backward thread (in one that does not train, such a block is `other`);
+   `torch/autograd` frames (the main thread's part of `loss.backward()`) and
    activation checkpointing's recomputation are backward; frames in `torch/optim` are the
    optimizer step (its `zero_grad` function: zero_grad); a module's `__call__` is forward;
 3. otherwise `other` (data loading, the loss outside a module, set-up).
@@ -99,12 +100,24 @@ def _annotation_index(annotations: Sequence[Annotation], n: int) -> list[str | N
     return out
 
 
+def trains(req: RequestStream) -> bool:
+    """Whether a recording trains: the main thread called into `torch.autograd` (loss.backward()
+    allocates its first gradient there) or into an optimizer, by its frames or its annotations."""
+    if any(annotation_phase(a.name) in (BACKWARD, OPTIMIZER_STEP) for a in req.annotations):
+        return True
+    table = req.stack_table
+    if table is None or table.dropped:
+        return False
+    return any(p in (BACKWARD, OPTIMIZER_STEP, ZERO_GRAD) for p in stack_phases(table))
+
+
 def allocation_phases(req: RequestStream) -> list[str]:
     """The phase of every ALLOC request, in allocation order (module doc)."""
     n = len(req)
     by_range = _annotation_index(req.annotations, n) if req.annotations else None
     table, ids = req.stack_table, req.stack_ids
     per_stack = stack_phases(table) if table is not None and not table.dropped else None
+    frameless = BACKWARD if per_stack is not None and trains(req) else OTHER
     out = []
     for r, op in enumerate(req.ops):
         if op != ALLOC:
@@ -112,7 +125,7 @@ def allocation_phases(req: RequestStream) -> list[str]:
         p = by_range[r] if by_range is not None else None
         if p is None and per_stack is not None and ids is not None:
             sid = ids[r]
-            p = BACKWARD if sid < 0 else per_stack[sid]
+            p = frameless if sid < 0 else per_stack[sid]
         out.append(p or OTHER)
     return out
 
@@ -133,8 +146,3 @@ def phase_at(req: RequestStream, phases: Sequence[str], request: int) -> str:
     return phases[last] if 0 <= last < len(phases) else OTHER
 
 
-def has_training_phases(phases: Sequence[str]) -> bool:
-    """Whether a recording trains: it allocates in a backward and in an optimizer step (or backward alone
-    and the optimizer's state is made without a range: SGD without momentum makes none)."""
-    seen = set(phases)
-    return BACKWARD in seen and (OPTIMIZER_STEP in seen or FORWARD in seen)

@@ -258,10 +258,12 @@ def optimizer_remedies(an: Analysis, base: int | None, conf: str) -> list[Remedy
     if kind not in ("adamw.py", "adam.py") or len(state) < 2:
         return []
     kinds = sorted(state, key=lambda sid: min(state[sid]))
+    # SGD's one buffer per parameter stands for the largest kind (Adam's exp_avg; not a fused step's counters)
+    keep = max(kinds, key=lambda sid: (sum(an.life.size[k] for k in state[sid]), -min(state[sid])))
     base_act = activity(an.trace, conf, an.trace)
     state_bytes = sum(an.life.size[k] for ks in state.values() for k in ks)
     out = []
-    drop = {k for sid in kinds[1:] for k in state[sid]} | set(temps)
+    drop = {k for sid in kinds if sid != keep for k in state[sid]} | set(temps)
     out.append(simulated(
         "optimizer_sgd", "SGD with momentum instead of Adam: one state tensor per parameter, no step temporaries",
         _rewrite_sizes(an, drop, {}), conf, an.trace, base, base_act,
@@ -301,9 +303,9 @@ def leak_remedy(an: Analysis, base: int | None, conf: str) -> Remedy | None:
 
 def training_remedies(an: Analysis, base: int | None, conf: str | None = None) -> list[Remedy]:
     """Checkpointing and optimizer-state remedies of a training recording (none for inference)."""
-    from alloctune.explain.phases import has_training_phases
+    from alloctune.explain.phases import trains
 
-    if not has_training_phases(an.phase_of or []):
+    if not trains(an.trace.requests):
         return []
     conf = recorded_conf(an.trace) if conf is None else conf
     out = []
