@@ -31,6 +31,7 @@ from alloctune.errors import TraceError
 from alloctune.explain import sites as sitemod
 from alloctune.explain.model import CATEGORIES, Category, Explanation, Site
 from alloctune.explain.moment import pick_moment, totals_at
+from alloctune.explain.phases import PhaseBytes
 from alloctune.explain.repeats import Repeats, find_repeats, from_marks, live_before
 from alloctune.trace.model import ALLOC, FREE, Trace
 from alloctune.units import format_size
@@ -362,10 +363,10 @@ def explain_trace(trace: Trace, *, at: Any = None, group: str = "line", top: int
     )
 
 
-def _phase_bytes(an: Analysis, live: list[int], rounding: int) -> list[Any]:
+def _phase_bytes(an: Analysis, live: list[int], rounding: int) -> list[PhaseBytes]:
     """Live requested bytes by phase plus the allocator's rounding: rows summing to allocated bytes.
     Empty when no allocation of the recording has a phase other than `other` (nothing to tell)."""
-    from alloctune.explain.phases import OTHER, PHASES, PhaseBytes
+    from alloctune.explain.phases import OTHER, PHASES
 
     phase_of = an.phase_of or []
     if not phase_of or all(p == OTHER for p in phase_of):

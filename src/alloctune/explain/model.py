@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from alloctune.explain.phases import PhaseBytes
 from alloctune.schema import schema_id
 
 SCHEMA = schema_id("explain", 2)
@@ -79,7 +80,7 @@ class Explanation:
     utilization: Any = None  # `explain.utilization.UtilizationTable`: the recording and each remedy
     # live bytes at the moment by the phase that made them (`explain.phases.PhaseBytes`), summing to
     # moment["allocated"]; empty when the recording names no phase
-    phases: tuple[Any, ...] = ()
+    phases: tuple[PhaseBytes, ...] = ()
 
     @property
     def reserved(self) -> int:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Sequence
 
 from alloctune.explain.core import Analysis
@@ -281,7 +281,7 @@ def optimizer_remedies(an: Analysis, base: int | None, conf: str) -> list[Remedy
         "bitsandbytes.optim.AdamW8bit(model.parameters(), lr=...)  # pip install bitsandbytes",
         notes=("state sizes by bitsandbytes' blockwise rule (tensors of 4096+ elements); its fused step makes "
                "no temporaries; not confirmed on a GPU by alloctune",)))
-    return [replace(r, notes=r.notes) for r in out]
+    return out
 
 
 def leak_remedy(an: Analysis, base: int | None, conf: str) -> Remedy | None:
