@@ -13,7 +13,7 @@ def phase_lines(ex: Explanation) -> list[str]:
     step = f" of step {mo['step']} of {mo['steps']}" if "step" in mo else ""
     total = sum(p.bytes for p in ex.phases) or 1
     parts = ", ".join(f"{p.name} {_fmt(p.bytes)} ({100.0 * p.bytes / total:.0f} %)" for p in ex.phases if p.bytes)
-    return [f"the {mo['reason']} falls in the {mo['phase'].replace('_', ' ')}{step}",
+    return [f"the {ex.moment_name} falls in the {mo['phase'].replace('_', ' ')}{step}",
             f"allocated by the phase that made it: {parts}"]
 
 
@@ -27,7 +27,7 @@ def render(ex: Explanation) -> None:
     from alloctune.cli.render import console
 
     mo = ex.moment
-    console.print(f"{ex.source}: {mo['reason']} at event {mo['event']}: reserved {_fmt(mo['reserved'])}, "
+    console.print(f"{ex.source}: {ex.moment_name} at event {mo['event']}: reserved {_fmt(mo['reserved'])}, "
                   f"allocated {_fmt(mo['allocated'])}", markup=False)
     for line in phase_lines(ex):
         console.print(line, markup=False, soft_wrap=True)
@@ -48,7 +48,8 @@ def render(ex: Explanation) -> None:
         console.print(f"min budget of the recording as it ran: {_fmt(ex.min_budget)}", markup=False)
     for w in ex.what_if:
         console.print(f"  what if: {w.what}: {_fmt(w.min_budget)} (saves {_fmt(w.saves)})", markup=False, soft_wrap=True)
-        console.print(f"    {w.command.splitlines()[-1]}", markup=False, soft_wrap=True)
+        for line in w.command.splitlines():  # the step that writes the rewritten recording, then its replay
+            console.print(f"    {line}", markup=False, soft_wrap=True)
     render_remedies(ex)
     for note in ex.notes:
         console.print(f"note: {note}", markup=False, soft_wrap=True)

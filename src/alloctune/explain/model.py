@@ -86,6 +86,11 @@ class Explanation:
     def reserved(self) -> int:
         return int(self.moment["reserved"])
 
+    @property
+    def moment_name(self) -> str:
+        """How prose names the moment: "peak", "OOM", or "moment" (one picked with --at)."""
+        return {"peak": "peak", "oom": "OOM"}.get(str(self.moment["reason"]), "moment")
+
     def category(self, name: str) -> int:
         return next(c.bytes for c in self.categories if c.name == name)
 

@@ -172,7 +172,7 @@ def categories_svg(view: ExplainView) -> bytes:
     ex = view.explanation
     top = max(ot.reserved)
     ax = _Axes(view, top, 30, 250)
-    body = [_text(X0, 16, f"Reserved memory over the run by category: {_fmt(ex.reserved)} at the {ex.moment['reason']} "
+    body = [_text(X0, 16, f"Reserved memory over the run by category: {_fmt(ex.reserved)} at the {ex.moment_name} "
                           f"(event {ex.moment['event']})", weight="bold", size=12)]
     body += ax.frame("bytes")
     px = [ax.x(v) for v in ax.xs]
@@ -185,7 +185,7 @@ def categories_svg(view: ExplainView) -> bytes:
                 'stroke-width="1.2"/>')
     anchor = "end" if mx > (X0 + X1) / 2 else "start"
     body.append(_text(mx + (-4 if anchor == "end" else 4), ax.y0 + 8,
-                      f"{ex.moment['reason']}: {_fmt(ex.reserved)} reserved, {_fmt(ex.moment['allocated'])} allocated",
+                      f"{ex.moment_name}: {_fmt(ex.reserved)} reserved, {_fmt(ex.moment['allocated'])} allocated",
                       anchor=anchor, size=10, weight="bold"))
     titles = []
     for i in range(len(ot.request)):
@@ -203,7 +203,7 @@ def phases_svg(view: ExplainView) -> bytes:
     ax = _Axes(view, max(ot.allocated), 30, 200)
     where = f" ({ex.moment['phase'].replace('_', ' ')})" if "phase" in ex.moment else ""
     body = [_text(X0, 16, f"Allocated memory over the run by the phase that made it: {_fmt(ex.moment['allocated'])} "
-                          f"at the {ex.moment['reason']}{where}", weight="bold", size=12)]
+                          f"at the {ex.moment_name}{where}", weight="bold", size=12)]
     body += ax.frame("bytes")
     px = [ax.x(v) for v in ax.xs]
     body += _stacked(ax, px, list(ot.phases.items()), PHASE_COLORS, "phase")
@@ -261,7 +261,7 @@ def segment_map_svg(view: ExplainView, prefix: str = "") -> bytes:
     x0, x1, rh, y0 = 20, 880, 14, 30
     per_px = row_bytes / (x1 - x0)
     scale, unit = axis_unit(row_bytes)
-    where = f"{ex.moment['reason']} (event {ex.moment['event']})"
+    where = f"{ex.moment_name} (event {ex.moment['event']})"
     body = [_text(x0, 16, f"Memory map at the {where}: {len(segs)} segments, "
                           f"{_fmt(mm.reserved)} reserved; each row {row_bytes / scale:.2f} {unit}", weight="bold",
                   size=12)]
@@ -379,12 +379,12 @@ def explain_section(view: ExplainView, heading: str = "h2", prefix: str = "") ->
         site_rows.append((f'{swatch}<a href="#{anchor}">{_e(s.site)}</a>', _e(s.library_frame or ""), _fmt(s.bytes),
                           str(s.blocks), _fmt(s.outlived_bytes), grow, _fmt(s.min_budget_if_freed)))
         attrs.append(f' class="site" id="{anchor}"')
-    parts.append(f"<h3>Sites (live bytes at the {_e(mo['reason'])}; {ex.sites_total} distinct)</h3>")
+    parts.append(f"<h3>Sites (live bytes at the {_e(ex.moment_name)}; {ex.sites_total} distinct)</h3>")
     parts.append(_table(("site (your line)", "library frame", "live", "blocks", "kept", "grows", "min budget if freed"),
                         site_rows, numeric=(2, 3, 4, 6), row_attrs=attrs))
     parts.append(f"<figure class=\"xp\">{sites_svg(view, prefix).decode()}</figure>")
     parts.append(f"<figure class=\"xp\">{segment_map_svg(view, prefix).decode()}{_legend()}<figcaption>The "
-                 f"allocator's segments at the {_e(mo['reason'])}, not at the end ({_e(view.map_source)})."
+                 f"allocator's segments at the {_e(ex.moment_name)}, not at the end ({_e(view.map_source)})."
                  "</figcaption></figure>")
     if ex.what_if or ex.min_budget is not None:
         parts.append("<h3>What if (simulated min budget)</h3>")
