@@ -189,8 +189,13 @@ def test_class_of_reads_the_source(tmp_path: Path) -> None:
     src.write_text("import torch\n\nclass Block(torch.nn.Module):\n    def forward(self, x):\n        y = x * 2\n"
                    "        return y\n\ndef helper(x):\n    return x\n")
     assert class_of(str(src), 5) == "Block"
+    assert class_of(str(src), 4) == "Block"  # the def line itself
     assert class_of(str(src), 9) is None
     assert class_of(str(tmp_path / "missing.py"), 3) is None
+    big = tmp_path / "big.py"
+    big.write_text("class A:\n    def f(self):\n        pass\n" + "#" * (5 << 20))
+    assert class_of(str(big), 2) is None  # over 4 MiB: not read
+    assert class_of("/proc/self/pagemap", 2) is None  # size 0 by its stat, endless to read: bounded
 
 
 def test_checkpointing_rewrite_matches_the_program_written_with_it() -> None:

@@ -52,46 +52,62 @@ def is_model_code(filename: str) -> bool:
     return not _TORCH.search(f) and not _STDLIB.search(f)
 
 
-_CLASS_CACHE: dict[str, list[str] | None] = {}
+_DEFS: dict[str, list[tuple[int, str | None]]] = {}  # file -> (def line, its class or None), in line order
 MAX_SOURCE_BYTES = 4 << 20
+MAX_SOURCE_FILES = 4096
+
+
+def _read_defs(filename: str) -> list[tuple[int, str | None]]:
+    """Every `def` of a source file with the class it is a method of (None: a function), read once.
+
+    A recording names files by itself (hostile ones too): only a regular file of at most 4 MiB is read,
+    and at most that many bytes whatever it claims to hold (a /proc file reports size 0)."""
+    import os
+
+    try:
+        if not os.path.isfile(filename) or os.path.getsize(filename) > MAX_SOURCE_BYTES:
+            return []
+        with open(filename, "rb") as f:
+            data = f.read(MAX_SOURCE_BYTES + 1)
+    except OSError:
+        return []
+    if len(data) > MAX_SOURCE_BYTES:
+        return []
+    out: list[tuple[int, str | None]] = []
+    scopes: list[tuple[int, str, str]] = []  # (indent, "class" | "def", name), innermost last
+    for number, raw in enumerate(data.decode("utf-8", errors="replace").splitlines(), start=1):
+        stripped = raw.lstrip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        indent = len(raw) - len(stripped)
+        while scopes and scopes[-1][0] >= indent:
+            scopes.pop()
+        for kind, prefix in (("class", "class "), ("def", "def "), ("def", "async def ")):
+            if stripped.startswith(prefix):
+                name = stripped[len(prefix):].split("(")[0].split(":")[0].strip()
+                if kind == "def":
+                    owner = scopes[-1] if scopes else None
+                    out.append((number, owner[2] if owner is not None and owner[1] == "class" else None))
+                scopes.append((indent, kind, name))
+                break
+    return out
 
 
 def class_of(filename: str, line: int) -> str | None:
     """The class whose method holds `line` of `filename`, read from the source where it can be read
     (the machine that recorded; a file up to 4 MiB), else None."""
-    if filename not in _CLASS_CACHE:
-        lines = None
-        try:
-            import os
+    import bisect
 
-            if os.path.isfile(filename) and os.path.getsize(filename) <= MAX_SOURCE_BYTES:
-                with open(filename, encoding="utf-8", errors="replace") as f:
-                    lines = f.read().splitlines()
-        except OSError:
-            lines = None
-        if len(_CLASS_CACHE) > 4096:
-            _CLASS_CACHE.clear()
-        _CLASS_CACHE[filename] = lines
-    lines = _CLASS_CACHE[filename]
-    if not lines or not 1 <= line <= len(lines):
+    if filename not in _DEFS:
+        if len(_DEFS) >= MAX_SOURCE_FILES:
+            _DEFS.clear()
+        _DEFS[filename] = _read_defs(filename)
+    defs = _DEFS[filename]
+    k = bisect.bisect_right(defs, line, key=lambda d: d[0]) - 1
+    if k < 0:
         return None
-    indent = None
-    for k in range(line - 1, -1, -1):
-        text = lines[k]
-        stripped = text.lstrip()
-        if not stripped:
-            continue
-        ind = len(text) - len(stripped)
-        if indent is None:
-            if stripped.startswith(("def ", "async def ")):
-                indent = ind
-            continue
-        if ind < indent and stripped.startswith("class "):
-            name = stripped[6:].split("(")[0].split(":")[0].strip()
-            return name if name.isidentifier() else None
-        if ind == 0:
-            return None
-    return None
+    name = defs[k][1]
+    return name if name is not None and name.isidentifier() else None
 
 
 def model_label(frame: tuple[str, int, str] | None) -> str | None:
