@@ -52,7 +52,8 @@ def test_page_loads_draws_and_highlights_a_clicked_site(browser, page):
     b.open(page.as_uri())
     assert b.errors() == []
     assert b.requested_urls() == [page.as_uri()]  # the page fetches nothing
-    assert b.evaluate("document.querySelectorAll('svg').length") == 3
+    # categories, phases (a training recording), sites, the memory map
+    assert b.evaluate("document.querySelectorAll('svg').length") == 4
     # fits 1280 px: nothing wider than the window
     assert b.evaluate("document.documentElement.scrollWidth") <= 1280
 

@@ -37,6 +37,7 @@ EXPLAIN_CSS = """
 figure.xp svg { width: 100%; height: auto; }
 .xp-tbl tr.site:target { background: #fefcbf; }
 .xp-tbl a { color: inherit; }
+.xp-tbl code { white-space: pre-wrap; overflow-wrap: anywhere; }
 svg .col { fill: transparent; }
 svg .col:hover { fill: rgba(0,0,0,.06); }
 svg .blk { stroke: none; }
