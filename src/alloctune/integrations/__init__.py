@@ -1,0 +1,20 @@
+"""Trainer hooks: alloctune inside a training loop (Hugging Face `Trainer`, Lightning).
+
+* `alloctune.integrations.transformers` -- `AlloctuneCallback` and `alloctune_oom_guard(trainer)`
+  (a `TrainerCallback` has no exception hook, so the guard wraps `trainer.train()`).
+* `alloctune.integrations.lightning` -- `AlloctuneCallback` (Lightning's `on_exception` hook).
+* `OOMRecorder` / `oom_guard` -- the same for a hand-written loop.
+
+Each records the allocator history while training runs and, at an out-of-memory error, writes
+the snapshot with alloctune's run record (cap, total memory, torch, setting, device, command),
+prints one line -- the diagnosis verdict, the snapshot, the next commands -- and lets the error
+propagate. Importing this package imports neither torch nor a framework; they are imported
+when a hook is used.
+"""
+
+from __future__ import annotations
+
+from alloctune.integrations.backend import CudaBackend, DeviceLimits, TorchCuda
+from alloctune.integrations.recorder import OOMNote, OOMRecorder, oom_guard
+
+__all__ = ["CudaBackend", "DeviceLimits", "OOMNote", "OOMRecorder", "TorchCuda", "oom_guard"]
