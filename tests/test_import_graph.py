@@ -37,6 +37,8 @@ LAYERS: list[set[str]] = [
     {"report", "run"},                                  # figures / HTML; running a workload under the agent
     {"tune"},                                           # tune drives run + sim
     {"api", PKG},                                       # the public face (`alloctune/__init__.py` is `alloctune`)
+    {"integrations"},                                   # trainer hooks (transformers, Lightning): call the api
+    {"mcp"},                                            # the MCP server: the commands' answers as tools
     {"cli", "__main__"},
 ]
 

@@ -59,6 +59,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "tune_cmd",
     "plan_cmd",
     "explain_cmd",
+    "mcp_cmd",
 )
 
 for _name in _COMMAND_MODULES:

@@ -189,14 +189,12 @@ def register(app: typer.Typer) -> None:
             kind, result = diagnose_input(source, snapshot=snapshot, platform=platform, budget=budget, device=device,
                                           oom=oom, what_if=not no_what_if, progress=progress, on_message=on_message)
         if json_out:
-            from alloctune.schema import with_schema
+            from alloctune.diagnose.service import diagnosis_json
 
-            if kind == "snapshot":
-                print_json(result.to_dict(with_map=False))
-            elif show_all:  # JSON lines: the summary is the last one
-                sys.stdout.write(json.dumps(with_schema("diagnose", result.to_dict())) + "\n")
+            if show_all and kind == "log":  # JSON lines: the summary is the last one
+                sys.stdout.write(json.dumps(diagnosis_json(kind, result)) + "\n")
             else:
-                print_json(with_schema("diagnose", result.to_dict()))
+                print_json(diagnosis_json(kind, result))
         elif kind == "snapshot":
             from alloctune.cli.views import snapshot_view
 

@@ -77,9 +77,9 @@ def register(app: typer.Typer) -> None:
         raise_for_environment(result)
         if json_out:
             from alloctune.cli.common import print_json
-            from alloctune.schema import with_schema
+            from alloctune.run.trial import trial_json
 
-            print_json(with_schema("trial", result.to_dict()))
+            print_json(trial_json(result))
         else:
             render_trial(result)
         for w in result.warnings:

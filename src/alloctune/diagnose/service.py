@@ -217,3 +217,15 @@ def diagnose_input(
     return "snapshot", explain_snapshot(snapshot, budget=budget, device=device or 0,
                                         oom=-1 if oom is None else oom, what_if=what_if, progress=progress,
                                         log_text=text)
+
+
+def diagnosis_json(kind: str, result: Any) -> dict[str, Any]:
+    """What `alloctune diagnose --json` prints for `diagnose_input`'s answer (and the MCP tool
+    returns): a snapshot's diagnosis without its block-by-block memory map, or a log's summary
+    under the `diagnose` schema."""
+    if kind == "snapshot":
+        data: dict[str, Any] = result.to_dict(with_map=False)
+        return data
+    from alloctune.schema import with_schema
+
+    return with_schema("diagnose", result.to_dict())

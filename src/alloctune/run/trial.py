@@ -106,3 +106,10 @@ def raise_for_environment(result: TrialResult) -> None:
         )
     if result.outcome == "no-cuda":
         raise EnvironmentProblem(f"no CUDA in the command: {result.error}; nothing to measure")
+
+
+def trial_json(result: TrialResult) -> dict[str, Any]:
+    """What `alloctune run --json` prints for a trial (and the MCP tool returns)."""
+    from alloctune.schema import with_schema
+
+    return with_schema("trial", result.to_dict())
