@@ -46,12 +46,12 @@ def record(pool: gr.Pool, rec: Path, name: str, model: str, extra: list[str]) ->
                     claim=14 << 30)
 
 
-def largest_micro(pool: gr.Pool, out: Path, model: str, batch: int, cap: int) -> dict:
+def largest_micro(pool: gr.Pool, work: Path, model: str, batch: int, cap: int) -> dict:
     lo, hi = 0, batch + 1  # lo passes (0: nothing known), hi fails
     runs = []
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        r = pool.run(out / "runs" / f"{model}_mb{mid}", target(model, ["--micro-batch", str(mid)]), "", cap=cap)
+        r = pool.run(work / "runs" / f"{model}_mb{mid}", target(model, ["--micro-batch", str(mid)]), "", cap=cap)
         if r is None:
             return {"kind": "micro_batch", "name": model, "cap": cap, "largest_ok": None, "runs": runs}
         runs.append({"micro_batch": mid, "outcome": r["outcome"]})
@@ -73,9 +73,14 @@ def main() -> None:
 
     gr.GPU_MEM = torch.cuda.get_device_properties(0).total_memory - (6 << 30)
     models = [m for m in a.only.split(",") if m]
-    rec = out / "rec"
-    rec.mkdir(exist_ok=True)
-    (out / "runs").mkdir(exist_ok=True)
+    # recordings and bisection runs in a scratch folder: only truth.jsonl, rec.tar.xz and the logs go to OUT
+    # (a device call brings back a few files, not hundreds)
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix="gpu-train-"))
+    rec = work / "rec"
+    rec.mkdir()
+    (work / "runs").mkdir()
     jobs = []
     for m in models:
         for v, extra in VARIANTS.items():
@@ -100,7 +105,7 @@ def main() -> None:
         st = r["stats"]
         lo = int(st["allocated_bytes.all.peak"] * 0.95)
         hi = int(st["reserved_bytes.all.peak"] * 1.02) + (32 << 20)
-        res = {"kind": "min_budget", **gr.bisect_budget(pool, out / "runs", name, target(m, VARIANTS[v]), "", lo, hi,
+        res = {"kind": "min_budget", **gr.bisect_budget(pool, work / "runs", name, target(m, VARIANTS[v]), "", lo, hi,
                                                         a.steps)}
         log(out, res)
         return res
@@ -115,13 +120,13 @@ def main() -> None:
         base = budgets.get(f"{m}_base", {}).get("min_budget")
         if not base:
             return {}
-        res = largest_micro(pool, out, m, MODELS[m], int(base * 0.75))
+        res = largest_micro(pool, work, m, MODELS[m], int(base * 0.75))
         log(out, res)
         return res
 
     with ThreadPoolExecutor(len(models)) as ex:
         list(ex.map(micro_task, models))
-    subprocess.run(["rm", "-rf", str(out / "runs")])
+    subprocess.run(["rm", "-rf", str(work)])
     print(f"done at {time.monotonic() - gr.T0:.0f}s", flush=True)
 
 
