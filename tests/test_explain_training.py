@@ -40,8 +40,8 @@ def layer_frames(line: int) -> list[dict[str, Any]]:
 def layered_program(steps: int = 4, layers: int = 6, checkpointed: bool = False, optimizer: str = "adamw",
                     annotate: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     """A training loop over `layers` identical blocks. Each block's forward saves two tensors for
-    backward, makes one temporary, and outputs one tensor (the next block's input). Backward frees
-    them in reverse. `checkpointed`: the same program written with checkpointing by hand (saved
+    backward, makes one temporary, and outputs one tensor (the next block's input, which that block
+    saves). Backward runs the blocks in reverse, each freeing what it saved. `checkpointed`: the same program written with checkpointing by hand (saved
     tensors freed at the block's end, the block's forward made again when its backward starts).
     `optimizer`: adamw (2 states + a temporary the size of all parameters) or sgd (1 state, none)."""
     rec = Recorder()
@@ -82,6 +82,9 @@ def layered_program(steps: int = 4, layers: int = 6, checkpointed: bool = False,
         for g in grads:
             rec.free(g)
         grads = []
+        # backward, last block first; a block's input (the previous block's output) is saved by the
+        # block and freed while its backward runs; the last output goes with the head's backward
+        rec.free(outs[-1])
         for i in reversed(range(layers)):
             if checkpointed:
                 s, o = block_forward(True, BACKWARD)
@@ -89,10 +92,11 @@ def layered_program(steps: int = 4, layers: int = 6, checkpointed: bool = False,
                 saved[i] = s
             grads.append(m(params[i], [], BACKWARD))
             ga = m(5 * MiB, [], BACKWARD)
-            for blk in saved[i]:
-                rec.free(blk)
+            rec.free(saved[i][0])
+            if i > 0:
+                rec.free(outs[i - 1])
+            rec.free(saved[i][1])
             rec.free(ga)
-            rec.free(outs[i])
         rec.free(loss)
         t0 = rec.t
         if step == 0:

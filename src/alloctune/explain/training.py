@@ -5,18 +5,21 @@ Each is a `Remedy` like the release points: the request stream rewritten the way
 would rewrite the program's requests, its min budget from `sim.sweep`.
 
 * Activation checkpointing of the repeated blocks. The blocks are the repeated modules of the
-  forward pass (a stack that recurs N >= 2 times per step, as `--group layer` counts them); a
-  block's window runs from one occurrence of its first stack to the next. Of what a window
-  allocates, the blocks that outlive it are what autograd saved for backward, except the
-  block's output (the latest of them, the next block's input). With checkpointing the saved
-  blocks are freed where the window ends, and the window's allocations are made again (its
-  own frees with them) when the block's backward starts: right after the backward of the
-  block after it has freed what it saved (the last block: before it frees its first saved
-  block). The recomputed output is dropped at once; the recomputed saved blocks are freed
-  where the originals were.
+  forward pass: N is the largest count such that the stacks recurring a multiple of N times per
+  step make most of its allocations (a block's stack recurs once or more per block); a block's
+  window runs from one occurrence of its first allocation's stack to the next. Of what a window
+  allocates, those freed once backward has begun are what autograd saved for it, except the
+  block's output (the next block's input, freed while the next block's backward runs); a
+  residual the next block frees and autocast's cached casts (freed when the forward's autocast
+  region ends) keep their own frees. With checkpointing the saved blocks are freed where the
+  window ends, and the window's allocations are made again (its own frees with them) when the
+  block's backward starts: right after the backward of the block after it has freed what it
+  saved (the last block: before it frees its first saved block). What the recomputation makes
+  beyond the saved blocks is dropped at once; the recomputed saved blocks are freed where the
+  originals were.
 * Optimizer state. The state is what the optimizer's frames made and held past their step,
   one stack per kind of state (Adam's `exp_avg`, `exp_avg_sq`). SGD with momentum keeps one
-  buffer per parameter and makes no temporaries in its step (no weight decay): the first state
+  buffer per parameter and makes no temporaries in its step (no weight decay): the largest state
   kind is kept, the others and the step's temporaries are dropped. 8-bit AdamW (bitsandbytes)
   keeps each state of a tensor of at least 4096 elements as one byte per element plus a float
   per 256-element block (absmax); smaller tensors keep 32-bit state. Elements are counted as
@@ -30,8 +33,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
-from alloctune.explain.core import Analysis
-from alloctune.explain.phases import FORWARD, OPTIMIZER_STEP
+from alloctune.explain.core import Analysis, Lifetimes
+from alloctune.explain.phases import BACKWARD, FORWARD, OPTIMIZER_STEP
 from alloctune.explain.remedies import Remedy, activity, simulated
 from alloctune.explain.what_if import recorded_conf, rewritten
 from alloctune.trace.model import ALLOC, FREE, RequestStream, Trace
@@ -43,13 +46,13 @@ BNB_BLOCK = 256  # elements per absmax float in blockwise 8-bit state
 @dataclass(frozen=True)
 class Window:
     """One block's forward: requests [start, end); `saved` are its allocations (ids) that outlive it
-    except `output` (-1: none)."""
+    except its `outputs` (the next block's input)."""
 
     start: int
     end: int
     allocs: tuple[int, ...]
     saved: tuple[int, ...]
-    output: int
+    outputs: tuple[int, ...]
 
 
 def block_windows(an: Analysis) -> list[Window]:
@@ -64,25 +67,72 @@ def block_windows(an: Analysis) -> list[Window]:
             by_rep.setdefault(rep_of[k], []).append(k)
     out: list[Window] = []
     for ks in by_rep.values():
-        count = Counter(life.stack[k] for k in ks)
-        per_n = Counter(c for c in count.values() if c >= 2)
-        if not per_n:
+        n = _repeats_per_step(Counter(life.stack[k] for k in ks), len(ks))
+        if n is None:
             continue
-        n = max(per_n, key=lambda c: (per_n[c], c))
-        layer_ks = [k for k in ks if count[life.stack[k]] == n]
-        anchor = life.stack[layer_ks[0]]
-        starts = [k for k in layer_ks if life.stack[k] == anchor]
+        count = Counter(life.stack[k] for k in ks)
+        layer_ks = [k for k in ks if count[life.stack[k]] % n == 0]
+        anchor = life.stack[layer_ks[0]]  # the block's first allocation; its stack may recur m times a block
+        starts = [k for k in layer_ks if life.stack[k] == anchor][::count[anchor] // n]
         last = layer_ks[-1]
+        forward_end = life.alloc[last] + 1
+        backward_start = _backward_start(an, last)
+        spans = []
         for i, k0 in enumerate(starts):
             k1 = starts[i + 1] if i + 1 < len(starts) else last + 1
-            a = life.alloc[k0]
-            b = life.alloc[k1] if k1 < len(life.alloc) and i + 1 < len(starts) else life.alloc[last] + 1
-            allocs = tuple(range(k0, k1))
-            survivors = [k for k in allocs if life.free[k] >= b]
-            output = max(survivors) if survivors else -1
-            saved = tuple(k for k in survivors if k != output and life.free[k] < life.n)
-            out.append(Window(a, b, allocs, saved, output))
+            b = life.alloc[k1] if k1 < len(life.alloc) and i + 1 < len(starts) else forward_end
+            # what backward frees of the block's allocations: saved tensors, and its output -- not a residual
+            # the next block frees, nor autocast's cached casts (freed when the forward's autocast region
+            # ends), nor anything kept for good
+            held = [k for k in range(k0, k1) if life.free[k] >= b and backward_start <= life.free[k] < life.n]
+            spans.append((k0, k1, b, held))
+        out += _with_outputs(life, spans)
     return out
+
+
+def _with_outputs(life: Lifetimes, spans: list[tuple[int, int, int, list[int]]]) -> list[Window]:
+    """The windows of one forward with their outputs told from their saved tensors. Backward runs the
+    blocks last to first, so a block's output -- saved by the block after it -- is freed while that
+    block's backward runs, before the block's own saved tensors: the blocks freed no later than the
+    next block's last free. The last block's output sits where the others' do (the blocks are one
+    code, allocating in one order)."""
+    ends = [max((life.free[k] for k in held), default=-1) for _, _, _, held in spans]
+    offsets: set[int] = set()
+    outputs: list[set[int]] = []
+    for i, (k0, _, _, held) in enumerate(spans):
+        if i + 1 < len(spans):
+            outs = {k for k in held if life.free[k] <= ends[i + 1]}
+            offsets = {k - k0 for k in outs}
+        else:
+            outs = {k0 + off for off in offsets} & set(held)
+        outputs.append(outs)
+    return [Window(life.alloc[k0], b, tuple(range(k0, k1)), tuple(k for k in held if k not in outs),
+                   tuple(sorted(outs))) for (k0, k1, b, held), outs in zip(spans, outputs)]
+
+
+def _backward_start(an: Analysis, last_forward: int) -> int:
+    """The request where the backward after a forward begins: its first allocation made in backward
+    (autograd's first gradient) after the forward's last block allocation `last_forward`."""
+    phases, life = an.phase_of or [], an.life
+    for k in range(last_forward + 1, len(life.alloc)):
+        if phases[k] == BACKWARD:
+            return life.alloc[k]
+        if phases[k] == FORWARD and life.stack[k] == life.stack[last_forward]:
+            break  # the next forward began: this one had no backward
+    return life.alloc[last_forward] + 1
+
+
+COVERAGE = 0.75  # share of a step's forward allocations the repeated blocks must make
+
+
+def _repeats_per_step(count: Counter, allocations: int) -> int | None:
+    """How many times the block repeats in one forward: the largest N >= 2 such that the stacks recurring
+    a multiple of N times make at least `COVERAGE` of the forward's allocations (a block's stack recurs
+    N, 2N, 3N... times: once or more per block); None when no N does."""
+    for n in sorted({c for c in count.values() if c >= 2}, reverse=True):
+        if sum(c for c in count.values() if c % n == 0) >= COVERAGE * allocations:
+            return n
+    return None
 
 
 def with_checkpointing(an: Analysis, windows: Sequence[Window]) -> Trace:
@@ -127,6 +177,7 @@ def with_checkpointing(an: Analysis, windows: Sequence[Window]) -> Trace:
             for k in w.allocs:
                 clones[k] = next_rid
                 next_rid += 1
+            freed: set[int] = set()
             for q in range(w.start, w.end):
                 op = req.ops[q]
                 if op == ALLOC:
@@ -137,8 +188,13 @@ def with_checkpointing(an: Analysis, windows: Sequence[Window]) -> Trace:
                     k = _alloc_of(rid_of, req.rids[q])
                     if k in in_window and life.free[k] == q:
                         put(FREE, life.size[k], clones[k], r)
-            if w.output >= 0:
-                put(FREE, life.size[w.output], clones[w.output], r)
+                        freed.add(k)
+            # what the recomputation made beyond what backward needs (its output, a residual the next block
+            # freed in the forward) is dropped at once; the saved blocks live until their own frees
+            keep = set(w.saved)
+            for k in w.allocs:
+                if k not in freed and k not in keep:
+                    put(FREE, life.size[k], clones[k], r)
             for k in w.saved:
                 clone_free[life.free[k]] = clones[k]
         new_index[r] = len(out)
