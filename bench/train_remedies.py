@@ -99,8 +99,8 @@ def check_program(rec: Path, name: str, truth: dict[str, dict]) -> dict:
         p = subprocess.run([sys.executable, "-m", "alloctune", "plan", *specs, "--cap", f"{mb['cap']}B", "--max-size",
                             str(b), "--json"], capture_output=True, text=True, cwd=ROOT)
         try:
-            largest = json.loads(p.stdout)["largest"][0]["largest"]
-        except (ValueError, KeyError, IndexError):
+            largest = json.loads(p.stdout)["settings"][0]["largest"][0]["largest"] or "none"
+        except (ValueError, KeyError, IndexError, TypeError):
             largest = f"plan failed: {p.stderr.strip()[-200:]}"
         row["micro_plan"], row["micro_real"] = largest, mb.get("largest_ok")
     return row

@@ -373,9 +373,9 @@ def shortage_next_steps(recording: str, budget: int | None, command: str, before
     head = [f"where the memory goes and what would free it: alloctune explain {recording}", *before]
     if training:
         return head + [
-            f"the largest micro-batch that fits: alloctune record --size S1,S2,S3 --out sizes/run.pickle -- {command} "
-            f"(with {{size}} as the micro-batch the program accumulates gradients over), then alloctune plan "
-            f"sizes/{cap}; accumulate over ceil(batch / micro-batch) steps"]
+            "smaller micro-batches with gradients accumulated over ceil(batch / micro-batch) steps: try a few "
+            f"micro-batch sizes with alloctune run --budget {budget // MiB if budget else 'SIZE'}MiB -- {command} "
+            "(plan's size laws do not hold across accumulation counts: each count is another request structure)"]
     return head + [
         f"the largest input that fits: alloctune record --size S1,S2,S3 --out sizes/run.pickle -- {command} "
         f"(with {{size}} where the input size goes), then alloctune plan sizes/{cap}",
