@@ -228,14 +228,18 @@ def checkpointing_code(an: Analysis) -> str:
             "in the model's forward")
 
 
-def checkpointing_remedy(an: Analysis, base: int | None, conf: str) -> Remedy | None:
+BaseActivity = tuple[int, int, int, int]  # `remedies.activity` of the recording as it ran
+
+
+def checkpointing_remedy(an: Analysis, base: int | None, conf: str,
+                         base_act: BaseActivity | None = None) -> Remedy | None:
     windows = block_windows(an)
     if not windows:
         return None
     t = with_checkpointing(an, windows)
     per_step = len(windows) // max(1, an.repeats.count)
     return simulated("checkpointing", f"activation checkpointing of the {per_step} repeated blocks of each step",
-                     t, conf, an.trace, base, activity(an.trace, conf, an.trace), checkpointing_code(an),
+                     t, conf, an.trace, base, base_act or activity(an.trace, conf, an.trace), checkpointing_code(an),
                      notes=(f"{len(windows)} block forwards recomputed in backward; "
                            f"{sum(len(w.saved) for w in windows)} saved tensors freed at their block's end",))
 
@@ -309,14 +313,15 @@ def _rewrite_sizes(an: Analysis, drop: set[int], resize: dict[int, list[int]]) -
     return rewritten(trace, out, new_index)
 
 
-def optimizer_remedies(an: Analysis, base: int | None, conf: str) -> list[Remedy]:
+def optimizer_remedies(an: Analysis, base: int | None, conf: str,
+                       base_act: BaseActivity | None = None) -> list[Remedy]:
     state, temps, kind = optimizer_blocks(an)
     if kind not in ("adamw.py", "adam.py") or len(state) < 2:
         return []
     kinds = sorted(state, key=lambda sid: min(state[sid]))
     # SGD's one buffer per parameter stands for the largest kind (Adam's exp_avg; not a fused step's counters)
     keep = max(kinds, key=lambda sid: (sum(an.life.size[k] for k in state[sid]), -min(state[sid])))
-    base_act = activity(an.trace, conf, an.trace)
+    base_act = base_act or activity(an.trace, conf, an.trace)
     state_bytes = sum(an.life.size[k] for ks in state.values() for k in ks)
     out = []
     drop = {k for sid in kinds if sid != keep for k in state[sid]} | set(temps)
@@ -340,7 +345,7 @@ def optimizer_remedies(an: Analysis, base: int | None, conf: str) -> list[Remedy
     return out
 
 
-def leak_remedy(an: Analysis, base: int | None, conf: str) -> Remedy | None:
+def leak_remedy(an: Analysis, base: int | None, conf: str, base_act: BaseActivity | None = None) -> Remedy | None:
     """The growing sites' kept blocks freed at the end of the repetition that made them (the what-if
     `explain` shows per site), as a remedy naming the lines that keep them."""
     from alloctune.explain.what_if import free_at_repeat_end
@@ -351,24 +356,21 @@ def leak_remedy(an: Analysis, base: int | None, conf: str) -> Remedy | None:
     names = "; ".join(f"{an.labels[i]} (+{an.growth[i][1]} bytes a repetition)" for i in growing[:3])
     return simulated(
         "free_growing", f"free what the growing site(s) keep each repetition: {names}",
-        free_at_repeat_end(an, growing), conf, an.trace, base, activity(an.trace, conf, an.trace),
+        free_at_repeat_end(an, growing), conf, an.trace, base, base_act or activity(an.trace, conf, an.trace),
         f"at {an.labels[growing[0]]}: keep a number (loss.item()) or move the tensor off the GPU (.detach().cpu()) "
         "instead of keeping it on the GPU across steps",
         notes=tuple(f"grows: {an.labels[i]}" for i in growing))
 
 
 def training_remedies(an: Analysis, base: int | None, conf: str | None = None) -> list[Remedy]:
-    """Checkpointing and optimizer-state remedies of a training recording (none for inference)."""
+    """The leak, checkpointing and optimizer-state remedies of a training recording (none for inference);
+    the recording's own uncapped replay, which each compares with, is made once for all of them."""
     from alloctune.explain.phases import trains
 
     if not trains(an.trace.requests):
         return []
     conf = recorded_conf(an.trace) if conf is None else conf
-    out = []
-    leak = leak_remedy(an, base, conf)
-    if leak is not None:
-        out.append(leak)
-    ck = checkpointing_remedy(an, base, conf)
-    if ck is not None:
-        out.append(ck)
-    return out + optimizer_remedies(an, base, conf)
+    base_act = activity(an.trace, conf, an.trace)
+    out = [r for r in (leak_remedy(an, base, conf, base_act), checkpointing_remedy(an, base, conf, base_act))
+           if r is not None]
+    return out + optimizer_remedies(an, base, conf, base_act)
