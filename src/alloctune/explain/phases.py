@@ -100,15 +100,18 @@ def _annotation_index(annotations: Sequence[Annotation], n: int) -> list[str | N
     return out
 
 
-def trains(req: RequestStream) -> bool:
+def trains(req: RequestStream, per_stack: Sequence[str] | None = None) -> bool:
     """Whether a recording trains: the main thread called into `torch.autograd` (loss.backward()
-    allocates its first gradient there) or into an optimizer, by its frames or its annotations."""
+    allocates its first gradient there) or into an optimizer, by its frames or its annotations.
+    `per_stack`: `stack_phases` of its table, when the caller has them."""
     if any(annotation_phase(a.name) in (BACKWARD, OPTIMIZER_STEP) for a in req.annotations):
         return True
     table = req.stack_table
     if table is None or table.dropped:
         return False
-    return any(p in (BACKWARD, OPTIMIZER_STEP, ZERO_GRAD) for p in stack_phases(table))
+    if per_stack is None:
+        per_stack = stack_phases(table)
+    return any(p in (BACKWARD, OPTIMIZER_STEP, ZERO_GRAD) for p in per_stack)
 
 
 def allocation_phases(req: RequestStream) -> list[str]:
@@ -117,7 +120,7 @@ def allocation_phases(req: RequestStream) -> list[str]:
     by_range = _annotation_index(req.annotations, n) if req.annotations else None
     table, ids = req.stack_table, req.stack_ids
     per_stack = stack_phases(table) if table is not None and not table.dropped else None
-    frameless = BACKWARD if per_stack is not None and trains(req) else OTHER
+    frameless = BACKWARD if per_stack is not None and trains(req, per_stack) else OTHER
     out = []
     for r, op in enumerate(req.ops):
         if op != ALLOC:
