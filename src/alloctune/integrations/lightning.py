@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from alloctune.guard.oom import is_oom
 from alloctune.integrations.backend import CudaBackend
-from alloctune.integrations.optional import framework_class
+from alloctune.integrations.optional import callback_class
 from alloctune.integrations.recorder import DEFAULT_MAX_ENTRIES, OOMRecorder
 
 __all__ = ["AlloctuneCallback", "LightningHooks"]
@@ -60,10 +60,7 @@ class LightningHooks:
 @functools.cache
 def _callback_class() -> type:
     """`AlloctuneCallback`: `LightningHooks` on Lightning's `Callback`, built once."""
-    base = framework_class(("lightning.pytorch", "pytorch_lightning"), "Callback", INSTALL)
-    cls = type("AlloctuneCallback", (LightningHooks, base), {"__doc__": LightningHooks.__doc__, "__module__": __name__})
-    globals()["AlloctuneCallback"] = cls
-    return cls
+    return callback_class(LightningHooks, ("lightning.pytorch", "pytorch_lightning"), "Callback", INSTALL, globals())
 
 
 if TYPE_CHECKING:  # what type checkers see; at run time `__getattr__` builds it on first use

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from alloctune.errors import InputError
 from alloctune.integrations.backend import CudaBackend
-from alloctune.integrations.optional import framework_class
+from alloctune.integrations.optional import callback_class
 from alloctune.integrations.recorder import DEFAULT_MAX_ENTRIES, OOMRecorder, oom_guard
 
 __all__ = ["AlloctuneCallback", "TrainerHooks", "alloctune_oom_guard"]
@@ -78,10 +78,7 @@ class TrainerHooks:
 @functools.cache
 def _callback_class() -> type:
     """`AlloctuneCallback`: `TrainerHooks` on `transformers.TrainerCallback`, built once."""
-    base = framework_class(("transformers",), "TrainerCallback", INSTALL)
-    cls = type("AlloctuneCallback", (TrainerHooks, base), {"__doc__": TrainerHooks.__doc__, "__module__": __name__})
-    globals()["AlloctuneCallback"] = cls  # later lookups (and pickle) find it as a plain attribute
-    return cls
+    return callback_class(TrainerHooks, ("transformers",), "TrainerCallback", INSTALL, globals())
 
 
 if TYPE_CHECKING:  # what type checkers see; at run time `__getattr__` builds it on first use
