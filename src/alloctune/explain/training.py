@@ -216,9 +216,9 @@ def _alloc_of(rid_of: list[int], rid: int) -> int:
     return k if k < len(rid_of) and rid_of[k] == rid else -1
 
 
-def checkpointing_code(an: Analysis) -> str:
-    """The line to write for the recording's model library."""
-    table = an.trace.requests.stack_table
+def checkpointing_code(trace: Trace) -> str:
+    """The line to write for the recording's model library (its frames say which)."""
+    table = trace.requests.stack_table
     files = {f[0].replace("\\", "/") for f in table.frames} if table is not None else set()
     if any("/transformers/" in f for f in files):
         return "model.gradient_checkpointing_enable()  # transformers; before the training loop"
@@ -239,7 +239,7 @@ def checkpointing_remedy(an: Analysis, base: int | None, conf: str,
     t = with_checkpointing(an, windows)
     per_step = len(windows) // max(1, an.repeats.count)
     return simulated("checkpointing", f"activation checkpointing of the {per_step} repeated blocks of each step",
-                     t, conf, an.trace, base, base_act or activity(an.trace, conf, an.trace), checkpointing_code(an),
+                     t, conf, an.trace, base, base_act or activity(an.trace, conf, an.trace), checkpointing_code(an.trace),
                      notes=(f"{len(windows)} block forwards recomputed in backward; "
                            f"{sum(len(w.saved) for w in windows)} saved tensors freed at their block's end",))
 

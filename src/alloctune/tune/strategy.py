@@ -256,12 +256,12 @@ class Tuner:
             cd_conf, trial = flow.cudnn
             measured.append(cudnn_remedy(trial, cd_conf, flow.est.get(cd_conf), self.simulator_factory, command))
         if flow.checkpointing is not None:  # activation checkpointing, switched on by the agent
-            from alloctune.explain.core import analyse
             from alloctune.explain.training import checkpointing_code
+            from alloctune.tune.remedies import _trace
 
             ck_conf, trial = flow.checkpointing
-            trace = getattr(flow.sim, "trace", None)
-            code = checkpointing_code(analyse(trace)) if trace is not None else "model.gradient_checkpointing_enable()"
+            trace = _trace(flow.sim, flow.baseline)  # the recording the simulator holds, else loaded
+            code = checkpointing_code(trace) if trace is not None else "model.gradient_checkpointing_enable()"
             measured.append(checkpointing_measured(trial, ck_conf, flow.est.get(ck_conf), self.simulator_factory,
                                                    command, code))
         # simulated beside the GPU runs, unless a capped run taught fallbacks since (then again, with them)
