@@ -4,6 +4,7 @@ Random weights (nothing downloads); fixed seeds; mixed input sizes, as real jobs
 line `DONE items=N` at the end, so a run that completes is told from one that died.
 
   seg        torchvision DeepLabV3-ResNet50 inference at mixed image sizes (no_grad)
+  det        torchvision Faster R-CNN v2 (ResNet-50 FPN) inference, pairs of images of mixed sizes (no_grad)
   convnext   timm ConvNeXt-Tiny inference at mixed resolutions, batch 4 (no_grad)
   hubert     transformers HuBERT-base encoder on 4-16 s of audio with autograd left on (no backward)
   trainkeep  a torch.nn Transformer classifier trained with AdamW that keeps each step's logits on the GPU
@@ -11,7 +12,7 @@ line `DONE items=N` at the end, so a run that completes is told from one that di
 The same programs with one remedy applied by hand (issue 29: what alloctune predicts for a remedy is
 checked against these): `hubert_nograd` (under torch.no_grad()), `hubert_cublas`
 (CUBLAS_WORKSPACE_CONFIG=:4096:8 set before the first matmul), `seg_ec`
-(torch.cuda.empty_cache() after every image), `convnext_bench` (torch.backends.cudnn.benchmark = True).
+(torch.cuda.empty_cache() after every image), `det_ec` (the same after every batch), `convnext_bench` (torch.backends.cudnn.benchmark = True).
 
 Usage: python bench/cap_programs.py NAME
 """
@@ -39,6 +40,27 @@ def seg(release: bool = False) -> int:
             if release:  # the release point alloctune simulates: the end of every repetition (x, out still held)
                 torch.cuda.empty_cache()
     return len(sizes)
+
+
+def det(release: bool = False) -> int:
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.detection.fasterrcnn_resnet50_fpn_v2(weights=None, weights_backbone=None,
+                                                                    num_classes=91).cuda().eval()
+    # pairs of (height, width): the model resizes each to a shorter side of 800 (longer at most 1333), so the
+    # batch's padded shape, the proposals and the cuDNN workspaces change from batch to batch
+    batches = [[(480, 640), (640, 480)], [(720, 1280), (1080, 1920)], [(600, 600), (800, 1200)],
+               [(1200, 400), (500, 900)], [(768, 1024), (1024, 768)], [(360, 640), (960, 960)],
+               [(1080, 1440), (640, 640)], [(400, 1200), (900, 500)]]
+    with torch.no_grad():
+        for pair in batches:
+            images = [torch.rand(3, h, w, device="cuda") for h, w in pair]
+            found = model(images)
+            [{k: v.cpu() for k, v in d.items()} for d in found]
+            if release:  # what a user writes at the end of the loop body (images, found still held)
+                torch.cuda.empty_cache()
+    return len(batches)
 
 
 def convnext(benchmark: bool = False) -> int:
@@ -94,7 +116,8 @@ def trainkeep() -> int:
 
 PROGRAMS = {"seg": seg, "convnext": convnext, "hubert": hubert, "trainkeep": trainkeep,
             "hubert_nograd": lambda: hubert(grad=False), "hubert_cublas": lambda: hubert(cublas=":4096:8"),
-            "seg_ec": lambda: seg(release=True), "convnext_bench": lambda: convnext(benchmark=True)}
+            "seg_ec": lambda: seg(release=True), "det": det, "det_ec": lambda: det(release=True),
+            "convnext_bench": lambda: convnext(benchmark=True)}
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] not in PROGRAMS:

@@ -132,9 +132,10 @@ python3 bench/gpu_plan_points.py --out "$OUT/d" --jobs "${JOBS:-8}" --deadline "
 """, 330),
     "remedies": Job(
         "issue #29 data (bench/gpu_remedies.py): programs recorded by alloctune, and the same programs with each "
-        "remedy applied by hand, real min budgets by bisection; env: JOBS (8), DEADLINE (520 s)",
+        "remedy applied by hand, real min budgets by bisection; env: JOBS (8), DEADLINE (520 s), ONLY (comma list "
+        "of programs, e.g. det,det_ec)",
         r"""
-python3 bench/gpu_remedies.py --out "$OUT/d" --jobs "${JOBS:-8}" --deadline "${DEADLINE:-520}"
+python3 bench/gpu_remedies.py --out "$OUT/d" --jobs "${JOBS:-8}" --deadline "${DEADLINE:-520}" ${ONLY:+--only "$ONLY"}
 """, 560),
     "tune-sharp": Job(
         "issue #28: tune of four real models (HuBERT, Llama generate, DeepLabV3, ConvNeXt) under budgets where the "
@@ -163,6 +164,28 @@ python3 bench/gpu_train.py --out "$OUT" --jobs "${JOBS:-8}" --deadline "${DEADLI
   >"$OUT/stdout.txt" 2>&1
 grep -v '"kind": "recording"' "$OUT/stdout.txt" | tail -30
 """, 540),
+    "train-tune": Job(
+        "issue #36 end to end: `alloctune tune` of the BERT fine-tune under 6 GiB (no setting fits; the checkpointing "
+        "run confirms), of the logits-keeping loop under 8.3 GiB (the leak named), and `run --checkpointing --record` "
+        "of bert / encoder / vit (the agent's switch, against the hand-written min budgets in tests/data/train_gpu)",
+        r"""
+tune_train() {  # NAME BUDGET ARGS...
+  local name=$1 budget=$2 t0; shift 2; t0=$(date +%s)
+  timeout 280 python3 -m alloctune tune --budget "$budget" --json --store "$OUT/$name.trials.jsonl" -- \
+    python3 bench/train_programs.py "$@" >"$OUT/$name.tune.json" 2>"$OUT/$name.tune.stderr"
+  echo "$name tune rc=$? in $(( $(date +%s) - t0 )) s"; tail -25 "$OUT/$name.tune.stderr"
+  rm -rf "$OUT/$name.trials.d" "$OUT/$name.trials.jsonl.lock"
+}
+for m in bert encoder vit; do
+  python3 -m alloctune run --checkpointing --record "$OUT/agentckpt_$m.pickle" --json -- \
+    python3 bench/train_programs.py "$m" --facts "$OUT/agentckpt_$m.facts.json" >"$OUT/agentckpt_$m.json" \
+    2>"$OUT/agentckpt_$m.stderr" && xz -T0 -6 "$OUT/agentckpt_$m.pickle" &
+done
+tune_train bert6 6GiB bert &
+tune_train leak 8.3GiB bert --keep-logits --steps 12 &
+wait
+for m in bert encoder vit; do echo "agentckpt $m:"; head -c 600 "$OUT/agentckpt_$m.json"; echo; done
+""", 330),
     "pytest-gpu": Job(
         "every GPU-marked test (pytest -m gpu)",
         r"""

@@ -31,11 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_recordings as gr  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-PROGRAMS = ["hubert", "hubert_nograd", "hubert_cublas", "seg", "seg_ec", "convnext", "convnext_bench"]
-RECORD = {"hubert": [], "hubert_nograd_agent": ["--no-grad"], "seg": [], "convnext": []}
+PROGRAMS = ["hubert", "hubert_nograd", "hubert_cublas", "seg", "seg_ec", "det", "det_ec", "convnext", "convnext_bench"]
+RECORD = {"hubert": [], "hubert_nograd_agent": ["--no-grad"], "seg": [], "det": [], "convnext": []}
 # calibration runs (the same program under a cap between its peak allocated and peak reserved, where cuDNN
 # falls back to smaller workspaces): what turns the conservative min budget into one number
-CALIBRATE = {"hubert_nograd_agent": ["--no-grad"], "seg": [], "convnext": [], "hubert": []}
+CALIBRATE = {"hubert_nograd_agent": ["--no-grad"], "seg": [], "det": [], "convnext": [], "hubert": []}
 
 
 def record(out: Path, name: str, extra: list[str], budget: int = 0, tag: str = "") -> dict:
@@ -69,8 +69,12 @@ def main() -> None:
     a = ap.parse_args()
     out, pool = gr.open_pool(a)
     programs = a.only.split(",") if a.only else PROGRAMS
+    # with --only, only the recordings of the programs named (hubert_nograd_agent goes with hubert_nograd)
+    record_set = {n: x for n, x in RECORD.items() if not a.only or n.removesuffix("_agent") in programs}
     cal_jobs = []
     for name, extra in CALIBRATE.items():
+        if a.only and name.removesuffix("_agent") not in programs:
+            continue
         r = trial(out, name) if a.calibrate else None
         if r and r.get("peak_allocated") and r.get("peak_reserved"):
             al, res = r["peak_allocated"], r["peak_reserved"]
@@ -78,9 +82,9 @@ def main() -> None:
             # fall back further than the tight run shows (the ladders below it are what a min budget needs)
             cal_jobs += [(name, extra, (al + res) // 2, "_cal_mid"), (name, extra, int(al * 1.04), "_cal_tight"),
                          (name, extra, int(al * 0.96), "_cal_low")]
-    with ThreadPoolExecutor(len(programs) + len(RECORD) + len(cal_jobs)) as ex:
+    with ThreadPoolExecutor(len(programs) + len(record_set) + len(cal_jobs)) as ex:
         recs = [ex.submit(record, out, *j) for j in cal_jobs] if a.calibrate else [
-            ex.submit(record, out, n, x) for n, x in RECORD.items()]
+            ex.submit(record, out, n, x) for n, x in record_set.items()]
         peaks = dict(zip(programs, ex.map(lambda p: pool.run(out / f"peak_{p}", ["bench/cap_programs.py", p], ""),
                                           programs)))
         recorded = [r.result() for r in recs]
