@@ -12,11 +12,16 @@ would rewrite the program's requests, its min budget from `sim.sweep`.
   block's output (the next block's input, freed while the next block's backward runs); a
   residual the next block frees and autocast's cached casts (freed when the forward's autocast
   region ends) keep their own frees. With checkpointing the saved blocks are freed where the
-  window ends, and the window's allocations are made again (its own frees with them) when the
-  block's backward starts: right after the backward of the block after it has freed what it
-  saved (the last block: before it frees its first saved block). What the recomputation makes
-  beyond the saved blocks is dropped at once; the recomputed saved blocks are freed where the
-  originals were.
+  window ends, or where the allocation after them is made when that comes first (a tensor only
+  autograd kept dies with its last use, taken as the next op), while the block's input -- when
+  the block before keeps none of it for backward, the last of what was made before the block
+  that the block's forward lets go of -- is held by the checkpoint until the block's backward
+  is done. The window's allocations are made again (its own frees with them) when the block's
+  backward starts: right after the backward of the block after it has freed what it saved (the
+  last block: before it frees its first saved block). What the recomputation makes beyond the
+  saved blocks is dropped at once; the recomputed saved blocks are freed where the originals
+  were. A block begins where a run of the forward's first block-repeated stack begins (the
+  first block may make first-time allocations, a cuBLAS workspace, that the others do not).
 * Optimizer state. The state is what the optimizer's frames made and held past their step,
   one stack per kind of state (Adam's `exp_avg`, `exp_avg_sq`). SGD with momentum keeps one
   buffer per parameter and makes no temporaries in its step (no weight decay): the largest state
@@ -30,7 +35,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from alloctune.explain.core import Analysis, Lifetimes
@@ -46,13 +51,15 @@ BNB_BLOCK = 256  # elements per absmax float in blockwise 8-bit state
 @dataclass(frozen=True)
 class Window:
     """One block's forward: requests [start, end); `saved` are its allocations (ids) that outlive it
-    except its `outputs` (the next block's input)."""
+    except its `outputs` (the next block's input, kept by it for backward); `inputs`: made before
+    it and freed in its forward, what the checkpoint holds when the block before keeps nothing."""
 
     start: int
     end: int
     allocs: tuple[int, ...]
     saved: tuple[int, ...]
     outputs: tuple[int, ...]
+    inputs: tuple[int, ...] = ()
 
 
 def block_windows(an: Analysis) -> list[Window]:
@@ -72,8 +79,7 @@ def block_windows(an: Analysis) -> list[Window]:
             continue
         count = Counter(life.stack[k] for k in ks)
         layer_ks = [k for k in ks if count[life.stack[k]] % n == 0]
-        anchor = life.stack[layer_ks[0]]  # the block's first allocation; its stack may recur m times a block
-        starts = [k for k in layer_ks if life.stack[k] == anchor][::count[anchor] // n]
+        starts = _block_starts(life, ks, count, n) or _uniform_starts(life, layer_ks, count, n)
         last = layer_ks[-1]
         forward_end = life.alloc[last] + 1
         backward_start = _backward_start(an, last)
@@ -86,8 +92,34 @@ def block_windows(an: Analysis) -> list[Window]:
             # ends), nor anything kept for good
             held = [k for k in range(k0, k1) if life.free[k] >= b and backward_start <= life.free[k] < life.n]
             spans.append((k0, k1, b, held))
-        out += _with_outputs(life, spans)
+        ws = _with_outputs(life, spans)
+        for i, w in enumerate(ws):
+            ins: tuple[int, ...] = ()
+            if i == 0 or not ws[i - 1].outputs:
+                # the block's input when no block of it is kept by the next: the last of what was made before
+                # it (since the block before began) that the block's forward lets go of
+                since = ws[i - 1].allocs[0] if i else ks[0]
+                freed_here = [k for k in range(since, w.allocs[0]) if w.start <= life.free[k] < w.end]
+                ins = (max(freed_here, key=lambda k: life.free[k]),) if freed_here else ()
+            ws[i] = replace(w, inputs=ins)
+        out += ws
     return out
+
+
+def _block_starts(life: Lifetimes, ks: list[int], count: Counter, n: int) -> list[int] | None:
+    """Where each of the n blocks of one forward begins: the first allocation of the first stack that
+    recurs at least n times opens a block wherever a run of that stack begins (a block's first call
+    may make first-time allocations the others do not: a cuBLAS workspace). None unless there are n."""
+    anchor = next((life.stack[k] for k in ks if count[life.stack[k]] >= n), None)
+    starts = [k for i, k in enumerate(ks) if life.stack[k] == anchor and (i == 0 or life.stack[ks[i - 1]] != anchor)]
+    return starts if len(starts) == n else None
+
+
+def _uniform_starts(life: Lifetimes, layer_ks: list[int], count: Counter, n: int) -> list[int]:
+    """Block starts when every block allocates alike: every m-th allocation of the first stack that
+    recurs a multiple of n times (m times a block)."""
+    anchor = life.stack[layer_ks[0]]
+    return [k for k in layer_ks if life.stack[k] == anchor][::count[anchor] // n]
 
 
 def _with_outputs(life: Lifetimes, spans: list[tuple[int, int, int, list[int]]]) -> list[Window]:
@@ -146,9 +178,13 @@ def with_checkpointing(an: Analysis, windows: Sequence[Window]) -> Trace:
     redo_at: dict[int, list[Window]] = {}  # request index -> windows recomputed before it
     ordered = sorted(windows, key=lambda w: w.start)
     for i, w in enumerate(ordered):
-        for k in w.saved:
-            free_at.setdefault(w.end, []).append(k)
+        for k in w.saved:  # what only autograd kept dies with its last use: taken as the op after it
+            free_at.setdefault(min(w.end, life.alloc[k + 1] + 1), []).append(k)
             dropped.add(rid_of[k])
+        if w.saved:  # the checkpoint holds the block's input until the block's backward is done
+            for k in w.inputs:
+                free_at.setdefault(max(life.free[j] for j in w.saved) + 1, []).append(k)
+                dropped.add(rid_of[k])
         own_first = min((life.free[k] for k in w.saved), default=None)
         if own_first is None:
             continue
