@@ -67,6 +67,9 @@ def main() -> None:
     gr.pool_options(ap, jobs=8, deadline=500)
     ap.add_argument("--only", default=",".join(MODELS))
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--batch-sizes", default="",
+                    help="only record each program at these batch sizes, no accumulation (comma list; names {m}_b{n}): "
+                         "the batch-size law that plans the largest micro-batch")
     a = ap.parse_args()
     out, pool = gr.open_pool(a)
     import torch
@@ -83,12 +86,16 @@ def main() -> None:
     (work / "runs").mkdir()
     jobs = []
     for m in models:
+        if a.batch_sizes:
+            jobs += [(f"{m}_b{n}", m, ["--batch", n]) for n in a.batch_sizes.split(",")]
+            continue
         for v, extra in VARIANTS.items():
             jobs.append((f"{m}_{v}", m, extra))
         b = MODELS[m]
         for mb in (b // 4, b // 2):
             jobs.append((f"{m}_mb{mb}", m, ["--micro-batch", str(mb)]))
-    jobs.append(("bert_leak", "bert", ["--keep-logits", "--steps", "6"]))
+    if not a.batch_sizes:
+        jobs.append(("bert_leak", "bert", ["--keep-logits", "--steps", "6"]))
     with ThreadPoolExecutor(len(jobs)) as ex:
         side = dict(zip([j[0] for j in jobs], ex.map(lambda j: record(pool, rec, *j), jobs)))
     for name, r in side.items():
@@ -96,6 +103,8 @@ def main() -> None:
     with tarfile.open(out / "rec.tar.xz", "w:xz") as tar:
         tar.add(rec, arcname="rec")
     print(f"recordings done at {time.monotonic() - gr.T0:.0f}s", flush=True)
+    if a.batch_sizes:
+        return
 
     def budget_task(name: str) -> dict:
         r = side.get(name)
