@@ -13,7 +13,7 @@ checks, per program:
 * micro-batches: `alloctune plan` over the recordings at three micro-batch sizes, under the cap
   the GPU search used, against the real largest micro-batch.
 
-    python bench/train_remedies.py --truth DIR     # DIR: the job's $OUT (truth.jsonl, rec.tar.xz)
+    python bench/train_remedies.py --truth DIR [--batch-law DIR2]   # DIR: the job's $OUT (truth.jsonl, rec.tar.xz)
 
 Prints a table and appends it, dated and with the command, to bench/results/train_remedies.md;
 one line per program to bench/results/LOG.md.
@@ -94,8 +94,11 @@ def check_program(rec: Path, name: str, truth: dict[str, dict]) -> dict:
     mb = truth.get(f"micro:{name}")
     if mb and mb.get("cap"):
         b = MODELS[name]
-        specs = [f"{rec / f'{name}_mb{b // 4}.pickle.xz'}:{b // 4}", f"{rec / f'{name}_mb{b // 2}.pickle.xz'}:{b // 2}",
-                 f"{rec / f'{name}_base.pickle.xz'}:{b}"]
+        # the batch-size law: the program at smaller batches without accumulation (--batch-law), one structure
+        # at every size; else the micro-batched recordings (more passes per step at smaller sizes)
+        kind = "b" if (rec / f"{name}_b{b // 4}.pickle.xz").exists() else "mb"
+        specs = [f"{rec / f'{name}_{kind}{b // 4}.pickle.xz'}:{b // 4}",
+                 f"{rec / f'{name}_{kind}{b // 2}.pickle.xz'}:{b // 2}", f"{rec / f'{name}_base.pickle.xz'}:{b}"]
         p = subprocess.run([sys.executable, "-m", "alloctune", "plan", *specs, "--cap", f"{mb['cap']}B", "--max-size",
                             str(b), "--json"], capture_output=True, text=True, cwd=ROOT)
         try:
@@ -109,6 +112,9 @@ def check_program(rec: Path, name: str, truth: dict[str, dict]) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--truth", required=True, help="the train job's output folder (truth.jsonl, rec.tar.xz)")
+    ap.add_argument("--batch-law", default=None,
+                    help="the output folder of `BATCH_SIZES=... bench/gpu.py train` (rec.tar.xz): micro-batches are "
+                         "planned from those recordings")
     a = ap.parse_args()
     src = Path(a.truth)
     truth: dict[str, dict] = {}
@@ -117,8 +123,9 @@ def main() -> int:
         key = d["name"] if d["kind"] != "micro_batch" else f"micro:{d['name']}"
         truth[key] = d
     with tempfile.TemporaryDirectory() as tmp:
-        with tarfile.open(src / "rec.tar.xz") as tar:
-            tar.extractall(tmp, filter="data")
+        for folder in [src] + ([Path(a.batch_law)] if a.batch_law else []):
+            with tarfile.open(folder / "rec.tar.xz") as tar:
+                tar.extractall(tmp, filter="data")
         rec = Path(tmp) / "rec"
         rows = [check_program(rec, m, truth) for m in MODELS if (rec / f"{m}_base.pickle.xz").exists()]
     lines = ["| program | phases sum = allocated | peak allocated sim / process | peak phase (explain / process) | "
