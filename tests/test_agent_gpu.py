@@ -39,7 +39,9 @@ def test_budget_and_stats_match_the_workload(tmp_path):
         assert own[key] == value, key
     assert res.peak_reserved == own["reserved_bytes.all.peak"] and res.peak_allocated == 430 * MiB
     frac = float(text.split("CAP ", 1)[1].split()[0])
-    assert int(frac * res.total_memory) >= 2048 * MiB
+    # the fraction as torch hands it back went through a float once more: its product may land one byte low
+    # (measured on an H100 with torch 2.11: 2147483647), while the cap the agent set truncates to >= the budget
+    assert int(frac * res.total_memory) >= 2048 * MiB - 1
     assert res.allocator_settings is not None and res.allocator_settings.get("max_split_size") == -1
 
 

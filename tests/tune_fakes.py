@@ -42,7 +42,7 @@ THROUGHPUT = {"garbage_collection_threshold:0.6": 90.0}
 class FakeEvaluator:
     def __init__(self, needs=None, *, total=8 * GiB, crash_on=None, timeout_on=None, snapshot="/dev/null",
                  ignored=(), throughputs=None, autograd=None, no_grad_saving=0, cudnn_benchmark=None,
-                 cudnn_saving=0, cudnn_sticky=False, checkpointing_saving=0, caught_ooms=None):
+                 cudnn_saving=0, cudnn_sticky=False, checkpointing_saving=0, caught_ooms=None, clean_from=None):
         """`ignored`: settings the child silently does not apply (read back as the default);
         `throughputs`: conf -> samples handed out in turn (noise), else THROUGHPUT / 100."""
         self.needs = dict(NEEDS if needs is None else needs)
@@ -67,6 +67,7 @@ class FakeEvaluator:
         self.checkpointing_calls: list[tuple[str, int | None]] = []
         # conf -> OOMs a completing capped run caught itself (cuDNN's fallbacks): passed, yet num_ooms > 0
         self.caught_ooms = dict(caught_ooms or {})
+        self.clean_from = dict(clean_from or {})  # conf -> the budget from which its runs catch none
 
     def need(self, conf: str) -> int:
         if conf.startswith("max_split_size_mb:"):
@@ -109,7 +110,8 @@ class FakeEvaluator:
             peak_reserved=peak_reserved,
             peak_allocated=1900 * MiB,
             num_alloc_retries=0 if ok else 1,
-            num_ooms=(self.caught_ooms.get(conf, 0) if budget is not None else 0) if ok else 1,
+            num_ooms=(self.caught_ooms.get(conf, 0) if budget is not None and budget < self.clean_from.get(
+                conf, budget + 1) else 0) if ok else 1,
             throughput=self._throughput(conf) if ok else None,
             allocator_settings={"PYTORCH_CUDA_ALLOC_CONF": applied},
             warnings=warnings,

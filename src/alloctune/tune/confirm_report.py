@@ -72,13 +72,16 @@ class ReportMixin(FlowState):
         """Whether `best`'s throughput against the default needs runs that have the GPU alone.
         Never (unless `--throughput measure`) when the default is shown not to complete at the
         budget (`default_fails`): the default has no rate there, so a sample alone compares
-        with nothing and only costs wall time (the opening pair would run one after the other)."""
+        with nothing and only costs wall time (the opening pair would run one after the other).
+        Always when a completing run of `best` caught OOMs (fallbacks to slower algorithms)."""
         if best is None or best.knob == DEFAULT:
             return False
         if self.s.throughput_check == "measure":
             return True
         if self.default_fails is not None:
             return False
+        if any(t.result.conf == best.conf and t.result.passed and t.result.num_ooms for t in self.t.trials):
+            return True  # it completed by cuDNN's slower fallbacks: timed alone at the budget, where it may have none
         bound = self._bound(default, best)
         return bound is None or not bound.rules_out
 
@@ -138,6 +141,12 @@ class ReportMixin(FlowState):
         missing = [TrialRequest(conf, self.budget, repeat=self.s.ab_pairs + 1, exclusive=True, ensure_cap=self._gc(c),
                                 purpose="throughput sample (alone on the GPU)")
                    for conf, c in (("", default), (best.conf, best)) if not self.samples.get(conf)]
+        ran = [t.result for t in self.t.trials if t.result.conf == best.conf and t.result.passed]
+        if (self.samples.get(best.conf) and ran and all(r.num_ooms for r in ran)
+                and not any(r.budget == self.budget for r in ran)):
+            # its samples so far ran on fallbacks below the budget: one alone at the budget, where it may have none
+            missing.append(TrialRequest(best.conf, self.budget, repeat=self.s.ab_pairs + 1, exclusive=True,
+                                        ensure_cap=self._gc(best), purpose="throughput sample (alone on the GPU)"))
         if missing:
             self._run(missing)
         pairs = 0

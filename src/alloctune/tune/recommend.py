@@ -92,22 +92,38 @@ def recommend(result: TuneResult) -> Recommendation:
 def caught_fallbacks(result: TuneResult, best: Any) -> dict[str, Any] | None:
     """The recommended setting's completing runs at or below the user's budget that survived OOMs the
     program caught itself (cuDNN answers a failed workspace with another algorithm): the most OOMs one
-    such run caught, the budget of the lowest such run, and the budget where none happen (the simulated
-    need of the recording as made, every request at its full size; None when not simulated)."""
+    such run caught, the budget of the lowest such run, and the budget where none happen.
+
+    That budget is measured -- the lowest budget at which a run of the setting completed with no OOM
+    caught -- or else simulated, and the simulation counts only when it lies above the run that caught
+    them: the recording holds the workspaces cuDNN took uncapped, not the larger ones it tries first
+    under a cap, so a simulated need at or below a budget where fallbacks really happened says nothing
+    about them (None then, and the words say it was not measured)."""
     conf = best.candidate.conf
-    caught = [t.result for t in result.trials if t.result.conf == conf and t.result.passed and t.result.num_ooms
-              and t.result.budget is not None and t.result.budget <= result.budget]
+    runs = [t.result for t in result.trials if t.result.conf == conf and t.result.passed
+            and t.result.budget is not None and t.result.budget <= result.budget]
+    caught = [r for r in runs if r.num_ooms]
     if not caught:
         return None
-    return {"ooms_caught": max(int(r.num_ooms or 0) for r in caught), "run_budget": min(int(r.budget or 0) for r in caught),
-            "fallback_free_budget": best.sim_min_budget}
+    lowest = min(int(r.budget or 0) for r in caught)
+    clean = [int(r.budget or 0) for r in runs if not r.num_ooms and int(r.budget or 0) > lowest]
+    free, how = (min(clean), "measured") if clean else (
+        (best.sim_min_budget, "simulated") if best.sim_min_budget and best.sim_min_budget > lowest else (None, None))
+    return {"ooms_caught": max(int(r.num_ooms or 0) for r in caught), "run_budget": lowest,
+            "fallback_free_budget": free, "fallback_free_method": how}
 
 
 def _fallback_words(fb: dict[str, Any] | None) -> str:
     if fb is None:
         return ""
-    free = (f"; without fallbacks it needs about {format_mib(fb['fallback_free_budget'])} (simulated, every request "
-            "at the size the uncapped run asked for)" if fb["fallback_free_budget"] else "")
+    if fb["fallback_free_method"] == "measured":
+        free = f"; at {format_mib(fb['fallback_free_budget'])} it ran with none caught (measured)"
+    elif fb["fallback_free_method"] == "simulated":
+        free = (f"; without fallbacks it needs about {format_mib(fb['fallback_free_budget'])} (simulated, every "
+                "request at the size the uncapped run asked for; not measured)")
+    else:
+        free = ("; the budget where none happen was not measured (the recording holds only the workspaces taken "
+                "uncapped): run at a larger budget with alloctune run --budget to find it")
     return (f"; its completing run at {format_mib(fb['run_budget'])} survived {fb['ooms_caught']} out-of-memory "
             "error(s) the program caught itself (a library such as cuDNN fell back to algorithms with smaller "
             f"workspaces, which can run slower){free}")
