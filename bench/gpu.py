@@ -191,7 +191,7 @@ for m in bert encoder vit; do echo "agentckpt $m:"; head -c 600 "$OUT/agentckpt_
     "pytest-gpu": Job(
         "every GPU-marked test (pytest -m gpu)",
         r"""
-python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts="" tests >"$OUT/pytest_gpu.txt" 2>&1
+python3 -m pytest -q -rs -m gpu -p no:cacheprovider -o addopts="" tests >"$OUT/pytest_gpu.txt" 2>&1
 echo "pytest rc=$?"; tail -3 "$OUT/pytest_gpu.txt"
 """, 300),
     "driver-cost": Job(

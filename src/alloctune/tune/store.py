@@ -43,7 +43,7 @@ REUSABLE = ("ok", "oom")
 
 
 def trial_key(command: Sequence[str], conf: str, budget: int | None, repeat: int = 0, record: bool = False,
-              *, no_grad: bool = False, cudnn_benchmark: bool | None = None) -> str:
+              *, no_grad: bool = False, cudnn_benchmark: bool | None = None, checkpointing: bool = False) -> str:
     """The identity of a trial, as a canonical JSON string (hashable, stable across runs; the remedy
     switches appear only when set, so the keys of earlier stores still match)."""
     key: dict = {"command": list(command), "conf": conf, "budget": budget, "repeat": repeat, "record": record}
@@ -51,6 +51,8 @@ def trial_key(command: Sequence[str], conf: str, budget: int | None, repeat: int
         key["no_grad"] = True
     if cudnn_benchmark is not None:
         key["cudnn_benchmark"] = bool(cudnn_benchmark)
+    if checkpointing:
+        key["checkpointing"] = True
     return json.dumps(key, sort_keys=True)
 
 

@@ -42,6 +42,7 @@ from alloctune.tune.candidates import (
     split_grid,
 )
 from alloctune.tune.executors.base import Executor, SerialExecutor, TrialRequest
+from alloctune.tune.executors.stored import request_key
 from alloctune.tune.model import (  # noqa: F401 (TuneSettings.. re-exported: the sweep's public face)
     ALIGN,
     Evaluator,
@@ -55,7 +56,7 @@ from alloctune.tune.model import (  # noqa: F401 (TuneSettings.. re-exported: th
 )
 from alloctune.tune.objective import CandidateSummary, rank
 from alloctune.tune.platform import filter_candidates, is_async_backend
-from alloctune.tune.store import TrialStore, trial_key
+from alloctune.tune.store import TrialStore
 from alloctune.units import format_mib
 
 
@@ -94,8 +95,7 @@ class Tuner:
         soon as it finishes, so an interruption loses nothing."""
         found: dict[int, TrialResult] = {}
         todo: list[tuple[int, TrialRequest]] = []
-        keys = [trial_key(self.settings.command, r.conf, r.budget, r.repeat, r.record, no_grad=r.no_grad,
-                          cudnn_benchmark=r.cudnn_benchmark) for r in requests]
+        keys = [request_key(self.settings.command, r) for r in requests]
         for k, (req, key) in enumerate(zip(requests, keys)):
             hit = self.store.get(key) if self.store is not None else None
             if hit is not None and req.record and (not hit.snapshot or not Path(hit.snapshot).exists()):

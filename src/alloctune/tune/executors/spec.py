@@ -79,6 +79,7 @@ class SpecRunner:
             repeat=req.repeat,
             no_grad=req.no_grad,
             cudnn_benchmark=req.cudnn_benchmark,
+            checkpointing=req.checkpointing,
             torch_version=spec.torch_version,
             env=child_env,
         )

@@ -20,7 +20,7 @@ from alloctune.tune.store import TrialStore, trial_key
 
 def request_key(command: Sequence[str], req: TrialRequest) -> str:
     return trial_key(command, req.conf, req.budget, req.repeat, req.record, no_grad=req.no_grad,
-                     cudnn_benchmark=req.cudnn_benchmark)
+                     cudnn_benchmark=req.cudnn_benchmark, checkpointing=req.checkpointing)
 
 
 @dataclass(frozen=True)
