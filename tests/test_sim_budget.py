@@ -7,11 +7,11 @@ import pytest
 from alloctune.sim.demo import shipped_trace_path
 from alloctune.sim.budget import MinBudget, min_budget
 from alloctune.sim.replay import cap_from_budget, replay
+from alloctune.sim.resolution import ABS_TOL, REL_TOL
 from alloctune.trace import load_trace
-from alloctune.units import MiB
 
 
-def _reference(trace, config, rel_tol=0.01, abs_tol=16 * MiB) -> MinBudget:
+def _reference(trace, config, rel_tol=REL_TOL, abs_tol=ABS_TOL) -> MinBudget:
     """min_budget as it was before the uncapped run could be reused (every probe replayed)."""
 
     def ok(budget):

@@ -140,7 +140,7 @@ class WhatIf:
     peak_reserved: int | None = None
     note: str = ""
     # The smallest budget under which this setting gets the run through the failed request (bisected
-    # to 1 % or 16 MiB); only computed when no setting serves it under the budget ("needs N more").
+    # to sim.resolution's 0.2 % or 1 MiB); only computed when no setting serves it under the budget ("needs N more").
     min_budget: int | None = None
 
     def to_dict(self) -> dict[str, Any]:

@@ -21,11 +21,12 @@ from typing import Iterable, Sequence
 
 from alloctune.explain.core import Analysis
 from alloctune.explain.model import Explanation, WhatIfResult
+from alloctune.sim.resolution import ABS_TOL, REL_TOL
 from alloctune.trace.model import FREE, Annotation, RequestStream, Trace
 
 MAX_SITE_WHAT_IFS = 5
-WHAT_IF_REL_TOL = 0.002
-WHAT_IF_ABS_TOL = 1 << 20
+WHAT_IF_REL_TOL = REL_TOL  # the one min-budget resolution (sim.budget): `simulate` reproduces a what-if's number
+WHAT_IF_ABS_TOL = ABS_TOL
 
 
 def recorded_conf(trace: Trace) -> str:
@@ -89,8 +90,7 @@ def rewritten(trace: Trace, out: RequestStream, new_index: list[int]) -> Trace:
 def _min_budget(trace: Trace, conf: str, reference: Trace) -> int | None:
     from alloctune.sim.sweep import sweep
 
-    # to 0.2 % or 1 MiB: a what-if's saving is often a few percent of the budget, finer than the
-    # default bisection resolution (1 % or 16 MiB) can show
+    # to the one resolution (sim.resolution): `simulate --min-budget` of the written file answers the same
     return sweep(trace, [conf], find_min=True, reference=reference, rel_tol=WHAT_IF_REL_TOL,
                  abs_tol=WHAT_IF_ABS_TOL).rows[0].min_budget
 

@@ -3,7 +3,9 @@
 Bisection between a budget that must fail (below the program's own peak of live requested
 bytes, nothing can fit: cap >= reserved >= allocated >= requested) and one that completes
 (the uncapped peak reserved, grown if a setting such as GC needs more). It stops when the
-bracket is within 1 % or 16 MiB, and reports the completing end. Feasibility is assumed
+bracket is within `REL_TOL` or `ABS_TOL` (0.2 % or 1 MiB), and reports the completing end: one
+resolution for every command, so that a number one command prints is the number the command it
+prints as its reproduction answers (a remedy's saving is often a few percent, finer than 1 %). Feasibility is assumed
 monotone in the budget, which holds for the allocator's rules in practice but is not
 guaranteed (a cap changes which segments get released, and so later placement); the result
 is the bracket the bisection saw.
@@ -21,9 +23,9 @@ from typing import Any
 
 from alloctune.sim.driver import H200_TOTAL
 from alloctune.sim.replay import SimResult, cap_from_budget, replay
+from alloctune.sim.resolution import ABS_TOL, REL_TOL
 from alloctune.sim.settings import SimSettings
 from alloctune.trace.model import Trace
-from alloctune.units import MiB
 
 
 @dataclass(frozen=True)
@@ -43,8 +45,8 @@ def min_budget(
     *,
     torch: str | None = None,
     total_memory: int | None = None,
-    rel_tol: float = 0.01,
-    abs_tol: int = 16 * MiB,
+    rel_tol: float = REL_TOL,
+    abs_tol: int = ABS_TOL,
     uncapped: SimResult | None = None,
     addresses: Any = "recorded",
     reference: Trace | None = None,

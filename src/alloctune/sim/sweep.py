@@ -23,8 +23,8 @@ from alloctune.progress import Progress, no_progress
 from alloctune.schema import schema_id
 from alloctune.sim.budget import min_budget
 from alloctune.sim.replay import replay
+from alloctune.sim.resolution import ABS_TOL, REL_TOL
 from alloctune.trace.model import Trace
-from alloctune.units import MiB
 
 SCHEMA = schema_id("sweep")
 
@@ -96,8 +96,8 @@ def simulate_setting(
     torch: str | None = None,
     total_memory: int | None = None,
     find_min: bool = True,
-    rel_tol: float = 0.01,
-    abs_tol: int = 16 * MiB,
+    rel_tol: float = REL_TOL,
+    abs_tol: int = ABS_TOL,
     addresses: Any = "recorded",
     reference: Trace | None = None,
     uncapped: bool = True,
@@ -156,8 +156,8 @@ def sweep(
     torch: str | None = None,
     total_memory: int | None = None,
     find_min: bool = True,
-    rel_tol: float = 0.01,
-    abs_tol: int = 16 * MiB,
+    rel_tol: float = REL_TOL,
+    abs_tol: int = ABS_TOL,
     addresses: Any = "recorded",
     reference: Trace | None = None,
     uncapped: bool = True,

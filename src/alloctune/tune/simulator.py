@@ -9,16 +9,15 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from alloctune.run.trial import TrialResult
-from alloctune.units import MiB, format_mib
+from alloctune.sim.resolution import ABS_TOL as SIM_ABS_TOL
+from alloctune.sim.resolution import REL_TOL as SIM_REL_TOL
+from alloctune.units import format_mib
 
-# The simulated min_budget's own resolution: the bisection stops within 0.2 % or one 2 MiB cap step
-# of the simulator's threshold. At sim.sweep's default (1 % or 16 MiB) the estimate could lie 16 MiB
-# above the threshold -- 3.5 % of a 450 MiB budget, more than the confirm flow's opening pair spans
-# (+-1 %): on a timm ConvNeXt tuned on the H200 the estimate was 454 MiB, the real need in (442, 450],
-# and the flow spent a fourth run widening. A few more replays per candidate (about 1.5x the sweep's
-# time on the Llama recording: 2.4 s instead of 1.7 s for five settings) buy the estimate its precision.
-SIM_REL_TOL = 0.002
-SIM_ABS_TOL = 2 * MiB
+# The simulated min_budget's resolution is the one every command uses (sim.resolution: 0.2 % or 1 MiB):
+# tune's estimates, explain's remedies and `simulate --min-budget` print the same number for one
+# recording. (At 1 % or 16 MiB the estimate could lie 3.5 % above a 450 MiB need, more than the
+# confirm flow's opening pair spans: a timm ConvNeXt tuned on the H200 spent a fourth run widening.)
+
 
 class SimulatorFromTrace:
     """`Simulator` over `alloctune.sim.sweep` for the baseline's recorded trace (pure Python).
