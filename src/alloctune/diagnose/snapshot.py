@@ -373,9 +373,10 @@ def shortage_next_steps(recording: str, budget: int | None, command: str, before
     head = [f"where the memory goes and what would free it: alloctune explain {recording}", *before]
     if training:
         return head + [
-            "smaller micro-batches with gradients accumulated over ceil(batch / micro-batch) steps: try a few "
-            f"micro-batch sizes with alloctune run --budget {budget // MiB if budget else 'SIZE'}MiB -- {command} "
-            "(plan's size laws do not hold across accumulation counts: each count is another request structure)"]
+            "smaller micro-batches with gradients accumulated over ceil(batch / micro-batch) steps: the largest "
+            "micro-batch that fits is the largest batch that fits without accumulation -- record the program at "
+            f"three batch sizes, no accumulation: alloctune record --size 8,16,32 --out sizes/run.pickle -- {command} "
+            f"(with {{size}} where the batch size goes), then alloctune plan sizes/{cap}"]
     return head + [
         f"the largest input that fits: alloctune record --size S1,S2,S3 --out sizes/run.pickle -- {command} "
         f"(with {{size}} where the input size goes), then alloctune plan sizes/{cap}",
