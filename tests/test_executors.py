@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from alloctune.errors import EnvironmentProblem, InputError
+from alloctune.run.process import PORTABLE_ENV
 from alloctune.tune.executors import SerialExecutor, TrialRequest
 from alloctune.tune.executors.factory import make_executor
 from alloctune.tune.executors.gpuinfo import GpuInfo, visible_entries
@@ -29,6 +30,14 @@ from executor_fakes import COMMAND, GiB, MiB, FakeTrials, requests
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 TESTS = str(Path(__file__).resolve().parent)
+
+
+def _process_mode(monkeypatch, portable: bool) -> None:
+    """POSIX process groups, or portable mode (`ALLOCTUNE_PORTABLE_PROCESS=1`: the path Windows takes)."""
+    if portable:
+        monkeypatch.setenv(PORTABLE_ENV, "1")
+    else:
+        monkeypatch.delenv(PORTABLE_ENV, raising=False)
 
 
 def _trial_lines(path: Path) -> list[str]:
@@ -217,8 +226,11 @@ def test_ctrl_c_stops_the_sweep_everywhere():
     assert fake.cancelled.is_set() and fake.running == 0 and len(fake.calls) == 3
 
 
-def test_ctrl_c_kills_real_trial_processes(tmp_path):
-    """SpecRunner + runner.terminate_running: children in their own sessions do not outlive the sweep."""
+@pytest.mark.parametrize("portable", [False, True])
+def test_ctrl_c_kills_real_trial_processes(tmp_path, monkeypatch, portable):
+    """SpecRunner + runner.terminate_running: children in their own sessions do not outlive the sweep
+    (also in portable mode, the path Windows takes)."""
+    _process_mode(monkeypatch, portable)
     pids = tmp_path / "pids"
     pids.mkdir()
     code = "import os,sys,time; open(os.path.join(sys.argv[1], str(os.getpid())), 'w').close(); time.sleep(120)"
@@ -386,8 +398,11 @@ def test_probe_falls_back_to_nvidia_smi_and_follows_visible_devices(tmp_path, mo
     assert gpuinfo.probe({"CUDA_VISIBLE_DEVICES": "0"}) == [GpuInfo("0", None, None, None)]
 
 
-def test_the_runners_evaluator_is_stopped_too_when_wrapped(tmp_path):
-    """`runner.TrialEvaluator` given straight to an executor: Ctrl-C still reaches its children."""
+@pytest.mark.parametrize("portable", [False, True])
+def test_the_runners_evaluator_is_stopped_too_when_wrapped(tmp_path, monkeypatch, portable):
+    """`runner.TrialEvaluator` given straight to an executor: Ctrl-C still reaches its children (also
+    in portable mode)."""
+    _process_mode(monkeypatch, portable)
     import threading
 
     from alloctune.run.runner import TrialEvaluator

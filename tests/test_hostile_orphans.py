@@ -1,6 +1,7 @@
 """No orphaned workloads: when `alloctune run` / `tune` dies (kill -9, SIGTERM, SIGHUP) the workload dies
 with it, trial folders are cleaned up, and --resume reports a trial of an earlier sweep still running
-(issue #19, item 4). Workloads are tiny Python sleepers (no GPU)."""
+(issue #19, item 4), with POSIX process groups and in portable mode (`process_mode`). Workloads are
+tiny Python sleepers (no GPU)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,27 @@ import pytest
 
 import hostile_probes as hp
 from alloctune.errors import EnvironmentProblem
-from alloctune.run.process import check_previous_trial, group_alive, pid_alive, sweep_stale_trial_dirs
+from alloctune.run.process import PORTABLE_ENV, check_previous_trial, group_alive, pid_alive, sweep_stale_trial_dirs
 from alloctune.run.runner import TrialEvaluator
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process-group and /proc checks")
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX signals (SIGKILL, SIGHUP) to alloctune")
+
+
+@pytest.fixture(autouse=True, params=["groups", "portable"])
+def process_mode(request, monkeypatch):
+    """Each test twice: with POSIX process groups, and with `ALLOCTUNE_PORTABLE_PROCESS=1`, the path
+    Windows takes (psutil trees by pid and creation time; killpg and PR_SET_PDEATHSIG off), here and
+    in every alloctune and workload started from here (they inherit the variable)."""
+    if request.param == "portable":
+        monkeypatch.setenv(PORTABLE_ENV, "1")
+
+        def no_killpg(*args):
+            raise AssertionError("os.killpg used in portable mode")
+
+        monkeypatch.setattr(os, "killpg", no_killpg)
+    else:
+        monkeypatch.delenv(PORTABLE_ENV, raising=False)
+    return request.param
 
 # Writes its pid (and, with CHILD=1, a grandchild's) then sleeps: the process that must not outlive alloctune.
 SLEEPER = """

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from alloctune.errors import ConfigError, EnvironmentProblem
+from alloctune.run.process import PORTABLE_ENV
 from alloctune.run.runner import (
     TrialResult,
     build_env,
@@ -50,7 +51,13 @@ def test_python_without_cuda_is_no_cuda():
         raise_for_environment(res)
 
 
-def test_timeout_kills_the_whole_process_group(tmp_path):
+@pytest.mark.parametrize("portable", [False, True])
+def test_timeout_kills_the_whole_process_group(tmp_path, monkeypatch, portable):
+    """Also in portable mode (the path Windows takes: the trial's tree, no killpg)."""
+    if portable:
+        monkeypatch.setenv(PORTABLE_ENV, "1")
+    else:
+        monkeypatch.delenv(PORTABLE_ENV, raising=False)
     pidfile = tmp_path / "grandchild.pid"
     # a shell whose background child would outlive a plain kill of the shell
     cmd = ["sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait"]

@@ -159,16 +159,11 @@ class Sample:
 
 
 def pid_alive(pid: int) -> bool:
-    """True if a process with this pid exists (signal 0 checks without touching it)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return False
-    return True
+    """True if a process with this pid exists: the agent's one rule (psutil, or a process handle on
+    Windows, where `os.kill(pid, 0)` would end the process)."""
+    from alloctune.agent.watchdog import pid_alive as alive
+
+    return alive(pid)
 
 
 def read_live_files(

@@ -1,11 +1,24 @@
-"""The process group of one trial: start it so it cannot outlive alloctune, end it on every way out.
+"""The processes of one trial: start them so they cannot outlive alloctune, end them all on every way out.
 
-The runner starts each trial in its own session (process group). This module owns what that
-takes: killing the whole group (SIGTERM, then SIGKILL after a grace period; the agent writes
-its report on SIGTERM), `PR_SET_PDEATHSIG` so the direct child dies with alloctune (Linux),
-Ctrl-C / SIGTERM / SIGHUP raised once and never lost while `Popen` forks, the children running
-now (a parallel executor stops them all on Ctrl-C), and trial folders or pid files an earlier
-alloctune left behind. Process control only: nothing here reads a report or knows an outcome.
+A trial is the runner's direct child (the trial's root) and every process under it. This module
+owns what ending all of them takes, and nothing here reads a report or knows an outcome:
+
+- the options that start the root (`child_start_options`): its own session on POSIX, a new process
+  group on Windows (`CREATE_NEW_PROCESS_GROUP`: Ctrl-Break reaches the trial, not alloctune), and
+  on Linux `PR_SET_PDEATHSIG`, so a root without the agent dies with alloctune even by SIGKILL
+  (where the agent runs, its watchdog ends the whole trial instead, `agent/watchdog.py`);
+- stopping the trial (`_kill_group`): an interrupt if asked, SIGTERM (the agent writes its report),
+  then a hard kill, each after a grace period without an exit, and nothing left once the root exits;
+- Ctrl-C / SIGTERM / SIGHUP raised once and never lost while `Popen` forks; the trials running now
+  (a parallel executor stops them all on Ctrl-C); trial folders and pid files an earlier alloctune
+  left behind.
+
+Every process of a trial is reached two ways. The tree (psutil, every platform): the root and its
+descendants, each known by pid *and* creation time, so a reused pid is never taken for a process
+of the trial; on Windows, where a dead parent's children keep its pid as their parent, the tree
+still finds them. The process group (POSIX only, besides the tree): `killpg` also reaches what
+was reparented when its parent exited. `ALLOCTUNE_PORTABLE_PROCESS=1` switches the POSIX-only
+means off (groups, PR_SET_PDEATHSIG, the watch pipe), so tests on Linux run the Windows path.
 """
 
 from __future__ import annotations
@@ -22,10 +35,17 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
-from alloctune.agent.watchdog import pid_alive  # whether a process exists and is not a zombie
+import psutil
+
+from alloctune.agent.watchdog import PORTABLE_ENV, birth, pid_alive, portable, trial_tree  # noqa: F401 (re-exported)
 from alloctune.errors import EnvironmentProblem
+
+# time.time() taken before a start and psutil's creation time of the process started then differ
+# by up to this much (psutil counts from the boot time, in whole seconds on Linux).
+CLOCK_SLACK_S = 2.0
+REAP_ROUNDS = 3  # hard-kill passes at the end: a process started during one is caught by the next
 
 
 def _stderr_fd() -> int:
@@ -35,36 +55,36 @@ def _stderr_fd() -> int:
         return sys.__stderr__.fileno() if sys.__stderr__ else subprocess.DEVNULL
 
 
-def _kill_group(proc: subprocess.Popen, grace: float, first: tuple[signal.Signals, ...] = ()) -> None:
-    """Signal the child's whole process group: `first` signals, SIGTERM, then SIGKILL, each after
-    `grace` s without an exit (the agent writes its report on SIGTERM)."""
-    steps = [(sig, grace) for sig in first] + [(signal.SIGTERM, grace), (signal.SIGKILL, 10.0)]
-    for sig, wait in steps:
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            continue
-        # The leader is gone; make sure no straggler in the group survives it.
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        return
+def _groups() -> bool:
+    """Whether POSIX process groups are used besides the tree (not on Windows, not when portable)."""
+    return not portable()
 
 
-# ---- no orphans -----------------------------------------------------------------------------------
+# ---- starting a trial ----------------------------------------------------------------------------
 PR_SET_PDEATHSIG = 1
 TRIAL_PREFIX = "alloctune-trial-"
 OWNER_FILE = "owner.json"
 
 
-def _die_with_parent(parent: int):
-    """A preexec function: the child gets SIGKILL when alloctune dies (Linux), or None elsewhere."""
-    if not sys.platform.startswith("linux"):
+def child_start_options(parent: int, watch_fd: int) -> dict[str, Any]:
+    """The `subprocess.Popen` keywords that start a trial's root on this platform.
+
+    POSIX: its own session (the group `killpg` reaches), the watchdog pipe's read end inherited,
+    and the parent-death signal (Linux). Windows: a new process group, and nothing POSIX-only
+    (`Popen` refuses `pass_fds` and `preexec_fn` there; the agent checks the runner's pid instead).
+    Portable mode on POSIX keeps the session (Windows' new group) and drops the rest."""
+    if os.name == "nt":
+        return {"creationflags": getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0)}
+    if portable():
+        return {"start_new_session": True}
+    return {"start_new_session": True, "pass_fds": (watch_fd,) if watch_fd >= 0 else (),
+            "preexec_fn": _die_with_parent(parent)}
+
+
+def _die_with_parent(parent: int) -> Callable[[], None] | None:
+    """A preexec function: the child gets SIGKILL when alloctune dies (Linux), or None elsewhere
+    and in portable mode (where the agent's watchdog alone ends the trial)."""
+    if not sys.platform.startswith("linux") or portable():
         return None
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -80,43 +100,173 @@ def _die_with_parent(parent: int):
     return preexec
 
 
-def group_alive(pgid: int) -> bool:
-    """Whether any process of process group `pgid` still exists."""
+# ---- the trials running now, and their roots' identities -------------------------------------
+# Creation time of each trial's root, from when the runner lists it as running until
+# `_reap_group` has ended what is left of it: once its exit is collected its pid may be reused.
+_BORN: dict[int, float | None] = {}
+
+
+class _RunningTrials(set[subprocess.Popen]):
+    """The trials running now (the runner adds each once started, under `_RUNNING_LOCK`); adding
+    one notes its root's creation time, taken while its exit is not collected yet, so the pid is
+    still its own."""
+
+    def add(self, proc: subprocess.Popen) -> None:
+        super().add(proc)
+        _BORN[proc.pid] = birth(proc.pid)
+
+
+_RUNNING: _RunningTrials = _RunningTrials()
+_RUNNING_LOCK = threading.Lock()
+
+
+def _root_birth(proc: subprocess.Popen) -> float | None:
+    with _RUNNING_LOCK:
+        if proc.pid in _BORN:
+            return _BORN[proc.pid]
+    return birth(proc.pid) if proc.returncode is None else None
+
+
+# ---- stopping a trial ------------------------------------------------------------------------
+INTERRUPT, TERMINATE, KILL = "interrupt", "terminate", "kill"
+_POSIX_SIGNAL = {INTERRUPT: "SIGINT", TERMINATE: "SIGTERM", KILL: "SIGKILL"}
+
+
+def _kill_group(proc: subprocess.Popen, grace: float, first: tuple[signal.Signals, ...] = ()) -> None:
+    """Stop every process of the trial rooted at `proc`: `first` signals (SIGINT: an interrupt),
+    SIGTERM, then a hard kill, each after `grace` s without an exit (the agent writes its report
+    on SIGTERM). Once the root has exited, nothing of the trial survives it: the hard kill also
+    reaches every process seen in an earlier step (on POSIX the root's orphans leave its tree)."""
+    born = _root_birth(proc)
+    seen: dict[int, psutil.Process] = {}
+    steps = [(INTERRUPT if sig == signal.SIGINT else TERMINATE, grace) for sig in first]
+    for step, wait in steps + [(TERMINATE, grace), (KILL, 10.0)]:
+        _signal_trial(proc.pid, born, step, seen)
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        _signal_trial(proc.pid, born, KILL, seen)  # the root is gone: no straggler survives it
+        return
+
+
+def _signal_trial(root: int, born: float | None, step: str, seen: dict[int, psutil.Process]) -> None:
+    """One step to every process of the trial: to its group (POSIX), and through the tree to each
+    process outside that group (its own session, or no group at all: Windows, portable mode).
+    `seen` gathers the tree's processes; a hard kill goes to all of them (psutil refuses a pid
+    that now names another process)."""
+    tree = trial_tree(root, born) if born is not None else []  # unknown identity: the group alone
+    if step == KILL:
+        tree = list({p.pid: p for p in list(seen.values()) + tree}.values())
+    seen.update((p.pid, p) for p in tree)
+    if _groups():
+        try:
+            os.killpg(root, getattr(signal, _POSIX_SIGNAL[step]))
+        except OSError:
+            pass
+        tree = [p for p in tree if _pgid(p.pid) not in (root, None)]
+    for proc in tree:
+        _send(proc, step, is_root=proc.pid == root)
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def _send(proc: psutil.Process, step: str, *, is_root: bool) -> None:
+    """One step to one process. Windows has no SIGINT for another process: an interrupt is
+    Ctrl-Break to the root's process group (the root leads one: `child_start_options`);
+    terminate and kill both end the process."""
+    try:
+        if os.name != "nt":
+            proc.send_signal(getattr(signal, _POSIX_SIGNAL[step]))
+        elif step == INTERRUPT:
+            if is_root:
+                proc.send_signal(signal.CTRL_BREAK_EVENT)  # type: ignore[attr-defined]
+        elif step == TERMINATE:
+            proc.terminate()
+        else:
+            proc.kill()
+    except (psutil.Error, OSError, ValueError):
+        pass
+
+
+def _reap_group(pgid: int) -> None:
+    """Hard-kill whatever is left of the trial rooted at `pgid` (every way out of a trial ends here)."""
+    with _RUNNING_LOCK:
+        born = _BORN.pop(pgid, None)
+    if _groups():
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except OSError:
+            pass
+    if born is None:
+        return  # the root's identity is unknown: its pid alone may now name another process
+    for _ in range(REAP_ROUNDS):
+        left = [p for p in trial_tree(pgid, born) if _running(p)]
+        if not left:
+            return
+        for proc in left:
+            _send(proc, KILL, is_root=proc.pid == pgid)
+        psutil.wait_procs(left, timeout=1.0)
+
+
+# ---- no orphans ----------------------------------------------------------------------------------
+def group_alive(pgid: int, started: float | None = None) -> bool:
+    """Whether any process of the trial rooted at `pgid` (on POSIX: of process group `pgid`) still
+    runs; zombies do not count. `started`: when the trial was started (`owner.json`), so a process
+    older than that holding the root's pid is not taken for it."""
+    earliest = None if started is None else started - CLOCK_SLACK_S
+    if any(_running(p) for p in trial_tree(pgid, earliest, exact=False)):
+        return True
+    if not _groups():
+        return False
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except OSError:
         return True
-    if sys.platform.startswith("linux"):  # zombies only (e.g. killed, not reaped) do not count
-        try:
-            for entry in os.listdir("/proc"):
-                if entry.isdigit():
-                    try:
-                        with open(f"/proc/{entry}/stat", "rb") as fh:
-                            fields = fh.read().rsplit(b")", 1)[1].split()
-                    except OSError:
-                        continue
-                    if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-                        return True
-            return False
-        except OSError:
+    for proc in psutil.process_iter():
+        if _pgid(proc.pid) == pgid and _running(proc):
             return True
-    return True
+    return False
 
 
-def _reap_group(pgid: int) -> None:
-    """SIGKILL whatever is left of the trial's process group."""
+def _running(proc: psutil.Process) -> bool:
     try:
-        os.killpg(pgid, signal.SIGKILL)
-    except OSError:
-        pass
+        return proc.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.NoSuchProcess:
+        return False
+    except (psutil.Error, OSError):
+        return True
+
+
+def _runner_alive(owner: dict[str, Any]) -> bool:
+    """Whether the alloctune that wrote `owner` (an `owner.json` or pid file) still runs: its pid
+    is alive and was created before the trial it started (not a later reuse of the pid)."""
+    try:
+        pid = int(owner.get("runner_pid", -1))
+    except (TypeError, ValueError):
+        return False
+    if not pid_alive(pid):
+        return False
+    started, created = owner.get("started"), birth(pid)
+    return not (isinstance(started, (int, float)) and created is not None and created > started + CLOCK_SLACK_S)
+
+
+def _started(owner: dict[str, Any]) -> float | None:
+    started = owner.get("started")
+    return float(started) if isinstance(started, (int, float)) else None
 
 
 def sweep_stale_trial_dirs(tmp: str | os.PathLike | None = None, older_than_s: float = 86400.0) -> int:
     """Remove trial folders whose alloctune died without cleaning up; returns how many.
 
-    A folder with `owner.json` goes once its owner and its process group are gone; one
+    A folder with `owner.json` goes once its owner and its trial's processes are gone; one
     without (an older alloctune) once it is a day old.
     """
     removed = 0
@@ -129,9 +279,9 @@ def sweep_stale_trial_dirs(tmp: str | os.PathLike | None = None, older_than_s: f
     for folder in candidates:
         try:
             owner = json.loads((folder / OWNER_FILE).read_text())
-            stale = not pid_alive(int(owner["runner_pid"])) and not (
-                isinstance(owner.get("pgid"), int) and group_alive(owner["pgid"]))
-        except (OSError, ValueError, KeyError, TypeError):
+            stale = not _runner_alive(owner) and not (
+                isinstance(owner.get("pgid"), int) and group_alive(owner["pgid"], _started(owner)))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             try:
                 stale = now - folder.stat().st_mtime > older_than_s
             except OSError:
@@ -157,11 +307,12 @@ def check_previous_trial(pid_file: str | os.PathLike) -> None:
     except (OSError, ValueError, KeyError, TypeError):
         path.unlink(missing_ok=True)
         return
-    if group_alive(pgid):
-        who = "whose alloctune is still running" if pid_alive(int(info.get("runner_pid", -1))) else "orphaned"
+    if group_alive(pgid, _started(info)):
+        who = "whose alloctune is still running" if _runner_alive(info) else "orphaned"
+        stop = f"taskkill /T /F /PID {pgid}" if os.name == "nt" else f"kill -- -{pgid}"
         raise EnvironmentProblem(
             f"a trial of an earlier sweep on this store is still running ({who}: process group {pgid}, "
-            f"conf {info.get('conf') or 'default'!r}); it may hold the GPU: stop it with `kill -- -{pgid}` "
+            f"conf {info.get('conf') or 'default'!r}); it may hold the GPU: stop it with `{stop}` "
             "or wait for it, then resume"
         )
     path.unlink(missing_ok=True)
@@ -234,12 +385,8 @@ class _ExitSignals:
 
 
 # ---- children running now (parallel executors stop them all on Ctrl-C) -------------------------
-_RUNNING: set[subprocess.Popen] = set()
-_RUNNING_LOCK = threading.Lock()
-
-
 def terminate_running(grace: float = 3.0) -> None:
-    """Stop every trial this process has running (SIGINT, SIGTERM, SIGKILL to each group).
+    """Stop every trial this process has running (interrupt, SIGTERM, hard kill: `_kill_group`).
 
     Only the main thread gets Ctrl-C; trials started by an executor's worker threads are in
     their own sessions and would run on without this.

@@ -50,6 +50,7 @@ from alloctune.run.process import (  # noqa: F401 (check_previous_trial.. re-exp
     _reap_group,
     _stderr_fd,
     check_previous_trial,
+    child_start_options,
     group_alive,
     pid_alive,
     sweep_stale_trial_dirs,
@@ -307,7 +308,8 @@ def _agent_settings(reports_dir: Path, *, conf: str | None, budget: int | None, 
 
 def _start_child(argv: list[str], child_env: Mapping[str, str], cwd: str | os.PathLike | None, out: Any,
                  stdout_to_stderr: bool, watch_r: int) -> subprocess.Popen:
-    """Start the command in its own session, dying with alloctune; a command that cannot start is exit 2."""
+    """Start the command in its own session (Windows: its own process group), dying with alloctune; a
+    command that cannot start is exit 2."""
     try:
         return subprocess.Popen(
             argv,
@@ -316,9 +318,7 @@ def _start_child(argv: list[str], child_env: Mapping[str, str], cwd: str | os.Pa
             stdout=out if out else (_stderr_fd() if stdout_to_stderr else None),
             stderr=subprocess.STDOUT if out else None,
             stdin=subprocess.DEVNULL if out else None,
-            start_new_session=True,
-            pass_fds=(watch_r,),
-            preexec_fn=_die_with_parent(os.getpid()),
+            **child_start_options(os.getpid(), watch_r),
         )
     except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
         raise EnvironmentProblem(f"cannot start {argv[0]}: {exc.strerror or exc}") from None

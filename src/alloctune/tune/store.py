@@ -12,10 +12,12 @@ Line format (schema `STORE_SCHEMA`)::
 
 A trial's key is (command, config string, budget, repeat index, recorded?), see `trial_key`.
 
-One sweep per store: opening takes an exclusive lock on `<store>.lock` (`flock`, released by
-the kernel when the process dies, so a kill -9 leaves no stale lock); a second `tune` on the
-same store gets a one-line error instead of running every trial again and overwriting the
-first one's logs. Damaged lines (torn by a kill, not a trial, a lost header) are skipped with
+One sweep per store: opening takes an exclusive lock on `<store>.lock` (`filelock`: `flock` on
+POSIX, `LockFileEx` on Windows, both released by the OS when the process dies, so a kill -9
+leaves no stale lock); a second `tune` on the same store gets a one-line error naming the
+holder's pid (`<store>.owner`, written by the holder: a contender's attempt may truncate the
+lock file, and on Windows its locked byte cannot be read) instead of running every trial again
+and overwriting the first one's logs. Damaged lines (torn by a kill, not a trial, a lost header) are skipped with
 a warning that names them (`TrialStore.warnings`); every complete trial is kept, including a
 last one whose final newline was never written.
 """
@@ -25,16 +27,12 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from alloctune.errors import InputError
 from alloctune.run.trial import TrialResult
-
-try:  # POSIX
-    import fcntl
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None  # type: ignore[assignment]
 
 STORE_SCHEMA = 1
 # Only these outcomes count as finished for --resume; a crash or timeout is tried again
@@ -56,9 +54,24 @@ def trial_key(command: Sequence[str], conf: str, budget: int | None, repeat: int
     return json.dumps(key, sort_keys=True)
 
 
-# Locks this process holds: lock path -> [open file, number of TrialStore objects using it].
-# A lock is per process: the same process may open its own store twice (tests, resume logic).
-_HELD: dict[str, list] = {}
+@dataclass
+class _HeldLock:
+    """A store lock this process holds.
+
+    Attributes:
+        lock: the `filelock.FileLock` on `<store>.lock`.
+        owner: the `<store>.owner` note naming this process.
+        users: how many open `TrialStore` objects share it.
+    """
+
+    lock: Any
+    owner: Path
+    users: int = 1
+
+
+# Locks this process holds, by resolved lock path. A lock is per process: the same process may
+# open its own store twice (tests, resume logic).
+_HELD: dict[str, _HeldLock] = {}
 
 
 class StoreBusy(InputError):
@@ -67,34 +80,33 @@ class StoreBusy(InputError):
 
 def _lock(path: Path) -> str:
     """Take the store's lock for this process (exclusive, non-blocking); returns its key."""
+    from filelock import FileLock, Timeout
+
     lock_path = path.with_name(path.name + ".lock")
+    owner_path = path.with_name(path.name + ".owner")
     key = str(lock_path.resolve())
     held = _HELD.get(key)
     if held is not None:
-        held[1] += 1
+        held.users += 1
         return key
-    fh = open(lock_path, "a+")
+    # thread_local=False: a store opened in one thread may be closed in another
+    lock = FileLock(str(lock_path), timeout=0, thread_local=False)
     try:
-        if fcntl is not None:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        else:  # pragma: no cover - Windows: lock the first byte
-            import msvcrt
-
-            fh.seek(0)
-            msvcrt.locking(fh.fileno(), msvcrt.LK_NBLCK, 1)
-    except OSError:
-        fh.seek(0)
-        owner = fh.read().strip()[:40]
-        fh.close()
+        lock.acquire()
+    except Timeout:
+        try:
+            owner = owner_path.read_text(errors="replace").strip()[:40]
+        except OSError:
+            owner = ""
         raise StoreBusy(
             f"results store {path} is in use by another alloctune tune ({owner or 'pid unknown'}); "
             "wait for it to finish, or give another --store"
         ) from None
-    fh.seek(0)
-    fh.truncate()
-    fh.write(f"pid {os.getpid()}\n")
-    fh.flush()
-    _HELD[key] = [fh, 1]
+    try:
+        owner_path.write_text(f"pid {os.getpid()}\n")
+    except OSError:
+        pass  # the note only words a contender's error
+    _HELD[key] = _HeldLock(lock, owner_path)
     return key
 
 
@@ -102,10 +114,15 @@ def _unlock(key: str) -> None:
     held = _HELD.get(key)
     if held is None:
         return
-    held[1] -= 1
-    if held[1] <= 0:
+    held.users -= 1
+    if held.users <= 0:
         del _HELD[key]
-        held[0].close()  # closing the file releases the flock
+        # The note goes while the lock is held, so it never removes the next holder's.
+        try:
+            held.owner.unlink(missing_ok=True)
+        except OSError:
+            pass
+        held.lock.release(force=True)
 
 
 class TrialStore:
