@@ -8,41 +8,12 @@ traces; `FILE` alone when its sidecar names the size; a directory from `record -
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
 
-
-def _sizes(values: list[str] | None, option: str) -> list[int]:
-    from alloctune.units import parse_user_size
-
-    out = []
-    for v in values or []:
-        out.extend(parse_user_size(p.strip(), option) for p in v.split(",") if p.strip())
-    return out
-
-
-def _command(text: Optional[str]) -> Optional[List[str]]:
-    """--confirm's program, split as a shell would (no shell runs it)."""
-    import shlex
-
-    from alloctune.errors import InputError
-
-    if text is None:
-        return None
-    try:
-        words = shlex.split(text)
-    except ValueError as exc:
-        raise InputError(f"--confirm {text!r}: {exc}") from None
-    if not words:
-        raise InputError("--confirm needs a program, e.g. --confirm 'python infer.py --len {size}'")
-    return words
-
-
-def _runner():  # noqa: ANN202 - run_trial's own signature
-    from alloctune.run.runner import run_trial
-
-    return run_trial
+# The cards answered for when nothing else is asked (no --card, --cap, --size, --save, --png or --json)
+DEFAULT_CARDS = ("4GiB", "8GiB", "16GiB", "24GiB")
 
 
 def register(app: typer.Typer) -> None:
@@ -90,48 +61,28 @@ def register(app: typer.Typer) -> None:
         Example: `alloctune plan rvc-*.pickle.xz --card 4GB,6GB,8GB --conf expandable_segments:True --rvc`
         or `alloctune plan a.pickle:1024 b.pickle:2048 c.pickle:4096 --card 3GiB --size 3000`.
         """
-        from alloctune.cli.common import err_console, print_json
-        from alloctune.cli.plan_view import render_plan
+        from alloctune.cli.plan_view import progress_line, render_report
         from alloctune.errors import InputError
+        from alloctune.plan.confirm import command_words
+        from alloctune.plan.inputs import parse_sizes
         from alloctune.plan.service import run
         from alloctune.units import parse_user_size
 
         if not card and not cap and size is None and not json_out and save is None and png is None:
-            card = ["4GiB", "8GiB", "16GiB", "24GiB"]
-        if png is not None and not png.parent.exists():
-            raise InputError(f"--png: directory {str(png.parent)!r} does not exist")
-        if save is not None and not save.parent.exists():
-            raise InputError(f"--save: directory {str(save.parent)!r} does not exist")
-        live = not json_out and err_console.is_terminal
-        progress = (lambda msg: err_console.print(f"[dim]{msg:<70.70}[/dim]", end="\r")) if live else None
+            card = list(DEFAULT_CARDS)
+        for option, path in (("--png", png), ("--save", save)):
+            if path is not None and not path.parent.exists():
+                raise InputError(f"{option}: directory {str(path.parent)!r} does not exist")
+        runner: Any = None
+        if confirm is not None:  # real runs of the program: the runner is imported only when asked for
+            from alloctune.run.runner import run_trial as runner
+        progress = progress_line(json_out)
         report = run(
-            inputs,
-            save=save,
-            hold_back=hold_back,
-            export=export,
-            png=png,
-            rvc=rvc,
-            rvc_pad=rvc_pad,
-            confs=list(conf or [""]),
-            cards=_sizes(card, "--card"),
-            caps=_sizes(cap, "--cap"),
-            size=size,
-            step=step,
-            max_size=max_size,
-            curve=[c for c in curve.split(",") if c.strip()] if curve else None,
-            torch=torch_version,
-            context=parse_user_size(context, "--context"),
-            progress=progress,
-            confirm=_command(confirm),
-            confirm_runs=confirm_runs,
-            runner=_runner() if confirm is not None else None,
-            calibrations=list(calibration or []),
-            store=store,
+            inputs, save=save, hold_back=hold_back, export=export, png=png, rvc=rvc, rvc_pad=rvc_pad,
+            confs=list(conf or [""]), cards=parse_sizes(card, "--card"), caps=parse_sizes(cap, "--cap"), size=size,
+            step=step, max_size=max_size, curve=[c for c in curve.split(",") if c.strip()] if curve else None,
+            torch=torch_version, context=parse_user_size(context, "--context"), progress=progress,
+            confirm=command_words(confirm), confirm_runs=confirm_runs, runner=runner,
+            calibrations=list(calibration or []), store=store,
         )
-        if json_out:
-            print_json(report.to_dict())
-        else:
-            if live:
-                err_console.print(" " * 70, end="\r")
-            render_plan(report)
-
+        render_report(report, json_out=json_out, live=progress is not None)

@@ -6,7 +6,32 @@ and hands the report here (as `cli/tune_view.py` does for tune).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+_PROGRESS_WIDTH = 70  # the live progress line: one terminal row, overwritten in place
+
+
+def progress_line(json_out: bool) -> Callable[[str], None] | None:
+    """At a terminal (and not --json): each step of the plan on one dim stderr line, overwritten by
+    the next; None elsewhere, so a pipe or a log gets no carriage returns."""
+    from alloctune.cli.common import err_console
+
+    if json_out or not err_console.is_terminal:
+        return None
+    return lambda msg: err_console.print(f"[dim]{msg:<{_PROGRESS_WIDTH}.{_PROGRESS_WIDTH}}[/dim]", end="\r")
+
+
+def render_report(report: Any, *, json_out: bool, live: bool) -> None:
+    """The report as JSON, or (after blanking the progress line when `live` drew one) its tables."""
+    from alloctune.cli.common import err_console, print_json
+
+    if json_out:
+        print_json(report.to_dict())
+        return
+    if live:
+        err_console.print(" " * _PROGRESS_WIDTH, end="\r")
+    render_plan(report)
 
 
 def render_plan(report: Any) -> None:
@@ -58,7 +83,7 @@ def _largest_cell(x: Any) -> str:
     """One answer with its marks (see the legend in `_footer`)."""
     if x.largest is None:
         return "none"
-    cell = ("≥ " if x.first_failing is None else "") + x.largest + (" *" if x.extrapolated else "")
+    cell: str = ("≥ " if x.first_failing is None else "") + x.largest + (" *" if x.extrapolated else "")
     if x.bound:
         cell += f" ±{x.bound:.0%}"
     if x.first_failing is None and x.stopped in ("extrapolation", "bound"):

@@ -1,11 +1,23 @@
-"""`alloctune run -- CMD ...`: one trial of the user's command under a setting and a budget."""
+"""`alloctune run -- CMD ...`: one trial of the user's command under a setting and a budget.
+
+Parses, calls `alloctune.run.runner.run_trial`, renders through `cli/run_view.py`, and exits with
+the command's own status.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
+
+from alloctune.cli.run_view import render_run, render_trial
+
+if TYPE_CHECKING:
+    from alloctune.run.trial import TrialResult
+
+# render_trial: the summary table this command prints, for callers that render a finished trial
+__all__ = ["TIMEOUT_EXIT", "exit_status", "register", "render_trial"]
 
 TIMEOUT_EXIT = 124  # like coreutils `timeout`
 
@@ -59,8 +71,9 @@ def register(app: typer.Typer) -> None:
         if on_oom not in (None, "snapshot"):
             raise InputError(f"--on-oom {on_oom!r} is not known: use --on-oom snapshot")
         timeout = parse_seconds(timeout, "--timeout")
-        switch = {None: None, "on": True, "off": False}.get(cudnn_benchmark.lower() if cudnn_benchmark else None, "?")
-        if switch == "?":
+        switches: dict[str | None, bool | None] = {None: None, "on": True, "off": False}
+        asked = cudnn_benchmark.lower() if cudnn_benchmark else None
+        if asked not in switches:
             raise InputError(f"--cudnn-benchmark {cudnn_benchmark!r} is not known: use on or off")
         result = run_trial(
             command,
@@ -71,86 +84,18 @@ def register(app: typer.Typer) -> None:
             timeout=timeout,
             stdout_to_stderr=json_out,
             no_grad=no_grad,
-            cudnn_benchmark=switch,
+            cudnn_benchmark=switches[asked],
             checkpointing=checkpointing,
         )
         raise_for_environment(result)
-        if json_out:
-            from alloctune.cli.common import print_json
-            from alloctune.run.trial import trial_json
-
-            print_json(trial_json(result))
-        else:
-            render_trial(result)
-        for w in result.warnings:
-            from alloctune.cli.common import warn
-
-            warn(f"the setting did not take effect as asked: {w}")
-        if result.outcome == "timeout":
-            raise typer.Exit(TIMEOUT_EXIT)
-        code = result.exit_code or 0
-        if code < 0:  # killed by a signal: the shell convention
-            code = 128 - code
-        raise typer.Exit(code)
+        render_run(result, json_out=json_out)
+        raise typer.Exit(exit_status(result))
 
 
-def _fmt(n: Optional[int]) -> str:
-    from alloctune.units import format_mib
-
-    return "-" if n is None else format_mib(n)
-
-
-def render_trial(result: Any) -> None:
-    """The run summary on stderr (stdout belongs to the command)."""
-    from rich.text import Text
-
-    from alloctune.cli.render import err_console, kv_table
-
-    colour = {"ok": "green", "oom": "red", "crash": "red", "timeout": "yellow"}.get(result.outcome, "white")
-    t = kv_table([])
-    t.add_row("outcome", Text.assemble((result.outcome, colour), f" (exit code {result.exit_code})"))
-    t.add_row("setting", result.conf if result.conf else ("(default)" if result.conf == "" else "(inherited)"))
-    if result.allocator_settings:
-        seen = result.allocator_settings.get("PYTORCH_CUDA_ALLOC_CONF")
-        t.add_row("allocator ran with", repr(seen) if seen is not None else "?")
-    t.add_row("budget", _fmt(result.budget) if result.budget is not None else "whole card")
-    if result.device_name:
-        t.add_row("device", f"{result.device_name} ({_fmt(result.total_memory)}), torch {result.torch_version}")
-    t.add_row("peak reserved", _fmt(result.peak_reserved))
-    t.add_row("peak allocated", _fmt(result.peak_allocated))
-    if result.utilization is not None:
-        t.add_row("utilization", f"{result.utilization:.1%} (peak allocated / peak reserved)")
-    t.add_row("alloc retries / OOMs", f"{result.num_alloc_retries if result.num_alloc_retries is not None else '-'} / "
-              f"{result.num_ooms if result.num_ooms is not None else '-'}")
-    t.add_row("wall time", f"{result.wall_s:.1f} s")
-    if result.throughput is not None:
-        t.add_row("throughput", f"{result.throughput:g} {result.throughput_unit or ''}".rstrip())
-    if result.oom_message:
-        t.add_row("OOM", result.oom_message.splitlines()[0])
-    if result.outcome == "crash" and result.error:
-        t.add_row("error", result.error)
-    if result.snapshot:
-        t.add_row("history", result.snapshot)
-    if result.oom_snapshot:
-        import shlex
-
-        t.add_row("OOM snapshot", result.oom_snapshot)
-        # the snapshot carries the budget: diagnosing it needs no flag
-        t.add_row("next", f"alloctune diagnose --snapshot {shlex.quote(str(result.oom_snapshot))}")
-    if result.no_grad:
-        t.add_row("autograd", "switched off by the agent (--no-grad)")
-    elif result.autograd is not None:
-        a = result.autograd
-        line = (f"{a.get('module_calls_with_grad', 0)} module calls with grad, "
-                f"{a.get('module_calls_without_grad', 0)} without, {a.get('backward_calls', 0)} backward")
-        if result.inference_with_grad:
-            line += ("; nothing ran backward, so the activations autograd kept were never needed: "
-                     "torch.no_grad() would free them (measure it: alloctune run --no-grad ...)")
-        t.add_row("autograd", line)
-    if result.cudnn_benchmark_set is not None:
-        held = result.cudnn_benchmark == result.cudnn_benchmark_set
-        t.add_row("cudnn.benchmark", f"set to {result.cudnn_benchmark_set} by the agent (--cudnn-benchmark)"
-                  + ("" if held else f"; the program set it back to {result.cudnn_benchmark} itself"))
-    if result.processes > 1:
-        t.add_row("processes", f"{result.processes} (figures from the one with the highest peak reserved)")
-    err_console.print(t)
+def exit_status(result: TrialResult) -> int:
+    """The command's exit code as `alloctune run` returns it: `TIMEOUT_EXIT` at the timeout, 128 + N
+    for a command killed by signal N (the shell convention), else the command's own (0 if none)."""
+    if result.outcome == "timeout":
+        return TIMEOUT_EXIT
+    code = result.exit_code or 0
+    return 128 - code if code < 0 else code

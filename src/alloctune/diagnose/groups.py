@@ -9,7 +9,7 @@ worst case, and the one fix that covers the group. Memory is bounded by the numb
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -261,3 +261,37 @@ def message_record(f: Found, d: Diagnosis) -> dict[str, Any]:
     """One message for `--all --json` (a JSON line each)."""
     return {"schema": SCHEMA_MESSAGE, "line": f.line, "rank": f.rank, **{k: v for k, v in d.to_dict().items()
                                                                           if k != "schema"}}
+
+
+@dataclass(frozen=True)
+class SharedFix:
+    """One fix as a summary states it once, for every large group whose fix it is.
+
+    Attributes:
+        fix: the fix (the same id, title, setting, code and check command in each group).
+        line: the log line of the message it was derived from, in the first group that has it.
+        groups: 1-based positions (largest group first) of the groups it is the fix of, ascending.
+    """
+
+    fix: Fix
+    line: int
+    groups: tuple[int, ...]
+
+
+def shared_fixes(groups: Sequence[Group]) -> list[SharedFix]:
+    """The fixes of the `FULL` largest groups (`groups` most messages first), each once, in the
+    order the groups first name them.
+
+    Why: groups that differ by device, rank or request size mostly share a fix; a summary that
+    printed each group's would repeat the same shell lines for every rank. Two fixes are the same
+    when everything a user would copy from them is (id, title, setting, code, check command)."""
+    order: dict[tuple[Any, ...], tuple[Fix, int]] = {}
+    members: dict[tuple[Any, ...], list[int]] = {}
+    for position, g in enumerate(groups[:FULL], 1):
+        fix, line, _ = g.fix
+        if fix is None:
+            continue
+        key = (fix.id, fix.title, fix.conf, fix.code, fix.command)
+        order.setdefault(key, (fix, line))
+        members.setdefault(key, []).append(position)
+    return [SharedFix(fix, line, tuple(members[key])) for key, (fix, line) in order.items()]

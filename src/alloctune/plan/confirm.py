@@ -155,3 +155,20 @@ def _upper(item: Any, x: Fraction, grid: Fraction) -> Fraction | None:
 
 
 __all__ = ["Confirmation", "ConfirmRun", "confirm", "SCHEMA"]
+
+
+def command_words(text: str | None) -> list[str] | None:
+    """--confirm's program as argv, split as a shell would (no shell runs it); None when not given.
+
+    An unbalanced quote or an empty program is an `InputError`, before any recording is read."""
+    import shlex
+
+    if text is None:
+        return None
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise InputError(f"--confirm {text!r}: {exc}") from None
+    if not words:
+        raise InputError("--confirm needs a program, e.g. --confirm 'python infer.py --len {size}'")
+    return words

@@ -116,3 +116,16 @@ def traceset_from(specs: Sequence[str]) -> TraceSet:
 
 
 __all__ = ["parse_spec", "expand", "load_recordings", "load_calibrations", "traceset_from"]
+
+
+def parse_sizes(values: Sequence[str] | None, option: str) -> list[int]:
+    """Bytes of every size given to a repeatable option (`--card 4GiB,8GiB --card 16GiB`), in order.
+
+    Why here: a card or a cap is one of the targets `plan` answers for; each value may hold several
+    sizes separated by commas, and a size that does not read is an `InputError` naming `option`."""
+    from alloctune.units import parse_user_size
+
+    out: list[int] = []
+    for v in values or []:
+        out.extend(parse_user_size(p.strip(), option) for p in v.split(",") if p.strip())
+    return out
