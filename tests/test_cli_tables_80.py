@@ -123,7 +123,7 @@ def test_simulate(rendered):
     from alloctune.units import format_size
 
     sections, sim, _ = rendered
-    words = _words(LONG.replace(",", " "), "(unset)")
+    words = _words(LONG.replace(",", " "), "(default)")
     for r in sim.rows:
         words |= _words(format_size(r.peak_reserved), format_size(r.peak_allocated))
     _check(sections["simulate"].split("budget:")[0], words)  # the table; the OOM text below is prose

@@ -177,7 +177,7 @@ def test_text_output_names_the_fidelity_kind(rvc0, capsys):
     trace = str(rvc0 / "default.pickle.xz")
     out = _ok(capsys, "simulate", trace, "--compare", trace, "--conf", "",
               "--conf", "roundup_power2_divisions:[256:1,>:4]")
-    assert "fidelity (replay) of (unset) vs recording: exact" in out
+    assert "fidelity (replay) of (default) vs recording: exact" in out
     assert f"(addresses: as recorded in {trace})" in out
     # a setting with brackets is printed as typed, not read as rich markup
     assert "of roundup_power2_divisions:[256:1,>:4] vs recording" in out

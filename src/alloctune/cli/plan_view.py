@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from alloctune.config.standard import setting_label
+
 _PROGRESS_WIDTH = 70  # the live progress line: one terminal row, overwritten in place
 
 
@@ -38,7 +40,7 @@ def render_plan(report: Any) -> None:
     """Print the plan report: header, saved/exported files, hold-back check and the answer tables."""
     res = report.result
     _header(report)
-    confs = [s.conf or "(unset)" for s in res.settings]
+    confs = [setting_label(s.conf) for s in res.settings]
     if res.settings and res.settings[0].largest:
         _largest_table(res, confs)
     _curve_table(res, confs)
@@ -174,7 +176,7 @@ def _rvc_table(rows: Any) -> None:
     for col in ("setting", "card", "preset", "preset chunk s", "fits audio s", "fits chunk s", "verdict"):
         t.add_column(col)
     for r in rows:
-        t.add_row(r.conf or "(unset)", r.target, r.preset, f"{r.preset_chunk_s:g}",
+        t.add_row(setting_label(r.conf), r.target, r.preset, f"{r.preset_chunk_s:g}",
                   f"{r.fits_audio_s:g}" if r.fits_audio_s is not None else "-",
                   f"{r.fits_chunk_s:g}" if r.fits_chunk_s is not None else "-", r.verdict)
     console.print(t)
@@ -189,11 +191,11 @@ def _confirm_table(confirmations: Any) -> None:
     for col in ("setting", "target", "predicted", "confirmed", "runs (size: outcome)"):
         t.add_column(col)
     for c in confirmations:
-        t.add_row(c.conf or "(unset)", c.target, c.predicted or "-", c.confirmed or "none",
+        t.add_row(setting_label(c.conf), c.target, c.predicted or "-", c.confirmed or "none",
                   ", ".join(f"{r.size}: {r.outcome}" for r in c.runs) or "-")
     console.print(t)
     for c in confirmations:
-        console.print(f"{c.conf or '(unset)'} on {c.target}: {c.note}")
+        console.print(f"{setting_label(c.conf)} on {c.target}: {c.note}")
 
 
 def _footer(report: Any) -> None:

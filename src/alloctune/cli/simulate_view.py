@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from alloctune.config.standard import setting_label
+
 if TYPE_CHECKING:
     from alloctune.sim.simulate import Simulation
 
@@ -53,7 +55,7 @@ def render_tables(sim: Simulation) -> None:
         where = "-" if r.oom is None else f"#{r.oom['request_index']}"
         if r.expected_failures:
             where += f" ({r.expected_failures} recorded failure(s) reproduced)"
-        cells = [r.conf or "(unset)", format_size(r.peak_reserved), format_size(r.peak_allocated),
+        cells = [setting_label(r.conf), format_size(r.peak_reserved), format_size(r.peak_allocated),
                  f"{r.utilization * 100:.1f} %", str(r.num_alloc_retries), where]
         if find_min:
             cells.append(format_size(r.min_budget) if r.min_budget else "does not fit")
@@ -65,7 +67,7 @@ def render_tables(sim: Simulation) -> None:
         if r.oom is not None:
             o = r.oom
             console.print(
-                f"{r.conf or '(unset)'}: out of memory at request #{o['request_index']} of {format_size(o['size'])} "
+                f"{setting_label(r.conf)}: out of memory at request #{o['request_index']} of {format_size(o['size'])} "
                 f"(tried to allocate {format_size(o['alloc_size'])}; {format_size(o['reserved'])} reserved, "
                 f"{format_size(o['allocated'])} allocated, largest free cached block "
                 f"{format_size(o['largest_free_block'])})", markup=False)
@@ -85,7 +87,7 @@ def _render_fidelity(sim: Simulation) -> None:
             continue
         head = "[green]exact[/green]" if fid["exact"] else f"[red]differs[/red]: {escape(fid['verdict'])}"
         where = escape(r.addresses_from.replace("recorded:", "as recorded in ", 1))
-        console.print(f"fidelity ({fid['kind']}) of {escape(r.conf or '(unset)')} vs recording: {head}", soft_wrap=True)
+        console.print(f"fidelity ({fid['kind']}) of {escape(setting_label(r.conf))} vs recording: {head}", soft_wrap=True)
         console.print(f"  segment events: {fid['events_simulated']} simulated / {fid['events_recorded']} recorded"
                       f" (addresses: {where})", soft_wrap=True)
         for k, v in fid["stats"].items():

@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
+from alloctune.config.standard import setting_label
+
 
 def _fmt(n: Optional[int]) -> str:
     from alloctune.units import format_mib
@@ -51,7 +53,7 @@ def render_trials(trials: Any, title: str = "trials") -> None:
     mismatched = []
     for i, rec in enumerate(trials, 1):
         r = rec.result
-        setting = r.conf or "(default)"
+        setting = setting_label(r.conf)
         if r.warnings:  # the allocator did not run with what was asked: the trial is refused
             setting += " (!)"
             mismatched.append(f"#{i}: {'; '.join(r.warnings)}")

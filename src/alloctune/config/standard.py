@@ -16,3 +16,10 @@ STANDARD_CONFS: tuple[str, ...] = (
     "garbage_collection_threshold:0.6,max_split_size_mb:256",
     "roundup_power2_divisions:4",
 )
+
+DEFAULT_LABEL = "(default)"  # the unset setting, as every table and sentence names it
+
+
+def setting_label(conf: str) -> str:
+    """A setting string as a row label: itself, or `DEFAULT_LABEL` for the unset one (empty)."""
+    return conf or DEFAULT_LABEL

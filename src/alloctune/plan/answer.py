@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any, Callable, Sequence
 
+from alloctune.config.standard import setting_label
 from alloctune.errors import InputError
 from alloctune.plan.bound import ErrorModel
 from alloctune.plan.edges import SCAN_RATIO, _beyond, _bisect, _optimistic_end, _window
@@ -393,7 +394,7 @@ def _plan_setting(text: str, st: SimSettings, probe: "_Prober", upper: "_Prober 
     """One setting's answers: the largest size per target, the min-budget curve, the budget at one size."""
     largest = []
     for t in targets:
-        say(f"{text or '(unset)'}: largest size on {t.label}")
+        say(f"{setting_label(text)}: largest size on {t.label}")
         item = _below_real_failure(probe, st, t, grid, sizes, _largest(probe, st, t, grid, top, sizes, limit=limit))
         if upper is not None:
             hi = _largest(upper, st, t, grid, top, sizes, scan=False, limit=limit)
@@ -401,7 +402,7 @@ def _plan_setting(text: str, st: SimSettings, probe: "_Prober", upper: "_Prober 
         largest.append(item)
     points = []
     for x in curve_sizes:
-        say(f"{text or '(unset)'}: min budget at size {size_text(x)}")
+        say(f"{setting_label(text)}: min budget at size {size_text(x)}")
         points.append(_curve_point(probe, st, x, torch, sizes))
     at_size = _at_size(probe, st, at, targets, torch, sizes) if at is not None else None
     return SettingPlan(text, tuple(largest), tuple(points), at_size)

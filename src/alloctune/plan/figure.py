@@ -9,6 +9,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+from alloctune.config.standard import setting_label
 from alloctune.plan.answer import PlanResult
 from alloctune.units import GiB
 
@@ -27,9 +28,9 @@ def budget_figure(result: PlanResult, path: str | Path) -> str | None:
     for s in result.settings:
         xs = [float(p.size) for p in s.curve if p.min_budget is not None]
         ys = [p.min_budget / GiB for p in s.curve if p.min_budget is not None]
-        (line,) = ax.plot(xs, ys, marker="o", label=f"min budget, {s.conf or '(unset)'}")
+        (line,) = ax.plot(xs, ys, marker="o", label=f"min budget, {setting_label(s.conf)}")
         ax.plot([float(p.size) for p in s.curve], [p.peak_reserved / GiB for p in s.curve], linestyle=":",
-                color=line.get_color(), label=f"peak reserved uncapped, {s.conf or '(unset)'}")
+                color=line.get_color(), label=f"peak reserved uncapped, {setting_label(s.conf)}")
     for x in recorded:
         ax.axvline(x, color="0.85", linewidth=0.8, zorder=0)
     if recorded:

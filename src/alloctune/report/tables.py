@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+from alloctune.config.standard import setting_label
 from alloctune.diagnose.snapshot_model import SnapshotDiagnosis
 from alloctune.report.model import SettingRow
 from alloctune.units import format_mib
@@ -41,7 +42,7 @@ def settings_cells(rows: Sequence[SettingRow], budgets: Mapping[str, tuple[int, 
         out.append(
             [
                 r.label,
-                r.config or "(default)",
+                setting_label(r.config),
                 r.kind,
                 r.outcome,
                 _size(r.budget),

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
+from alloctune.config.standard import setting_label
 from alloctune.errors import InputError
 from alloctune.progress import Progress, no_progress
 from alloctune.schema import schema_id
@@ -150,14 +151,14 @@ def simulate(
     per_setting = 2 if find_min else 1
     steps = len(confs) * per_setting
     for i, (text, sim_settings) in enumerate(zip(confs, settings)):
-        progress(f"replaying {text or '(unset)'}", i * per_setting, steps)
+        progress(f"replaying {setting_label(text)}", i * per_setting, steps)
         row, result = _replay_one(loaded, recorded, text, sim_settings, cap=cap, total=total, torch=torch,
                                   source=source)
         if find_min:
             from alloctune.sim.addresses import TRACE
             from alloctune.sim.budget import min_budget
 
-            progress(f"smallest budget of {text or '(unset)'} (bisection)", i * per_setting + 1, steps)
+            progress(f"smallest budget of {setting_label(text)} (bisection)", i * per_setting + 1, steps)
             # an uncapped replay with the trace's own addresses is the bisection's first probe: hand it over
             uncapped = result if cap is None and source == TRACE else None
             mb = min_budget(loaded, sim_settings, torch=torch, total_memory=total, uncapped=uncapped)

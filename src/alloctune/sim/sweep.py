@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from alloctune.config.standard import STANDARD_CONFS
+from alloctune.config.standard import STANDARD_CONFS, setting_label
 from alloctune.progress import Progress, no_progress
 from alloctune.schema import schema_id
 from alloctune.sim.budget import min_budget
@@ -51,7 +51,7 @@ class SweepRow:
 
     @property
     def label(self) -> str:
-        return self.conf or "(default)"
+        return setting_label(self.conf)
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "label": self.label}

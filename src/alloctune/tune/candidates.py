@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from alloctune.config.standard import setting_label
 from alloctune.errors import InputError
 from alloctune.units import MiB
 
@@ -55,7 +56,7 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        return self.conf or "(default)"
+        return setting_label(self.conf)
 
     def to_dict(self) -> dict[str, Any]:
         return {"conf": self.conf, "knob": self.knob, "value": self.value}
