@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
-from alloctune.sim.demo import FOLKLORE_CANDIDATES, run_demo, shipped_traces
 from alloctune.config.standard import STANDARD_CONFS
+from alloctune.sim.demo import FOLKLORE_CANDIDATES, run_demo, shipped_traces
+from cli_run import run_cli
 
 
 @pytest.fixture(scope="module")
@@ -80,15 +81,26 @@ def test_rows_identical_to_default_say_no_effect(result):
     assert any("max_split_size_mb:512: no effect" in n for n in result.notes)
 
 
-def test_recommendation_says_why_over_a_smaller_budget(result):
-    """#18.11b: the recommended row needs a few MiB more than max_split_size_mb:128; the notes
-    say why it still wins (the budgets are a tie within the resolution; its uncapped peak is lower)."""
-    best = result.recommended
-    cheaper = [r for r in result.rows if r.min_budget < best.min_budget]
-    assert cheaper, "the shipped trace has a cheaper row; the test needs one"
-    alt = min(cheaper, key=lambda r: r.min_budget)
-    why = [n for n in result.notes if n.startswith(f"{best.label} is recommended over {alt.label}")]
-    assert len(why) == 1 and "within the simulator's resolution" in why[0] and "holds" in why[0]
+def test_recommendation_says_why_over_a_smaller_budget():
+    """#18.11b: a row that needs a few MiB more than another, within the bisection's resolution, can
+    still be recommended; the note says why (the budgets are a tie there; its uncapped peak is lower)."""
+    from alloctune.sim.demo import DemoRow, _rank_key, why_not_smaller
+    from alloctune.sim.resolution import ABS_TOL, REL_TOL
+
+    def row(conf: str, mb: int, peak_mib: int) -> DemoRow:
+        return DemoRow(conf=conf, peak_reserved=peak_mib << 20, peak_allocated=1 << 30, utilization=0.5, retries=0,
+                       min_budget=mb << 20, smallest_card_gib=3, fits_budget=None)
+
+    tol = max(ABS_TOL, int(REL_TOL * (1500 << 20)))
+    lean, cheap = row("expandable_segments:True", 1501, 1550), row("max_split_size_mb:128", 1500, 2650)
+    rows = (cheap, lean)
+    best = min(rows, key=lambda r: _rank_key(r, tol))
+    assert best is lean
+    why = why_not_smaller(best, rows, tol)
+    assert why is not None and why.startswith("expandable_segments:True is recommended over max_split_size_mb:128")
+    assert "within the simulator's resolution" in why and "holds" in why
+    far = row("max_split_size_mb:128", 1400, 2650)  # 100 MiB cheaper: beyond the resolution, it wins
+    assert min((far, lean), key=lambda r: _rank_key(r, tol)) is far
 
 
 def test_tie_without_a_reason_picks_the_smaller_budget():
@@ -105,22 +117,17 @@ def test_tie_without_a_reason_picks_the_smaller_budget():
     assert why_not_smaller(long_small, (short_big, long_small), tol) is None
 
 
-def test_gpu_flag_without_cuda_falls_back():
-    """#18.13: `demo --gpu` on a machine whose torch sees no CUDA (this one, or none installed)
-    never says "GPU found"; it says so in one line on stderr and shows the simulated demo."""
-    import importlib.util
+def test_gpu_flag_without_cuda_is_an_error(monkeypatch, capsys):
+    """`demo --gpu` on a machine whose torch sees no CUDA never says "GPU found" and never shows a
+    simulation nobody asked for: one line saying the GPU part cannot run, exit 2."""
+    from alloctune.sim import demo
 
-    if importlib.util.find_spec("torch") is not None:
-        probe = subprocess.run([sys.executable, "-c", "import torch, sys; sys.exit(torch.cuda.is_available())"],
-                               timeout=300)
-        if probe.returncode != 0:
-            pytest.skip("this machine has a CUDA GPU")
-    out = subprocess.run([sys.executable, "-m", "alloctune", "demo", "--gpu", "--json"],
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr
-    assert "GPU found" not in out.stdout + out.stderr
-    assert [ln for ln in out.stderr.splitlines() if "CUDA" in ln] == ["no CUDA GPU: showing the simulated demo"]
-    assert json.loads(out.stdout)["schema"] == "alloctune.demo/1"
+    monkeypatch.setattr(demo, "cuda_available", lambda: False)
+    for args in (["demo", "--gpu"], ["demo", "--gpu", "--json"], ["demo", "--gpu", "--budget", "1.6GiB"]):
+        code, out, err = run_cli(capsys, *args)
+        assert code == 2 and out == "", args
+        assert err.startswith("alloctune: error: --gpu: no CUDA GPU") and err.count("\n") == 1, err
+        assert "GPU found" not in out + err
 
 
 def test_view_renders_a_result_it_is_given():
@@ -141,7 +148,7 @@ def test_view_renders_a_result_it_is_given():
     with console.capture() as cap:
         render_demo(made)
     text = cap.get()
-    assert "hand-made (7 allocator requests" in text and "a note written by hand" in text
+    assert "trace: t (hand-made; 7 allocator requests)" in text and "a note written by hand" in text
     assert "(-50%)" in text and "(no effect)" in text
     assert "PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64" in text
 
@@ -156,3 +163,48 @@ def test_demo_command_only_parses_calls_and_renders():
     assert len(source.splitlines()) <= 120
     assert "def _render" not in source and "subprocess.run" not in source
     assert demo.gpu_demo_command(json_out=True)[3:6] == ["tune", "--budget", demo.GPU_DEMO_BUDGET]
+    assert demo.gpu_demo_command(budget=1717986918)[3:6] == ["tune", "--budget", "1.6GiB"]
+
+
+# ---- every name the demo prints is one it (and every command) accepts ----------------------
+def test_header_names_the_trace_as_it_can_be_passed_again(capsys):
+    """The header names the shipped trace (then its workload), and `demo --trace` takes both names."""
+    code, out, _ = run_cli(capsys, "demo", "--no-gpu")
+    assert code == 0
+    header = next(line for line in out.splitlines() if line.startswith("trace: "))
+    assert header.startswith("trace: rvc_h200_ec1 (rvc_ec1; ")
+    for name in ("rvc_ec1", "rvc_h200_ec1", "rvc_h200_ec1.atrace"):
+        code, out, err = run_cli(capsys, "demo", "--trace", name, "--json")
+        assert code == 0, err
+        data = json.loads(out)
+        assert data["name"] == "rvc_h200_ec1" and data["trace"].endswith("rvc_h200_ec1.atrace")
+
+
+def test_every_listed_name_is_accepted():
+    from alloctune.sim.demo import shipped_trace_info, shipped_trace_path
+
+    for row in shipped_trace_info():
+        assert shipped_trace_path(row["name"]).name == row["name"] + ".atrace"
+
+
+def test_unknown_name_lists_the_names(capsys):
+    code, out, err = run_cli(capsys, "demo", "--trace", "rvc")  # three rvc traces: not a unique workload
+    assert code == 2 and err.count("\n") == 1
+    assert "no shipped trace named 'rvc'" in err and "rvc_h200_ec1," in err and ".atrace," not in err
+
+
+def test_hint_follows_the_budget_given(capsys):
+    """`demo --budget 1.6GiB` ends with a hint to tune under 1.6 GiB, not the default 5.5 GiB."""
+    code, out, _ = run_cli(capsys, "demo", "--no-gpu", "--budget", "1.6GiB")
+    assert code == 0
+    flat = " ".join(out.split())
+    assert "alloctune tune --budget 1.6GiB -- python your_script.py" in flat and "5.5GiB" not in flat
+    code, out, _ = run_cli(capsys, "demo", "--no-gpu")
+    assert "alloctune tune --budget 5.5GiB --" in " ".join(out.split())
+
+
+def test_list_json_carries_a_schema(capsys):
+    code, out, _ = run_cli(capsys, "demo", "--list", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["schema"] == "alloctune.demo.list/1"
+    assert {r["name"] for r in data["traces"]} >= {"rvc_h200", "rvc_h200_ec1", "llm_h200"}

@@ -60,7 +60,7 @@ def test_plan_json_on_plain_snapshots(snaps, capfd, tmp_path):
 
 def test_plan_table_output(snaps, capfd, tmp_path):
     png = tmp_path / "b.png"
-    assert cli_exit(["plan", *_specs(snaps), "--card", "4GB,8GB", "--curve", "512", "--rvc", "--png", str(png)]) == 0
+    assert cli_exit(["plan", *_specs(snaps), "--card", "4GiB,8GiB", "--curve", "512", "--rvc", "--png", str(png)]) == 0
     out = capfd.readouterr().out
     # the search runs past 4x the largest recording (8192) to the size that fails
     assert "card 4.00 GiB" in out and "card 8.00 GiB" in out and "12175 *" in out and "≥" not in out

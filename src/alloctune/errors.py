@@ -34,7 +34,15 @@ class TraceError(InputError):
 
 
 class UnsafePickleError(TraceError):
-    """A pickle asked for a global (class or function): refused, it could run code."""
+    """A pickle asked for a global (class or function): refused, it could run code.
+
+    `refused`: the global it named (`os.system`), when it named one; lets a caller tell a
+    tampered pickle from a text file whose first letters happen to be pickle opcodes.
+    """
+
+    def __init__(self, message: str = "", refused: str | None = None) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 class EnvironmentProblem(AlloctuneError):

@@ -1,7 +1,8 @@
 """Byte sizes: parse what humans type, format exactly as PyTorch's OOM messages do.
 
-Bytes are plain `int` everywhere inside alloctune; these two functions are the only
-place human units appear.
+Bytes are plain `int` everywhere inside alloctune; this module is the only place human units
+appear. What a person types follows the standards (`GiB` = 2**30 bytes, `GB` = 10**9 bytes);
+what PyTorch printed is read as it meant it (`parse_torch_size`: every unit binary).
 """
 
 from __future__ import annotations
@@ -16,26 +17,35 @@ MiB = 1024**2
 GiB = 1024**3
 TiB = 1024**4
 
-# Binary and decimal suffixes. Like most ML tooling (and nvidia-smi), a bare "G"/"GB" is
-# read as binary: users typing "6G" for a 6 GiB card mean 6 GiB, not 6e9 bytes.
+# One rule for every size a person types (`--budget`, `--card`, `--cap`, `Janitor(max_cached=...)`,
+# `ALLOCTUNE_MAX_*`): units mean what the standards say. IEC binary units are powers of 1024
+# (`KiB`, `MiB`, `GiB`, `TiB`); SI decimal units are powers of 1000 (`kB`/`KB`, `MB`, `GB`, `TB`),
+# so `1.5GB` is 1,500,000,000 bytes, 0.07 GiB less than `1.5GiB` -- the difference between a card
+# that fits and one that does not, never to be changed silently. A bare letter (`6G`, `512M`, as
+# `docker --memory 6g` writes it) has no standard meaning and is read as binary, which is what
+# those tools mean by it. Units are case-insensitive. PyTorch's own messages print binary units
+# (and MPS's print binary sizes as `GB`): they are read by `parse_torch_size`, not by this rule.
 _SUFFIX = {
     "": 1,
     "b": 1,
     "byte": 1,
     "bytes": 1,
     "k": KiB,
-    "kb": KiB,
+    "kb": 1000,
     "kib": KiB,
     "m": MiB,
-    "mb": MiB,
+    "mb": 1000**2,
     "mib": MiB,
     "g": GiB,
-    "gb": GiB,
+    "gb": 1000**3,
     "gib": GiB,
     "t": TiB,
-    "tb": TiB,
+    "tb": 1000**4,
     "tib": TiB,
 }
+# How PyTorch prints sizes: every unit binary (c10's `format_size` writes `MiB`/`GiB`; the MPS
+# allocator and some older backends write `MB`/`GB` for the same powers of 1024).
+_TORCH_SUFFIX = {**_SUFFIX, "kb": KiB, "mb": MiB, "gb": GiB, "tb": TiB}
 
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
@@ -43,9 +53,23 @@ _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\
 def parse_size(text: str | int) -> int:
     """Parse `6GiB`, `6G`, `512MB`, `1.5 GiB`, `82.00 MiB` or plain bytes into an int.
 
-    Fractional results are rounded to the nearest byte. Raises `SizeError` with the
+    Units follow the rule above `_SUFFIX`: `GiB` = 2**30 bytes, `GB` = 10**9 bytes, a bare `G`
+    binary. Fractional results are rounded to the nearest byte. Raises `SizeError` with the
     offending text for anything else.
     """
+    return _parse(text, _SUFFIX)
+
+
+def parse_torch_size(text: str | int) -> int:
+    """A size as PyTorch printed it in a message (`82.00 MiB`, MPS's `9.07 GB`): every unit binary.
+
+    Why apart from `parse_size`: these figures were written by a program that means 1024**3 by
+    `GB`; reading them by the SI rule would move an MPS message's figures by 7 %.
+    """
+    return _parse(text, _TORCH_SUFFIX)
+
+
+def _parse(text: str | int, suffixes: dict[str, int]) -> int:
     if isinstance(text, bool):
         raise SizeError(f"not a size: {text!r}")
     if isinstance(text, int):
@@ -56,9 +80,10 @@ def parse_size(text: str | int) -> int:
     if not m:
         raise SizeError(f"cannot read size {text!r}: expected a number with an optional unit, e.g. 6GiB, 512MB, 1.5G")
     number, unit = m.groups()
-    mult = _SUFFIX.get(unit.lower())
+    mult = suffixes.get(unit.lower())
     if mult is None:
-        raise SizeError(f"unknown unit {unit!r} in size {text!r}: use bytes, KiB, MiB, GiB or TiB")
+        raise SizeError(f"unknown unit {unit!r} in size {text!r}: use bytes, KiB, MiB, GiB or TiB "
+                        "(or the decimal kB, MB, GB, TB)")
     value = float(number) * mult
     if not math.isfinite(value):
         raise SizeError(f"size {text!r} is too large")
@@ -80,6 +105,26 @@ def format_size(size: int) -> str:
     return f"{size / GiB:.2f} GiB"
 
 
+def format_size_arg(size: int) -> str:
+    """`size` as an option value a person can type back and get exactly `size` bytes: the shortest
+    spelling (`1.6GiB`, `512MiB`, `1.5GB`; binary first on a tie; up to three decimals) that
+    `parse_user_size` reads as `size`, else `<size>B`. Why: a printed command (a hint, a
+    reproduction) must reproduce its number, and `1717986918B` says less to a reader than `1.6GiB`."""
+    found: list[str] = []
+    if size > 0:
+        for name in ("GiB", "GB", "MiB", "MB", "KiB", "kB"):
+            unit = _SUFFIX[name.lower()]
+            if size < unit:
+                continue
+            for decimals in range(4):
+                text = f"{size / unit:.{decimals}f}{name}"
+                if parse_size(text) == size:
+                    found.append(text)
+                    break
+    found.append(f"{size}B")
+    return min(found, key=len)  # the first of the shortest
+
+
 def format_mib(size: int) -> str:
     """Compact human form used in our own tables (`512 MiB`, `5.25 GiB`)."""
     if size >= GiB:
@@ -95,6 +140,7 @@ def parse_user_size(text: str | int, option: str = "size") -> int:
     Why stricter than `parse_size`: `--budget 6` could mean 6 bytes or 6 GiB, and guessing either
     silently gives a run nobody asked for; 0, negative and NaN sizes are never meant. Ints (from
     the Python API) are bytes and only need to be positive. Write bytes as `6B` or `6bytes`.
+    Units as in `parse_size`: `1.5GiB` is 1.5 * 2**30 bytes, `1.5GB` is 1.5 * 10**9 bytes.
     """
     if isinstance(text, bool):
         raise SizeError(f"{option}: not a size: {text!r}")

@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from alloctune.cli.common import console, print_json
+from alloctune.errors import EnvironmentProblem
 
 
 def register(app: typer.Typer) -> None:
@@ -19,7 +20,8 @@ def register(app: typer.Typer) -> None:
         budget: Optional[str] = typer.Option(
             None, "--budget", help="Also say whether each setting fits this per-process budget, e.g. 1.6GiB."),
         gpu: Optional[bool] = typer.Option(
-            None, "--gpu/--no-gpu", help="Tune the RVC workload on the GPU (default: when one is present)."
+            None, "--gpu/--no-gpu",
+            help="Tune the RVC workload on the GPU (default: when one is present); --gpu without one exits 2."
         ),
         json_out: bool = typer.Option(False, "--json", help="Print machine-readable output."),
         list_traces: bool = typer.Option(False, "--list", help="List the shipped traces and exit."),
@@ -30,25 +32,28 @@ def register(app: typer.Typer) -> None:
         from alloctune.units import parse_user_size
 
         if list_traces:
-            rows = core.shipped_trace_info()
             if json_out:
-                print_json(rows)
+                print_json(core.shipped_trace_list())
             else:
-                demo_view.render_trace_list(rows)
+                demo_view.render_trace_list(core.shipped_trace_info())
             return
 
-        # --gpu is a wish, not a fact: "GPU found" only once a child's torch has seen CUDA (#18.13)
+        cap = parse_user_size(budget, "--budget") if budget else None
+        # --gpu is a wish, not a fact: "GPU found" only once a child's torch has seen CUDA; an explicit
+        # --gpu that cannot be honoured is an error (exit 2), never a silent simulation that exits 0
         use_gpu = core.cuda_available() if (gpu or (gpu is None and trace is None)) else False
         if gpu and not use_gpu:
-            typer.echo("no CUDA GPU: showing the simulated demo", err=True)
+            raise EnvironmentProblem(
+                "--gpu: no CUDA GPU is visible to torch here, so the GPU part cannot run; "
+                "drop --gpu for the simulated demo (it needs no GPU)")
         if use_gpu:
-            cmd = core.gpu_demo_command(json_out)
+            cmd = core.gpu_demo_command(json_out, cap)
             if not json_out:
-                console.print(f"GPU found: tuning the RVC workload under {core.GPU_DEMO_BUDGET} (a 6 GiB card)\n"
-                              f"$ {' '.join(cmd[2:])}")
+                console.print(f"GPU found: tuning the RVC workload under {core.demo_budget_arg(cap)}"
+                              + ("" if cap else " (a 6 GiB card)") + f"\n$ {' '.join(cmd[2:])}")
             raise typer.Exit(subprocess.call(cmd, env=os.environ.copy()))
 
-        result = core.run_demo(trace, budget=parse_user_size(budget, "--budget") if budget else None)
+        result = core.run_demo(trace, budget=cap)
         if json_out:
             print_json(result.to_dict())
         else:

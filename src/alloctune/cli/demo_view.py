@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from alloctune.cli.common import console
-from alloctune.sim.demo import GPU_DEMO_BUDGET
+from alloctune.sim.demo import demo_budget_arg
 
 
 def render_demo(result: Any) -> None:
@@ -18,11 +18,16 @@ def render_demo(result: Any) -> None:
     from alloctune.cli.render import Col, FitTable
     from alloctune.units import GiB, format_mib
 
+    name = result.name or result.trace
+    about = short_workload(result.workload)
+    console.print("[bold]alloctune demo[/bold] — simulating a real allocator trace on the CPU")
     console.print(
-        f"[bold]alloctune demo[/bold] — simulating a real allocator trace on the CPU\n"
-        f"trace: {result.workload} ({result.requests:,} allocator requests"
+        f"trace: {name} ("
+        + (f"{about}; " if about and about != name else "")
+        + f"{result.requests:,} allocator requests"
         + (f", recorded with torch {result.recorded_with}" if result.recorded_with else "")
-        + ")\n"
+        + ")\n",
+        markup=False, highlight=False,
     )
     cols = [
         Col("setting"),
@@ -72,9 +77,9 @@ def render_demo(result: Any) -> None:
             for line in text.splitlines():
                 console.print(f"    {line}", highlight=False, markup=False)
     console.print(
-        f"\nOn your own GPU: [bold]alloctune tune --budget {GPU_DEMO_BUDGET} -- python your_script.py[/bold] "
-        "measures this for your workload; [bold]alloctune record[/bold] + [bold]alloctune simulate[/bold] "
-        "predicts it on any CPU."
+        f"\nOn your own GPU: [bold]alloctune tune --budget {demo_budget_arg(result.budget)} -- python "
+        "your_script.py[/bold] measures this for your workload; [bold]alloctune record[/bold] + "
+        "[bold]alloctune simulate[/bold] predicts it on any CPU."
     )
 
 

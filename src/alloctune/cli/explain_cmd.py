@@ -13,7 +13,8 @@ def register(app: typer.Typer) -> None:
     def explain(
         recordings: List[Path] = typer.Argument(
             ..., metavar="RECORDING...",
-            help="Snapshot (.pickle[.gz|.xz]) or compact trace; several: the ranks of one job (NAME.rankN.pickle)."),
+            help="Snapshot (.pickle[.gz|.xz]), compact trace or a shipped trace's name (alloctune demo --list); "
+            "several: the ranks of one job (NAME.rankN.pickle)."),
         against: Optional[Path] = typer.Option(
             None, "--against", metavar="RECORDING",
             help="Split the gap in peak reserved to this recording by site and category."),

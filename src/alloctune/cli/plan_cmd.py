@@ -21,7 +21,7 @@ def register(app: typer.Typer) -> None:
     def plan_cmd(
         inputs: List[str] = typer.Argument(..., metavar="INPUTS...", help="TRACESET.atraceset, or FILE:SIZE ... "
                                            "(two or more sizes), or a directory written by record --size"),
-        card: Optional[List[str]] = typer.Option(None, "--card", help="card memory, e.g. 6GiB (repeatable, or 4GB,8GB)"),
+        card: Optional[List[str]] = typer.Option(None, "--card", help="card memory, e.g. 6GiB (repeatable, or 4GiB,8GiB)"),
         cap: Optional[List[str]] = typer.Option(None, "--cap", help="per-process cap on the recording's device "
                                                 "(set_per_process_memory_fraction), e.g. 3GiB; repeatable"),
         conf: Optional[List[str]] = typer.Option(None, "--conf", "-c", help="allocator setting (repeatable); "
@@ -58,7 +58,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Largest input size per card/cap and setting, min budget vs size, and the card one size needs.
 
-        Example: `alloctune plan rvc-*.pickle.xz --card 4GB,6GB,8GB --conf expandable_segments:True --rvc`
+        Example: `alloctune plan rvc-*.pickle.xz --card 4GiB,6GiB,8GiB --conf expandable_segments:True --rvc`
         or `alloctune plan a.pickle:1024 b.pickle:2048 c.pickle:4096 --card 3GiB --size 3000`.
         """
         from alloctune.cli.plan_view import progress_line, render_report

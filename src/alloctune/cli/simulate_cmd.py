@@ -18,13 +18,15 @@ import typer
 def register(app: typer.Typer) -> None:
     @app.command("simulate")
     def simulate(
-        trace_file: Path = typer.Argument(..., metavar="TRACE", help="Snapshot (.pickle[.gz|.xz]) or compact trace."),
+        trace_file: Path = typer.Argument(..., metavar="TRACE", help="Snapshot (.pickle[.gz|.xz]), compact trace, "
+                                          "or a shipped trace's name (alloctune demo --list)."),
         conf: Optional[List[str]] = typer.Option(
             None, "--conf", "-c", metavar="SETTING", help="Allocator setting to simulate (repeatable); default: unset."
         ),
         budget: Optional[str] = typer.Option(
             None, "--budget", "-b", metavar="SIZE",
-            help="Per-process memory cap with a unit, e.g. 6GiB (as set_per_process_memory_fraction).",
+            help="Per-process memory cap with a unit, e.g. 6GiB = 6x2^30 bytes (6GB = 6x10^9), as "
+                 "set_per_process_memory_fraction.",
         ),
         total_memory: Optional[str] = typer.Option(
             None, "--total-memory", metavar="SIZE", help="Device memory (default: the trace's device, else an H200's)."
@@ -33,7 +35,8 @@ def register(app: typer.Typer) -> None:
             None, "--device", "-d", metavar="N", help="Device index (needed if several recorded)."),
         torch_version: str = typer.Option("2.11", "--torch", metavar="VERSION", help="PyTorch release whose rules to apply."),
         find_min: bool = typer.Option(
-            False, "--min-budget", help="Also find each setting's smallest budget that completes (bisection)."
+            False, "--min-budget",
+            help="Also find each setting's smallest budget that completes (bisection to 0.2 % or 1 MiB, as every command)."
         ),
         compare_file: Optional[Path] = typer.Option(
             None, "--compare", metavar="RECORDING", help="Recorded trace to check the replay against (event for event)."

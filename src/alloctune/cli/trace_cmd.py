@@ -17,7 +17,8 @@ def register(app: typer.Typer) -> None:
 
     @trace_app.command("info")
     def info(
-        file: Path = typer.Argument(..., help="Snapshot (.pickle, .pickle.gz, .pickle.xz) or compact trace."),
+        file: Path = typer.Argument(..., help="Snapshot (.pickle, .pickle.gz, .pickle.xz), compact trace, "
+                                               "or a shipped trace's name (alloctune demo --list)."),
         device: Optional[int] = typer.Option(None, "--device", "-d", help="Device index (needed if several recorded)."),
         partial: bool = typer.Option(False, "--partial", help="Accept a history whose beginning is missing."),
         json_out: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
@@ -39,7 +40,7 @@ def register(app: typer.Typer) -> None:
 
     @trace_app.command("convert")
     def convert(
-        file: Path = typer.Argument(..., help="Snapshot to convert."),
+        file: Path = typer.Argument(..., help="Snapshot to convert (or a shipped trace's name)."),
         out: Path = typer.Argument(..., help="Output file (alloctune compact trace, e.g. NAME.trace.json.xz)."),
         device: Optional[int] = typer.Option(None, "--device", "-d", help="Device index (needed if several recorded)."),
         json_out: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),

@@ -489,8 +489,10 @@ class ReportFinder:
                 except grammar.UNREADABLE:  # a figure beyond a double or int(): the grammar refuses its clause
                     report = None
                 if report is not None:
-                    self.found += 1
                     pos = self.pos = max(end, m.end())
+                    if _echo(text, report.span[0] - base, report.span[1] - base):
+                        continue
+                    self.found += 1
                     yield report
                     continue
             for window in WINDOWS:  # small first; grow only if the message may run past the window
@@ -517,6 +519,8 @@ class ReportFinder:
                 report = _repeat(first[1], first[1].span[0] - first[0] + s, first[1].span[1] - first[0] + s,
                                  text, self.platform, index)
             pos = self.pos = max(report.span[1], m.end())
+            if _echo(text, report.span[0], report.span[1]):
+                continue
             if base:
                 report = moved(report, report.span[0] + base, report.span[1] + base, report.platform,
                                report.platform_evidence)
@@ -524,8 +528,21 @@ class ReportFinder:
         self.pos = max(self.pos, min(pos, stop))
 
 
+def _echo(text: str, start: int, end: int) -> bool:
+    """Whether the message `text[start:end]` already stands, character for character, earlier on
+    its own line (within `_LOOKBACK` characters): one exception quoted twice in one record, as a
+    server's JSON error body does (`{"error": ..., "warnings": ["<msg>", "There was an inference
+    error: <msg>"]}`), is one OOM, not two. Repeats on other lines are separate OOMs (a loop that
+    fails again) and stay. Stateless, so every reader (one pass, a stream, parallel chunks, all of
+    which keep `_LOOKBACK` characters before a message) decides alike."""
+    lo = max(0, start - _LOOKBACK)
+    lo = max(lo, text.rfind("\n", lo, start) + 1, text.rfind("\r", lo, start) + 1)
+    return start - lo >= end - start > 0 and text.find(text[start:end], lo, start) >= 0
+
+
 def iter_reports(text: str, platform: str | None = None) -> Iterator[OOMReport]:
-    """Every OOM message in `text`, in order of appearance (repeats included)."""
+    """Every OOM message in `text`, in order of appearance (repeats included, except a message that
+    repeats itself on its own line: `_echo`)."""
     return ReportFinder(platform).scan(text, 0, len(text), big=len(text) > BIG_TEXT)
 
 

@@ -1,8 +1,9 @@
-"""What a file handed to `alloctune diagnose` is, by its content: a log, a snapshot, a trace, or else.
+"""Reading what is handed to `alloctune diagnose` as a stream: a log, a snapshot, a trace, or else.
 
-Why in `diagnose/`: recognising a pickle snapshot or a compact trace needs the trace loader's
-sniffers, which the plain file reader (`alloctune.trace.input_file`) does without. The readers
-decompress on the fly (gzip, xz, bz2) with the same one-line errors as `read_input_bytes`.
+What a file holds is decided by `alloctune.trace.content` (the same verdict the trace loader
+gives every other command); here are the readers that let `diagnose` look at a file's first
+bytes without reading it all: they decompress on the fly (gzip, xz, bz2) with the same one-line
+errors as `read_input_bytes`.
 """
 
 from __future__ import annotations
@@ -12,59 +13,9 @@ from pathlib import Path
 from typing import BinaryIO
 
 from alloctune.errors import InputError
+from alloctune.trace.content import SNIFF_BYTES, sniff_bytes
 
-SNIFF_BYTES = 8192
-
-# (magic at offset 0, what it is): files people hand to the wrong command.
-_MAGICS: tuple[tuple[bytes, str], ...] = (
-    (b"\x89PNG", "a PNG image"),
-    (b"\xff\xd8\xff", "a JPEG image"),
-    (b"GIF8", "a GIF image"),
-    (b"%PDF", "a PDF document"),
-    (b"PK\x03\x04", "a ZIP archive (a torch.save checkpoint is one)"),
-    (b"\x7fELF", "an executable (ELF)"),
-    (b"MZ", "a Windows executable"),
-    (b"SQLite format 3\x00", "an SQLite database"),
-    (b"\x89HDF", "an HDF5 file"),
-    (b"\x93NUMPY", "a NumPy array (.npy)"),
-    (b"\x28\xb5\x2f\xfd", "zstd-compressed data (decompress it first: zstd -d)"),
-    (b"7z\xbc\xaf\x27\x1c", "a 7-Zip archive"),
-)
-
-
-def sniff_bytes(head: bytes) -> tuple[str, str]:
-    """(kind, what it looks like) of a file's first (decompressed) bytes.
-
-    kind: "snapshot" (a pickle, as `_dump_snapshot` and `alloctune record` write), "compact"
-    (alloctune's trace format), "text" (a log or a pasted message), or "other". Content only:
-    the suffix of a file says nothing about a log renamed `.pickle` or a snapshot sent as `.txt`.
-    """
-    from alloctune.trace.compact import is_compact
-
-    if not head:
-        return "text", "empty"
-    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
-        return "snapshot", f"a pickle (protocol {head[1]})"
-    if is_compact(head):
-        return "compact", "an alloctune compact trace"
-    for magic, what in _MAGICS:
-        if head.startswith(magic):
-            return "other", what
-    if len(head) > 262 and head[257:262] == b"ustar":
-        return "other", "a tar archive"
-    if len(head) >= 10 and head[8:10] == b'{"' and int.from_bytes(head[:8], "little") < 100_000_000:
-        return "other", "a safetensors file"
-    from alloctune.diagnose.text import _encoding
-
-    enc = _encoding(head)
-    if enc.startswith("utf-16"):
-        return "text", "UTF-16 text"
-    text = head.decode("utf-8", errors="replace")
-    if "\x00" not in text:
-        odd = sum(1 for c in text if (c < " " and c not in "\t\n\r\f\v\x1b") or c == "\ufffd")
-        if odd <= len(text) // 10:
-            return "text", "text"
-    return "other", "binary data"
+__all__ = ["SNIFF_BYTES", "open_input", "read_head", "sniff_bytes"]
 
 
 def open_input(path: str | Path, *, expected: str, error: type[InputError] = InputError) -> tuple[BinaryIO, str | None]:

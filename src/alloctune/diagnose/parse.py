@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from alloctune.errors import SizeError
-from alloctune.units import parse_size
+from alloctune.units import parse_torch_size
 
 _NUM = r"\d+(?:\.\d+)?"
 _UNIT = r"(?:bytes|[KMGTP]i?B)(?![A-Za-z])"
@@ -128,24 +128,24 @@ class Parsed:
     numbers: list[tuple[str, int, int]] = field(default_factory=list)
 
 
-# The units `_UNIT` accepts, as `parse_size` reads them (binary, like PyTorch prints them).
+# The units `_UNIT` accepts, as `parse_torch_size` reads them (binary: PyTorch prints them so).
 _MULT = {"bytes": 1, "KB": 1 << 10, "KiB": 1 << 10, "MB": 1 << 20, "MiB": 1 << 20, "GB": 1 << 30, "GiB": 1 << 30,
          "TB": 1 << 40, "TiB": 1 << 40}
 
 
 def _size(text: str) -> int:
-    """`parse_size` of a figure the grammar matched, without its general regex (a log of 100,000
+    """`parse_torch_size` of a figure the grammar matched, without its general regex (a log of 100,000
     messages has 600,000 figures); a unit it does not know goes the general way. Raises
     `OverflowError` for a figure beyond a double (hundreds of digits: a corrupt or hostile log)."""
     num, _, unit = text.partition(" ")
     mult = _MULT.get(unit)
     if mult is None or " " in unit:
-        return parse_size(text.replace(" ", ""))
+        return parse_torch_size(text.replace(" ", ""))
     return int(round(float(num) * mult))
 
 
 # What reading a figure raises when it cannot be read: beyond a double (OverflowError), too many
-# digits for int() or too large for parse_size (ValueError, SizeError): its clause is refused.
+# digits for int() or too large for parse_torch_size (ValueError, SizeError): its clause is refused.
 UNREADABLE = (OverflowError, ValueError, SizeError)
 
 

@@ -155,6 +155,10 @@ def _open_log(source: str | Path | None, stdin: BinaryIO | None) -> tuple[Any, i
         if kind == "other":
             raise InputError(f"stdin is not a log: it looks like {what}")
         return read, None, lambda: None
+    if not Path(source).exists():  # a shipped trace by name, as every command that takes a recording
+        from alloctune.trace.shipped import shipped_path
+
+        source = shipped_path(str(source)) or source
     fh, compression = open_input(source, expected="a log, a snapshot or a trace file")
     try:
         head, read = read_head(fh.read)

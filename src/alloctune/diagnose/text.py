@@ -10,6 +10,8 @@ from __future__ import annotations
 import codecs
 from collections.abc import Callable, Iterator
 
+from alloctune.trace.content import text_encoding as _encoding
+
 
 def decode_log(data: bytes) -> str:
     """The text of a log file's bytes (UTF-8, UTF-8 with BOM, UTF-16 LE/BE with or without BOM)."""
@@ -26,23 +28,6 @@ def decode_log(data: bytes) -> str:
         if even_nul > 0.4 and odd_nul < 0.05:
             return data.decode("utf-16-be", errors="replace")
     return data.decode("utf-8", errors="replace")
-
-
-def _encoding(sample: bytes) -> str:
-    """The codec `decode_log` would pick for data starting with `sample` (BOMs are consumed by it)."""
-    if sample.startswith(codecs.BOM_UTF8):
-        return "utf-8-sig"
-    if sample.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-        return "utf-16"
-    sample = sample[:4096]
-    if len(sample) >= 4:
-        even_nul = sample[0::2].count(0) / len(sample[0::2])
-        odd_nul = sample[1::2].count(0) / len(sample[1::2])
-        if odd_nul > 0.4 and even_nul < 0.05:
-            return "utf-16-le"
-        if even_nul > 0.4 and odd_nul < 0.05:
-            return "utf-16-be"
-    return "utf-8"
 
 
 CHUNK = 1 << 20

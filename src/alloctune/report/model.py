@@ -379,10 +379,13 @@ def classify(path: str | Path) -> str:
 
 
 def expand_inputs(paths: Sequence[str | Path]) -> list[Path]:
-    """Files to read: directories expand to the snapshots and stores inside them (sorted)."""
+    """Files to read: directories expand to the snapshots and stores inside them (sorted); a name
+    that is no file but a shipped trace's (`rvc_h200`) is that trace, as for every recording."""
+    from alloctune.trace.shipped import resolve_recording
+
     out: list[Path] = []
     for raw in paths:
-        p = Path(raw)
+        p = resolve_recording(raw)
         if p.is_dir():
             found = sorted(
                 f for f in p.iterdir() if f.is_file() and (f.name.endswith(_SNAPSHOT_SUFFIXES) or f.suffix == ".jsonl")

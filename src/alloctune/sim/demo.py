@@ -9,11 +9,11 @@ budget and the smallest common card it fits on, and shows what the folklore valu
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from alloctune.config.standard import STANDARD_CONFS
+from alloctune.sim.resolution import ABS_TOL, REL_TOL
 from alloctune.units import GiB, MiB, format_mib
 
 # Values copied from forum threads for RVC and Stable Diffusion.
@@ -24,7 +24,7 @@ FOLKLORE_CANDIDATES: tuple[str, ...] = (
 )
 # Common consumer/workstation card sizes, in GiB as the driver reports them (roughly).
 CARD_SIZES_GIB: tuple[int, ...] = (2, 3, 4, 6, 8, 10, 12, 16, 24)
-DEFAULT_TRACE = "rvc_h200_ec1.atrace"
+DEFAULT_TRACE = "rvc_h200_ec1"
 # A 6 GiB card leaves roughly this much to PyTorch once the CUDA context is loaded.
 GPU_DEMO_BUDGET = "5.5GiB"
 GPU_DEMO_FILES = 4  # audio files per trial: enough lengths to fragment, short enough for a demo
@@ -52,35 +52,47 @@ def cuda_available() -> bool:
     return probe.returncode == 0
 
 
-def gpu_demo_command(json_out: bool = False) -> list[str]:
-    """`alloctune tune` on the RVC workload under a 6 GiB card's budget: the default confirm flow
-    (the simulator ranks every candidate from the baseline's trace, the GPU confirms the best)."""
+def gpu_demo_command(json_out: bool = False, budget: int | None = None) -> list[str]:
+    """`alloctune tune` on the RVC workload under `budget` (bytes; default a 6 GiB card's budget):
+    the default confirm flow (the simulator ranks every candidate from the baseline's trace, the
+    GPU confirms the best)."""
     import sys
 
     return [
-        sys.executable, "-m", "alloctune", "tune", "--budget", GPU_DEMO_BUDGET, *(["--json"] if json_out else []),
+        sys.executable, "-m", "alloctune", "tune", "--budget", demo_budget_arg(budget),
+        *(["--json"] if json_out else []),
         "--", sys.executable, "-m", "alloctune.workloads.rvc", "--device", "cuda", "--count", str(GPU_DEMO_FILES),
     ]
 
 
+def demo_budget_arg(budget: int | None) -> str:
+    """The `--budget` value the demo's GPU run and its closing hint use: the budget given (spelled so
+    that it reads back to the same bytes), else a 6 GiB card's."""
+    from alloctune.units import format_size_arg
+
+    return format_size_arg(budget) if budget is not None else GPU_DEMO_BUDGET
+
+
 def shipped_traces() -> list[str]:
-    """Names of the traces inside the package (`alloctune/data/traces`)."""
-    root = resources.files("alloctune") / "data" / "traces"
-    return sorted(p.name for p in root.iterdir() if p.name.endswith(".atrace"))
+    """File names of the traces inside the package (`alloctune/data/traces`, with `.atrace`)."""
+    from alloctune.trace.shipped import SUFFIX, shipped_names
+
+    return [name + SUFFIX for name in shipped_names()]
 
 
 def shipped_trace_info() -> list[dict[str, str]]:
     """One row per shipped trace: name, workload, allocator setting it was recorded under, torch, how."""
     from alloctune.trace.compact import read_compact_header
+    from alloctune.trace.shipped import shipped_names
 
     rows = []
-    for name in shipped_traces():
+    for name in shipped_names():
         head = read_compact_header(shipped_trace_path(name))
         meta = head.get("meta") or {}
         settings = head.get("allocator_settings") or {}
         conf = meta.get("conf") or settings.get("PYTORCH_CUDA_ALLOC_CONF") or ""
         rows.append({
-            "name": name.removesuffix(".atrace"),
+            "name": name,
             "workload": str(meta.get("workload", "")),
             "setting": conf or "(default)",
             "torch": str(meta.get("torch", "")),
@@ -89,13 +101,23 @@ def shipped_trace_info() -> list[dict[str, str]]:
     return rows
 
 
-def shipped_trace_path(name: str = DEFAULT_TRACE) -> Path:
-    from alloctune.errors import InputError
+def shipped_trace_list() -> dict[str, Any]:
+    """What `demo --list --json` prints: the rows of `shipped_trace_info` under a schema."""
+    from alloctune.schema import with_schema
 
-    root = resources.files("alloctune") / "data" / "traces"
-    path = Path(str(root / name))
-    if not path.is_file():
-        raise InputError(f"no shipped trace named {name!r}; available: {', '.join(shipped_traces()) or 'none'}")
+    return with_schema("demo.list", {"traces": shipped_trace_info()})
+
+
+def shipped_trace_path(name: str = DEFAULT_TRACE) -> Path:
+    """The file of a shipped trace: its name with or without `.atrace`, or a workload name only
+    one shipped trace carries (`rvc_ec1`); an `InputError` listing the names otherwise."""
+    from alloctune.errors import InputError
+    from alloctune.trace.shipped import shipped_names, shipped_path
+
+    path = shipped_path(name)
+    if path is None or not path.is_file():
+        raise InputError(f"no shipped trace named {name!r}; available: {', '.join(shipped_names()) or 'none'} "
+                         "(or give a trace file)")
     return path
 
 
@@ -124,6 +146,21 @@ class DemoRow:
 
 @dataclass(frozen=True)
 class DemoResult:
+    """What the simulated demo found on one trace.
+
+    Attributes:
+        trace: the trace file's path.
+        workload: the workload its metadata names ("rvc_ec1", "llm (alloctune.workloads.llm, 6 items)").
+        requests: allocator requests replayed.
+        budget: the budget each row is checked against (bytes), None when none was given.
+        rows / folklore: the standard settings' and the forum values' outcomes.
+        recommended: the best of `rows`.
+        notes: sentences that explain the table.
+        recorded_with: torch version of the recording, when its metadata says.
+        name: what to pass to `demo --trace` (or any command) for this trace again: a shipped
+            trace's name, else the path as given.
+    """
+
     trace: str
     workload: str
     requests: int
@@ -132,12 +169,14 @@ class DemoResult:
     folklore: tuple[DemoRow, ...]
     recommended: DemoRow
     notes: tuple[str, ...] = field(default=())
-    recorded_with: str = ""  # torch version of the recording, when its metadata says
+    recorded_with: str = ""
+    name: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": "alloctune.demo/1",
             "trace": self.trace,
+            "name": self.name or self.trace,
             "workload": self.workload,
             "requests": self.requests,
             "budget": self.budget,
@@ -240,14 +279,15 @@ def why_not_smaller(best: DemoRow, rows: tuple[DemoRow, ...], tolerance: int) ->
 def run_demo(trace_path: str | Path | None = None, budget: int | None = None) -> DemoResult:
     """Simulate the standard and folklore settings on a trace and pick the best setting."""
     from alloctune.trace import load_trace
+    from alloctune.trace.shipped import SUFFIX, is_shipped
 
     if trace_path is None:
         path = shipped_trace_path()
-    elif Path(trace_path).is_file():
-        path = Path(trace_path)
-    else:  # a shipped trace by name, with or without the suffix
-        name = str(trace_path)
-        path = shipped_trace_path(name if name.endswith(".atrace") else name + ".atrace")
+    elif Path(trace_path).exists():
+        path = Path(trace_path)  # the loader says what is wrong with it, if anything
+    else:  # a shipped trace by name, with or without the suffix, or by its unique workload name
+        path = shipped_trace_path(str(trace_path))
+    name = path.name.removesuffix(SUFFIX) if is_shipped(path) else str(trace_path)
     from alloctune.sim.sweep import sweep
 
     trace = load_trace(path)
@@ -256,7 +296,7 @@ def run_demo(trace_path: str | Path | None = None, budget: int | None = None) ->
     every = mark_no_effect(trace, every[0], every)
     rows, folklore = tuple(every[: len(STANDARD_CONFS)]), tuple(every[len(STANDARD_CONFS):])
     found = [r.min_budget for r in rows if r.min_budget]
-    tolerance = max(16 * MiB, int(0.01 * min(found))) if found else 16 * MiB
+    tolerance = max(ABS_TOL, int(REL_TOL * min(found))) if found else ABS_TOL  # the bisection's resolution
     best = min(rows, key=lambda r: _rank_key(r, tolerance))
     default = rows[0]
     notes: list[str] = []
@@ -302,4 +342,5 @@ def run_demo(trace_path: str | Path | None = None, budget: int | None = None) ->
         recommended=best,
         notes=tuple(notes),
         recorded_with=str(trace.meta.get("torch") or ""),
+        name=name,
     )

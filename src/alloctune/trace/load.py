@@ -3,7 +3,10 @@
 Accepts what `torch.cuda.memory._dump_snapshot` writes (`.pickle`, also gzip/xz/bz2
 compressed: the content is sniffed, not the suffix) and alloctune's own compact format
 (`alloctune.trace.compact`). Every way a file can be unusable ends in one `TraceError`
-line that says what to do, because these files come from users' bug reports.
+line that says what to do, because these files come from users' bug reports: a text log given
+where a recording belongs is named as one, with the command that reads it (`diagnose`).
+A path that does not exist but names a shipped trace (`rvc_h200`, see `alloctune demo --list`)
+loads that trace (`trace.shipped`).
 """
 
 from __future__ import annotations
@@ -11,8 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from alloctune.errors import TraceError
+from alloctune.errors import TraceError, UnsafePickleError
 from alloctune.trace.compact import is_compact, trace_from_compact_bytes
+from alloctune.trace.content import SNIFF_BYTES, Content, sniff_content
 from alloctune.trace.model import Trace
 from alloctune.trace.safe_pickle import load_pickle_bytes, read_decompressed
 from alloctune.trace.sidecar import read_sidecar  # noqa: F401  (re-exported: where callers look for it)
@@ -29,22 +33,81 @@ def load_snapshot(path: str | Path) -> dict[str, Any]:
     """The snapshot dict of a `_dump_snapshot` file, unpickled without trusting it.
 
     Raises `TraceError` if the file is missing, damaged, or not a snapshot, and
-    `UnsafePickleError` if the pickle asks for any class or function.
+    `UnsafePickleError` if the pickle asks for any class or function. `path` may be the name
+    of a shipped trace (which, being compact, is then refused with the way to go on).
     """
+    path = _existing_recording(path)
     data = read_decompressed(path)
     side = read_sidecar(path)
     if is_compact(data):
         raise TraceError(
             f"{path}: an alloctune compact trace keeps the request stream, not the snapshot's memory map; "
-            "give the original _dump_snapshot file, or simulate it (alloctune simulate FILE --json > sim.json) "
-            "and report on that"
+            "give the original _dump_snapshot file, or simulate it "
+            f"(alloctune simulate {path} --json > sim.json) and report on that"
         )
     return _snapshot_from_bytes(data, str(path), side.get("total_memory"))
 
 
+def _existing_recording(path: str | Path) -> str | Path:
+    """`path` as given when it exists (messages keep the user's spelling), else the shipped trace it
+    names; a `TraceError` naming both readings when it is neither."""
+    from alloctune.trace.shipped import shipped_path, unknown_name_hint
+
+    if Path(path).exists():
+        return path
+    found = shipped_path(str(path))
+    if found is None:
+        raise TraceError(f"{path}: no such file: {unknown_name_hint()}")
+    return found
+
+
+def _not_a_recording(content: Content, source: str) -> TraceError | None:
+    """The one line for content that is certainly no recording (a text log, JSON, a PNG, a ZIP...),
+    None for what may be one (a pickle, or binary data the pickle reader words best)."""
+    if content.kind == "text" and content.what != "empty":
+        if content.what == "JSON":
+            return TraceError(
+                f"{source} is JSON, not a recording: a recording is a torch memory snapshot "
+                "(torch.cuda.memory._dump_snapshot) or an alloctune trace (.atrace); results of "
+                f"simulate --json and tune stores go to `alloctune report {source}`")
+        return TraceError(f"{source} is a text log, not a recording: try `alloctune diagnose {source}`")
+    if content.kind == "other" and content.magic:
+        return TraceError(
+            f"{source} is {content.what}, not a recording: expected a torch memory snapshot "
+            "(torch.cuda.memory._dump_snapshot) or an alloctune trace (.atrace)")
+    return None
+
+
+def _well_formed_global(exc: UnsafePickleError) -> bool:
+    """Whether a refused pickle named a real-looking global (`os.system`): a tampered pickle, worth
+    saying so, rather than a log whose first line happened to start with a pickle opcode."""
+    import re
+
+    return bool(exc.refused) and re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", str(exc.refused)) is not None
+
+
 def _snapshot_from_bytes(data: bytes, source: str, total_memory: Any = None) -> dict[str, Any]:
-    """Unpickle safely, then check every event (`validate.check_snapshot`): bad data is one line."""
-    obj = load_pickle_bytes(data, source=source)
+    """Unpickle safely, then check every event (`validate.check_snapshot`): bad data is one line.
+
+    Content that is certainly not a recording is refused before unpickling; text is first tried
+    as a pickle all the same (protocols 0 and 1 are ASCII), and named a log only when that fails.
+    """
+    content = sniff_content(data[:SNIFF_BYTES])
+    refusal = _not_a_recording(content, source)
+    if refusal is not None and content.kind != "text":
+        raise refusal
+    try:
+        obj = load_pickle_bytes(data, source=source)
+    except TraceError as exc:
+        if isinstance(exc, UnsafePickleError) and _well_formed_global(exc):
+            raise
+        if refusal is not None:
+            raise refusal from None
+        if content.kind == "other":  # no pickle header and unreadable as one: say what it is not
+            detail = str(exc).removeprefix(f"{source}: ")
+            raise TraceError(f"{source} is binary data that is neither a torch memory snapshot nor an alloctune "
+                             f"trace ({detail})") from None
+        raise
     if not isinstance(obj, dict) or "device_traces" not in obj:
         what = f"a dict with keys {sorted(map(str, obj))[:6]}" if isinstance(obj, dict) else type(obj).__name__
         raise TraceError(
@@ -145,6 +208,7 @@ def trace_from_snapshot(
 def load_trace(path: str | Path, device: int | None = None, *, partial: bool = False) -> Trace:
     """Load a snapshot (or an alloctune compact trace) as a `Trace` of one device.
 
+    `path` may also be the name of a shipped trace (`rvc_h200`; a file of that name wins).
     `device`: required only when several devices have events. `partial=True` accepts a
     history whose beginning is missing (frees of unknown blocks are dropped); replaying
     such a stream starts from an empty allocator, so only use it for inspection.
@@ -153,7 +217,7 @@ def load_trace(path: str | Path, device: int | None = None, *, partial: bool = F
     """
     from alloctune.trace.cache import load_cached
 
-    return load_cached(path, device, partial, _load_trace)
+    return load_cached(_existing_recording(path), device, partial, _load_trace)
 
 
 def _load_trace(path: str | Path, device: int | None, partial: bool) -> Trace:

@@ -51,7 +51,8 @@ class RestrictedUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:  # noqa: D102 - see class doc
         raise UnsafePickleError(
             f"refused to load the pickle: it asks for the global '{module}.{name}', which could run code; "
-            "a memory snapshot holds only plain data, so this file is not one (or was tampered with)"
+            "a memory snapshot holds only plain data, so this file is not one (or was tampered with)",
+            refused=f"{module}.{name}",
         )
 
     def persistent_load(self, pid: Any) -> Any:  # noqa: D102
@@ -177,7 +178,8 @@ def _refuse_global(data: bytes | bytearray, at: int) -> None:
         what = f"the global '{key[0]}.{key[1]}'" if key else f"extension code {code}"
         raise UnsafePickleError(
             f"refused to load the pickle: it asks for {what}, which could run code; "
-            "a memory snapshot holds only plain data, so this file is not one (or was tampered with)"
+            "a memory snapshot holds only plain data, so this file is not one (or was tampered with)",
+            refused=f"{key[0]}.{key[1]}" if key else None,
         )
     end = at + 1
     if op in (0x63, 0x69):  # GLOBAL, INST: two text lines
@@ -307,7 +309,7 @@ def load_pickle_bytes(data: bytes, source: str = "<bytes>", limits: Limits | Non
     try:
         return safe_loads(data, limits)
     except UnsafePickleError as exc:
-        raise UnsafePickleError(f"{source}: {exc}") from None
+        raise UnsafePickleError(f"{source}: {exc}", refused=exc.refused) from None
     except TraceError as exc:
         raise TraceError(f"{source}: not a readable pickle of plain data: {exc}") from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError,

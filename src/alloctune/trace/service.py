@@ -56,9 +56,10 @@ def convert_trace(file: str | Path, out: str | Path, device: int | None = None, 
     """Save a snapshot in alloctune's compact, pickle-free format."""
     from alloctune.trace.compact import save_compact
     from alloctune.trace.load import load_trace
+    from alloctune.trace.shipped import resolve_recording
 
     _check_device(device)
-    file, out = Path(file), Path(out)
+    file, out = resolve_recording(file), Path(out)
     if out.is_dir():
         raise InputError(f"{out}: is a directory; give the output file name")
     progress(f"loading {file}")
