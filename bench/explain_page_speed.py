@@ -25,8 +25,8 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 
 def _time(label: str, trace, rows: list) -> None:
+    from alloctune.analysis.core import analyse
     from alloctune.explain import explain
-    from alloctune.explain.core import analyse
     from alloctune.report.explain_html import explain_page
     from alloctune.report.explain_view import explain_view
 

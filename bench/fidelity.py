@@ -76,7 +76,7 @@ def flat_groups(folder: Path) -> dict[str, dict[str, Path]]:
 
 def shipped_groups() -> dict[str, dict[str, Path]]:
     """The package's shipped traces as workload -> run -> file (`default` = no suffix)."""
-    from alloctune.sim.demo import shipped_trace_path, shipped_traces
+    from alloctune.demo.core import shipped_trace_path, shipped_traces
 
     groups: dict[str, dict[str, Path]] = {}
     for name in shipped_traces():

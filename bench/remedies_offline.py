@@ -37,10 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from runlog import log_result
 
-    from alloctune.explain.core import analyse
-    from alloctune.explain.remedies import activity, min_budget
-    from alloctune.explain.remedy_set import best_release, simulated_remedies
-    from alloctune.explain.what_if import recorded_conf
+    from alloctune.analysis.core import analyse
+    from alloctune.remedy.model import activity, min_budget, recorded_conf
+    from alloctune.remedy.registry import best_release, simulated_remedies
     from alloctune.trace import load_trace
 
     lines = ["# #29 on the CPU: program-level remedies simulated on the shared H200 recordings", "",

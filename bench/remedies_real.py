@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from alloctune.explain.core import analyse  # noqa: E402
-from alloctune.explain.remedies import repetition_ends, with_empty_cache  # noqa: E402
+from alloctune.analysis.core import analyse  # noqa: E402
+from alloctune.remedy.release import repetition_ends, with_empty_cache  # noqa: E402
 from alloctune.sim.budget import min_budget  # noqa: E402
 from alloctune.sim.replay import replay  # noqa: E402
 from alloctune.trace import load_trace  # noqa: E402

@@ -33,11 +33,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from alloctune.explain.core import analyse, explain_trace  # noqa: E402
-from alloctune.explain.phases import phase_at  # noqa: E402
-from alloctune.explain.remedies import min_budget  # noqa: E402
-from alloctune.explain.repeats import live_before  # noqa: E402
-from alloctune.explain.training import checkpointing_remedy, optimizer_remedies  # noqa: E402
+from alloctune.analysis.core import analyse  # noqa: E402
+from alloctune.analysis.phases import phase_at  # noqa: E402
+from alloctune.analysis.repeats import live_before  # noqa: E402
+from alloctune.explain.core import explain_trace  # noqa: E402
+from alloctune.remedy.model import min_budget  # noqa: E402
+from alloctune.remedy.training import checkpointing_remedy, optimizer_remedies  # noqa: E402
 from alloctune.sim.replay import replay  # noqa: E402
 from alloctune.trace import load_trace  # noqa: E402
 from runlog import command, log_result  # noqa: E402

@@ -16,8 +16,7 @@ import os
 import threading
 from pathlib import Path
 
-from alloctune.run.trial import TrialResult
-from alloctune.tune.executors.base import TrialRequest
+from alloctune.run.trial import TrialRequest, TrialResult
 
 MiB = 1 << 20
 GiB = 1 << 30

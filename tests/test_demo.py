@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from alloctune.config.standard import STANDARD_CONFS
-from alloctune.sim.demo import FOLKLORE_CANDIDATES, run_demo, shipped_traces
+from alloctune.demo.core import FOLKLORE_CANDIDATES, run_demo, shipped_traces
 from cli_run import run_cli
 
 
@@ -84,7 +84,7 @@ def test_rows_identical_to_default_say_no_effect(result):
 def test_recommendation_says_why_over_a_smaller_budget():
     """#18.11b: a row that needs a few MiB more than another, within the bisection's resolution, can
     still be recommended; the note says why (the budgets are a tie there; its uncapped peak is lower)."""
-    from alloctune.sim.demo import DemoRow, _rank_key, why_not_smaller
+    from alloctune.demo.core import DemoRow, _rank_key, why_not_smaller
     from alloctune.sim.resolution import ABS_TOL, REL_TOL
 
     def row(conf: str, mb: int, peak_mib: int) -> DemoRow:
@@ -105,7 +105,7 @@ def test_recommendation_says_why_over_a_smaller_budget():
 
 def test_tie_without_a_reason_picks_the_smaller_budget():
     """Within the resolution, with equal peaks and retries, the smaller budget wins (not the shorter string)."""
-    from alloctune.sim.demo import DemoRow, _rank_key, why_not_smaller
+    from alloctune.demo.core import DemoRow, _rank_key, why_not_smaller
 
     def row(conf: str, mb: int) -> DemoRow:
         return DemoRow(conf=conf, peak_reserved=2 << 30, peak_allocated=1 << 30, utilization=0.5, retries=0,
@@ -120,7 +120,7 @@ def test_tie_without_a_reason_picks_the_smaller_budget():
 def test_gpu_flag_without_cuda_is_an_error(monkeypatch, capsys):
     """`demo --gpu` on a machine whose torch sees no CUDA never says "GPU found" and never shows a
     simulation nobody asked for: one line saying the GPU part cannot run, exit 2."""
-    from alloctune.sim import demo
+    from alloctune.demo import core as demo
 
     monkeypatch.setattr(demo, "cuda_available", lambda: False)
     for args in (["demo", "--gpu"], ["demo", "--gpu", "--json"], ["demo", "--gpu", "--budget", "1.6GiB"]):
@@ -135,7 +135,7 @@ def test_view_renders_a_result_it_is_given():
     with its no-effect row marked, the notes, and the recommendation's shell lines."""
     from alloctune.cli.common import console
     from alloctune.cli.demo_view import render_demo
-    from alloctune.sim.demo import DemoResult, DemoRow
+    from alloctune.demo.core import DemoResult, DemoRow
 
     def row(conf: str, mb: int, no_effect: bool = False) -> DemoRow:
         return DemoRow(conf=conf, peak_reserved=mb << 20, peak_allocated=mb << 19, utilization=0.5, retries=0,
@@ -157,7 +157,7 @@ def test_demo_command_only_parses_calls_and_renders():
     """`cli/demo_cmd.py` stays thin (#18 review): the GPU probe and command live in the core, the
     wording in `cli/demo_view.py`."""
     import alloctune.cli.demo_cmd as cmd
-    from alloctune.sim import demo
+    from alloctune.demo import core as demo
 
     source = open(cmd.__file__, encoding="utf-8").read()
     assert len(source.splitlines()) <= 120
@@ -181,7 +181,7 @@ def test_header_names_the_trace_as_it_can_be_passed_again(capsys):
 
 
 def test_every_listed_name_is_accepted():
-    from alloctune.sim.demo import shipped_trace_info, shipped_trace_path
+    from alloctune.demo.core import shipped_trace_info, shipped_trace_path
 
     for row in shipped_trace_info():
         assert shipped_trace_path(row["name"]).name == row["name"] + ".atrace"

@@ -26,7 +26,8 @@ def _assigned(path: Path) -> set[str]:
             for t in node.targets if isinstance(t, ast.Name)}
 
 
-@pytest.mark.parametrize("path", sorted((PKG / "diagnose").glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted([*(PKG / "diagnose").glob("*.py"), *(PKG / "memory_map").glob("*.py")]),
+                         ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_diagnose_declares_no_allocator_constant_and_imports_no_tune(path):
     assert not _assigned(path) & {"_MIN_BLOCK", "_SMALL_SIZE", "_SMALL_BUFFER", "_LARGE_BUFFER", "MIN_BLOCK",
                                   "SMALL_SIZE", "SMALL_BUFFER", "LARGE_BUFFER"}
@@ -37,10 +38,10 @@ def test_diagnose_declares_no_allocator_constant_and_imports_no_tune(path):
 
 
 def test_memory_map_reads_events_through_the_trace_loader():
-    src = (PKG / "diagnose" / "memory_map.py").read_text()
-    assert "alloctune.trace.stream.build_stream" in _imports(PKG / "diagnose" / "memory_map.py")
+    src = (PKG / "memory_map" / "build.py").read_text()
+    assert "alloctune.trace.stream.build_stream" in _imports(PKG / "memory_map" / "build.py")
     assert '"free_completed"' not in src and '"alloc"' not in src  # no second reading of raw actions
-    assert "alloctune.sim.sizes" in _imports(PKG / "diagnose" / "memory_map.py")
+    assert "alloctune.sim.sizes" in _imports(PKG / "memory_map" / "build.py")
 
 
 @pytest.mark.parametrize("path", sorted((PKG / "report").glob("*.py")), ids=lambda p: p.name)
@@ -51,5 +52,7 @@ def test_report_takes_plain_types_not_the_diagnosis_module(path):
 
 
 def test_snapshot_model_is_plain_data():
+    map_model = _imports(PKG / "memory_map" / "model.py")
+    assert all(not m.startswith("alloctune") for m in map_model)  # nothing but the standard library
     imports = _imports(PKG / "diagnose" / "snapshot_model.py")
-    assert all(not m.startswith("alloctune") for m in imports)  # nothing but the standard library
+    assert all(not m.startswith("alloctune") or m.startswith("alloctune.memory_map.model") for m in imports)

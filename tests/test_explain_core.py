@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from alloctune.analysis.core import analyse
 from alloctune.explain import CATEGORIES, explain
-from alloctune.explain.core import analyse, explain_trace
+from alloctune.explain.core import explain_trace
 from alloctune.trace import load_trace
 from alloctune.trace.compact import save_compact
 from explain_programs import MiB, training_loop, write
@@ -222,9 +223,9 @@ def test_totals_at_the_end_match_torchs_own_memory_stats(traces_dir, name):
 
 def test_the_totals_and_the_full_map_agree(traces_dir):
     """Two paths to the state at a moment (the native core's statistics, the Python model's map)."""
-    from alloctune.diagnose.memory_map import map_after_request, totals_after_request
+    from alloctune.analysis.repeats import live_before
     from alloctune.explain.moment import pick_moment
-    from alloctune.explain.repeats import live_before
+    from alloctune.memory_map.build import map_after_request, totals_after_request
 
     (path,) = _shared(traces_dir, ["rvc_ec1/default.pickle.xz"])
     trace = load_trace(path)

@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from alloctune.explain.core import analyse
-from alloctune.explain.remedies import release_points, repetition_ends, with_empty_cache
+from alloctune.analysis.core import analyse
+from alloctune.remedy.release import release_points, repetition_ends, with_empty_cache
 from alloctune.trace import load_trace
 from alloctune.trace.model import EMPTY_CACHE
 
@@ -92,8 +92,8 @@ def _stepwise_janitor_run(trace, ends, by_size, sizes, **kwargs):
 
 @pytest.mark.parametrize("by_size", [False, True])
 def test_janitor_points_are_where_the_real_janitor_cleans_in_one_live_pass(traces_dir, by_size):
-    from alloctune.explain.janitor_sim import janitor_points, repetition_sizes
-    from alloctune.explain.remedies import activity
+    from alloctune.remedy.janitor import janitor_points, repetition_sizes
+    from alloctune.remedy.model import activity
 
     an = analyse(load_trace(traces_dir / "rvc_ec0" / "default.pickle.xz"))
     ends = repetition_ends(an)
@@ -107,7 +107,7 @@ def test_janitor_told_sizes_matches_the_program_that_empties_after_every_chunk(t
     """RVC's chunks come in random lengths: the Janitor's size policy cleans only before a chunk larger than
     any since, yet reaches (within 1 %) the real peak of the program that empties the cache after every chunk."""
     an = analyse(load_trace(traces_dir / "rvc_ec0" / "default.pickle.xz"))
-    from alloctune.explain.janitor_sim import janitor_remedies
+    from alloctune.remedy.janitor import janitor_remedies
 
     by_size = next(r for r in janitor_remedies(an, None, "") if r.name == "janitor_by_size")
     real = json.loads((traces_dir / "rvc_ec1" / "default.json").read_text())["stats"]["reserved_bytes.all.peak"]
@@ -145,8 +145,8 @@ def _gemm_program(workspace: int, conv_ws: int = 0):
 def test_cublas_cap_equals_the_program_made_with_the_smaller_workspace():
     """The cuBLAS candidates are the recorded program with its workspace request shrunk: the min budget must be
     that of the same program written with the smaller workspace from the start (a fact by construction)."""
-    from alloctune.explain.remedies import min_budget
-    from alloctune.explain.workspaces import CUBLAS_CONFIGS, cublas_requests, workspace_remedies
+    from alloctune.remedy.model import min_budget
+    from alloctune.remedy.workspaces import CUBLAS_CONFIGS, cublas_requests, workspace_remedies
     from alloctune.trace.load import trace_from_snapshot
 
     big = trace_from_snapshot(_gemm_program(32 << 20)[0], source="big")
@@ -163,8 +163,8 @@ def test_cublas_cap_equals_the_program_made_with_the_smaller_workspace():
 
 
 def test_cudnn_candidates_need_a_confirming_run_and_carry_the_bound():
-    from alloctune.explain.remedies import UNCONFIRMED, min_budget
-    from alloctune.explain.workspaces import workspace_remedies
+    from alloctune.remedy.model import UNCONFIRMED, min_budget
+    from alloctune.remedy.workspaces import workspace_remedies
     from alloctune.trace.load import trace_from_snapshot
 
     t = trace_from_snapshot(_gemm_program(128 << 10, conv_ws=64 << 20)[0], source="conv")
@@ -221,7 +221,7 @@ def test_what_holds_utilization_back_is_explains_split_of_the_replay_at_its_peak
 def test_the_janitor_arguments_of_a_release_point_reproduce_it(traces_dir, n):
     """`Janitor(**remedy.janitor["args"])` run live (the Python model, the real Janitor) cleans exactly where the
     release point was simulated, and reaches its peak."""
-    from alloctune.explain.janitor_sim import repetition_sizes
+    from alloctune.remedy.janitor import repetition_sizes
 
     an = analyse(load_trace(traces_dir / "rvc_ec0" / "default.pickle.xz"))
     rem = next(r for r in release_points(an, None, every=(n,)))
@@ -273,7 +273,7 @@ def test_the_setting_row_is_the_real_run_with_that_setting(traces_dir, workload)
 
 def test_the_cudnn_candidate_is_the_switch_the_other_way_than_the_run_record_says():
     """The agent writes cudnn.benchmark into the snapshot's run record; explain offers the other way."""
-    from alloctune.explain.workspaces import workspace_remedies
+    from alloctune.remedy.workspaces import workspace_remedies
     from alloctune.trace.load import trace_from_snapshot
     from alloctune.trace.stream import RUN_RECORD_KEY
 

@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
+from alloctune.analysis.core import analyse
+from alloctune.analysis.phases import BACKWARD, FORWARD, OPTIMIZER_STEP, OTHER, allocation_phases, annotation_phase
+from alloctune.analysis.sites import class_of, is_model_code
 from alloctune.errors import TraceError
 from alloctune.explain.api import explain
-from alloctune.explain.core import analyse
-from alloctune.explain.phases import BACKWARD, FORWARD, OPTIMIZER_STEP, OTHER, allocation_phases, annotation_phase
-from alloctune.explain.remedies import min_budget
-from alloctune.explain.sites import class_of, is_model_code
-from alloctune.explain.training import block_windows, optimizer_remedies, with_checkpointing
+from alloctune.remedy.model import min_budget
+from alloctune.remedy.training import block_windows, optimizer_remedies, with_checkpointing
 from alloctune.trace.compact import from_compact_dict, to_compact_dict
 from alloctune.trace.load import trace_from_snapshot
 
@@ -249,8 +249,8 @@ def test_the_page_charts_phases_over_the_run_and_they_sum_to_allocated(tmp_path:
 def test_an_inference_recording_has_no_backward_and_no_training_remedies() -> None:
     """Real H200 recordings (tests/data/explain_gpu): a timm ConvNeXt run in inference and a Llama generate()
     never call torch.autograd or an optimizer; the training loop does."""
-    from alloctune.explain.phases import trains
-    from alloctune.explain.remedy_set import simulated_remedies
+    from alloctune.analysis.phases import trains
+    from alloctune.remedy.registry import simulated_remedies
     from alloctune.trace import load_trace
 
     data = Path(__file__).parent / "data" / "explain_gpu"

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from alloctune.explain.core import analyse, explain_trace
-from alloctune.explain.phases import phase_at
-from alloctune.explain.remedies import min_budget
-from alloctune.explain.repeats import live_before
-from alloctune.explain.training import checkpointing_remedy, optimizer_remedies
+from alloctune.analysis.core import analyse
+from alloctune.analysis.phases import phase_at
+from alloctune.analysis.repeats import live_before
+from alloctune.explain.core import explain_trace
+from alloctune.remedy.model import min_budget
+from alloctune.remedy.training import checkpointing_remedy, optimizer_remedies
 from alloctune.sim.replay import replay
 from alloctune.trace import load_trace
 

@@ -32,9 +32,13 @@ LAYERS: list[set[str]] = [
     {"progress"},                                       # shared: steps of a core operation, trials of a sweep
     {"config"},                                         # allocator settings, knobs, shell lines
     {"trace"},                                          # recordings: safe load, request stream
-    {"sim"},                                            # the allocator model, replay, sweep; `simulate`, demo
-    {"diagnose", "plan", "explain", "guard", "monitor", "agent", "workloads"},
-    {"report", "run"},                                  # figures / HTML; running a workload under the agent
+    {"sim"},                                            # the allocator model, replay, sweep; `simulate`
+    {"memory_map"},                                     # the allocator's memory map at any point of a recording
+    {"diagnose", "plan", "analysis", "demo", "guard", "monitor", "agent", "workloads"},
+    {"run"},                                            # running a workload under the agent; a trial's data
+    {"remedy"},                                         # rewrites of a recording + min budgets; measured forms
+    {"explain"},                                        # where the memory goes at a moment; reads the remedies
+    {"report"},                                         # figures / HTML
     {"tune"},                                           # tune drives run + sim
     {"api", PKG},                                       # the public face (`alloctune/__init__.py` is `alloctune`)
     {"integrations"},                                   # trainer hooks (transformers, Lightning): call the api

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from alloctune.explain.core import analyse
-from alloctune.explain.remedies import repetition_ends, with_empty_cache
+from alloctune.analysis.core import analyse
+from alloctune.remedy.release import repetition_ends, with_empty_cache
 from alloctune.sim.budget import min_budget
 from alloctune.sim.replay import replay
 from alloctune.trace import load_trace
@@ -140,8 +140,8 @@ def test_the_no_grad_remedy_from_its_run_is_a_range_that_holds_the_real_min_budg
     """tune's no-grad remedy from the agent's --no-grad recording of HuBERT: a run that cuDNN was not pressed
     in gives a range (every workspace-shaped request given up .. as recorded), said as one, and the real min
     budget of the program with torch.no_grad() written by hand lies in it."""
+    from alloctune.remedy.measured import no_grad_remedy
     from alloctune.run.trial import TrialResult
-    from alloctune.tune.remedies import no_grad_remedy
     from alloctune.tune.simulator import SimulatorFromTrace
 
     trial = TrialResult(command=("x",), conf="", budget=1075 * 2**20, outcome="ok", exit_code=0, wall_s=1.0,

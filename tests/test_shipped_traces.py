@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from alloctune.sim.demo import shipped_trace_path, shipped_traces
+from alloctune.demo.core import shipped_trace_path, shipped_traces
 from alloctune.sim import compare, replay
 from alloctune.sim.settings import SimSettings
 from alloctune.trace import load_trace
@@ -69,7 +69,7 @@ def test_one_recording_predicts_the_other_settings(workload, variant):
 
 
 def test_demo_list_names_each_trace_with_its_workload_and_setting():
-    from alloctune.sim.demo import shipped_trace_info
+    from alloctune.demo.core import shipped_trace_info
 
     rows = {r["name"]: r for r in shipped_trace_info()}
     assert rows["train_h200_expandable"]["setting"] == "expandable_segments:True"

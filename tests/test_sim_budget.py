@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from alloctune.sim.demo import shipped_trace_path
+from alloctune.demo.core import shipped_trace_path
 from alloctune.sim.budget import MinBudget, min_budget
 from alloctune.sim.replay import cap_from_budget, replay
 from alloctune.sim.resolution import ABS_TOL, REL_TOL

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from alloctune.config.standard import STANDARD_CONFS
-from alloctune.sim.demo import shipped_trace_path, shipped_traces
+from alloctune.demo.core import shipped_trace_path, shipped_traces
 from alloctune.sim import native
 from alloctune.sim.replay import SimResult, replay
 from alloctune.sim.settings import SimSettings

@@ -100,7 +100,7 @@ A = 1 << 40
 
 
 def _at_oom(events, settings=None):
-    from alloctune.diagnose.memory_map import replay_history
+    from alloctune.memory_map.build import replay_history
 
     mm = replay_history(events, capture=[len(events) - 1]).maps[len(events) - 1]
     segs = [{"address": s.addr, "total_size": s.size, "stream": s.stream, "segment_type": s.pool,

@@ -150,7 +150,7 @@ def test_real_h200_calibration_explains_the_capped_run(traces_dir):
 def test_the_note_speaks_for_convolutions_not_for_transformer_decoding():
     # shipped H200 recordings: RVC (HuBERT + HiFiGAN convolutions) has ~1800 requests shaped like
     # workspaces; the Llama-shaped decoder has one (a 501 MiB temporary at start-up, among 379k requests)
-    from alloctune.sim.demo import shipped_trace_path
+    from alloctune.demo.core import shipped_trace_path
     from alloctune.trace import load_trace
     from alloctune.trace.fallible import scratch_requests
 

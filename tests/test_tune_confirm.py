@@ -238,7 +238,7 @@ def test_when_the_default_is_best_its_own_two_runs_prove_it():
 
 def test_python_api_runs_the_same_flow_with_the_real_simulator(tmp_path):
     # the shipped H200 trace stands in for the baseline's recording; the fake GPU needs what it needs
-    from alloctune.sim.demo import shipped_trace_path
+    from alloctune.demo.core import shipped_trace_path
     from alloctune.tune.session import tune
 
     ev = FakeEvaluator(snapshot=str(shipped_trace_path()))
@@ -255,7 +255,7 @@ def test_python_api_runs_the_same_flow_with_the_real_simulator(tmp_path):
 
 def test_api_tune_is_the_session(tmp_path):
     from alloctune import api
-    from alloctune.sim.demo import shipped_trace_path
+    from alloctune.demo.core import shipped_trace_path
 
     ev = FakeEvaluator(snapshot=str(shipped_trace_path()))
     out = api.tune(COMMAND, budget=BUDGET, knobs=["expandable"], evaluator=ev, store=tmp_path / "s.jsonl",

@@ -181,8 +181,8 @@ def test_a_program_that_turns_autograd_back_on_is_not_measured_by_the_switch():
     """The agent's switch turns grad mode off at start; a program that calls torch.enable_grad() itself
     undoes it (seen on the H200: the 'no-grad' run ran out of memory like the plain one). Its module
     calls with grad on give it away: no measured saving is claimed."""
+    from alloctune.remedy.measured import no_grad_remedy
     from alloctune.run.trial import TrialResult
-    from alloctune.tune.remedies import no_grad_remedy
 
     fields = dict(command=["p"], conf="", budget=1 << 30, outcome="oom", exit_code=1, wall_s=1.0,
                   peak_reserved=1 << 30, peak_allocated=1 << 29, num_alloc_retries=0, num_ooms=1, no_grad=True,
@@ -255,7 +255,7 @@ def test_a_transformer_recording_gets_no_cudnn_run():
     """Scratch requests of a model without convolutions (Python stacks say so) are no cuDNN workspaces."""
     from pathlib import Path
 
-    from alloctune.explain.workspaces import cudnn_requests
+    from alloctune.remedy.workspaces import cudnn_requests
     from alloctune.trace import load_trace
 
     data = Path(__file__).parent / "data"

@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Show alloctune at work: tune RVC on a GPU, or simulate a real RVC trace without one."""
         from alloctune.cli import demo_view
-        from alloctune.sim import demo as core
+        from alloctune.demo import core
         from alloctune.units import parse_user_size
 
         if list_traces:

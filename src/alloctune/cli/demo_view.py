@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from alloctune.cli.common import console
-from alloctune.sim.demo import demo_budget_arg
+from alloctune.demo.core import demo_budget_arg
 
 
 def render_demo(result: Any) -> None:

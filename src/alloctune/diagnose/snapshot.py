@@ -6,14 +6,15 @@ against the request, which segments are pinned by a few small live blocks, how m
 is reserved but free and where, and -- by replaying the history in the simulator under other
 settings and the same budget -- which setting would have avoided the OOM.
 
-Two ways to get the memory map at the OOM (`memory_map.py`):
+Two ways to get the memory map at the OOM (`alloctune.memory_map`):
 
 * the snapshot was written *at* the OOM (the agent's `--on-oom snapshot`: nothing but the
   `oom` entry follows in the history), so its `segments` are the state at the OOM -- exact;
 * the program went on after the OOM (the shared capped traces), so the map is rebuilt by a
   pass over the history from the start (`replay_history`).
 
-The plain data types live in `snapshot_model.py`, the what-if replays in `what_if.py`.
+The plain data types live in `snapshot_model.py` (the map's own in `memory_map.model`), the what-if
+replays in `what_if.py`.
 Pure Python over plain data (no torch): the snapshot is loaded with the restricted unpickler
 of `alloctune.trace`.
 """
@@ -27,7 +28,16 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from alloctune.config.standard import STANDARD_CONFS
-from alloctune.diagnose.memory_map import (  # noqa: F401  (re-exported: the snapshot API in one import)
+from alloctune.diagnose.snapshot_model import (  # noqa: F401  (re-exported: the snapshot API in one import)
+    SCHEMA,
+    Margin,
+    PinnedSegment,
+    SnapshotDiagnosis,
+    WhatIf,
+)
+from alloctune.diagnose.what_if import WhatIfs, what_if_replays
+from alloctune.errors import TraceError
+from alloctune.memory_map.build import (  # noqa: F401  (re-exported: the snapshot API in one import)
     HistoryGap,
     Replay,
     SizeRules,
@@ -37,18 +47,7 @@ from alloctune.diagnose.memory_map import (  # noqa: F401  (re-exported: the sna
     replay_history,
     verify_against_segments,
 )
-from alloctune.diagnose.snapshot_model import (  # noqa: F401
-    SCHEMA,
-    BlockView,
-    Margin,
-    MemoryMap,
-    PinnedSegment,
-    SegmentView,
-    SnapshotDiagnosis,
-    WhatIf,
-)
-from alloctune.diagnose.what_if import WhatIfs, what_if_replays
-from alloctune.errors import TraceError
+from alloctune.memory_map.model import BlockView, MemoryMap, SegmentView  # noqa: F401
 from alloctune.sim.sizes import SMALL_SIZE
 from alloctune.units import GiB, MiB, format_size
 

@@ -6,7 +6,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Sequence
 
-from alloctune.explain.core import TOP_SITES, analyse, explain_trace
+from alloctune.analysis.core import analyse
+from alloctune.explain.core import TOP_SITES, explain_trace
 from alloctune.explain.model import CATEGORIES, OVERHEAD, Comparison, Explanation, RankImbalance, Site
 from alloctune.progress import Progress, no_progress
 from alloctune.trace.model import Trace
@@ -90,15 +91,14 @@ def explain(
 
 
 def with_remedies(an: Any, ex: Explanation) -> Explanation:
-    """`ex` with the program-level remedies simulated on its recording (#29) and the utilization table:
+    """`ex` with the program-level remedies simulated on its recording (`remedy.registry`) and the utilization table:
     the recording as it ran, each remedy, each of `COMPARED_SETTINGS`, and the release policies under the
-    setting that keeps the least idle (what "the best setting plus remedies" reaches, #29.6)."""
+    setting that keeps the least idle (what "the best setting plus remedies" reaches)."""
     from dataclasses import replace
 
     from alloctune.explain import utilization as ut
-    from alloctune.explain.remedies import activity, min_budget
-    from alloctune.explain.remedy_set import no_grad_candidate, simulated_remedies
-    from alloctune.explain.what_if import recorded_conf
+    from alloctune.remedy.model import activity, min_budget, recorded_conf
+    from alloctune.remedy.registry import no_grad_candidate, simulated_remedies
 
     trace = an.trace
     conf = recorded_conf(trace)
@@ -119,11 +119,10 @@ def aligned_labels(this: Trace, other: Trace, group: str = "line") -> list[str] 
     different input sizes: name each allocation of `this` by the site of its counterpart in
     `other` instead, pairing the two request streams as `plan` does (`plan.align`), so a site's
     delta says how the same requests grew. None when the streams do not pair (other programs)."""
-    from alloctune.explain.core import analyse as _analyse
     from alloctune.plan.align import pair, structure
     from alloctune.trace.model import ALLOC
 
-    oa = _analyse(other, group)
+    oa = analyse(other, group)
     pairing = pair(structure(this.requests), structure(other.requests))
     if pairing.aligned < 0.5 * len(this.requests):
         return None

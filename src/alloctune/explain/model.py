@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from alloctune.explain.phases import PhaseBytes
+from alloctune.analysis.phases import PhaseBytes
 from alloctune.schema import schema_id
 
 SCHEMA = schema_id("explain", 2)
@@ -76,9 +76,9 @@ class Explanation:
     what_if: tuple[WhatIfResult, ...] = ()
     min_budget: int | None = None  # the recording's own min budget (what-ifs compare with it)
     notes: tuple[str, ...] = ()
-    remedies: tuple[Any, ...] = ()  # program-level remedies simulated on the recording (`explain.remedies.Remedy`)
+    remedies: tuple[Any, ...] = ()  # program-level remedies simulated on the recording (`remedy.model.Remedy`)
     utilization: Any = None  # `explain.utilization.UtilizationTable`: the recording and each remedy
-    # live bytes at the moment by the phase that made them (`explain.phases.PhaseBytes`), summing to
+    # live bytes at the moment by the phase that made them (`analysis.phases.PhaseBytes`), summing to
     # moment["allocated"]; empty when the recording names no phase
     phases: tuple[PhaseBytes, ...] = ()
 

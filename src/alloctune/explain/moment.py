@@ -7,7 +7,7 @@ bytes (that is what the peak had to hold). A recording that ends in an OOM is lo
 where the failed request met the allocator (before it). `at` picks an event index of the
 recording, or a time (`"12.5s"`, seconds after its first event).
 
-The allocator's state there comes from one place, `diagnose.memory_map`: its totals
+The allocator's state there comes from one place, `alloctune.memory_map`: its totals
 (`totals_after_request`: the exact simulator's statistics after replaying the requests up to
 the moment, the native core when built) and its full map (`map_after_request`, for views that
 draw segments). Both are checked against the recording (reserved bytes from the recorded
@@ -22,8 +22,8 @@ import bisect
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from alloctune.diagnose.snapshot_model import MemoryMap
 from alloctune.errors import TraceError
+from alloctune.memory_map.model import MemoryMap
 from alloctune.trace.model import FAILED_ALLOC, Trace, reserved_delta
 
 
@@ -143,15 +143,15 @@ def _time_of(trace: Trace, event: int) -> int | None:
 
 
 def totals_at(trace: Trace, moment: Moment) -> tuple[Any, str]:
-    """The allocator's totals after request `moment.after` (`diagnose.memory_map.MomentTotals`)."""
-    from alloctune.diagnose.memory_map import totals_after_request
+    """The allocator's totals after request `moment.after` (`memory_map.build.MomentTotals`)."""
+    from alloctune.memory_map.build import totals_after_request
 
     return totals_after_request(trace, moment.after, moment.reserved, _event_after(trace, moment))
 
 
 def map_at(trace: Trace, moment: Moment) -> tuple[MemoryMap, str]:
-    """The memory map after request `moment.after` (the one place: `diagnose.memory_map`)."""
-    from alloctune.diagnose.memory_map import map_after_request
+    """The memory map after request `moment.after` (the one place: `alloctune.memory_map`)."""
+    from alloctune.memory_map.build import map_after_request
 
     return map_after_request(trace, moment.after, moment.reserved, _event_after(trace, moment))
 

@@ -1,4 +1,4 @@
-"""One utilization table per setting and per remedy (#29.6): min budget, peak reserved, peak allocated
+"""One utilization table per setting and per remedy: min budget, peak reserved, peak allocated
 and their ratio, so the user sees which remedy buys what; and, where no row reaches the target
 (0.97), what holds it back -- the free bytes at the peak split as `explain` splits them.
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from alloctune.remedy.model import activity, min_budget
 from alloctune.trace.model import Trace, reserved_delta
 from alloctune.units import format_size, utilization
 
@@ -68,7 +69,7 @@ class UtilizationTable:
 
 
 def remedy_rows(remedies: Sequence[Any]) -> list[UtilizationRow]:
-    """Rows for `explain.remedies.Remedy`s (the unconfirmed ones too: their row says so)."""
+    """Rows for `remedy.model.Remedy`s (the unconfirmed ones too: their row says so)."""
     return [UtilizationRow("remedy", r.name, r.conf, r.min_budget, r.peak_reserved, r.peak_allocated, r.method,
                            getattr(r, "trace", None)) for r in remedies]
 
@@ -77,10 +78,8 @@ def combined_rows(an: Any, recorded: UtilizationRow,
                   remedies_under: Callable[..., list[Any]]) -> list[UtilizationRow]:
     """A row per `COMPARED_SETTINGS` entry the recording did not run with (its uncapped replay and
     min budget), then, under the one of them that keeps the least idle memory when it beats the
-    recording, the release policies simulated again under it (`remedies_under`: `simulated_remedies`,
-    passed in to keep this module below the remedies): what a setting and a remedy buy together."""
-    from alloctune.explain.remedies import activity, min_budget
-
+    recording, the release policies simulated again under it (`remedies_under`:
+    `remedy.registry.simulated_remedies`): what a setting and a remedy buy together."""
     trace, out = an.trace, []
     for conf in COMPARED_SETTINGS:
         if conf == recorded.conf:

@@ -5,7 +5,7 @@ what a page shows beyond the moment: the categories and the top sites over the w
 the memory map at the moment with the allocation that owns every live block.
 
 Over time, one pass replays the recording through the simulator's Python model (the same
-settings and recorded segment addresses `diagnose.memory_map.map_after_request` uses) and, at
+settings and recorded segment addresses `memory_map.build.map_after_request` uses) and, at
 a few hundred sample points, reads the allocator's totals and files every live block under a
 category with explain's own rule (`explain.core._categorise`, given the blocks live there):
 the categories at a sample point are what `explain --at` would print there, and at the moment
@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from alloctune.diagnose.snapshot_model import MemoryMap
 from alloctune.errors import TraceError
 from alloctune.explain.model import CATEGORIES, Explanation
+from alloctune.memory_map.model import MemoryMap
 from alloctune.trace.model import ALLOC, EMPTY_CACHE, FAILED_ALLOC, FREE, Trace
 
 MAX_POINTS = 240  # sample points over the run (the chart is ~1100 px wide)
@@ -44,7 +44,7 @@ class OverTime:
     sites: tuple[tuple[int, tuple[int, ...]], ...]  # (row index in ex.sites, live requested bytes at each point)
     moment: int  # index of the explained moment among the points
     recorded_reserved: tuple[int, ...]  # what the recording itself held there (a check of the replay)
-    # per phase (explain.phases.PHASES, then "rounding"), allocated bytes at each point (they sum to allocated);
+    # per phase (analysis.phases.PHASES, then "rounding"), allocated bytes at each point (they sum to allocated);
     # empty when the recording names no phase
     phases: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
@@ -85,7 +85,7 @@ def explain_view(trace: Trace, ex: Explanation, an: Any = None, max_points: int 
 
     `an`: the `explain.core.Analysis` explain used (recomputed with `ex.group` when None; it is
     deterministic, so the same)."""
-    from alloctune.explain.core import analyse
+    from alloctune.analysis.core import analyse
 
     if an is None:
         an = analyse(trace, ex.group)
@@ -132,7 +132,7 @@ def _replay_samples(trace: Trace, an: Any, samples: list[int], after: int, row_o
                     top_rows: list[int]) -> _Sampled:
     """One pass through the Python model with the settings, budget and recorded segment addresses
     of `map_after_request`, reading the totals and filing the live blocks at each sample point."""
-    from alloctune.diagnose.memory_map import _settings_and_budget
+    from alloctune.memory_map.build import _settings_and_budget
     from alloctune.sim.driver import H200_TOTAL
     from alloctune.sim.replay import _address_model, make_allocator
 
@@ -148,7 +148,7 @@ def _replay_samples(trace: Trace, an: Any, samples: list[int], after: int, row_o
     index: dict[int, int] = {}
     live: set[int] = set()
     k_next = 0
-    from alloctune.explain.phases import PHASES
+    from alloctune.analysis.phases import PHASES
 
     run = _Sampled({c: [] for c in CATEGORIES}, [], [], [[] for _ in top_rows],
                    phases={p: [] for p in (*PHASES, "rounding")})
@@ -263,8 +263,8 @@ def _map_and_owners(trace: Trace, an: Any, ex: Explanation, after: int, owners_s
                     row_of_site: dict[int, int], notes: list[str]) -> tuple[MemoryMap, str, dict[int, tuple[int, str]]]:
     """The memory map at the moment and, for each live block in it, its (site row, category): owners
     from the simulated blocks or, when the map is the recorded one, from the recorded addresses."""
-    from alloctune.diagnose.memory_map import map_after_request
     from alloctune.explain.core import _categorise
+    from alloctune.memory_map.build import map_after_request
 
     life = an.life
     mm, map_source = map_after_request(trace, after, ex.reserved, int(ex.moment["event"]))
@@ -300,8 +300,8 @@ def explain_recording(recording: Any, *, at: Any = None, group: str = "line", to
                       progress: Any = None, calibrations: Sequence[Any] = ()) -> ExplainView:
     """Load a recording once, explain it exactly as `alloctune explain` does, and add the page's
     views (`explain_view`)."""
+    from alloctune.analysis.core import analyse
     from alloctune.explain.api import explain, with_calibrations
-    from alloctune.explain.core import analyse
     from alloctune.progress import no_progress
     from alloctune.trace import load_trace
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 from typing import Any, Mapping, Sequence
 
-from alloctune.diagnose.snapshot_model import MemoryMap
+from alloctune.memory_map.model import MemoryMap
 from alloctune.report.model import SegmentMapView, Series, SettingRow
 from alloctune.report.style import ALLOCATED, FREE, LARGEST_FREE, MAX_PANELS, MAX_SEGMENT_ROWS, RESERVED, axis_unit
 from alloctune.units import format_mib

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from alloctune.diagnose.snapshot_model import MemoryMap, SnapshotDiagnosis
+from alloctune.diagnose.snapshot_model import SnapshotDiagnosis
 from alloctune.errors import InputError, TraceError
+from alloctune.memory_map.model import MemoryMap
 
 SCHEMA = "alloctune.report/1"
 MAX_POINTS = 1500  # per timeline series in figures and JSON: enough to see every peak
@@ -300,8 +301,8 @@ class TraceInput:
 def read_trace(path: str | Path, device: int | None = None, what_if: bool = False) -> TraceInput:
     """Replay a snapshot's history: timeline, peak, segment map at the OOM (or at the peak)."""
     from alloctune.config.standard import STANDARD_CONFS
-    from alloctune.diagnose.memory_map import HistoryGap, map_from_snapshot_segments, replay_history
     from alloctune.diagnose.snapshot import diagnose_snapshot
+    from alloctune.memory_map.build import HistoryGap, map_from_snapshot_segments, replay_history
     from alloctune.trace.load import load_snapshot, pick_device, read_sidecar
 
     snap = load_snapshot(path)

@@ -42,12 +42,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from alloctune.run.trial import TrialResult
+from alloctune.run.trial import TrialRequest, TrialResult
 from alloctune.tune.bracket import Bracket, half_width, next_budget, tolerance
 from alloctune.tune.candidates import DEFAULT, Candidate
 from alloctune.tune.confirm_choice import ChoiceMixin
 from alloctune.tune.confirm_report import ReportMixin, next_steps
-from alloctune.tune.executors.base import TrialRequest
 from alloctune.tune.model import Shortfall, align_down, align_up
 from alloctune.tune.objective import CandidateSummary
 from alloctune.tune.throughput import OverheadBound
@@ -322,7 +321,8 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
         convolution workspaces whose giving up would fit the budget)."""
         if c is None or not self.s.remedies:
             return []
-        from alloctune.tune.remedies import _trace, checkpointing_request, cudnn_request, no_grad_request
+        from alloctune.remedy.measured import checkpointing_request, cudnn_request, no_grad_request
+        from alloctune.tune.remedies import _trace
 
         reqs = [no_grad_request(self.baseline, c.conf, self.budget)]
         try:

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from alloctune.run.trial import TrialResult
+from alloctune.run.trial import TrialRequest, TrialResult
 from alloctune.tune.bracket import Bracket, floor_low, half_width, next_budget, tolerance
 from alloctune.tune.candidates import DEFAULT, Candidate
-from alloctune.tune.executors.base import TrialRequest
 from alloctune.tune.model import align_down, align_up
 from alloctune.units import format_mib
 

@@ -12,10 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from alloctune.errors import InputError, WorkloadFailed
-from alloctune.run.trial import TrialResult
+from alloctune.run.trial import TrialRequest, TrialResult
 from alloctune.schema import schema_id
 from alloctune.tune.candidates import SplitGrid
-from alloctune.tune.executors.base import TrialRequest
 from alloctune.tune.objective import CandidateSummary, Ranking
 from alloctune.tune.platform import this_platform
 from alloctune.units import MiB

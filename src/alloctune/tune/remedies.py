@@ -1,18 +1,11 @@
-"""Program-level remedies beside the settings (#29): what `tune` offers besides an allocator string.
+"""The remedies beside the settings: what `tune` offers besides an allocator string.
 
 * From the baseline's recording, simulated under the best setting (or, when none fits, the closest):
-  the release points, the Janitor's policies (the best one named with the `guard.Janitor(...)`
-  arguments that reproduce it) and the workspace caps that apply (`explain.remedies`). No run.
-* Inference with autograd on (the baseline's agent saw modules called with grad mode on and no
-  backward): ONE confirming run, capped at the budget, recorded, with the agent's no-grad switch
-  (`no_grad_request`; the user's code is not changed). It is measured: whether the program completes
-  at the budget without autograd, its peaks, and the min budget its own recording simulates to.
-* The cuDNN switch, where no setting fits (the recording shows convolution workspaces by C++ frames or
-  Python stacks, giving them all up would fit the budget, and the run record says which way
-  `torch.backends.cudnn.benchmark` was): ONE confirming run the other way, set by the agent at torch
-  import (`cudnn_request`); the algorithms, hence every workspace, change with it, which no recording
-  shows, so only a run measures it. Where a setting fits, the switch saves a few percent at most (2-5 %
-  on the H200's convnets) and is listed with its confirming command instead: tune's runs stay three.
+  every remedy the registry answers (`remedy.registry`: release points, the Janitor's policies -- the
+  best one named with the `guard.Janitor(...)` arguments that reproduce it -- the workspace caps that
+  apply, the training remedies). No run.
+* The measured ones from their confirming runs (`remedy.measured`: autograd off, the cuDNN switch,
+  checkpointing), which take the place of their simulated or unconfirmed rows.
 * One utilization table: each setting (min budget measured where the GPU proved it, else simulated;
   peaks of the uncapped replay, so rows compare) and each remedy, with what holds the best row below
   0.97 when no row reaches it.
@@ -27,16 +20,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from alloctune.explain.remedies import MEASURED, UNCONFIRMED, Remedy
 from alloctune.explain.utilization import UtilizationRow, UtilizationTable, remedy_rows, table
+from alloctune.remedy.model import MEASURED, UNCONFIRMED, Remedy, activity, min_budget
 from alloctune.run.trial import TrialResult
-from alloctune.tune.executors.base import TrialRequest
-from alloctune.units import MiB, format_mib
+from alloctune.units import format_mib
 
 if TYPE_CHECKING:
     from alloctune.tune.objective import CandidateSummary
-
-NO_GRAD_LINE = "with torch.inference_mode():  # or torch.no_grad(), around the model's forward calls"
 
 
 @dataclass(frozen=True)
@@ -50,161 +40,6 @@ class RemedyReport:
         return {"remedies": [r.to_dict() for r in self.remedies],
                 "utilization": self.utilization.to_dict() if self.utilization is not None else None,
                 "best_release": self.best_release.name if self.best_release is not None else None}
-
-
-def no_grad_request(baseline: TrialResult, conf: str, budget: int) -> TrialRequest | None:
-    """The confirming run of `torch.no_grad()`, when the baseline ran inference with autograd on."""
-    if not baseline.inference_with_grad:
-        return None
-    return TrialRequest(conf, budget, record=True, ensure_cap=True, no_grad=True,
-                        purpose="remedy: autograd off by the agent (what torch.no_grad() would save): confirm")
-
-
-def no_grad_remedy(trial: TrialResult, conf: str, base: int | None, simulator_factory: Any, command: str) -> Remedy:
-    """The measured no-grad remedy from its confirming run (capped at the budget, recorded)."""
-    regrad = int((trial.autograd or {}).get("module_calls_with_grad") or 0)
-    if regrad:  # the program turned autograd back on under the agent's switch: this run measured nothing
-        return Remedy(
-            "no_grad", "inference without autograd (the recording ran no backward, yet kept grad mode on)", None,
-            None, None, None, 0, 0.0, NO_GRAD_LINE, UNCONFIRMED, conf,
-            confirm=f"alloctune run --budget {trial.budget}B -- {command}  (with the line added by hand)",
-            notes=(f"not measured: the program turns autograd back on itself ({regrad} module calls ran with grad "
-                   "on under the agent's switch: torch.enable_grad() or set_grad_enabled(True) in its code); add "
-                   "the line by hand where it does that and run the confirming command",))
-    return _measured(
-        trial, conf, base, simulator_factory, "no_grad",
-        "inference without autograd (the recording ran no backward, yet kept grad mode on)", NO_GRAD_LINE,
-        f"alloctune run --no-grad --budget {trial.budget}B -- {command}  (the run tune made)",
-        ("completed at {budget} with autograd off (measured)",
-         "ran out of memory at {budget} even with autograd off (measured)",
-         "did not complete with autograd off ({detail}): the program needs autograd somewhere"))
-
-
-# The smallest cuDNN workspace, as a share of the budget, for which the switch gets a confirming run: below
-# it the switch cannot move the min budget by the tolerance tune works to.
-CUDNN_MIN_SHARE = 0.02
-
-
-def cudnn_request(baseline: TrialResult, trace: Any, conf: str, budget: int) -> TrialRequest | None:
-    """The confirming run of the cuDNN switch the other way than the recording ran, when the
-    recording shows convolution workspaces (not the shape alone) of at least `CUDNN_MIN_SHARE` of the
-    budget, the run record says how `cudnn.benchmark` was, and the recording with every one of those
-    workspaces given up (the switch's lower bound) fits the budget under `conf`."""
-    if baseline.cudnn_benchmark is None or trace is None:
-        return None
-    from alloctune.explain.remedies import min_budget
-    from alloctune.explain.workspaces import NO_WORKSPACE, SHAPE_EVIDENCE, cudnn_requests, resized
-
-    found, evidence = cudnn_requests(trace)
-    sizes = trace.requests.sizes
-    if not found or evidence == SHAPE_EVIDENCE or max(sizes[i] for i in found) < CUDNN_MIN_SHARE * budget:
-        return None
-    bound = min_budget(resized(trace, {i: NO_WORKSPACE for i in found if sizes[i] > NO_WORKSPACE}), conf, trace)
-    if bound is None or bound > budget:
-        return None
-    flip = not baseline.cudnn_benchmark
-    return TrialRequest(conf, budget, record=True, ensure_cap=True, cudnn_benchmark=flip,
-                        purpose=f"remedy: torch.backends.cudnn.benchmark = {flip} by the agent: confirm")
-
-
-def checkpointing_request(baseline: TrialResult, trace: Any, conf: str, budget: int) -> TrialRequest | None:
-    """The confirming run of activation checkpointing, where no setting fits: when the baseline trained
-    (it ran backward) and its recording shows repeated blocks to checkpoint (`explain.training`). The
-    agent switches it on in the program as its library offers it; the run is capped and recorded."""
-    if trace is None or not (baseline.autograd or {}).get("backward_calls"):
-        return None
-    from alloctune.explain.core import analyse
-    from alloctune.explain.training import block_windows
-
-    if not block_windows(analyse(trace)):
-        return None
-    return TrialRequest(conf, budget, record=True, ensure_cap=True, checkpointing=True,
-                        purpose="remedy: activation checkpointing switched on by the agent: confirm")
-
-
-def checkpointing_measured(trial: TrialResult, conf: str, base: int | None, simulator_factory: Any,
-                           command: str, code: str) -> Remedy:
-    """The measured checkpointing remedy from its confirming run."""
-    what = "activation checkpointing of the repeated blocks"
-    confirm = f"alloctune run --checkpointing --budget {trial.budget}B -- {command}"
-    if trial.checkpointing is not None and not trial.checkpointing:
-        return Remedy("checkpointing", what, None, None, None, None, 0, 0.0, code, UNCONFIRMED, conf, confirm=confirm,
-                      notes=("not measured: the agent found no model it could switch checkpointing on in",))
-    switched = "; ".join(trial.checkpointing or ())
-    rem = _measured(trial, conf, base, simulator_factory, "checkpointing", what, code, confirm,
-                    ("completed at {budget} with checkpointing on (measured)",
-                     "ran out of memory at {budget} even with checkpointing on (measured)",
-                     "did not complete with checkpointing on ({detail})"))
-    return replace(rem, notes=(*rem.notes, f"switched on: {switched}") if switched else rem.notes)
-
-
-def cudnn_remedy(trial: TrialResult, conf: str, base: int | None, simulator_factory: Any, command: str) -> Remedy:
-    """The measured cuDNN switch from its confirming run (capped at the budget, recorded)."""
-    flip = bool(trial.cudnn_benchmark_set)
-    name = f"cudnn_benchmark_{'on' if flip else 'off'}"
-    what = f"cuDNN autotuning {'on' if flip else 'off'} (torch.backends.cudnn.benchmark = {flip})"
-    how = f"torch.backends.cudnn.benchmark = {flip}  # before the model runs"
-    confirm = f"alloctune run --cudnn-benchmark {'on' if flip else 'off'} --budget {trial.budget}B -- {command}"
-    if trial.cudnn_benchmark is not None and trial.cudnn_benchmark != flip:  # the program set it back itself
-        return Remedy(name, what, None, None, None, None, 0, 0.0, how, UNCONFIRMED, conf, confirm=confirm,
-                      notes=("not measured: the program sets torch.backends.cudnn.benchmark itself (it was "
-                             f"{trial.cudnn_benchmark} at the end of the agent's run); change it where the program "
-                             "does and run the confirming command",))
-    return _measured(trial, conf, base, simulator_factory, name, what, how, confirm,
-                     ("completed at {budget} (measured)", "ran out of memory at {budget} with the switch (measured)",
-                      "did not complete with the switch ({detail})"))
-
-
-def _measured(trial: TrialResult, conf: str, base: int | None, simulator_factory: Any, name: str, what: str,
-              how: str, confirm: str, outcomes: tuple[str, str, str]) -> Remedy:
-    """A remedy measured by its confirming run: its outcome (`outcomes`: completed, out of memory,
-    anything else, with {budget} and {detail}), and where it completed, the min budget (or range) its
-    own recording simulates to, against `base` (the recording's with the remedy off)."""
-    mb = floor = None
-    notes: list[str] = []
-    if trial.passed and trial.snapshot and simulator_factory is not None:
-        mb, floor, notes = _simulated(simulator_factory, trial, conf)
-    ok, oom, other = outcomes
-    if trial.passed:
-        outcome = ok.format(budget=format_mib(trial.budget or 0))
-        if mb is not None:
-            outcome += f"; its recording simulates to a min budget of {_span(floor, mb)}"
-    elif trial.outcome == "oom":
-        outcome = oom.format(budget=format_mib(trial.budget or 0))
-    else:
-        outcome = other.format(detail=f"{trial.outcome}: {trial.error or 'no detail'}")
-    return Remedy(name, what, mb, None if mb is None or base is None else base - mb, trial.peak_reserved,
-                  trial.peak_allocated, 0, 0.0, how, MEASURED, conf, confirm=confirm, bound=floor,
-                  notes=(outcome, *notes))
-
-
-def _simulated(simulator_factory: Any, trial: TrialResult, conf: str) -> tuple[int | None, int | None, list[str]]:
-    """(min budget of a remedy's own recording as it ran, the optimistic end when workspace-shaped
-    requests could lower it by more than 2 %, notes). A run at the user's budget rarely presses cuDNN
-    into its fallbacks, so where those requests matter the number is a range, and the range is said."""
-    try:
-        sim = simulator_factory(trial)
-        mb = sim.estimates([conf]).get(conf)
-    except Exception as exc:  # noqa: BLE001 - the run's own outcome still stands
-        return None, None, [f"its recording could not be simulated ({type(exc).__name__}: {exc})"]
-    floor = None
-    floors = getattr(sim, "floors", None)
-    if mb is not None and floors is not None:
-        try:
-            low = floors([conf]).get(conf)
-        except Exception:  # noqa: BLE001 - the estimate alone
-            low = None
-        if low is not None and low < mb - max(MiB, mb // 50):
-            floor = low
-    said = [] if floor is None else [
-        f"where in {_span(floor, mb)} its need lies depends on the cuDNN workspaces it gives up under a cap, which "
-        f"its run at {format_mib(trial.budget or 0)} did not press; a recorded run capped near {format_mib(floor)} "
-        "(alloctune run --budget ... --record) settles it"]
-    return mb, floor, said
-
-
-def _span(floor: int | None, mb: int) -> str:
-    return format_mib(mb) if floor is None else f"{format_mib(floor)} .. {format_mib(mb)}"
 
 
 def _trace(sim: Any, baseline: TrialResult) -> Any:
@@ -222,8 +57,6 @@ def _trace(sim: Any, baseline: TrialResult) -> Any:
 
 def setting_rows(trace: Any, summaries: Sequence["CandidateSummary"]) -> list[UtilizationRow]:
     """One row per candidate that has a min budget (measured or simulated): peaks of the uncapped replay."""
-    from alloctune.explain.remedies import activity
-
     rows = []
     for sm in summaries:
         mb = sm.min_budget if sm.min_budget is not None else sm.sim_min_budget
@@ -253,9 +86,8 @@ def simulate(sim: Any, baseline: TrialResult, conf: str, command: str) -> Simula
     """The simulated remedies under `conf`. A remedy's saving is against the same simulation of the
     recording as it ran under `conf` (like with like: a measured min budget carries the simulator's
     error). CPU only, safe in a thread beside the GPU runs (it reads the recording, writes nothing shared)."""
-    from alloctune.explain.core import analyse
-    from alloctune.explain.remedies import min_budget
-    from alloctune.explain.remedy_set import simulated_remedies
+    from alloctune.analysis.core import analyse
+    from alloctune.remedy.registry import simulated_remedies
 
     trace = None
     try:
@@ -275,7 +107,7 @@ def tune_remedies(sim: Any, baseline: TrialResult, conf: str, summaries: Sequenc
     ran, used when it was for the same setting), the measured no-grad one, the other measured ones
     (`measured`: the cuDNN switch, which takes the place of the listed, unconfirmed cuDNN candidates),
     and the utilization table."""
-    from alloctune.explain.remedy_set import best_release
+    from alloctune.remedy.registry import best_release
 
     done = early if early is not None and early.conf == conf else simulate(sim, baseline, conf, command)
     trace, remedies, notes = done.trace, list(done.remedies), list(done.notes)

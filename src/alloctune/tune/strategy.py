@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from alloctune.errors import InputError, WorkloadFailed
-from alloctune.run.trial import TrialResult, raise_for_environment
+from alloctune.run.trial import TrialRequest, TrialResult, raise_for_environment
 from alloctune.tune.candidates import (
     GC,
     MAX_SPLIT,
@@ -41,7 +41,7 @@ from alloctune.tune.candidates import (
     make,
     split_grid,
 )
-from alloctune.tune.executors.base import Executor, SerialExecutor, TrialRequest
+from alloctune.tune.executors.base import Executor, SerialExecutor
 from alloctune.tune.executors.stored import request_key
 from alloctune.tune.model import (  # noqa: F401 (TuneSettings.. re-exported: the sweep's public face)
     ALIGN,
@@ -236,13 +236,8 @@ class Tuner:
     def _remedies(self, flow: Any, ranking: Any, summaries: list[CandidateSummary], shortfall: Any) -> tuple[Any, Any]:
         """The remedies beside the best setting (or, where none fits, the closest), and the shortfall
         with the remedies that would fit first in its next steps."""
-        from alloctune.tune.remedies import (
-            checkpointing_measured,
-            cudnn_remedy,
-            no_grad_remedy,
-            shortfall_with_remedies,
-            tune_remedies,
-        )
+        from alloctune.remedy.measured import checkpointing_measured, cudnn_remedy, no_grad_remedy
+        from alloctune.tune.remedies import shortfall_with_remedies, tune_remedies
 
         best = ranking.best
         conf = best.candidate.conf if best is not None else shortfall.conf if shortfall is not None else ""
@@ -256,7 +251,7 @@ class Tuner:
             cd_conf, trial = flow.cudnn
             measured.append(cudnn_remedy(trial, cd_conf, flow.est.get(cd_conf), self.simulator_factory, command))
         if flow.checkpointing is not None:  # activation checkpointing, switched on by the agent
-            from alloctune.explain.training import checkpointing_code
+            from alloctune.remedy.training import checkpointing_code
             from alloctune.tune.remedies import _trace
 
             ck_conf, trial = flow.checkpointing

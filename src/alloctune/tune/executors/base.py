@@ -8,43 +8,9 @@ strategy run on every executor, and lets tests drive the strategy with fake tria
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Protocol, Sequence
+from typing import Iterable, Iterator, Protocol, Sequence
 
-from alloctune.run.trial import TrialResult
-
-
-@dataclass(frozen=True)
-class TrialRequest:
-    """One trial the sweep wants: the workload under `conf` with a per-process cap of `budget` bytes."""
-
-    conf: str
-    budget: int | None  # bytes; None = the whole card
-    repeat: int = 0
-    record: bool = False  # keep the allocator history (the baseline)
-    ensure_cap: bool = False  # apply the cap even when it is >= the card (so it is read back)
-    exclusive: bool = False  # needs the GPU to itself: its throughput will be compared
-    purpose: str = ""
-    no_grad: bool = False  # the agent runs the program with autograd off (a remedy's confirming run)
-    cudnn_benchmark: bool | None = None  # the agent sets cudnn.benchmark to it (a remedy's confirming run)
-    checkpointing: bool = False  # the agent switches activation checkpointing on (a remedy's confirming run)
-
-    @property
-    def remedy(self) -> bool:
-        """A remedy's confirming run: it says nothing about its setting's bracket."""
-        return self.no_grad or self.cudnn_benchmark is not None or self.checkpointing
-
-    def call_options(self) -> dict[str, Any]:
-        """The evaluator's keyword arguments; the remedy switches only when set, so evaluators that
-        never confirm a remedy need not take them."""
-        out: dict[str, Any] = dict(repeat=self.repeat, record=self.record, ensure_cap=self.ensure_cap)
-        if self.no_grad:
-            out["no_grad"] = True
-        if self.cudnn_benchmark is not None:
-            out["cudnn_benchmark"] = self.cudnn_benchmark
-        if self.checkpointing:
-            out["checkpointing"] = True
-        return out
+from alloctune.run.trial import TrialRequest, TrialResult
 
 
 class Evaluator(Protocol):

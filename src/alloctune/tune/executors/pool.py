@@ -21,8 +21,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from alloctune.errors import AlloctuneError
 from alloctune.progress import NullProgress, TrialProgress
-from alloctune.run.trial import TrialResult
-from alloctune.tune.executors.base import TrialRequest
+from alloctune.run.trial import TrialRequest, TrialResult
 from alloctune.tune.executors.tasks import (
     DEFAULT_CONTEXT_BYTES,
     Numbering,

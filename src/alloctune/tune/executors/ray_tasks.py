@@ -22,8 +22,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from alloctune.errors import AlloctuneError, EnvironmentProblem, InputError
 from alloctune.progress import NullProgress, TrialProgress
-from alloctune.run.trial import TrialResult
-from alloctune.tune.executors.base import TrialRequest
+from alloctune.run.trial import TrialRequest, TrialResult
 from alloctune.tune.executors.tasks import (
     DEFAULT_CONTEXT_BYTES,
     Numbering,

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from alloctune.run.trial import TrialResult
-from alloctune.tune.executors.base import Executor, TrialRequest
+from alloctune.run.trial import TrialRequest, TrialResult
+from alloctune.tune.executors.base import Executor
 from alloctune.tune.store import TrialStore, trial_key
 
 

@@ -13,8 +13,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, runtime_checkable
 
-from alloctune.run.trial import TrialResult
-from alloctune.tune.executors.base import Evaluator, TrialRequest
+from alloctune.run.trial import TrialRequest, TrialResult
+from alloctune.tune.executors.base import Evaluator
 
 # A per-process CUDA context (driver state, cuBLAS/cuDNN handles) costs GPU memory outside the
 # caching allocator and outside the per-process cap; ~500 MiB on an H200 with torch 2.11

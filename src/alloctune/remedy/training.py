@@ -1,5 +1,5 @@
-"""Training remedies, simulated by rewriting the recording: activation checkpointing and
-optimizer state.
+"""Training remedies, simulated by rewriting the recording: activation checkpointing, optimizer
+state, and freeing what a growing site keeps (`leak_remedy`, through `release.free_at_repeat_end`).
 
 Each is a `Remedy` like the release points: the request stream rewritten the way the change
 would rewrite the program's requests, its min budget from `sim.sweep`.
@@ -38,10 +38,10 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from alloctune.explain.core import Analysis, Lifetimes
-from alloctune.explain.phases import BACKWARD, FORWARD, OPTIMIZER_STEP
-from alloctune.explain.remedies import Remedy, activity, simulated
-from alloctune.explain.what_if import recorded_conf, rewritten
+from alloctune.analysis.core import Analysis, Lifetimes
+from alloctune.analysis.phases import BACKWARD, FORWARD, OPTIMIZER_STEP, trains
+from alloctune.remedy.model import Remedy, activity, recorded_conf, rewritten, simulated
+from alloctune.remedy.release import free_at_repeat_end
 from alloctune.trace.model import ALLOC, FREE, RequestStream, Trace
 
 BNB_MIN_8BIT = 4096  # bitsandbytes keeps 32-bit state below this many elements
@@ -264,7 +264,7 @@ def checkpointing_code(trace: Trace) -> str:
             "in the model's forward")
 
 
-BaseActivity = tuple[int, int, int, int]  # `remedies.activity` of the recording as it ran
+BaseActivity = tuple[int, int, int, int]  # `remedy.model.activity` of the recording as it ran
 
 
 def checkpointing_remedy(an: Analysis, base: int | None, conf: str,
@@ -384,8 +384,6 @@ def optimizer_remedies(an: Analysis, base: int | None, conf: str,
 def leak_remedy(an: Analysis, base: int | None, conf: str, base_act: BaseActivity | None = None) -> Remedy | None:
     """The growing sites' kept blocks freed at the end of the repetition that made them (the what-if
     `explain` shows per site), as a remedy naming the lines that keep them."""
-    from alloctune.explain.what_if import free_at_repeat_end
-
     growing = sorted((i for i, (g, _) in an.growth.items() if g), key=lambda i: -an.growth[i][1])
     if not growing:
         return None
@@ -401,8 +399,6 @@ def leak_remedy(an: Analysis, base: int | None, conf: str, base_act: BaseActivit
 def training_remedies(an: Analysis, base: int | None, conf: str | None = None) -> list[Remedy]:
     """The leak, checkpointing and optimizer-state remedies of a training recording (none for inference);
     the recording's own uncapped replay, which each compares with, is made once for all of them."""
-    from alloctune.explain.phases import trains
-
     if not trains(an.trace.requests):
         return []
     conf = recorded_conf(an.trace) if conf is None else conf

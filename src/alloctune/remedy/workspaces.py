@@ -1,4 +1,4 @@
-"""Workspace caps (#29.3): which cuBLAS / cuDNN workspaces a recording shows, and what capping them buys.
+"""Workspace caps: which cuBLAS / cuDNN workspaces a recording shows, and what capping them buys.
 
 * cuBLAS (C++ frames through torch's handle pool): one workspace per handle and stream, allocated
   once, of the size `CUBLAS_WORKSPACE_CONFIG` sets (torch's default on Hopper: 32 MiB). A smaller
@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Mapping
 
-from alloctune.explain.remedies import UNCONFIRMED, Remedy, activity, min_budget, simulated
+from alloctune.remedy.model import UNCONFIRMED, Remedy, activity, min_budget, rewritten, simulated
 from alloctune.trace.fallible import NO_WORKSPACE, has_cpp_frames, scratch_requests, tag_by_frames
 from alloctune.trace.model import ALLOC, FREE, RequestStream, Trace
 
@@ -79,8 +79,6 @@ def cudnn_requests(trace: Trace) -> tuple[set[int], str]:
 
 def resized(trace: Trace, sizes: Mapping[int, int]) -> Trace:
     """`trace` with the ALLOC at each index of `sizes` (and its FREE) of the new size."""
-    from alloctune.explain.what_if import rewritten
-
     req = trace.requests
     rid_size = {req.rids[i]: s for i, s in sizes.items()}
     out = RequestStream()

@@ -1,4 +1,4 @@
-"""The Janitor's policies, simulated (#29.1): where `guard.Janitor` would empty the cache in the
+"""The Janitor's policies, simulated: where `guard.Janitor` would empty the cache in the
 recorded program, and what that buys.
 
 Why the real class: the policy (headroom over the learned clean-start need, or "a request larger
@@ -22,8 +22,9 @@ import bisect
 import contextlib
 from typing import Any, Iterator
 
-from alloctune.explain.core import Analysis
-from alloctune.explain.remedies import Remedy, activity, repetition_ends, simulated, with_empty_cache
+from alloctune.analysis.core import Analysis
+from alloctune.remedy.model import Remedy, activity, simulated
+from alloctune.remedy.release import repetition_ends, with_empty_cache
 from alloctune.trace.model import Trace, reserved_delta
 
 POLICIES: tuple[tuple[str, dict[str, Any], bool], ...] = (

@@ -9,6 +9,11 @@ extent is its rounded size unless the allocator would not have split the rest of
 case it takes the whole free gap; free blocks are the gaps between live blocks (the allocator
 always merges adjacent free blocks). Exact when the history starts at an empty allocator;
 `verify_against_segments` checks a pass against the snapshot's final `segments`.
+
+A loaded trace (a compact one keeps no block addresses) gets its map and totals after any request
+from the exact simulator (`map_after_request`, `totals_after_request`), checked against the
+recording's reserved bytes and rebuilt from the recorded addresses where they differ. One place
+for every reader: `diagnose --snapshot`, `explain` at its moment and the explain page.
 """
 
 from __future__ import annotations
@@ -18,8 +23,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from sortedcontainers import SortedDict
 
-from alloctune.diagnose.snapshot_model import BlockView, MemoryMap, SegmentView
 from alloctune.errors import TraceError
+from alloctune.memory_map.model import BlockView, MemoryMap, SegmentView
 from alloctune.sim import sizes
 from alloctune.sim.settings import SimSettings
 from alloctune.trace.model import ALLOC, FREE
@@ -330,7 +335,7 @@ def verify_against_segments(replayed: MemoryMap, recorded: MemoryMap) -> list[st
 
 
 # --------------------------------------------------------------------------------------------
-# The map after any request of a loaded trace (explain; additive: the functions above are unchanged).
+# The map and totals after any request of a loaded trace (what `explain` reads at its moment).
 
 
 @dataclass(frozen=True)
@@ -371,7 +376,7 @@ def totals_after_request(trace: Any, after: int, recorded_reserved: int | None =
     The exact simulator replays the requests up to and including `after` under the settings the
     recording ran with (the native core when built: ~1 M requests in well under a second) and its
     statistics are read; when they hold other than `recorded_reserved` bytes, the totals are read
-    off `map_after_request`'s map instead (the recorded addresses). Additive: for `explain`.
+    off `map_after_request`'s map instead (the recorded addresses).
     """
     from dataclasses import replace as _replace
 

@@ -1,8 +1,8 @@
-"""Every program-level remedy one recording answers (#29), and the release policy to recommend.
+"""The registry: every remedy one recording answers, and the release policy to recommend.
 
-Apart from `explain.remedies` (the pieces: the `Remedy`, the rewritten-recording simulation, the
-release points) so that the Janitor's and the workspaces' modules, which build on those pieces, are
-gathered here without an import loop.
+`explain` (the page and `--json`), `tune` (beside the settings, where the measured forms from
+`remedy.measured` join them) and the report all read this one list, so a remedy has one name,
+one min budget and one code line wherever it is shown.
 """
 
 from __future__ import annotations
@@ -10,11 +10,13 @@ from __future__ import annotations
 import shlex
 from typing import Sequence
 
-from alloctune.explain.core import Analysis
-from alloctune.explain.janitor_sim import janitor_remedies
-from alloctune.explain.remedies import UNCONFIRMED, Remedy, release_points
-from alloctune.explain.what_if import WHAT_IF_ABS_TOL, recorded_conf
-from alloctune.explain.workspaces import workspace_remedies
+from alloctune.analysis.core import Analysis
+from alloctune.remedy.janitor import janitor_remedies
+from alloctune.remedy.model import UNCONFIRMED, Remedy, recorded_conf
+from alloctune.remedy.release import release_points
+from alloctune.remedy.training import training_remedies
+from alloctune.remedy.workspaces import workspace_remedies
+from alloctune.sim.resolution import ABS_TOL
 from alloctune.trace.model import Trace
 
 
@@ -22,9 +24,7 @@ def simulated_remedies(an: Analysis, base_min_budget: int | None, conf: str | No
                        command: str = "CMD") -> list[Remedy]:
     """Every remedy the recording alone can answer: release points, the Janitor's policies, the
     workspace caps that apply (the latter also without repetitions), and for a training recording
-    activation checkpointing and the optimizer-state changes (`explain.training`)."""
-    from alloctune.explain.training import training_remedies
-
+    activation checkpointing, the optimizer-state changes and the leak (`remedy.training`)."""
     conf = recorded_conf(an.trace) if conf is None else conf
     out = release_points(an, base_min_budget, conf=conf)
     if out:
@@ -40,7 +40,7 @@ def best_release(remedies: Sequence[Remedy]) -> Remedy | None:
     if not found:
         return None
     low = min(r.min_budget for r in found)  # type: ignore[type-var]
-    near = [r for r in found if r.min_budget - low <= WHAT_IF_ABS_TOL]  # type: ignore[operator]
+    near = [r for r in found if r.min_budget - low <= ABS_TOL]  # type: ignore[operator]
     return min(near, key=lambda r: (r.cleanups or 0, r.min_budget))
 
 
