@@ -99,6 +99,10 @@ def rows(data: Path) -> list[dict]:
     add("hubert", "torch.no_grad()", "measured: the agent's --no-grad run, replayed",
         load_trace(data / "hubert_nograd_agent.pickle.xz"), "hubert_nograd_agent", "hubert_nograd")
     add("convnext", "none", "replay of the recording", conv, "convnext", "convnext")
+    det = load_trace(data / "det.pickle.xz")  # no calibration run: conservative .. optimistic is the answer
+    add("det", "none", "replay of the recording", det, None, "det")
+    add("det", "empty_cache() after every batch", "simulated: release points at the repetitions' ends (explain)",
+        with_empty_cache(det, repetition_ends(analyse(det))), None, "det_ec")
     # remedies alloctune does not predict from these recordings: the real effect, for the record
     for program, remedy, name, base in (("hubert", "CUBLAS_WORKSPACE_CONFIG=:4096:8", "hubert_cublas", "hubert"),
                                         ("convnext", "cudnn.benchmark = True", "convnext_bench", "convnext")):

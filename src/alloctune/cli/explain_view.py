@@ -45,7 +45,12 @@ def render(ex: Explanation) -> None:
         console.print(f"  {_fmt(s.bytes):>12} in {s.blocks} blocks, kept {_fmt(s.outlived_bytes)}{grow}{freed}  "
                       f"{s.site}{lib}", markup=False, soft_wrap=True)
     if ex.min_budget is not None:
-        console.print(f"min budget of the recording as it ran: {_fmt(ex.min_budget)}", markup=False)
+        low = f"{_fmt(ex.min_budget_floor)} .. " if ex.min_budget_floor is not None else ""
+        console.print(f"min budget of the recording as it ran: {low}{_fmt(ex.min_budget)}", markup=False)
+        if ex.min_budget_floor is not None:
+            console.print("  A .. B: workspace-shaped requests given up .. as recorded (cuDNN may give them up under a "
+                          "cap; a run under one with --record, given as --calibration, settles where)", markup=False,
+                          soft_wrap=True)
     for w in ex.what_if:
         console.print(f"  what if: {w.what}: {_fmt(w.min_budget)} (saves {_fmt(w.saves)})", markup=False, soft_wrap=True)
         for line in w.command.splitlines():  # the step that writes the rewritten recording, then its replay
@@ -73,7 +78,8 @@ def render_remedies(ex: Explanation) -> None:
                   else f"costs {_fmt(-r.saving)}")
         calls = f", {r.extra_driver_calls} more driver calls (at most {r.extra_seconds * 1e3:.0f} ms)" \
             if r.extra_driver_calls else ""
-        console.print(f"  {r.name}: min budget {_fmt(r.min_budget)} ({change}, {r.method}){calls} -- {r.how_to}",
+        low = f"{_fmt(r.bound)} .. " if r.bound is not None and r.bound < r.min_budget else ""
+        console.print(f"  {r.name}: min budget {low}{_fmt(r.min_budget)} ({change}, {r.method}){calls} -- {r.how_to}",
                       markup=False, soft_wrap=True)
     if ex.utilization is not None:
         console.print("utilization (peak allocated / peak reserved, uncapped) and min budget:", markup=False)

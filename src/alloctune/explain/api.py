@@ -97,7 +97,7 @@ def with_remedies(an: Any, ex: Explanation) -> Explanation:
     from dataclasses import replace
 
     from alloctune.explain import utilization as ut
-    from alloctune.remedy.model import activity, min_budget, recorded_conf
+    from alloctune.remedy.model import activity, min_budget, recorded_conf, workspace_floor
     from alloctune.remedy.registry import no_grad_candidate, simulated_remedies
 
     trace = an.trace
@@ -111,7 +111,8 @@ def with_remedies(an: Any, ex: Explanation) -> Explanation:
     rows = [ut.UtilizationRow("recording", "as it ran", conf, base, peak, peak_alloc, "simulated")]
     rows += ut.remedy_rows(remedies) + ut.combined_rows(an, rows[0], simulated_remedies)
     table = ut.table(rows, trace)
-    return replace(ex, remedies=tuple(remedies), min_budget=base, utilization=table)
+    return replace(ex, remedies=tuple(remedies), min_budget=base, utilization=table,
+                   min_budget_floor=workspace_floor(trace, conf, trace, base))
 
 
 def aligned_labels(this: Trace, other: Trace, group: str = "line") -> list[str] | None:

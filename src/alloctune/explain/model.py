@@ -75,6 +75,9 @@ class Explanation:
     map_source: str
     what_if: tuple[WhatIfResult, ...] = ()
     min_budget: int | None = None  # the recording's own min budget (what-ifs compare with it)
+    # the low end of its range when workspace-shaped requests no evidence covers could be given up
+    # (`remedy.model.workspace_floor`); None: the min budget is one number
+    min_budget_floor: int | None = None
     notes: tuple[str, ...] = ()
     remedies: tuple[Any, ...] = ()  # program-level remedies simulated on the recording (`remedy.model.Remedy`)
     utilization: Any = None  # `explain.utilization.UtilizationTable`: the recording and each remedy
@@ -108,6 +111,8 @@ class Explanation:
             "repeats": dict(self.repeats),
             "map_source": self.map_source,
             "min_budget": self.min_budget,
+            "min_budget_range": ([self.min_budget_floor, self.min_budget] if self.min_budget_floor is not None
+                                 else None),
             "what_if": [w.to_dict() for w in self.what_if],
             "remedies": [r.to_dict() for r in self.remedies],
             "utilization": self.utilization.to_dict() if self.utilization is not None else None,
