@@ -125,7 +125,10 @@ def test_without_evidence_the_answer_is_a_range_and_says_what_to_record(truth):
     assert x.optimistic is not None and int(x.largest) < truth and abs(int(x.optimistic) - truth) <= 0.02 * truth
     assert res.fallible["decided_by"] == "none" and res.fallible["range"]
     hint = res.fallible["record"]
-    assert f"--budget {CAP}B" in hint and f"--calibration calibration-{x.optimistic}.pickle.xz:{x.optimistic}" in hint
+    from alloctune.units import format_size_arg, parse_user_size
+
+    assert f"--budget {format_size_arg(CAP)} " in hint and parse_user_size(format_size_arg(CAP)) == CAP  # exact, readable
+    assert f"--calibration calibration-{x.optimistic}.pickle.xz:{x.optimistic}" in hint
 
 
 def test_a_calibration_makes_it_one_number_the_real_one(truth):
@@ -275,3 +278,16 @@ def test_a_damaged_learned_entry_in_a_saved_set_is_refused(tmp_path):
         (tmp_path / "bad.atraceset").write_bytes(gzip.compress(blob))
         with pytest.raises(TraceError):
             fileformat.load(tmp_path / "bad.atraceset")
+
+
+def test_the_record_hint_runs_as_printed():
+    """#39: a sidecar's command recorded without its interpreter gets `python` in the hint, and the budget
+    is spelled so it reads back exactly (`3GiB`, not `3221225472B`)."""
+    from types import SimpleNamespace
+
+    from alloctune.plan.fallible import record_hint
+
+    ts = SimpleNamespace(meta={"commands": {"14": ["bench/real_workloads.py", "hubert", "--seconds", "14"]}})
+    hint = record_hint(ts, "28", 3 << 30)  # type: ignore[arg-type]
+    assert hint.startswith("alloctune run --budget 3GiB --record calibration-28.pickle.xz -- "
+                           "python bench/real_workloads.py hubert --seconds 28, then plan again")

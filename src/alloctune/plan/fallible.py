@@ -438,9 +438,11 @@ def learn(ts: "TraceSet", recordings: Sequence[tuple[Any, Trace]] = (),
 def record_hint(ts: "TraceSet", size: str, budget: int) -> str:
     """The exact commands that make a bracketed answer one number: a calibration run at the size in
     question under the target's budget, then plan with it."""
+    from alloctune.units import format_size_arg
+
     cmd = _command_at(ts, size)
     name = f"calibration-{size}.pickle.xz"
-    return (f"alloctune run --budget {budget}B --record {name} -- {cmd}, then plan again with "
+    return (f"alloctune run --budget {format_size_arg(budget)} --record {name} -- {cmd}, then plan again with "
             f"--calibration {name}:{size} (or record once at that size with --stacks all)")
 
 
@@ -451,6 +453,8 @@ def _command_at(ts: "TraceSet", size: str) -> str:
         if isinstance(cmd, list) and cmd:
             words = [size if w == recorded else w.replace("=" + recorded, "=" + size) for w in cmd]
             if words != cmd:
+                if words[0].endswith(".py"):  # a script recorded without its interpreter: the line must run
+                    words = ["python", *words]
                 return shlex.join(words)
     return f"<the program at size {size}>"
 
