@@ -36,7 +36,7 @@ class Remedy:
     `name`: a stable key (`empty_cache_each_repetition`, `janitor`, `no_grad`, ...); `what`: the
     sentence; `method`: simulated (replayed on the recording), measured (a run of the program
     with it), or "needs a confirming run" (`confirm` says which); `min_budget`: for the latter,
-    None (`bound` may hold the simulated lower bound)."""
+    None (`bound` may hold the simulated lower bound); with `bound` below it, a range."""
 
     name: str
     what: str
@@ -50,7 +50,9 @@ class Remedy:
     method: str = SIMULATED
     conf: str = ""  # the allocator setting it was simulated / measured under
     confirm: str | None = None  # the command of the run that would confirm it
-    bound: int | None = None  # a simulated lower bound on min_budget, when only that is known
+    # the low end of min_budget's range: a simulated lower bound (every workspace-shaped request no
+    # evidence covers given up, `workspace_floor`), or the only number known when min_budget is None
+    bound: int | None = None
     cleanups: int | None = None  # empty_cache() calls it makes (release policies)
     # how a service gets it: {"args": guard.Janitor(...) keyword arguments, "use": "janitor" (`with janitor:`
     # around each request) or "janitor.request(size)" (`with janitor.request(size):`)}
