@@ -17,6 +17,7 @@ import random
 import resource
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -209,3 +210,25 @@ def verdict(out: Outcome) -> str:
     if out.rc == 2 and len(lines) == 1 and lines[0].startswith("alloctune: error: "):
         return "clean"
     return "crash"
+
+
+def wait_for(path: Path, timeout: float = 30.0) -> list[int]:
+    """The pids a workload wrote to `path` once it is up (an AssertionError if it never comes)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if path.exists():
+            return [int(x) for x in path.read_text().split()]
+        time.sleep(0.1)
+    raise AssertionError(f"the workload never started ({path} missing)")
+
+
+def gone(pids: list[int], timeout: float = 15.0) -> bool:
+    """Whether every process in `pids` has ended within `timeout` seconds (the runner's own pid check)."""
+    from alloctune.run.process import pid_alive
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if not any(pid_alive(p) for p in pids):
+            return True
+        time.sleep(0.1)
+    return False

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -53,24 +52,6 @@ time.sleep(120)
 """
 
 
-def wait_for(path: Path, timeout: float = 30.0) -> list[int]:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if path.exists():
-            return [int(x) for x in path.read_text().split()]
-        time.sleep(0.1)
-    raise AssertionError(f"the workload never started ({path} missing)")
-
-
-def gone(pids: list[int], timeout: float = 15.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if not any(pid_alive(p) for p in pids):
-            return True
-        time.sleep(0.1)
-    return False
-
-
 @pytest.fixture()
 def env(tmp_path):
     (tmp_path / "sleeper.py").write_text(SLEEPER)
@@ -96,12 +77,12 @@ def kill_all(pids):
 def test_run_killed_takes_its_workload_along(tmp_path, env, sig):
     marker = tmp_path / "pids"
     proc = start(["run", "--", sys.executable, str(tmp_path / "sleeper.py"), str(marker)], dict(env, CHILD="1"))
-    pids = wait_for(marker)
+    pids = hp.wait_for(marker)
     try:
         assert len(pids) == 2 and all(pid_alive(p) for p in pids)
         proc.send_signal(sig)
         proc.wait(timeout=30)
-        assert gone(pids), f"workload still running after {sig.name} to alloctune run"
+        assert hp.gone(pids), f"workload still running after {sig.name} to alloctune run"
         if sig != signal.SIGKILL:
             assert proc.returncode == 128 + sig  # exited through its own cleanup
             assert not list((tmp_path / "tmp").glob("alloctune-trial-*"))
@@ -115,7 +96,7 @@ def test_tune_killed_takes_its_trial_along_and_a_second_tune_is_refused(tmp_path
     cmd = ["tune", "--store", str(store), "--knobs", "expandable", "--", sys.executable,
            str(tmp_path / "sleeper.py"), str(marker)]
     first = start(cmd, env)
-    pids = wait_for(marker)
+    pids = hp.wait_for(marker)
     try:
         second = subprocess.run([sys.executable, "-m", "alloctune", *cmd], env=env, capture_output=True, text=True,
                                 timeout=60)
@@ -124,7 +105,7 @@ def test_tune_killed_takes_its_trial_along_and_a_second_tune_is_refused(tmp_path
         assert "in use by another alloctune tune" in second.stderr and f"pid {first.pid}" in second.stderr
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=30)
-        assert gone(pids), "the trial survived kill -9 of tune"
+        assert hp.gone(pids), "the trial survived kill -9 of tune"
         # its trial folder is left behind by the kill, and removed by the next run's sweep
         assert list((tmp_path / "tmp").glob("alloctune-trial-*"))
         assert sweep_stale_trial_dirs(tmp_path / "tmp") >= 1
@@ -174,7 +155,7 @@ def test_a_signal_swallowed_while_the_trial_starts_still_stops_it(tmp_path, env,
 
     def popen_that_swallows(*args, **kwargs):
         proc = real_popen(*args, **kwargs)
-        wait_for(marker)  # the workload is up
+        hp.wait_for(marker)  # the workload is up
         try:  # what the at-fork hook does with the handler's exception
             os.kill(os.getpid(), sig)
             time.sleep(1.0)  # the handler runs here
@@ -192,4 +173,4 @@ def test_a_signal_swallowed_while_the_trial_starts_still_stops_it(tmp_path, env,
     assert not raised_inside  # nothing for a hook to print and drop
     assert time.monotonic() - t0 < 30  # not the sleeper's 120 s, nor the timeout
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers put back
-    assert gone(wait_for(marker)), "the workload outlived the interrupted trial"
+    assert hp.gone(hp.wait_for(marker)), "the workload outlived the interrupted trial"

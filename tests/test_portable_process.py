@@ -15,7 +15,6 @@ import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import psutil
@@ -44,24 +43,6 @@ def portable(monkeypatch):
     if hasattr(os, "killpg"):
         monkeypatch.setattr(os, "killpg", _forbidden("os.killpg"))
     monkeypatch.setattr(os, "getpgid", _forbidden("os.getpgid"), raising=False)
-
-
-def gone(pids: list[int], timeout: float = 20.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if not any(process.pid_alive(p) for p in pids):
-            return True
-        time.sleep(0.1)
-    return False
-
-
-def wait_for(path: Path, timeout: float = 30.0) -> list[int]:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if path.exists():
-            return [int(x) for x in path.read_text().split()]
-        time.sleep(0.1)
-    raise AssertionError(f"the workload never started ({path} missing)")
 
 
 def kill_all(pids: list[int]) -> None:
@@ -171,7 +152,7 @@ def test_the_tree_of_a_dead_root_finds_its_orphans_not_a_reusers_children(monkey
 def test_kill_group_reaches_processes_outside_the_group(tmp_path, portable):
     marker = tmp_path / "pids"
     proc = subprocess.Popen([sys.executable, "-c", DETACHED, str(marker)], start_new_session=True)
-    pids = wait_for(marker)
+    pids = hp.wait_for(marker)
     helper = psutil.Process(pids[1])
     helpers = [helper.pid] + [p.pid for p in helper.children(recursive=True)]
     try:
@@ -181,7 +162,7 @@ def test_kill_group_reaches_processes_outside_the_group(tmp_path, portable):
         process._kill_group(proc, grace=1.0)
         process._reap_group(proc.pid)
         assert proc.returncode is not None and time.monotonic() - t0 < 15
-        assert gone(helpers), "the helper in a session of its own survived"
+        assert hp.gone(helpers, timeout=20.0), "the helper in a session of its own survived"
     finally:
         with process._RUNNING_LOCK:
             process._RUNNING.discard(proc)
@@ -197,10 +178,10 @@ def test_run_trial_timeout_in_portable_mode_ends_a_detached_helper(tmp_path, por
     script.write_text(DETACHED)
     t0 = time.monotonic()
     res = run_trial([sys.executable, str(script), str(marker)], timeout=3, kill_grace=1)
-    pids = wait_for(marker)
+    pids = hp.wait_for(marker)
     try:
         assert res.outcome == "timeout" and time.monotonic() - t0 < 30
-        assert gone(pids), "a process of the trial outlived its timeout"
+        assert hp.gone(pids, timeout=20.0), "a process of the trial outlived its timeout"
         assert not process._BORN  # the root's identity is dropped once the trial is over
     finally:
         kill_all(pids)
@@ -226,13 +207,13 @@ def test_kill_9_of_run_takes_a_detached_helper_along(tmp_path, mode):
     script = tmp_path / "detached.py"
     script.write_text(DETACHED)
     runner = _alloctune_run([sys.executable, str(script), str(marker)], env)
-    pids = wait_for(marker)
+    pids = hp.wait_for(marker)
     helper = psutil.Process(pids[1])
     pids += [p.pid for p in helper.children(recursive=True)]
     try:
         runner.send_signal(signal.SIGKILL)
         runner.wait(timeout=30)
-        assert gone(pids), f"the workload outlived kill -9 of alloctune run ({mode})"
+        assert hp.gone(pids, timeout=20.0), f"the workload outlived kill -9 of alloctune run ({mode})"
     finally:
         kill_all(pids)
 
@@ -274,11 +255,11 @@ def test_a_workload_without_psutil_still_dies_with_alloctune(tmp_path, mode):
                     inner + f'exec "{sys.executable}" "{probe}" "{found}"'], env=env, capture_output=True, timeout=120)
     assert found.read_text() == "blocked", "psutil was not blocked in the workload"
     runner = _alloctune_run(["sh", "-c", inner + f'exec "{sys.executable}" "{script}" "{marker}"'], env)
-    pids = wait_for(marker)
+    pids = hp.wait_for(marker)
     try:
         runner.send_signal(signal.SIGKILL)
         runner.wait(timeout=30)
-        assert gone(pids), "the workload outlived kill -9 of alloctune run"
+        assert hp.gone(pids, timeout=20.0), "the workload outlived kill -9 of alloctune run"
     finally:
         kill_all(pids)
 
