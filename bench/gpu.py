@@ -74,6 +74,17 @@ tune_ranks() {
   tail -"$lines" "$dir/tune.stderr"
   rm -rf "$dir/trials.d" "$dir/trials.rank"*.d "$dir/trials.jsonl.lock"
 }
+# tune_train NAME BUDGET LIMIT LINES ARGS...: `alloctune tune --budget BUDGET` of bench/train_programs.py ARGS
+# into $OUT/NAME.tune.{json,stderr} and its store, killed after LIMIT s; its rc and wall time go to the log and
+# the stderr file, then the last LINES lines of its trial table
+tune_train() {
+  local name=$1 budget=$2 limit=$3 lines=$4 t0; shift 4; t0=$(date +%s)
+  timeout "$limit" python3 -m alloctune tune --budget "$budget" --json --store "$OUT/$name.trials.jsonl" -- \
+    python3 bench/train_programs.py "$@" >"$OUT/$name.tune.json" 2>"$OUT/$name.tune.stderr"
+  echo "$name tune rc=$? in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/$name.tune.stderr"
+  tail -"$lines" "$OUT/$name.tune.stderr"
+  rm -rf "$OUT/$name.trials.d" "$OUT/$name.trials.jsonl.lock"
+}
 """
 
 JOBS: dict[str, Job] = {
@@ -171,20 +182,13 @@ grep -v '"kind": "recording"' "$OUT/stdout.txt" | tail -30
         "run confirms), of the logits-keeping loop under 8.3 GiB (the leak named), and `run --checkpointing --record` "
         "of bert / encoder / vit (the agent's switch, against the hand-written min budgets in tests/data/train_gpu)",
         r"""
-tune_train() {  # NAME BUDGET ARGS...
-  local name=$1 budget=$2 t0; shift 2; t0=$(date +%s)
-  timeout 280 python3 -m alloctune tune --budget "$budget" --json --store "$OUT/$name.trials.jsonl" -- \
-    python3 bench/train_programs.py "$@" >"$OUT/$name.tune.json" 2>"$OUT/$name.tune.stderr"
-  echo "$name tune rc=$? in $(( $(date +%s) - t0 )) s"; tail -25 "$OUT/$name.tune.stderr"
-  rm -rf "$OUT/$name.trials.d" "$OUT/$name.trials.jsonl.lock"
-}
 for m in bert encoder vit; do
   python3 -m alloctune run --checkpointing --record "$OUT/agentckpt_$m.pickle" --json -- \
     python3 bench/train_programs.py "$m" --facts "$OUT/agentckpt_$m.facts.json" >"$OUT/agentckpt_$m.json" \
     2>"$OUT/agentckpt_$m.stderr" && xz -T0 -6 "$OUT/agentckpt_$m.pickle" &
 done
-tune_train bert6 6GiB bert &
-tune_train leak 8.3GiB bert --keep-logits --steps 12 &
+tune_train bert6 6GiB 280 25 bert &
+tune_train leak 8.3GiB 280 25 bert --keep-logits --steps 12 &
 wait
 for m in bert encoder vit; do echo "agentckpt $m:"; head -c 600 "$OUT/agentckpt_$m.json"; echo; done
 """, 330),
@@ -196,15 +200,11 @@ for m in bert encoder vit; do echo "agentckpt $m:"; head -c 600 "$OUT/agentckpt_
         "against the micro-batched one at the sizes where plan and the real micro-batch differ (vit 42/43, encoder "
         "21/22), and the trainer hooks' GPU test",
         r"""
-tt() { local name=$1 budget=$2; shift 2; local t0=$(date +%s)
-  timeout 150 python3 -m alloctune tune --budget "$budget" --json --store "$OUT/$name.trials.jsonl" -- \
-    python3 bench/train_programs.py "$@" >"$OUT/$name.tune.json" 2>"$OUT/$name.tune.stderr"
-  echo "$name tune rc=$? in $(( $(date +%s) - t0 )) s" >>"$OUT/$name.tune.stderr"; rm -rf "$OUT/$name.trials.d"; }
 cr() { local tag=$1 cap=$2; shift 2
   python3 -m alloctune run --budget "${cap}B" --json -- python3 bench/train_programs.py "$@" >"$OUT/cap_$tag.json" 2>&1
   echo "$tag $(grep -o '"outcome": "[a-z]*"' "$OUT/cap_$tag.json" | head -1)" >>"$OUT/caps.txt"; }
-tt bert6 6GiB bert &
-tt leak 7.9GiB bert --keep-logits --steps 12 &
+tune_train bert6 6GiB 150 8 bert &
+tune_train leak 7.9GiB 150 8 bert --keep-logits --steps 12 &
 python3 -m alloctune run --budget 2.35GiB --record "$OUT/det_cal_mid.pickle" --json -- \
   python3 bench/cap_programs.py det >"$OUT/det_cal_mid.json" 2>&1 &
 python3 -m pytest -q -rs -m gpu -p no:cacheprovider -o addopts="" tests/test_integrations.py >"$OUT/pytest.txt" 2>&1 &
@@ -212,7 +212,6 @@ for n in 42 43; do cr "vit_b$n" 4601056758 vit --batch "$n" & cr "vit_mb$n" 4601
 for n in 21 22; do cr "enc_b$n" 9004907451 encoder --batch "$n" & cr "enc_mb$n" 9004907451 encoder --micro-batch "$n" & done
 wait
 xz -T0 -6 "$OUT"/*.pickle 2>/dev/null
-for f in "$OUT"/bert6.tune.stderr "$OUT"/leak.tune.stderr; do echo "== $f"; tail -8 "$f"; done
 tail -4 "$OUT/pytest.txt"; sort "$OUT/caps.txt"
 """, 200),
     "pytest-gpu": Job(
