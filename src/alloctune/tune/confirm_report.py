@@ -138,15 +138,13 @@ class ReportMixin(FlowState):
             return
         unit = ok_default.throughput_unit
         # a repeat number of their own: a run at the budget made side by side is no sample
-        missing = [TrialRequest(conf, self.budget, repeat=self.s.ab_pairs + 1, exclusive=True, ensure_cap=self._gc(c),
-                                purpose="throughput sample (alone on the GPU)")
-                   for conf, c in (("", default), (best.conf, best)) if not self.samples.get(conf)]
+        unsampled = [(conf, c) for conf, c in (("", default), (best.conf, best)) if not self.samples.get(conf)]
         ran = [t.result for t in self.t.trials if t.result.conf == best.conf and t.result.passed]
         if (self.samples.get(best.conf) and ran and all(r.num_ooms for r in ran)
                 and not any(r.budget == self.budget for r in ran)):
-            # its samples so far ran on fallbacks below the budget: one alone at the budget, where it may have none
-            missing.append(TrialRequest(best.conf, self.budget, repeat=self.s.ab_pairs + 1, exclusive=True,
-                                        ensure_cap=self._gc(best), purpose="throughput sample (alone on the GPU)"))
+            unsampled.append((best.conf, best))  # its samples ran on fallbacks below the budget, where it may have none
+        missing = [TrialRequest(conf, self.budget, repeat=self.s.ab_pairs + 1, exclusive=True, ensure_cap=self._gc(c),
+                                purpose="throughput sample (alone on the GPU)") for conf, c in unsampled]
         if missing:
             self._run(missing)
         pairs = 0
