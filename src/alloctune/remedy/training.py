@@ -74,10 +74,10 @@ def block_windows(an: Analysis) -> list[Window]:
             by_rep.setdefault(rep_of[k], []).append(k)
     out: list[Window] = []
     for ks in by_rep.values():
-        n = _repeats_per_step(Counter(life.stack[k] for k in ks), len(ks))
+        count = Counter(life.stack[k] for k in ks)
+        n = _repeats_per_step(count, len(ks))
         if n is None:
             continue
-        count = Counter(life.stack[k] for k in ks)
         layer_ks = [k for k in ks if count[life.stack[k]] % n == 0]
         starts = _block_starts(life, ks, count, n) or _uniform_starts(life, layer_ks, count, n)
         last = layer_ks[-1]
