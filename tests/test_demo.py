@@ -85,13 +85,13 @@ def test_recommendation_says_why_over_a_smaller_budget():
     """#18.11b: a row that needs a few MiB more than another, within the bisection's resolution, can
     still be recommended; the note says why (the budgets are a tie there; its uncapped peak is lower)."""
     from alloctune.demo.core import DemoRow, _rank_key, why_not_smaller
-    from alloctune.sim.resolution import ABS_TOL, REL_TOL
+    from alloctune.sim.resolution import step
 
     def row(conf: str, mb: int, peak_mib: int) -> DemoRow:
         return DemoRow(conf=conf, peak_reserved=peak_mib << 20, peak_allocated=1 << 30, utilization=0.5, retries=0,
                        min_budget=mb << 20, smallest_card_gib=3, fits_budget=None)
 
-    tol = max(ABS_TOL, int(REL_TOL * (1500 << 20)))
+    tol = step(1500 << 20)
     lean, cheap = row("expandable_segments:True", 1501, 1550), row("max_split_size_mb:128", 1500, 2650)
     rows = (cheap, lean)
     best = min(rows, key=lambda r: _rank_key(r, tol))

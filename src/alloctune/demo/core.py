@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from alloctune.config.standard import STANDARD_CONFS
-from alloctune.sim.resolution import ABS_TOL, REL_TOL
+from alloctune.sim.resolution import ABS_TOL, step
 from alloctune.units import GiB, MiB, format_mib
 
 # Values copied from forum threads for RVC and Stable Diffusion.
@@ -296,7 +296,7 @@ def run_demo(trace_path: str | Path | None = None, budget: int | None = None) ->
     every = mark_no_effect(trace, every[0], every)
     rows, folklore = tuple(every[: len(STANDARD_CONFS)]), tuple(every[len(STANDARD_CONFS):])
     found = [r.min_budget for r in rows if r.min_budget]
-    tolerance = max(ABS_TOL, int(REL_TOL * min(found))) if found else ABS_TOL  # the bisection's resolution
+    tolerance = step(min(found)) if found else ABS_TOL  # the bisection's resolution
     best = min(rows, key=lambda r: _rank_key(r, tolerance))
     default = rows[0]
     notes: list[str] = []

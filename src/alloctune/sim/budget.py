@@ -23,7 +23,7 @@ from typing import Any
 
 from alloctune.sim.driver import H200_TOTAL
 from alloctune.sim.replay import SimResult, cap_from_budget, replay
-from alloctune.sim.resolution import ABS_TOL, REL_TOL
+from alloctune.sim.resolution import ABS_TOL, REL_TOL, step
 from alloctune.sim.settings import SimSettings
 from alloctune.trace.model import Trace
 
@@ -89,7 +89,7 @@ def min_budget(
         if hi >= base.total_memory:
             return MinBudget(None, lo, runs, base.peak_reserved)
         hi = min(base.total_memory, hi * 2)
-    while hi - lo > max(abs_tol, int(rel_tol * hi)):
+    while hi - lo > step(hi, rel_tol, abs_tol):
         mid = (lo + hi) // 2
         runs += 1
         if ok(mid).completed:

@@ -14,3 +14,9 @@ from alloctune.units import MiB
 
 REL_TOL = 0.002
 ABS_TOL = 1 * MiB
+
+
+def step(budget: int, rel_tol: float = REL_TOL, abs_tol: int = ABS_TOL) -> int:
+    """The bracket width at which a bisection near `budget` stops: two budgets closer than this are one
+    answer to it."""
+    return max(abs_tol, int(rel_tol * budget))
