@@ -143,3 +143,15 @@ def test_an_extrapolated_answer_with_no_bound_is_tried_one_step_up():
     res = SimpleNamespace(step="1", context_bytes=0, settings=[SimpleNamespace(conf="", largest=[item])])
     (c,) = confirm(res, ["prog", "{size}"], runner=gpu, base_env={})
     assert [x for x, _, _ in gpu.calls] == [1000, 1020] and c.confirmed == "1020"
+
+
+def test_a_size_the_simulation_saw_complete_again_is_tried_once_the_answer_held():
+    """The simulation saw 42 fail between 41 and 43 (ViT training's micro-batch under a cap: a size law a
+    hair off). 41 holds on the GPU, so the second run tries 43; the real capacity decides the answer."""
+    for capacity, want in ((43, "43"), (42, "41")):
+        gpu = GPU(per_size=MiB * 1000 // capacity)
+        item = Largest(Target("cap", 1000 * MiB), "41", "42", False, 3, bound=0.0, completes_again="43")
+        res = SimpleNamespace(step="1", context_bytes=0, settings=[SimpleNamespace(conf="", largest=[item])])
+        (c,) = confirm(res, ["prog", "{size}"], runner=gpu, base_env={})
+        assert [x for x, _, _ in gpu.calls] == [41, 43] and c.confirmed == want
+        assert "complete again" in c.note

@@ -105,7 +105,7 @@ def _one(conf: str, item: Any, context: int, grid: Fraction, command: Sequence[s
         nxt = ((x * (1 - step)) // grid) * grid
         x = nxt if nxt < x else x - grid
     pred = item.largest
-    up = _upper(item, x, grid) if confirmed == pred and len(runs) < max_runs else None
+    up, why = _upper(item, x, grid) if confirmed == pred and len(runs) < max_runs else (None, "")
     if up is not None:
         # the answer left room for its bound (or is a range) and held: try the size that room would allow
         text = size_text(up)
@@ -118,11 +118,11 @@ def _one(conf: str, item: Any, context: int, grid: Fraction, command: Sequence[s
         note = (f"not confirmed: the run ended with {runs[-1].outcome!r}, not a memory answer (no GPU, a crash): "
                 "run the program by hand at the predicted size to see why")
     elif up is not None and confirmed == size_text(up):
-        note = (f"confirmed above the prediction: {pred} and {confirmed} (the upper end of its error bound or "
-                f"range) completed under {t.label} in {len(runs)} runs: the answer is {confirmed}")
+        note = (f"confirmed above the prediction: {pred} and {confirmed} ({why}) completed under {t.label} in "
+                f"{len(runs)} runs: the answer is {confirmed}")
     elif up is not None:
-        note = (f"confirmed: size {pred} completed under {t.label}; {size_text(up)}, the upper end of its error "
-                f"bound or range, did not ({runs[-1].outcome}): the answer is {pred} ({len(runs)} runs)")
+        note = (f"confirmed: size {pred} completed under {t.label}; {size_text(up)}, {why}, did not "
+                f"({runs[-1].outcome}): the answer is {pred} ({len(runs)} runs)")
     elif confirmed == pred:
         note = f"confirmed: size {pred} completed under {t.label} in 1 run"
     elif confirmed is not None:
@@ -135,23 +135,28 @@ def _one(conf: str, item: Any, context: int, grid: Fraction, command: Sequence[s
     return Confirmation(conf, t.label, pred, confirmed, tuple(runs), note)
 
 
-def _upper(item: Any, x: Fraction, grid: Fraction) -> Fraction | None:
-    """Where to look once the predicted size held: the optimistic end of a range, or the size the
-    answer's error bound kept back (the memory it may be off, taken as the same share of the size,
-    as the step down is), or one 2 % step for an extrapolated answer with no bound. None when the
-    simulation itself saw the next size fail inside the recorded sizes with no bound left."""
+def _upper(item: Any, x: Fraction, grid: Fraction) -> tuple[Fraction | None, str]:
+    """Where to look once the predicted size held: the optimistic end of a range; a larger size the
+    simulation saw complete again above the first failing one (a size law a hair off, or a real
+    non-monotone step: one run decides which); the size the answer's error bound kept back (the
+    memory it may be off, taken as the same share of the size, as the step down is); or one 2 % step
+    for an extrapolated answer with no bound. None when the simulation itself saw the next size fail
+    inside the recorded sizes with no bound left. With the size: the words that say why it is tried."""
     opt = getattr(item, "optimistic", None)
     if opt is not None and as_size(opt) > x:
-        return as_size(opt)
+        return as_size(opt), "the optimistic end of its range"
+    again = getattr(item, "completes_again", None)
+    if again is not None and as_size(again) > x:
+        return as_size(again), "a larger size the simulation saw complete again"
     bound = Fraction(item.bound or 0.0).limit_denominator(10000)
     if bound <= 0 and getattr(item, "extrapolated", False):
         # beyond the recordings nothing checked the laws there (a held-back recording reproduced exactly
         # says nothing of sizes 8x further out): one grid step up tells the answer from the truth's step
         bound = MIN_STEP
     if bound <= 0:
-        return None
+        return None, ""
     up = ((x * (1 + bound)) // grid) * grid
-    return up if up > x else None
+    return (up, "the upper end of its error bound") if up > x else (None, "")
 
 
 __all__ = ["Confirmation", "ConfirmRun", "confirm", "SCHEMA"]
