@@ -373,9 +373,11 @@ def shortage_next_steps(recording: str, budget: int | None, command: str, before
     if training:
         return head + [
             "smaller micro-batches with gradients accumulated over ceil(batch / micro-batch) steps: the largest "
-            "micro-batch that fits is the largest batch that fits without accumulation -- record the program at "
-            f"three batch sizes, no accumulation: alloctune record --size 8,16,32 --out sizes/run.pickle -- {command} "
-            f"(with {{size}} where the batch size goes), then alloctune plan sizes/{cap}"]
+            "batch that fits without accumulation is the micro-batch to try -- record the program at three batch "
+            f"sizes, no accumulation: alloctune record --size 8,16,32 --out sizes/run.pickle -- {command} (with "
+            f"{{size}} where the batch size goes), then alloctune plan sizes/{cap}; on the GPU add --confirm "
+            "'<the accumulating program, {size} as its micro-batch>' to run that answer (accumulated gradients and "
+            "each micro-batch's own padding can cost a sample or two)"]
     return head + [
         f"the largest input that fits: alloctune record --size S1,S2,S3 --out sizes/run.pickle -- {command} "
         f"(with {{size}} where the input size goes), then alloctune plan sizes/{cap}",
