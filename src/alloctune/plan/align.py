@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from alloctune.trace.model import ALLOC, EMPTY_CACHE, FREE, RequestStream
 
@@ -139,7 +139,7 @@ def _refine(
         small, big = (u, v) if xs[0] <= xs[1] else (v, u)
         return 0 <= small < big <= small * grow + 4096
 
-    regions = []
+    regions: list[list[int]] = []  # [start, end) of each region, merged while they overlap
     for g in gaps_of(cp, len(tb)):
         s0 = max(0, g.start - REFINE_CONTEXT)
         e0 = min(len(ta), g.stop + REFINE_CONTEXT)
@@ -173,7 +173,8 @@ def _refine(
             cp[i] = j
 
 
-def _weighted_lcs(ta, tb, s0, e0, bs, be, plausible) -> list[tuple[int, int]]:  # noqa: ANN001
+def _weighted_lcs(ta: Sequence[Any], tb: Sequence[Any], s0: int, e0: int, bs: int, be: int,
+                  plausible: Callable[[int, int], bool]) -> list[tuple[int, int]]:
     """Pairs maximising sum of (2 + plausible) over equal tokens: the most matches, then the likeliest."""
     n, m = e0 - s0, be - bs
     score = [[0] * (m + 1) for _ in range(n + 1)]
@@ -249,9 +250,9 @@ def _resync(a: list[int], b: list[int], i: int, j: int, g: int) -> tuple[int, in
         if best is not None and di >= best[0] + best[1]:
             break
         key = tuple(a[i + di : i + di + g])
-        dj = first.get(key)
-        if dj is not None and (di or dj) and (best is None or di + dj < best[0] + best[1]):
-            best = (di, dj)
+        hit = first.get(key)
+        if hit is not None and (di or hit) and (best is None or di + hit < best[0] + best[1]):
+            best = (di, hit)
     return best
 
 

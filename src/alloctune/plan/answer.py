@@ -465,6 +465,7 @@ def _largest(probe: _Prober, st: SimSettings, t: Target, grid: Fraction, top: Fr
     while probe.completes(top, st, t) and top < limit:
         lo, top = top, min(limit, top * 2)
     reached = size_text(top)
+    best: Fraction | None
     if probe.completes(top, st, t):
         best, fail = top, None
         stopped = ("bound" if meaningless else "extrapolation") if open_ended else "max-size"
@@ -550,4 +551,4 @@ def _smallest_card(probe: _Prober, st: SimSettings, x: Fraction) -> int | None:
             hi = mid
         else:
             lo = mid
-    return hi
+    return int(hi)

@@ -87,10 +87,12 @@ def _optimistic_end(item: Any, hi: Any) -> str | None:
     nothing there, the answer is one number: the scan's lower answer is a size that fails with or
     without workspaces (seen on a Llama decoder under expandable segments: sizes 1 and 2 mod 4 fail
     near the edge), not a bracket that evidence about workspaces could close."""
-    if hi.largest is None or item.largest is None:
-        return hi.largest
+    high: str | None = hi.largest
+    if high is None or item.largest is None:
+        return high
     own = _size(item.completes_again) if item.completes_again is not None else _size(item.largest)
-    return hi.largest if _size(hi.largest) > own else item.largest
+    mine: str = item.largest
+    return high if _size(high) > own else mine
 
 
 def _size(text: str) -> Fraction:

@@ -90,7 +90,7 @@ class Learned:
 
     def fallbacks(self, variant: int, sizes: Sequence[int]) -> dict[int, tuple[int, ...]]:
         """The fallback ladders of one generated stream (its request sizes)."""
-        out = {}
+        out: dict[int, tuple[int, ...]] = {}
         for i, rule in (self.sites[variant] if variant < len(self.sites) else {}).items():
             size = sizes[i]
             settled = rule if isinstance(rule, int) else max(NO_WORKSPACE, math.ceil(rule * size))
@@ -270,7 +270,7 @@ def _completed(run: Trace, size: Any, recordings: Sequence[tuple[Any, Trace]]) -
 
     outcome = (run.meta or {}).get("outcome")
     if outcome in ("ok", "oom"):
-        return outcome == "ok"
+        return bool(outcome == "ok")
     if not recordings:
         return None
     near = min(recordings, key=lambda r: abs(as_size(r[0]) - as_size(size)))[1]
