@@ -426,7 +426,7 @@ def test_check_expandable():
     assert codes(check("expandable_segments:True")) == []
     assert codes(check(C(expandable_segments=True), "2.0")) == ["expandable-unsupported"]
     with pytest.raises(InputError):
-        check("", platform="macos")
+        check("", platform="beos")
 
 
 def test_check_max_split_sizes():

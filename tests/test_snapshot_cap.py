@@ -124,7 +124,7 @@ def test_shortage_within_the_cap_says_how_much_the_run_needs():
     assert 600 * MiB <= d.needs <= 600 * MiB + 16 * MiB
     assert "more" in d.summary and d.ends_at_oom
     nexts = [e for e in d.evidence if e.startswith("next: ")]
-    assert "alloctune explain SNAPSHOT" in nexts[0] and "alloctune plan sizes/ --cap 500MiB" in nexts[1]
+    assert "alloctune explain SNAPSHOT" in nexts[0] and "alloctune plan sizes/ --budget 500MiB" in nexts[1]
 
 
 def test_a_budget_the_replays_cannot_bear_out_is_said_and_not_used():

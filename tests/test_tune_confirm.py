@@ -395,7 +395,7 @@ def test_when_no_setting_fits_the_closest_runs_once_and_the_shortfall_is_said():
     assert sf.need == NEED_SPLIT32 and sf.missing == NEED_SPLIT32 - 1500 * MiB == 364 * MiB
     assert sf.recording == "/dev/null"  # the baseline's recording, for explain / report
     steps = " | ".join(sf.next_steps)
-    assert "/dev/null" in steps and "alloctune plan sizes/ --cap 1500MiB" in steps and "at least 1864MiB" in steps
+    assert "/dev/null" in steps and "alloctune plan sizes/ --budget 1500MiB" in steps and "at least 1864MiB" in steps
     assert res.ranking.best is None
     rec = recommend(res)
     assert rec.conf is None and f"{364 * MiB} bytes" in rec.summary and "max_split_size_mb:32" in rec.summary

@@ -137,7 +137,7 @@ def test_a_shortage_ends_with_the_next_command_plan_then_chunked_in_tune_and_dia
     ev = FakeEvaluator()
     res = _tune(ev, 1500)
     steps = res.shortfall.next_steps
-    assert "alloctune plan sizes/ --cap 1500MiB" in steps[-2] and "alloctune.guard.chunked(" in steps[-1]
+    assert "alloctune plan sizes/ --budget 1500MiB" in steps[-2] and "alloctune.guard.chunked(" in steps[-1]
     assert "at least" in steps[-3]  # the budget the closest setting needs comes before them
 
     from alloctune.diagnose.snapshot import diagnose_snapshot

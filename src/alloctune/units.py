@@ -17,7 +17,7 @@ MiB = 1024**2
 GiB = 1024**3
 TiB = 1024**4
 
-# One rule for every size a person types (`--budget`, `--card`, `--cap`, `Janitor(max_cached=...)`,
+# One rule for every size a person types (`--budget`, `--card`, `Janitor(max_cached=...)`,
 # `ALLOCTUNE_MAX_*`): units mean what the standards say. IEC binary units are powers of 1024
 # (`KiB`, `MiB`, `GiB`, `TiB`); SI decimal units are powers of 1000 (`kB`/`KB`, `MB`, `GB`, `TB`),
 # so `1.5GB` is 1,500,000,000 bytes, 0.07 GiB less than `1.5GiB` -- the difference between a card
@@ -132,6 +132,12 @@ def format_mib(size: int) -> str:
     if size >= MiB:
         return f"{size / MiB:.0f} MiB" if size % MiB == 0 else f"{size / MiB:.2f} MiB"
     return format_size(size)
+
+
+def format_percent(fraction: float | None) -> str:
+    """A fraction as our text output shows it: one decimal, a space before the sign (`0.781` -> `78.1 %`,
+    the docs' `5.45 %` style); `-` for None. JSON keeps the fraction itself."""
+    return "-" if fraction is None else f"{fraction * 100:.1f} %"
 
 
 def parse_user_size(text: str | int, option: str = "size") -> int:

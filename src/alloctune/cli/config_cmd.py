@@ -20,7 +20,8 @@ def register(app: typer.Typer) -> None:
     def check_cmd(
         setting: str = typer.Argument(..., help='The allocator string, e.g. "expandable_segments:True" ("" = defaults).'),
         torch: str = typer.Option("2.11", "--torch", help="Target torch release (2.0–2.15), e.g. 2.11 or 2.11.0+cu130."),
-        platform: str = typer.Option("linux", "--platform", help="linux or windows."),
+        platform: str = typer.Option("linux", "--platform", help="linux, windows, wsl (checked as linux) or macos "
+                                     "(no CUDA: no setting applies)."),
         fraction: Optional[float] = typer.Option(
             None, "--fraction", help="Per-process memory fraction the program sets (0–1), if any."),
         card: Optional[str] = typer.Option(None, "--card", help="Device memory, e.g. 80GiB (enables size checks)."),

@@ -16,7 +16,7 @@ def render_demo(result: Any) -> None:
     from rich.text import Text
 
     from alloctune.cli.render import Col, FitTable
-    from alloctune.units import GiB, format_mib
+    from alloctune.units import GiB, format_mib, format_percent
 
     name = result.name or result.trace
     about = short_workload(result.workload)
@@ -50,7 +50,7 @@ def render_demo(result: Any) -> None:
         cells = [
             Text(row.label, style=style),
             f"{row.peak_reserved / GiB:.2f} GiB",
-            f"{row.utilization:.0%}",
+            format_percent(row.utilization),
             f"{row.min_budget / GiB:.2f} GiB{rel}" if row.min_budget else "never",
             f"{row.smallest_card_gib} GiB" if row.smallest_card_gib else "> 24 GiB",
         ]

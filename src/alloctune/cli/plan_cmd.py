@@ -1,4 +1,4 @@
-"""`alloctune plan INPUTS... [--card 6GiB] [--cap 3GiB] [--conf ...] [--size N]`: what fits where.
+"""`alloctune plan INPUTS... [--card 6GiB] [--budget 3GiB] [--conf ...] [--size N]`: what fits where.
 
 Parses, calls `alloctune.plan.service.run`, renders through `cli/plan_view.py`. INPUTS: a saved trace set
 (`.atraceset`), or recordings `FILE:SIZE` (torch `_dump_snapshot` pickles or alloctune
@@ -12,7 +12,7 @@ from typing import Any, List, Optional
 
 import typer
 
-# The cards answered for when nothing else is asked (no --card, --cap, --size, --save, --png or --json)
+# The cards answered for when nothing else is asked (no --card, --budget, --size, --save, --png or --json)
 DEFAULT_CARDS = ("4GiB", "8GiB", "16GiB", "24GiB")
 
 
@@ -22,12 +22,14 @@ def register(app: typer.Typer) -> None:
         inputs: List[str] = typer.Argument(..., metavar="INPUTS...", help="TRACESET.atraceset, or FILE:SIZE ... "
                                            "(two or more sizes), or a directory written by record --size"),
         card: Optional[List[str]] = typer.Option(None, "--card", help="card memory, e.g. 6GiB (repeatable, or 4GiB,8GiB)"),
-        cap: Optional[List[str]] = typer.Option(None, "--cap", help="per-process cap on the recording's device "
-                                                "(set_per_process_memory_fraction), e.g. 3GiB; repeatable"),
+        budget: Optional[List[str]] = typer.Option(None, "--budget", "-b", help="per-process budget on the "
+                                                   "recording's device (set_per_process_memory_fraction), e.g. "
+                                                   "3GiB; repeatable, or 2GiB,3GiB"),
+        cap: Optional[List[str]] = typer.Option(None, "--cap", hidden=True, help="the old name of --budget"),
         conf: Optional[List[str]] = typer.Option(None, "--conf", "-c", help="allocator setting (repeatable); "
                                                  "default: unset"),
         size: Optional[str] = typer.Option(None, "--size", help="answer for this input size: peak reserved, "
-                                           "completes per card/cap, min budget, smallest card"),
+                                           "completes per card/budget, min budget, smallest card"),
         step: Optional[str] = typer.Option(None, "--step", help="size grid of the search (default 1 for whole sizes)"),
         max_size: Optional[str] = typer.Option(None, "--max-size", help="top of the search (default: open-ended, "
                                                "doubling until the size fails, at most 16x the largest recorded size)"),
@@ -56,7 +58,7 @@ def register(app: typer.Typer) -> None:
                                              "recorded runs teach the fallbacks, as --calibration does"),
         json_out: bool = typer.Option(False, "--json", help="print machine-readable JSON"),
     ) -> None:
-        """Largest input size per card/cap and setting, min budget vs size, and the card one size needs.
+        """Largest input size per card/budget and setting, min budget vs size, and the card one size needs.
 
         Example: `alloctune plan rvc-*.pickle.xz --card 4GiB,6GiB,8GiB --conf expandable_segments:True --rvc`
         or `alloctune plan a.pickle:1024 b.pickle:2048 c.pickle:4096 --card 3GiB --size 3000`.
@@ -68,7 +70,8 @@ def register(app: typer.Typer) -> None:
         from alloctune.plan.service import run
         from alloctune.units import parse_user_size
 
-        if not card and not cap and size is None and not json_out and save is None and png is None:
+        caps = parse_sizes(budget, "--budget") + parse_sizes(cap, "--cap")  # --cap: the old spelling
+        if not card and not caps and size is None and not json_out and save is None and png is None:
             card = list(DEFAULT_CARDS)
         for option, path in (("--png", png), ("--save", save)):
             if path is not None and not path.parent.exists():
@@ -79,7 +82,7 @@ def register(app: typer.Typer) -> None:
         progress = progress_line(json_out)
         report = run(
             inputs, save=save, hold_back=hold_back, export=export, png=png, rvc=rvc, rvc_pad=rvc_pad,
-            confs=list(conf or [""]), cards=parse_sizes(card, "--card"), caps=parse_sizes(cap, "--cap"), size=size,
+            confs=list(conf or [""]), cards=parse_sizes(card, "--card"), caps=caps, size=size,
             step=step, max_size=max_size, curve=[c for c in curve.split(",") if c.strip()] if curve else None,
             torch=torch_version, context=parse_user_size(context, "--context"), progress=progress,
             confirm=command_words(confirm), confirm_runs=confirm_runs, runner=runner,

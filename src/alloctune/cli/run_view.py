@@ -39,6 +39,7 @@ def render_trial(result: TrialResult) -> None:
     from rich.text import Text
 
     from alloctune.cli.render import err_console, kv_table
+    from alloctune.units import format_percent
 
     colour = {"ok": "green", "oom": "red", "crash": "red", "timeout": "yellow"}.get(result.outcome, "white")
     t = kv_table([])
@@ -53,7 +54,7 @@ def render_trial(result: TrialResult) -> None:
     t.add_row("peak reserved", _fmt(result.peak_reserved))
     t.add_row("peak allocated", _fmt(result.peak_allocated))
     if result.utilization is not None:
-        t.add_row("utilization", f"{result.utilization:.1%} (peak allocated / peak reserved)")
+        t.add_row("utilization", f"{format_percent(result.utilization)} (peak allocated / peak reserved)")
     t.add_row("alloc retries / OOMs", f"{result.num_alloc_retries if result.num_alloc_retries is not None else '-'} / "
               f"{result.num_ooms if result.num_ooms is not None else '-'}")
     t.add_row("wall time", f"{result.wall_s:.1f} s")

@@ -28,9 +28,10 @@ def register(app: typer.Typer) -> None:
             help="Per-process memory cap with a unit, e.g. 6GiB = 6x2^30 bytes (6GB = 6x10^9), as "
                  "set_per_process_memory_fraction.",
         ),
-        total_memory: Optional[str] = typer.Option(
-            None, "--total-memory", metavar="SIZE", help="Device memory (default: the trace's device, else an H200's)."
+        card: Optional[str] = typer.Option(
+            None, "--card", metavar="SIZE", help="Card memory (default: the trace's device, else an H200's)."
         ),
+        total_memory: Optional[str] = typer.Option(None, "--total-memory", hidden=True, help="The old name of --card."),
         device: Optional[int] = typer.Option(
             None, "--device", "-d", metavar="N", help="Device index (needed if several recorded)."),
         torch_version: str = typer.Option("2.11", "--torch", metavar="VERSION", help="PyTorch release whose rules to apply."),
@@ -62,14 +63,17 @@ def register(app: typer.Typer) -> None:
         from alloctune.cli.simulate_view import render_export, render_simulation
         from alloctune.progress import progress_on_stderr
         from alloctune.sim.simulate import simulate as run
+        from alloctune.units import parse_user_size
 
+        option, text = ("--card", card) if card is not None else ("--total-memory", total_memory)  # the old name
+        total = parse_user_size(text, option) if text is not None else None
         confs = list(conf or [""])
         if snapshot_out is not None and len(confs) != 1:
             from alloctune.errors import InputError
 
             raise InputError("--snapshot-out writes one simulated run: give one --conf")
         with progress_on_stderr(quiet=json_out, console=err_console) as progress:
-            result = run(trace_file, confs, budget=budget, total_memory=total_memory, device=device,
+            result = run(trace_file, confs, budget=budget, total_memory=total, device=device,
                          torch=torch_version, find_min=find_min, compare=compare_file, addresses=addresses,
                          progress=progress)
         render_simulation(result, json_out=json_out)
@@ -77,7 +81,7 @@ def register(app: typer.Typer) -> None:
             from alloctune.sim.export import export_simulated_run
 
             render_export(export_simulated_run(trace_file, confs[0], snapshot_out, budget=budget,
-                                               total_memory=total_memory, device=device, torch=torch_version,
+                                               total_memory=total, device=device, torch=torch_version,
                                                addresses=addresses))
         if result.failed:
             raise typer.Exit(1)

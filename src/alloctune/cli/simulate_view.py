@@ -42,7 +42,7 @@ def render_tables(sim: Simulation) -> None:
     """One row per setting (with the min budget when it was searched), the budget, then each
     predicted OOM with the message PyTorch would raise, then each fidelity check."""
     from alloctune.cli.render import Col, FitTable, console
-    from alloctune.units import format_size
+    from alloctune.units import format_percent, format_size
 
     rows = sim.rows
     find_min = any(r.find_min for r in rows)
@@ -56,7 +56,7 @@ def render_tables(sim: Simulation) -> None:
         if r.expected_failures:
             where += f" ({r.expected_failures} recorded failure(s) reproduced)"
         cells = [setting_label(r.conf), format_size(r.peak_reserved), format_size(r.peak_allocated),
-                 f"{r.utilization * 100:.1f} %", str(r.num_alloc_retries), where]
+                 format_percent(r.utilization), str(r.num_alloc_retries), where]
         if find_min:
             cells.append(format_size(r.min_budget) if r.min_budget else "does not fit")
         table.add_row(*cells)

@@ -136,7 +136,7 @@ def render_remedies(result: Any) -> None:
     from rich.text import Text
 
     from alloctune.cli.common import console
-    from alloctune.explain.utilization import render_lines
+    from alloctune.cli.views import utilization_lines
 
     rep = getattr(result, "remedies", None)
     if rep is None or (not rep.remedies and rep.utilization is None):
@@ -159,5 +159,5 @@ def render_remedies(result: Any) -> None:
             console.print(Text(f"      confirm: {r.confirm}"))
     if rep.utilization is not None:
         console.print("utilization (peak allocated / peak reserved of the uncapped replay) and min budget:")
-        for line in render_lines(rep.utilization):
+        for line in utilization_lines(rep.utilization):
             console.print(Text(line))

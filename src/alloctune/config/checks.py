@@ -22,7 +22,9 @@ ERROR = "error"      # torch will refuse this at CUDA init
 WARNING = "warning"  # accepted, but does nothing (or not what was meant)
 INFO = "info"
 
-PLATFORMS = ("linux", "windows")
+# Where a program runs, as every command names it (`config check`, `diagnose`): wsl runs the Linux
+# CUDA build (its checks are Linux's); macos has no CUDA, so no CUDA allocator setting applies there.
+PLATFORMS = ("linux", "windows", "wsl", "macos")
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ def check(
     """
     version = parse_torch_version(torch)
     if platform not in PLATFORMS:
-        raise InputError(f"unknown platform {platform!r}: use {' or '.join(PLATFORMS)}")
+        raise InputError(f"unknown platform {platform!r}: choose one of {', '.join(PLATFORMS)}")
     out: list[ConfigWarning] = []
     if isinstance(config, str):
         config, found = _text_findings(config, version)
@@ -140,7 +142,8 @@ def _cap_fraction(config: AllocatorConfig, fraction: float | None, version: Torc
 def _inert_findings(config: AllocatorConfig, version: TorchVersion, platform: str,
                     cap_fraction: float | None) -> list[ConfigWarning]:
     """Knobs accepted but doing nothing here: native knobs under the async backend, GC without a cap
-    (a memory cap is what GC measures against), a zero fraction, expandable segments on Windows."""
+    (a memory cap is what GC measures against), a zero fraction, expandable segments on Windows, any
+    setting on macOS."""
     out: list[ConfigWarning] = []
     native_set = _native_knobs_set(config)
     if config.backend == "cudaMallocAsync" and native_set:
@@ -169,6 +172,11 @@ def _inert_findings(config: AllocatorConfig, version: TorchVersion, platform: st
             "expandable-windows", WARNING,
             "expandable_segments is not supported on Windows: PyTorch warns "
             "'expandable_segments not supported on this platform' and keeps it off", "expandable_segments"))
+    if platform == "macos" and config.items():
+        out.append(ConfigWarning(
+            "no-cuda-macos", WARNING,
+            "macOS has no CUDA: the CUDA caching allocator and this setting do nothing there "
+            "(MPS has its own PYTORCH_MPS_* variables)"))
     return out
 
 

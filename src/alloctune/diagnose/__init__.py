@@ -17,14 +17,13 @@ import sys
 import traceback
 import types
 
+from alloctune.config.checks import PLATFORMS  # one set of platform names for every command
 from alloctune.diagnose.find import find_reports, iter_reports
 from alloctune.diagnose.fixes import Fix
 from alloctune.diagnose.report import OOMReport
 from alloctune.diagnose.text import decode_log
 from alloctune.diagnose.verdict import VERDICTS, Diagnosis, diagnose_report
 from alloctune.errors import InputError, NoOOMFound
-
-PLATFORMS = ("linux", "windows", "wsl", "macos")
 
 
 def as_text(text_or_exception: object) -> str:

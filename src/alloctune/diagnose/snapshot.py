@@ -368,7 +368,7 @@ def shortage_next_steps(recording: str, budget: int | None, command: str, before
     to run next -- find the largest input that fits the budget, or, for a service whose inputs come as
     they come, split each one where it runs out (`guard.chunked`). A training run (`training`: it ran
     backward) is not a service: its input is the micro-batch, accumulated to the batch it needs."""
-    cap = f" --cap {budget // MiB}MiB" if budget else ""  # rounded down: the plan stays within the budget
+    cap = f" --budget {budget // MiB}MiB" if budget else ""  # rounded down: the plan stays within the budget
     head = [f"where the memory goes and what would free it: alloctune explain {recording}", *before]
     if training:
         return head + [
