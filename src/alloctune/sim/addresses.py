@@ -22,7 +22,12 @@ Fidelity kinds (what a check against a recording shows):
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from alloctune.trace.model import Trace
+
+if TYPE_CHECKING:
+    from alloctune.sim.replay import Addresses
 
 TRACE = "trace"
 COMPARED = "compared"
@@ -43,7 +48,7 @@ def check_source(source: str) -> str:
     return source
 
 
-def replay_addresses(source: str, trace: Trace, compared: Trace | None = None) -> tuple[str, Trace | None]:
+def replay_addresses(source: str, trace: Trace, compared: Trace | None = None) -> tuple[Addresses, Trace | None]:
     """`(addresses, reference)` for `sim.replay` under an address source.
 
     `compared` without a comparison falls back to nothing to borrow from and is refused, so a

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from alloctune.sim.blocks import ADDR_BITS, ID_BITS, Block, FreeSet, OOMInfo, Pool, Segment, SimEvent
+from alloctune.sim.blocks import ADDR_BITS, ID_BITS, Block, FreeSet, OOMInfo, Pool, Segment, SimAction, SimEvent
 from alloctune.sim.driver import Device
 from alloctune.sim.expandable import ExpandableBlocks
 from alloctune.sim.inspection import Inspection
@@ -178,6 +178,7 @@ class CachingAllocator(SlowPath, ExpandableBlocks, Inspection):
         b.allocated = False
         seg = b.seg
         pool = self.small_pool if seg.small else self.large_pool
+        fs: FreeSet | None  # the set a merged neighbour leaves, then the one `b` joins
         # free_block: merge with free neighbours of the same segment (same mapped state)
         net_n = 0
         net_bytes = 0
@@ -279,7 +280,7 @@ class CachingAllocator(SlowPath, ExpandableBlocks, Inspection):
         return b
 
     # ------------------------------------------------------------------ events / inspection
-    def _event(self, action: str, addr: int, size: int, stream: int) -> None:
+    def _event(self, action: SimAction, addr: int, size: int, stream: int) -> None:
         ev = SimEvent(action, addr, size, stream, self.request_index)
         if self.events is not None:
             self.events.append(ev)

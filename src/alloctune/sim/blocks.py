@@ -9,12 +9,14 @@ keys per (pool, stream) — an int compares much faster than a tuple — with th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from sortedcontainers import SortedDict, SortedList
 
 ADDR_BITS = 48  # addresses are < 2**48; keys pack size above them
 ID_BITS = 40
+# What the simulator did to device memory (the `action` of a `SimEvent`; `native.ACTIONS` in this order)
+SimAction = Literal["segment_alloc", "segment_free", "segment_map", "segment_unmap", "oom"]
 
 
 class Segment:
@@ -107,7 +109,7 @@ class OOMInfo:
 class SimEvent:
     """A segment event the simulator made (mirrors `trace.model.SegmentEvent`)."""
 
-    action: str
+    action: SimAction
     addr: int
     size: int
     stream: int

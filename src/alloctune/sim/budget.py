@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from alloctune.sim.driver import H200_TOTAL
-from alloctune.sim.replay import SimResult, cap_from_budget, replay
+from alloctune.sim.driver import H200_TOTAL, AddressModel
+from alloctune.sim.replay import Addresses, SimResult, cap_from_budget, replay
 from alloctune.sim.resolution import ABS_TOL, REL_TOL, step
 from alloctune.sim.settings import SimSettings
 from alloctune.trace.model import Trace
@@ -48,7 +48,7 @@ def min_budget(
     rel_tol: float = REL_TOL,
     abs_tol: int = ABS_TOL,
     uncapped: SimResult | None = None,
-    addresses: Any = "recorded",
+    addresses: Addresses | AddressModel = "recorded",
     reference: Trace | None = None,
 ) -> MinBudget:
     """Bisection for the smallest completing budget of `trace` under `config`.

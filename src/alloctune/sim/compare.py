@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from alloctune.sim.replay import SimResult
+from alloctune.sim.replay import Addresses, SimResult
 from alloctune.trace.model import FAILED_ALLOC, OP_NAMES, SegmentEvent, Trace, peak_reserved
 from alloctune.units import format_size
 
@@ -166,6 +166,7 @@ def _state_note(
     r = rec[first] if first < len(rec) else None
     s = sim[first] if first < len(sim) else None
     idx = min(x.request_index for x in (r, s) if x is not None)
+    addresses: Addresses
     if result.addresses.startswith("recorded:"):
         src = result.addresses[len("recorded:"):]
         ref = recorded if recorded.source == src else stream if stream.source == src else None

@@ -58,9 +58,12 @@ class DriverVA:
         self._small_holes: SortedList = SortedList()  # addrs of freed 2 MiB ranges
 
     def alloc(self, size: int) -> int:
+        addr: int  # SortedList has no types: what its pop() returns is declared here
+        haddr: int
         if size == 2 * MiB:
             if self._small_holes:
-                return self._small_holes.pop(0)
+                addr = self._small_holes.pop(0)
+                return addr
             addr = self._small_next
             self._small_next += size
             return addr

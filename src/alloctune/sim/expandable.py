@@ -11,7 +11,7 @@ in the large pool.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from sortedcontainers import SortedDict
 
@@ -19,7 +19,9 @@ from alloctune.sim.blocks import Block, Pool, Segment
 from alloctune.sim.sizes import SMALL_BUFFER
 
 if TYPE_CHECKING:
+    from alloctune.sim.blocks import SimAction
     from alloctune.sim.driver import Device
+    from alloctune.sim.stats import Stats
 
 
 class ExpandableSegment:
@@ -72,6 +74,17 @@ class ExpandableBlocks:
     """Block-level expandable segments: find a spot, map and unmap pages, merge (methods of
     `CachingAllocator`)."""
 
+    if TYPE_CHECKING:  # what these methods use of `CachingAllocator` (its state, its other methods)
+        device: Device
+        mid_segment: int  # large-pool page size in bytes
+        segments: dict[int, Segment]
+        next_seg_id: int
+        stats: Stats
+
+        def _event(self, action: SimAction, addr: int, size: int, stream: int) -> None: ...
+        def _insert(self, pool: Pool, b: Block) -> None: ...
+        def _remove(self, pool: Pool, b: Block) -> None: ...
+
     def _unmapped_add(self, pool: Pool, b: Block) -> None:
         um = pool.unmapped.get(b.seg.stream)
         if um is None:
@@ -85,6 +98,8 @@ class ExpandableBlocks:
     def _find_expandable_block(self, pool: Pool, size: int, stream: int) -> Block:
         """Lowest-address spot (free + unmapped run) with room for `size`, else a new segment."""
         um = pool.unmapped.get(stream)
+        c: Block  # `um` maps address -> unmapped Block (a SortedDict, which has no types)
+        x: Block | None
         if um:
             for c in um.values():
                 p = c.prev
@@ -160,7 +175,7 @@ class ExpandableBlocks:
         if not c.mapped and not self._map_block(pool, c, min(c.size, size)):
             return None
         while c.size < size:
-            nxt = c.next
+            nxt = cast(Block, c.next)  # the spot found has room for `size`: blocks follow until then
             if not self._map_block(pool, nxt, min(size - c.size, nxt.size)):
                 return None
             c = nxt

@@ -3,13 +3,25 @@ and the consistency check the tests run (not used by replay)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from alloctune.sim.blocks import Block, Segment
+
+if TYPE_CHECKING:
+    from alloctune.sim.blocks import Pool
+    from alloctune.sim.stats import Stats
 
 
 class Inspection:
     """`segment_table()` and `check()` (methods of `CachingAllocator`)."""
+
+    if TYPE_CHECKING:  # what these methods use of `CachingAllocator` (its state, its other methods)
+        segments: dict[int, Segment]
+        small_pool: Pool
+        large_pool: Pool
+        stats: Stats
+
+        def _key(self, b: Block) -> int: ...
 
     def segment_table(self) -> list[dict[str, Any]]:
         """The allocator's state like `torch.cuda.memory_snapshot()`: segments with their blocks.

@@ -14,14 +14,18 @@ import logging
 import os
 from array import array
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from alloctune.errors import ConfigError
+
+if TYPE_CHECKING:
+    from alloctune.sim.blocks import SimAction
 
 log = logging.getLogger("alloctune.sim")
 _warned = False
 
-ACTIONS = ("segment_alloc", "segment_free", "segment_map", "segment_unmap", "oom")
+ACTIONS: tuple[SimAction, ...] = ("segment_alloc", "segment_free", "segment_map", "segment_unmap", "oom")
+Columns = tuple["array[int]", "array[int]", "array[int]", "array[int]"]  # ops, sizes, rids, streams as int64
 
 
 def _load() -> ModuleType | None:
@@ -59,7 +63,7 @@ def core() -> ModuleType | None:
     return _MODULE
 
 
-def columns(req: Any) -> tuple[array, array, array, array] | None:
+def columns(req: Any) -> Columns | None:
     """The request stream as int64 arrays (the native core's input), or None when a value does
     not fit in 64 bits (then the Python model replays it).
 
@@ -67,7 +71,7 @@ def columns(req: Any) -> tuple[array, array, array, array] | None:
     so a sweep of many settings converts the columns once.
     """
     key = (id(req.ops), id(req.sizes), id(req.rids), id(req.streams), len(req.ops))
-    cached = getattr(req, "_native_columns", None)
+    cached: tuple[tuple[int, ...], Columns] | None = getattr(req, "_native_columns", None)
     if cached is not None and cached[0] == key:
         return cached[1]
     try:

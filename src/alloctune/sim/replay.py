@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import gc
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal, cast
 
 from alloctune.sim import native
 from alloctune.sim.allocator import CachingAllocator, OOMInfo
@@ -27,6 +27,10 @@ from alloctune.trace.model import (
     Trace,
     reserved_by_mark,
 )
+
+if TYPE_CHECKING:
+    from alloctune.sim._native import ReplayResult
+    from alloctune.sim.blocks import Block, SimAction
 
 SCHEMA = "alloctune.sim_result/1"
 Addresses = Literal["model", "recorded"]
@@ -170,7 +174,7 @@ class _Run:
 
     done: int
     stats: Stats
-    events: list[tuple[str, int, int, int, int]] | None  # (action, addr, size, stream, request_index)
+    events: list[tuple[SimAction, int, int, int, int]] | None  # (action, addr, size, stream, request_index)
     oom: OOMInfo | None  # the last failed ALLOC (after its fallbacks)
     expected: list[int]
     failures: list[OOMInfo]
@@ -286,7 +290,7 @@ def _run_native(
         settings.seg_id_tiebreak,
     )
     va = device.va
-    out = mod.replay(
+    out: ReplayResult = mod.replay(
         *cols, req.fallbacks, s, (device.total_memory, device.overhead),
         (device.addresses.alloc, device.addresses.free, va.alloc, va.free),
         (record_events, stop_at_oom, step),
@@ -316,7 +320,7 @@ def _run_python(alloc: CachingAllocator, req: RequestStream, stop: int, stop_at_
     the native core follows). Also `state_at`'s loop."""
     ops, sizes, rids, streams = req.ops, req.sizes, req.rids, req.streams
     fallbacks = req.fallbacks
-    live: dict[int, Any] = {}
+    live: dict[int, Block] = {}  # rid -> the block the program holds
     malloc, free, st = alloc.malloc, alloc.free, alloc.stats
     adapted: list[int] = []
     t_index: list[int] = []
@@ -368,7 +372,7 @@ def _run_python(alloc: CachingAllocator, req: RequestStream, stop: int, stop_at_
                 b = malloc(sizes[i], streams[i])
                 if b is None:
                     expected.append(i)
-                    failure_info.append(replace(alloc.oom, expected=True))
+                    failure_info.append(replace(cast(OOMInfo, alloc.oom), expected=True))  # set by the failure
                 else:  # it fits here although it did not on the GPU: the program never got it
                     surprises.append(i)
                     free(b)
@@ -383,7 +387,7 @@ def _run_python(alloc: CachingAllocator, req: RequestStream, stop: int, stop_at_
     return _Run(done, st, events, oom, expected, failure_info, surprises, adapted, t_index, t_alloc, alloc.cap)
 
 
-def _fall_back(malloc: Any, sizes: tuple[int, ...], stream: int) -> Any:
+def _fall_back(malloc: Callable[[int, int], Block | None], sizes: tuple[int, ...], stream: int) -> Block | None:
     """A fallible request failed: ask for its fallback sizes in order, as the program does
     (each failed try is an OOM the allocator counts); the first block that fits, or None."""
     for size in sizes:
@@ -393,7 +397,7 @@ def _fall_back(malloc: Any, sizes: tuple[int, ...], stream: int) -> Any:
     return None
 
 
-def _address_model(trace: Trace, addresses: Any, reference: Trace | None) -> AddressModel:
+def _address_model(trace: Trace, addresses: Addresses | AddressModel, reference: Trace | None) -> AddressModel:
     if addresses == "recorded":
         ref = reference or trace
         return RecordedAddresses((e.size, e.addr) for e in ref.segment_events if e.action == "segment_alloc")

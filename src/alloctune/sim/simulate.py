@@ -11,12 +11,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from alloctune.config.standard import setting_label
 from alloctune.errors import InputError
 from alloctune.progress import Progress, no_progress
 from alloctune.schema import schema_id
+
+if TYPE_CHECKING:
+    from alloctune.sim.replay import SimResult
+    from alloctune.sim.settings import SimSettings
+    from alloctune.trace.model import Trace
 
 # Spellings before the `trace|compared|model` vocabulary (#18.2): accepted for one release.
 DEPRECATED_ADDRESSES = {"auto": "trace", "recorded": "compared (with --compare), else trace"}
@@ -187,7 +192,10 @@ def _address_source(addresses: str, comparing: bool) -> tuple[str, tuple[str, ..
     return source, ()
 
 
-def _replay_one(trace, recorded, text, settings, *, cap, total, torch, source) -> tuple[SimulatedSetting, Any]:
+def _replay_one(
+    trace: Trace, recorded: Trace | None, text: str, settings: SimSettings, *, cap: int | None, total: int | None,
+    torch: str, source: str,
+) -> tuple[SimulatedSetting, SimResult]:
     """The row for one setting, and the `SimResult` it was read from."""
     from alloctune.sim.addresses import fidelity_kind, replay_addresses
     from alloctune.sim.compare import compare as compare_replay

@@ -7,11 +7,43 @@ runs rarely and reads best as one story; `CachingAllocator` inherits it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 from alloctune.sim.blocks import Block, OOMInfo, Pool, Segment
+
+if TYPE_CHECKING:
+    from alloctune.sim.blocks import SimAction
+    from alloctune.sim.driver import Device
+    from alloctune.sim.settings import SimSettings
+    from alloctune.sim.stats import Stats
 
 
 class SlowPath:
     """`malloc`'s way to a block when no cached one fits (methods of `CachingAllocator`)."""
+
+    if TYPE_CHECKING:  # what these methods use of `CachingAllocator` (its state, its other methods)
+        settings: SimSettings
+        device: Device
+        cap: int | None  # bytes; None = uncapped
+        gc_on: bool
+        mss: int | None  # max_split_size in bytes; None = unlimited
+        expandable: bool
+        shift: int
+        small_pool: Pool
+        large_pool: Pool
+        segments: dict[int, Segment]
+        next_seg_id: int
+        stats: Stats
+        request_index: int
+        oom: OOMInfo | None
+
+        def allocation_size(self, size: int) -> int: ...
+        def largest_free_block(self) -> int: ...
+        def _event(self, action: SimAction, addr: int, size: int, stream: int) -> None: ...
+        def _remove(self, pool: Pool, b: Block) -> None: ...
+        def _try_allocate_expandable(self, pool: Pool, size: int, stream: int) -> Block | None: ...
+        def _unmap_block(self, pool: Pool, b: Block) -> None: ...
+        def _release_expandable_segment(self, pool: Pool, b: Block) -> None: ...
 
     def _malloc_slow(self, pool: Pool, orig: int, size: int, stream: int, small: bool) -> Block | None:
         alloc_size = self.allocation_size(size)
@@ -130,13 +162,14 @@ class SlowPath:
     def _garbage_collect(self) -> None:
         """garbage_collection_threshold: free whole idle large segments at/above average age."""
         s = self.settings
-        threshold = int(s.garbage_collection_threshold * self.cap)
+        threshold = int(s.garbage_collection_threshold * cast(int, self.cap))  # gc_on: there is a cap
         st = self.stats
         if st.reserved <= threshold:
             return
         target = st.reserved - threshold
         pool = self.large_pool
         calls = pool.calls
+        b: Block | None
         total_age = 0
         count = 0
         for fs in pool.ordered_sets():

@@ -52,7 +52,7 @@ HEADER_PREFIX = COMPACT_MAGIC + b" "  # schema 2: the first bytes of the decompr
 _HEADER = re.compile(rb"alloctune-trace (\d+) sha256=([0-9a-f]{64}) bytes=(\d+)\n")
 
 
-def is_compact(data: bytes) -> bool:
+def is_compact(data: bytes | bytearray) -> bool:
     """Whether decompressed bytes are an alloctune compact trace (either schema)."""
     return data.startswith(HEADER_PREFIX) or (data[:64].lstrip()[:1] == b"{" and COMPACT_MAGIC in data[:200])
 
@@ -64,7 +64,7 @@ def encode(trace: Trace) -> bytes:
     return head + body
 
 
-def _body(data: bytes, source: str) -> bytes:
+def _body(data: bytes | bytearray, source: str) -> bytes | bytearray:
     """The JSON of a compact file, its header and checksum verified (schema 1: the data itself)."""
     if not data.startswith(HEADER_PREFIX):
         return data
@@ -288,7 +288,9 @@ def read_compact_header(path: str | Path) -> dict[str, Any]:
     return {k: d.get(k) for k in ("format", "schema", "source", "device", "total_memory", "allocator_settings", "meta")}
 
 
-def trace_from_compact_bytes(data: bytes, *, source: str = "<compact>", device: int | None = None) -> Trace:
+def trace_from_compact_bytes(
+    data: bytes | bytearray, *, source: str = "<compact>", device: int | None = None
+) -> Trace:
     """Parse decompressed compact-file bytes (used by `load_trace` after sniffing)."""
     data = _body(data, source)
     try:

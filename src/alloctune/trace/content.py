@@ -48,7 +48,7 @@ class Content(NamedTuple):
     magic: bool = False
 
 
-def text_encoding(sample: bytes) -> str:
+def text_encoding(sample: bytes | bytearray) -> str:
     """The codec a log starting with `sample` is read with: a BOM's, else UTF-16 recognised by its
     NULs in every other byte (Windows PowerShell's `>` writes UTF-16 LE), else UTF-8."""
     if sample.startswith(codecs.BOM_UTF8):
@@ -66,7 +66,7 @@ def text_encoding(sample: bytes) -> str:
     return "utf-8"
 
 
-def sniff_content(head: bytes) -> Content:
+def sniff_content(head: bytes | bytearray) -> Content:
     """The `Content` of a file whose (decompressed) bytes start with `head` (`SNIFF_BYTES` of them
     is plenty). An empty file is "text" ("empty"): there is nothing else it could be."""
     from alloctune.trace.compact import is_compact

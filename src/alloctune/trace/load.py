@@ -86,7 +86,7 @@ def _well_formed_global(exc: UnsafePickleError) -> bool:
     return bool(exc.refused) and re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", str(exc.refused)) is not None
 
 
-def _snapshot_from_bytes(data: bytes, source: str, total_memory: Any = None) -> dict[str, Any]:
+def _snapshot_from_bytes(data: bytes | bytearray, source: str, total_memory: Any = None) -> dict[str, Any]:
     """Unpickle safely, then check every event (`validate.check_snapshot`): bad data is one line.
 
     Content that is certainly not a recording is refused before unpickling; text is first tried

@@ -23,7 +23,7 @@ _DICT = dict
 _SEQS = (list, tuple)
 _CONTAINER_TYPES = frozenset({dict, list, tuple})
 _ONLY_DICTS = {dict}
-_ITEMS_PER_LEN = {dict: 2, list: 1, tuple: 1}  # a dict's keys and values both count
+_ITEMS_PER_LEN: dict[type, int] = {dict: 2, list: 1, tuple: 1}  # a dict's keys and values both count
 
 
 class OverLimit(Exception):
@@ -262,7 +262,7 @@ def _containers_in(seqs: list, dicts: list, keys_too: bool, flat: bool, leaves: 
 
 def _refs_of_an_only_child() -> int:
     """`getrefcount` of a container referenced once in the data, as `check_built` reads it."""
-    parent = [[]]
+    parent: list[list[object]] = [[]]
     found = _containers_in([parent], [], False, False)[1]
     return list(map(getrefcount, found))[0]
 

@@ -23,6 +23,7 @@ import functools
 import os
 import re
 import struct
+from typing import Any, Callable, Protocol, cast
 
 from alloctune.errors import TraceError
 from alloctune.trace.limits import Limits, hint
@@ -66,7 +67,7 @@ class _Walk:
     containers, PUTs and the rest are methods. Measured on the 54 MB `stacks` snapshot of
     bench/snapshot_load.py: 5.51 s CPU before the split, 5.69 s after (+3%, best of 3)."""
 
-    def __init__(self, data: bytes, lim: Limits) -> None:
+    def __init__(self, data: bytes | bytearray, lim: Limits) -> None:
         self.data = data
         self.n = len(data)
         self.max_depth = lim.max_depth
@@ -81,8 +82,10 @@ class _Walk:
     def fail(what: str, at: int) -> PickleRejected:
         return PickleRejected(f"{what} (at byte {at})")
 
-    def add(self, parent: list, child, at: int) -> None:
-        """Account for `child` becoming an item of container `parent`."""
+    def add(self, parent: list[Any], child: Any, at: int) -> None:
+        """Account for `child` becoming an item of container `parent`.
+
+        `child` is a `_node()` or `_SCALAR`, told apart by identity (which types cannot express)."""
         if parent[3]:
             raise self.fail("a container is modified after it was stored inside another one; not plain data", at)
         if child is not _SCALAR:
@@ -250,7 +253,7 @@ _BUILD = frozenset(b"\x85\x86\x87)tld\x91")  # TUPLE1..3, EMPTY_TUPLE, TUPLE, LI
 _PUT = frozenset(b"qrp")  # BINPUT, LONG_BINPUT, PUT
 
 
-def scan(data: bytes, limits: Limits | None = None) -> int:
+def scan(data: bytes | bytearray, limits: Limits | None = None) -> int:
     """Walk `data`; return the expanded object count of the result, or raise.
 
     Raises `PickleRejected` (a `TraceError`) naming the opcode and byte offset, or
@@ -318,7 +321,9 @@ def scan(data: bytes, limits: Limits | None = None) -> int:
     raise fail("the pickle ends without its STOP opcode (truncated?)", n)
 
 
-def _line_int(data: bytes, pos: int, at: int, fail) -> tuple[int, int]:
+def _line_int(
+    data: bytes | bytearray, pos: int, at: int, fail: Callable[[str, int], PickleRejected]
+) -> tuple[int, int]:
     end = data.find(b"\n", pos, pos + 32)
     if end < 0:
         raise fail("a memo index has no end of line", at)
@@ -353,8 +358,14 @@ def _one_byte_counted(op: bytes) -> bytes:
                                               for k in range(256)) + b")"
 
 
+class _RunPattern(Protocol):
+    """`_patterns()[0]`: `(?:token)*+` matches (maybe the empty string) at every `pos <= endpos`."""
+
+    def match(self, string: bytes | bytearray | memoryview, pos: int, endpos: int, /) -> re.Match[bytes]: ...
+
+
 @functools.cache
-def _patterns() -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
+def _patterns() -> tuple[_RunPattern, re.Pattern[bytes]]:
     """(a run of fast tokens, one token); compiled on first use (tens of ms: not at import).
 
     The run is possessive: no backtracking, it ends at the first byte that does not start a fast
@@ -384,12 +395,12 @@ def _patterns() -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
         b"\\x80[\\x02-\\x05]",  # PROTO 2..5
         _one_byte_counted(b"C"),  # SHORT_BINBYTES
     ]
-    return (re.compile(b"(?:" + b"|".join(fast) + b")*+", re.S),
+    return (cast(_RunPattern, re.compile(b"(?:" + b"|".join(fast) + b")*+", re.S)),
             re.compile(b"|".join(fast) + b"|[\\x85\\x86\\x87t)]", re.S))
 
 
 @functools.cache
-def _run_end():
+def _run_end() -> Callable[[bytes | bytearray | memoryview, int, int], int]:
     """`run_end(data, pos, end)`: where the run of fast tokens from `pos` stops. The C function
     (`_screen.c`, about 10x faster) where it was built, else the regular expression; the two
     give the same position (tests/test_trace_fast_pickle.py). ALLOCTUNE_SCREEN=python forces
@@ -421,7 +432,7 @@ class Screened:
         self.empty_tuples = 0
 
 
-def screen(data: bytes | bytearray | memoryview) -> Screened | None:
+def screen(data: bytes | bytearray) -> Screened | None:
     """Tokenize `data` at C speed; a `Screened` if every opcode is one the fast path admits, else None.
 
     None is not a refusal: the caller then runs `scan`, which accepts or refuses with its reasons.
@@ -475,7 +486,7 @@ def screen(data: bytes | bytearray | memoryview) -> Screened | None:
         windows = [pos]
 
 
-def _literal_operands(data, op: int, bounds: list[int], at: int) -> bool:
+def _literal_operands(data: bytes | bytearray, op: int, bounds: list[int], at: int) -> bool:
     """Whether the tuple built at `at` takes only literal scalars (so it nests one level, never more).
 
     Tokens are re-read from a known token boundary near `at` (`bounds`: boundaries from which only

@@ -208,7 +208,7 @@ def sniff_compression(head: bytes) -> str | None:
     return None
 
 
-def read_decompressed(path: str | Path, limits: Limits | None = None) -> bytes:
+def read_decompressed(path: str | Path, limits: Limits | None = None) -> bytes | bytearray:
     """The file's bytes, decompressed if they start with a gzip/xz/bz2 magic.
 
     Raises `TraceError` with one readable line for a missing file, a damaged stream, or
@@ -302,7 +302,7 @@ def load_pickle_file(path: str | Path, limits: Limits | None = None) -> Any:
     return load_pickle_bytes(data, source=str(path), limits=lim)
 
 
-def load_pickle_bytes(data: bytes, source: str = "<bytes>", limits: Limits | None = None) -> Any:
+def load_pickle_bytes(data: bytes | bytearray, source: str = "<bytes>", limits: Limits | None = None) -> Any:
     """Safely unpickle bytes, turning every pickle failure into a `TraceError` naming `source`."""
     if not data:
         raise TraceError(f"{source}: the file is empty")

@@ -73,7 +73,7 @@ rounded request, rid = -1). `event_index` points into the raw `device_traces` li
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, cast
 
 from alloctune.errors import TraceError
 from alloctune.trace.model import (
@@ -103,7 +103,7 @@ EMPTY_CACHE_MARKS_KEY = "alloctune_empty_cache_calls"
 # The agent's run record inside the snapshots it writes (cap, total memory, setting, command):
 # a snapshot moved away from its report must still say which budget it ran under.
 RUN_RECORD_KEY = "alloctune_run"
-_RUN_RECORD_TYPES: dict[str, tuple[type, ...]] = {
+_RUN_RECORD_TYPES: dict[str, tuple[type[Any], ...]] = {
     "cap": (int,), "total_memory": (int,), "oom_limit": (int,), "device": (int,), "torch": (str,), "conf": (str,),
     "cmd": (list,), "cudnn_benchmark": (bool,),
 }
@@ -132,8 +132,8 @@ class Limit:
     def from_meta(cls, meta: dict[str, Any] | None, total_memory: int | None = None) -> "Limit":
         """From a run record (`cap` in bytes, 0 = none; `total_memory`), as the sidecar NAME.json holds."""
         meta = meta or {}
-        cap = meta.get("cap")
-        total = meta.get("total_memory") or total_memory
+        cap: Any = meta.get("cap")  # JSON values, checked below
+        total: Any = meta.get("total_memory") or total_memory
         number = isinstance(cap, (int, float)) and not isinstance(cap, bool)
         capped = None if not number else cap > 0
         total_ok = isinstance(total, (int, float)) and not isinstance(total, bool) and total > 0
@@ -458,9 +458,10 @@ def collect_annotations(raw: Any, events: Sequence[dict[str, Any]], req: Request
             edges.append((t, name, stage == "START"))
     if not edges:
         return
-    times = [events[i].get("time_us") if 0 <= i < len(events) else None for i in req.event_index]
-    if any(type(t) is not int for t in times):
+    raw_times = [events[i].get("time_us") if 0 <= i < len(events) else None for i in req.event_index]
+    if any(type(t) is not int for t in raw_times):
         return  # a history without times: nothing places a range
+    times = cast("list[int]", raw_times)  # every one checked just above
     import bisect
 
     n = len(times)
@@ -483,7 +484,7 @@ def _place_marks(events: Sequence[dict[str, Any]], marks: Sequence[Sequence[int]
     """Event index -> _BURST (the release burst starting there is a marked call) or _SILENT
     (a marked call that released nothing happened just before this event; index len(events)
     = after the last one). Key -1 counts marks that could not be placed."""
-    times = [e.get("time_us") for e in events]
+    times: list[Any] = [e.get("time_us") for e in events]  # as the snapshot has them (None: checked next)
     if any(t is None for t in times):
         return {-1: len(marks)}
     starts = [k for k, e in enumerate(events)
@@ -526,7 +527,8 @@ def _is_program_empty_cache(
             return False
     # A new segment follows: the allocator released only if cudaMalloc (or the cap test) had
     # failed, which cannot happen within the limit nor below a level the run already held.
-    return reserved + nxt["size"] <= max(peak_reserved, limit_bytes or 0)
+    size: int = nxt["size"]
+    return reserved + size <= max(peak_reserved, limit_bytes or 0)
 
 
 def requested_live_peak(requests: RequestStream) -> int:

@@ -13,7 +13,7 @@ more than the device has, so it is only bounded by int64.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from alloctune.errors import TraceError
 from alloctune.trace.model import ALLOC, EMPTY_CACHE, FAILED_ALLOC, FREE, Trace
@@ -215,7 +215,7 @@ def check_trace(trace: Trace, where: str) -> None:
             raise TraceError(f"{where}: segment_events[{k}]: device_free {_describe(e.device_free)}")
 
 
-def check_fallbacks(fallbacks: dict[int, Sequence[int]], n: int, where: str) -> None:
+def check_fallbacks(fallbacks: Mapping[int, Sequence[int]], n: int, where: str) -> None:
     """Fallback sizes: keyed by a request index, each a byte count."""
     for idx, sizes in fallbacks.items():
         if not 0 <= idx < n:

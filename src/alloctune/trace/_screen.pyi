@@ -1,0 +1,3 @@
+"""Types of the C screen (`_screen.c`, built by setup.py): the fast path of `pickle_scan._run_end`."""
+
+def run_end(data: bytes | bytearray | memoryview, pos: int, end: int, /) -> int: ...
