@@ -1,0 +1,421 @@
+"""`alloctune.integrations.find_batch_size`: the largest batch size, from recorded steps and the simulator.
+
+Without a GPU the device is a fake (`SyntheticGPU`) that runs the user's step for real and hands
+out the recording of a synthetic training step whose request sizes grow linearly in the batch
+size. Its memory is plain arithmetic: every block is a multiple of 2 MiB of at least 10 MiB (a
+segment of its own size) and every reuse is of a block of the same size, so the step needs
+exactly its peak live bytes, `PEAK(b)`. The answers are checked against that arithmetic, never
+against the tool's own output. The last test runs a real MLP step on a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from alloctune.errors import InputError
+from alloctune.integrations import BatchSizeResult, NoBatchSizeFits, find_batch_size, fits_batch_size
+from alloctune.integrations.batch_size import Recording, step_recording
+from alloctune.trace.model import ALLOC, FREE, RequestStream, Trace
+from alloctune.trace.stream import RUN_RECORD_KEY
+
+torch = pytest.importorskip("torch")
+
+MiB = 1 << 20
+GiB = 1 << 30
+TOTAL = 80 * GiB  # the synthetic recordings' device
+AVAILABLE = 12 * GiB  # what the fake device says the process could hold
+WEIGHTS = 64 * MiB
+WEIGHT_GRADS = 64 * MiB
+
+
+def peak(b: int) -> int:
+    """The synthetic step's peak live bytes: weights, its fixed weight gradient, 100 MiB per sample."""
+    return WEIGHTS + WEIGHT_GRADS + 100 * MiB * b
+
+
+def truth(budget: int, multiple_of: int = 1, max_size: int | None = None) -> int:
+    """The largest multiple of `multiple_of` whose peak fits `budget`, by the arithmetic alone."""
+    b = (budget - WEIGHTS - WEIGHT_GRADS) // (100 * MiB)
+    b = (b // multiple_of) * multiple_of
+    return b if max_size is None else min(b, (max_size // multiple_of) * multiple_of)
+
+
+class _Program:
+    def __init__(self) -> None:
+        self.req = RequestStream()
+        self.rid = 0
+
+    def alloc(self, size: int) -> int:
+        self.req.append(ALLOC, size, self.rid, 0, len(self.req))
+        self.rid += 1
+        return self.rid - 1
+
+    def free(self, rid: int) -> None:
+        self.req.append(FREE, -1, rid, 0, len(self.req))
+
+
+def linear_step(b: int) -> Trace:
+    """Weights, then two training steps at batch size b: input, hidden, output and their gradients
+    (12 + 32 + 12 + 12 + 32 MiB per sample) and the weights' gradient, all freed at the step's end.
+    The second step reuses the first one's blocks, each of its own size: the peak is `peak(b)`."""
+    p = _Program()
+    p.alloc(WEIGHTS)
+    for _ in range(2):
+        live = [p.alloc(mib * MiB * b) for mib in (12, 32, 12, 12, 32)] + [p.alloc(WEIGHT_GRADS)]
+        for rid in reversed(live):
+            p.free(rid)
+    return Trace(f"linear@{b}", 0, p.req, [], {}, meta={"torch": "2.11.0"}, total_memory=TOTAL)
+
+
+def oom() -> BaseException:
+    return torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 80 GiB")
+
+
+class SyntheticGPU:
+    """`StepDevice` without a GPU: `step_fn` runs for real, a recording is `program(b)`; under a cap, a
+    batch size above `limit` runs out of memory (the GPU's own answer, for `verify`)."""
+
+    def __init__(self, program: Any = linear_step, limit: int | None = None) -> None:
+        self.program = program
+        self.limit = limit
+        self.calls: list[tuple[str, int, int | None]] = []
+        self.released = 0
+
+    def run(self, step_fn: Any, batch_size: int, budget: int | None = None) -> None:
+        self.calls.append(("run", batch_size, budget))
+        step_fn(batch_size)
+        if budget is not None and self.limit is not None and batch_size > self.limit:
+            raise oom()
+
+    def record(self, step_fn: Any, batch_size: int) -> Recording:
+        self.calls.append(("record", batch_size, None))
+        step_fn(batch_size)
+        made = self.program(batch_size)
+        return made if isinstance(made, Recording) else Recording(made)
+
+    def available(self) -> int:
+        return AVAILABLE
+
+    def release(self) -> None:
+        self.released += 1
+
+
+def step(b: int) -> None:
+    """The user's step: the fake's recording stands for what it did on the GPU."""
+
+
+# ---- the answer ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("budget", "multiple_of"), [
+    ("6GiB", 1), ("6GiB", 8), (1000 * MiB + 7, 1), ("20GiB", 1), ("20GiB", 64), ("2.5GiB", 3),
+])
+def test_the_answer_is_the_largest_batch_whose_peak_fits_the_budget(budget, multiple_of):
+    gpu = SyntheticGPU()
+    found = find_batch_size(step, budget, multiple_of=multiple_of, device=gpu)
+    limit = budget if isinstance(budget, int) else {"6GiB": 6 * GiB, "20GiB": 20 * GiB, "2.5GiB": 5 * GiB // 2}[budget]
+    want = truth(limit, multiple_of)
+    assert peak(want) <= limit < peak(want + multiple_of)  # the arithmetic itself, once
+    assert found.largest == want == found.predicted
+    assert found.budget == limit
+    assert found.first_failing == want + multiple_of
+    assert found.stopped == "exceeded"
+    assert found.recorded == (8, 16, 32)
+    assert found.resident == 0 and found.runs == () and not found.verified
+    assert gpu.calls == [("run", 8, None), ("record", 8, None), ("record", 16, None), ("record", 32, None)]
+
+
+def test_without_a_budget_the_process_s_available_memory_is_the_budget():
+    found = find_batch_size(step, device=SyntheticGPU())
+    assert found.budget == AVAILABLE
+    assert found.largest == truth(AVAILABLE)
+
+
+def test_sizes_are_recorded_in_ascending_order_once_each():
+    gpu = SyntheticGPU()
+    found = find_batch_size(step, "6GiB", sizes=(24, 4, 12, 4), device=gpu)
+    assert found.recorded == (4, 12, 24)
+    assert [c for c in gpu.calls if c[0] == "record"] == [("record", 4, None), ("record", 12, None),
+                                                          ("record", 24, None)]
+    assert found.largest == truth(6 * GiB)
+
+
+def test_max_size_ends_the_search_and_says_so():
+    found = find_batch_size(step, "20GiB", max_size=40, multiple_of=8, device=SyntheticGPU())
+    assert found.largest == 40 < truth(20 * GiB)
+    assert found.stopped == "max-size" and found.first_failing is None
+    assert any(n.startswith("at least 40:") for n in found.notes)
+
+
+def test_beyond_sixteen_times_the_largest_recording_the_answer_is_a_lower_bound():
+    found = find_batch_size(step, "79GiB", sizes=(2, 4, 8), device=SyntheticGPU())
+    assert truth(79 * GiB) > 16 * 8
+    assert found.largest == 16 * 8 and found.stopped == "extrapolation"
+    assert any("give max_size" in n for n in found.notes)
+
+
+def test_the_result_is_plain_data():
+    found = find_batch_size(step, "6GiB", device=SyntheticGPU())
+    d = json.loads(json.dumps(found.to_dict()))
+    assert d["schema"] == "alloctune.batch_size/1"
+    assert d["largest"] == found.largest and d["recorded"] == [8, 16, 32] and d["budget"] == 6 * GiB
+    assert isinstance(found, BatchSizeResult) and all(isinstance(n, str) for n in found.notes)
+
+
+# ---- verify ----------------------------------------------------------------------------------------
+def test_verify_steps_down_when_the_gpu_runs_out_of_memory_at_the_answer():
+    want = truth(6 * GiB)
+    gpu = SyntheticGPU(limit=want - 2)  # the GPU holds less than the simulation said
+    found = find_batch_size(step, "6GiB", verify=True, device=gpu)
+    step_down = int(want * 0.98)  # plan.confirm: down by the error bound, at least 2 %
+    assert found.predicted == want and found.largest == step_down == want - 2
+    assert [(r.size, r.outcome, r.budget) for r in found.runs] == [(str(want), "oom", 6 * GiB),
+                                                                   (str(step_down), "ok", 6 * GiB)]
+    assert found.verified
+    assert ("run", want, 6 * GiB) in gpu.calls and ("run", step_down, 6 * GiB) in gpu.calls
+    assert gpu.released == 4  # after the warm-up, the recordings and each verify step (the failed one too)
+
+
+def test_verify_confirms_the_answer_and_tries_one_step_above_an_extrapolated_one():
+    want = truth(6 * GiB)
+    assert want > 32  # outside the recorded sizes
+    found = find_batch_size(step, "6GiB", verify=True, device=SyntheticGPU(limit=want))
+    assert found.largest == want and found.verified
+    assert [(r.size, r.outcome) for r in found.runs] == [(str(want), "ok"), (str(int(want * 1.02)), "oom")]
+
+
+def test_verify_that_finds_no_size_is_a_clear_error():
+    with pytest.raises(NoBatchSizeFits, match=r"^verify: batch size \d+: oom; batch size \d+: oom; batch size \d+: oom"):
+        find_batch_size(step, "6GiB", verify=True, device=SyntheticGPU(limit=8))
+
+
+def test_verify_under_another_allocator_setting_is_refused_before_any_step(monkeypatch):
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    gpu = SyntheticGPU()
+    with pytest.raises(InputError, match="verify runs the step in this process, whose allocator setting is ''"):
+        find_batch_size(step, "6GiB", conf="expandable_segments:True", verify=True, device=gpu)
+    assert gpu.calls == []
+
+
+def test_an_allocator_setting_that_does_not_read_is_refused_before_any_step():
+    gpu = SyntheticGPU()
+    with pytest.raises(InputError, match="max_split_size_mb"):
+        find_batch_size(step, "6GiB", conf="max_split_size_mb:lots", device=gpu)
+    assert gpu.calls == []
+
+
+# ---- out of memory while recording -----------------------------------------------------------------
+def failing_from(first: int) -> Any:
+    def step_fn(b: int) -> None:
+        if b >= first:
+            raise oom()
+    return step_fn
+
+
+def test_out_of_memory_at_the_smallest_size_is_a_clear_error():
+    gpu = SyntheticGPU()
+    with pytest.raises(NoBatchSizeFits) as caught:
+        find_batch_size(failing_from(1), "6GiB", device=gpu)
+    text = str(caught.value)
+    assert "\n" not in text
+    assert text.startswith("step_fn ran out of memory at batch size 8 during the warm-up step before recording")
+    assert "sizes=(1, 2, 4)" in text and "OutOfMemoryError: CUDA out of memory" in text
+    assert isinstance(caught.value.__cause__, torch.OutOfMemoryError)
+    assert gpu.released == 1 and [c[0] for c in gpu.calls] == ["run"]
+
+
+def test_out_of_memory_at_the_second_size_is_a_clear_error():
+    with pytest.raises(NoBatchSizeFits, match=r"^step_fn ran out of memory at batch size 16 during recording "
+                                              r"\(recorded: 8\)"):
+        find_batch_size(failing_from(16), "6GiB", device=SyntheticGPU())
+
+
+def test_out_of_memory_at_the_largest_size_keeps_the_answer_below_it():
+    found = find_batch_size(failing_from(32), "20GiB", device=SyntheticGPU())
+    assert found.recorded == (8, 16)
+    assert found.largest == 31 < truth(20 * GiB)
+    assert any(n == "batch size 32 ran out of memory while recording: the answer stays below it" for n in found.notes)
+
+
+def test_other_errors_of_the_step_propagate_unchanged():
+    def broken(b: int) -> None:
+        raise ValueError("shape mismatch")
+
+    with pytest.raises(ValueError, match="shape mismatch"):
+        find_batch_size(broken, "6GiB", device=SyntheticGPU())
+
+
+def test_a_budget_nothing_fits_is_a_clear_error():
+    with pytest.raises(NoBatchSizeFits, match=r"^no batch size fits 200\.00 MiB: the simulated step fails already at "
+                                              r"batch size 1"):
+        find_batch_size(step, "200MiB", device=SyntheticGPU())
+
+
+# ---- bad input ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("budget", ["lots", "6", 0, -5, True, "-1GiB", "nanGiB", 6.5])
+def test_a_bad_budget_is_an_input_error_of_one_line_before_any_gpu_work(budget):
+    gpu = SyntheticGPU()
+    with pytest.raises(InputError) as caught:
+        find_batch_size(step, budget, device=gpu)
+    assert "\n" not in str(caught.value) and "budget" in str(caught.value)
+    assert gpu.calls == []
+
+
+def test_a_budget_larger_than_the_gpu_is_an_input_error():
+    with pytest.raises(InputError, match=r"^budget 100\.00 GiB is more than this GPU's memory \(80\.00 GiB\)$"):
+        find_batch_size(step, "100GiB", device=SyntheticGPU())
+
+
+@pytest.mark.parametrize(("options", "words"), [
+    ({"sizes": (8,)}, "sizes must be two or more"),
+    ({"sizes": (8, 8)}, "sizes must be two or more"),
+    ({"sizes": (0, 8)}, "sizes must be two or more"),
+    ({"sizes": "8,16"}, "sizes must be two or more"),
+    ({"multiple_of": 0}, "multiple_of must be"),
+    ({"multiple_of": 2.5}, "multiple_of must be"),
+    ({"max_size": 16}, r"max_size 16 is below the largest size to record \(32\): record smaller sizes"),
+    ({"max_size": 4, "multiple_of": 8, "sizes": (1, 2)}, "max_size must be a whole number of at least multiple_of"),
+])
+def test_bad_options_are_input_errors(options, words):
+    gpu = SyntheticGPU()
+    with pytest.raises(InputError, match=words):
+        find_batch_size(step, "6GiB", device=gpu, **options)
+    assert gpu.calls == []
+
+
+def test_a_step_that_is_not_a_function_is_an_input_error():
+    with pytest.raises(InputError, match="step_fn must be a function of the batch size, got int"):
+        find_batch_size(3, "6GiB", device=SyntheticGPU())  # type: ignore[arg-type]
+
+
+# ---- the decorator -----------------------------------------------------------------------------------
+def test_the_decorator_finds_the_size_with_the_step_and_trains_at_it():
+    probed: list[tuple[int, str]] = []
+
+    def one_step(batch_size: int, tag: str) -> None:
+        probed.append((batch_size, tag))
+
+    @fits_batch_size(one_step, "6GiB", device=SyntheticGPU())
+    def train(batch_size: int, tag: str) -> tuple[int, str]:
+        """Train."""
+        return batch_size, tag
+
+    assert train("run-1") == (truth(6 * GiB), "run-1")
+    assert probed == [(8, "run-1"), (8, "run-1"), (16, "run-1"), (32, "run-1")]
+    assert train.found is not None and train.found.largest == truth(6 * GiB)
+    assert train.__name__ == "train" and train.__doc__ == "Train."
+
+
+def test_the_decorator_refuses_bad_options_at_once():
+    with pytest.raises(InputError, match="budget"):
+        fits_batch_size(step, "a lot")
+
+
+# ---- memory held before the step -----------------------------------------------------------------------
+BASE = 0x7F00_0000_0000
+MODEL = 64 * MiB
+GRADS = 640 * MiB
+
+
+def before_step(hole: int = 0) -> dict[str, Any]:
+    """The snapshot as recording begins: the model's weights (a segment of their own, with `hole` bytes
+    of it free) and last step's gradients, both live."""
+    weights = {"device": 0, "address": BASE, "total_size": MODEL + hole, "stream": 0, "segment_type": "large",
+               "is_expandable": False,
+               "blocks": [{"address": BASE, "size": MODEL, "requested_size": MODEL, "state": "active_allocated"}]
+               + ([{"address": BASE + MODEL, "size": hole, "requested_size": 0, "state": "inactive"}] if hole else [])}
+    grads = {"device": 0, "address": BASE + GiB, "total_size": GRADS, "stream": 0, "segment_type": "large",
+             "is_expandable": False,
+             "blocks": [{"address": BASE + GiB, "size": GRADS, "requested_size": GRADS,
+                         "state": "active_allocated"}]}
+    return {"segments": [weights, grads], "device_traces": [[]], "allocator_settings": {}}
+
+
+def after_step(b: int) -> dict[str, Any]:
+    """The step's history: last step's gradients freed (`zero_grad(set_to_none=True)` first), two
+    activations of 64 MiB per sample, freed, and new gradients kept."""
+    events: list[dict[str, Any]] = []
+
+    def ev(action: str, addr: int, size: int) -> None:
+        events.append({"action": action, "addr": addr, "size": size, "stream": 0, "time_us": 1000 + len(events)})
+
+    for action in ("free_requested", "free_completed"):
+        ev(action, BASE + GiB, GRADS)
+    acts = [BASE + (4 + 2 * k) * GiB * 16 for k in range(2)]
+    for addr in acts:
+        ev("alloc", addr, 64 * MiB * b)
+    for addr in acts:
+        for action in ("free_requested", "free_completed"):
+            ev(action, addr, 64 * MiB * b)
+    ev("alloc", BASE + 2 * GiB, GRADS)
+    record = {"total_memory": TOTAL, "torch": "2.11.0+cu130", "conf": "", "device": 0, "cmd": ["train.py"], "cap": 0}
+    return {"segments": [], "device_traces": [events], "allocator_settings": {}, RUN_RECORD_KEY: record}
+
+
+def test_memory_held_before_the_step_is_replayed_and_what_the_step_frees_is_reused():
+    rec = step_recording(before_step(), after_step(8), source="step@8")
+    assert rec.resident == MODEL + GRADS and rec.padding == 0
+    req = rec.trace.requests
+    assert (req.ops[:3], req.sizes[:3]) == ([ALLOC, ALLOC, FREE], [MODEL, GRADS, GRADS])  # then the step's own
+    gpu = SyntheticGPU(program=lambda b: step_recording(before_step(), after_step(b), source=f"step@{b}"))
+    budget = 1650 * MiB
+    found = find_batch_size(step, budget, device=gpu)
+    # at the second activation: the weights and two activations live; the old gradients freed and released
+    assert found.largest == (budget - MODEL) // (128 * MiB) == 12
+    assert found.resident == MODEL + GRADS
+    assert any("each step began with 704.00 MiB reserved" in n for n in found.notes)
+
+
+def test_free_space_the_gpu_left_in_held_segments_is_padded():
+    hole = 16 * MiB
+    rec = step_recording(before_step(hole), after_step(8), source="step@8")
+    assert rec.resident == MODEL + hole + GRADS and rec.padding == hole
+    assert rec.trace.requests.sizes[0] == hole  # a segment of exactly the hole's size, before the held blocks
+    gpu = SyntheticGPU(program=lambda b: step_recording(before_step(hole), after_step(b), source=f"step@{b}"))
+    budget = 1610 * MiB  # 12 samples fit beside the weights alone, 11 beside the weights' whole segment
+    found = find_batch_size(step, budget, device=gpu)
+    assert found.largest == (budget - MODEL - hole) // (128 * MiB) == 11
+    assert any("held aside as padding" in n for n in found.notes)
+
+
+# ---- a real GPU ----------------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_an_mlp_training_step_fits_at_the_answer_and_not_one_step_above():
+    import gc
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512)).cuda()
+    optimizer = torch.optim.AdamW(model.parameters())
+
+    def train_step(batch_size: int) -> None:
+        x = torch.randn(batch_size, 512, device="cuda")
+        model(x).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    budget, multiple_of = 1 * GiB, 64
+    found = find_batch_size(train_step, budget, max_size=1 << 17, multiple_of=multiple_of)
+    assert found.stopped == "exceeded" and found.resident > 0
+
+    def completes(batch_size: int) -> bool:
+        gc.collect()
+        torch.cuda.empty_cache()
+        try:
+            train_step(batch_size)
+            torch.cuda.synchronize()
+        except torch.OutOfMemoryError:
+            return False
+        return True
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(budget / total)
+    try:
+        fits, above = completes(found.largest), completes(found.largest + multiple_of)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        optimizer.zero_grad(set_to_none=True)
+        gc.collect()
+        torch.cuda.empty_cache()
+    assert (fits, above) == (True, False), found
