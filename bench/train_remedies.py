@@ -10,10 +10,12 @@ checks, per program:
 * checkpointing: the simulated min budget of the rewritten recording against the real min
   budget of the same program with checkpointing written by hand (within 3 %);
 * SGD: the simulated min budget of the optimizer rewrite against the real program with SGD (2 %);
-* micro-batches: `alloctune plan` over the recordings at three micro-batch sizes, under the cap
-  the GPU search used, against the real largest micro-batch.
+* micro-batches: `alloctune plan` over the recordings at three batch sizes without accumulation,
+  under the cap the GPU search used, against the real largest micro-batch (with accumulation);
+  with `--confirm DIR`, also the answer of `plan --confirm` on the GPU (DIR/MODEL.json: plan's JSON
+  with its `confirmations`, the accumulating program run at the predicted micro-batch).
 
-    python bench/train_remedies.py --truth DIR [--batch-law DIR2]   # DIR: the job's $OUT (truth.jsonl, rec.tar.xz)
+    python bench/train_remedies.py --truth DIR [--batch-law DIR2] [--confirm DIR3]
 
 Prints a table and appends it, dated and with the command, to bench/results/train_remedies.md;
 one line per program to bench/results/LOG.md.
@@ -62,7 +64,7 @@ def peak_phase(facts: dict) -> str:
     return row["phase"]
 
 
-def check_program(rec: Path, name: str, truth: dict[str, dict]) -> dict:
+def check_program(rec: Path, name: str, truth: dict[str, dict], confirm_dir: Path | None = None) -> dict:
     trace = load_trace(rec / f"{name}_base.pickle.xz")
     facts = json.loads((rec / f"{name}_base.facts.json").read_text())
     an = analyse(trace)
@@ -100,14 +102,28 @@ def check_program(rec: Path, name: str, truth: dict[str, dict]) -> dict:
         kind = "b" if (rec / f"{name}_b{b // 4}.pickle.xz").exists() else "mb"
         specs = [f"{rec / f'{name}_{kind}{b // 4}.pickle.xz'}:{b // 4}",
                  f"{rec / f'{name}_{kind}{b // 2}.pickle.xz'}:{b // 2}", f"{rec / f'{name}_base.pickle.xz'}:{b}"]
-        p = subprocess.run([sys.executable, "-m", "alloctune", "plan", *specs, "--cap", f"{mb['cap']}B", "--max-size",
+        p = subprocess.run([sys.executable, "-m", "alloctune", "plan", *specs, "--budget", f"{mb['cap']}B", "--max-size",
                             str(b), "--json"], capture_output=True, text=True, cwd=ROOT)
         try:
             largest = json.loads(p.stdout)["settings"][0]["largest"][0]["largest"] or "none"
         except (ValueError, KeyError, IndexError, TypeError):
             largest = f"plan failed: {p.stderr.strip()[-200:]}"
         row["micro_plan"], row["micro_real"] = largest, mb.get("largest_ok")
+        row["micro_confirmed"] = confirmed_micro(confirm_dir, name)
     return row
+
+
+def confirmed_micro(folder: Path | None, name: str) -> str:
+    """`plan --confirm`'s answer for this model (DIR/NAME.json), with its GPU runs, or '-'."""
+    f = folder / f"{name}.json" if folder is not None else None
+    if f is None or not f.exists():
+        return "-"
+    try:
+        c = json.loads(f.read_text())["confirmations"][0]
+    except (ValueError, KeyError, IndexError):
+        return "unreadable"
+    runs = ", ".join(f"{r['size']} {r['outcome']}" for r in c["runs"])
+    return f"{c['confirmed'] or 'none'} ({runs})"
 
 
 def main() -> int:
@@ -116,6 +132,8 @@ def main() -> int:
     ap.add_argument("--batch-law", default=None,
                     help="the output folder of `BATCH_SIZES=... bench/gpu.py train` (rec.tar.xz): micro-batches are "
                          "planned from those recordings")
+    ap.add_argument("--confirm", default=None,
+                    help="a folder of `plan --confirm` JSON per model (NAME.json): the micro-batch confirmed on the GPU")
     a = ap.parse_args()
     src = Path(a.truth)
     truth: dict[str, dict] = {}
@@ -128,11 +146,12 @@ def main() -> int:
             with tarfile.open(folder / "rec.tar.xz") as tar:
                 tar.extractall(tmp, filter="data")
         rec = Path(tmp) / "rec"
-        rows = [check_program(rec, m, truth) for m in MODELS if (rec / f"{m}_base.pickle.xz").exists()]
+        confirm_dir = Path(a.confirm) if a.confirm else None
+        rows = [check_program(rec, m, truth, confirm_dir) for m in MODELS if (rec / f"{m}_base.pickle.xz").exists()]
     lines = ["| program | phases sum = allocated | peak allocated sim / process | peak phase (explain / process) | "
              "optimizer state (explain / tensors) | min budget sim / real (MiB) | checkpointing sim / real (MiB) | "
-             "SGD sim / real (MiB) | 8-bit AdamW sim (MiB) | largest micro-batch plan / real |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "SGD sim / real (MiB) | 8-bit AdamW sim (MiB) | largest micro-batch plan / real | plan --confirm (GPU runs) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['program']} | {r['phases_conserve']} | {r['peak_allocated_sim']} / {r['peak_allocated_facts']} | "
@@ -140,7 +159,7 @@ def main() -> int:
             f"{mib(r['min_budget_sim'])} / {mib(r['min_budget_real'])} ({pct(r['min_budget_sim'], r['min_budget_real'])}) | "
             f"{mib(r['ckpt_sim'])} / {mib(r['ckpt_real'])} ({pct(r['ckpt_sim'], r['ckpt_real'])}) | "
             f"{mib(r['sgd_sim'])} / {mib(r['sgd_real'])} ({pct(r['sgd_sim'], r['sgd_real'])}) | {mib(r['adamw8bit_sim'])} | "
-            f"{r.get('micro_plan', '-')} / {r.get('micro_real', '-')} |")
+            f"{r.get('micro_plan', '-')} / {r.get('micro_real', '-')} | {r.get('micro_confirmed', '-')} |")
     print("\n".join(lines))
     import datetime as dt
 
@@ -151,7 +170,8 @@ def main() -> int:
         f.write(f"{head}\n## {stamp}\n\n`{command()}`\n\n" + "\n".join(lines) + "\n")
     for r in rows:
         log_result(f"{r['program']}: checkpointing sim {pct(r['ckpt_sim'], r['ckpt_real'])} vs real, SGD sim "
-                   f"{pct(r['sgd_sim'], r['sgd_real'])}, micro-batch plan {r.get('micro_plan')} real {r.get('micro_real')}")
+                   f"{pct(r['sgd_sim'], r['sgd_real'])}, micro-batch plan {r.get('micro_plan')} real {r.get('micro_real')}, "
+                   f"plan --confirm {r.get('micro_confirmed')}")
     return 0
 
 
