@@ -4,6 +4,8 @@
   (a `TrainerCallback` has no exception hook, so the guard wraps `trainer.train()`).
 * `alloctune.integrations.lightning` -- `AlloctuneCallback` (Lightning's `on_exception` hook).
 * `OOMRecorder` / `oom_guard` -- the same for a hand-written loop.
+* `find_batch_size` / `fits_batch_size` -- the largest batch a budget holds, from a few recorded
+  steps and plan's search (accelerate's finder halves on every real crash instead).
 
 Each records the allocator history while training runs and, at an out-of-memory error, writes
 the snapshot with alloctune's run record (cap, total memory, torch, setting, device, command),
