@@ -23,6 +23,17 @@ CONFS = {"default": "", "expandable": "expandable_segments:True"}
 DEFAULT_CASES = "hubert:c1:default,hubert:c2:expandable,timm:c1:default,llama:c2:default"
 
 
+def fell_back(recording: Path) -> bool:
+    """Whether a calibration run shows a fallback (its sidecar counts an OOM that the program caught or
+    that ended it): plan refuses one that completed without any, as it teaches nothing."""
+    side = recording.with_name(recording.name.removesuffix(".pickle.xz") + ".json")
+    try:
+        meta = json.loads(side.read_text())
+    except (OSError, ValueError):
+        return True  # no sidecar: let plan judge the recording itself
+    return meta.get("outcome") == "oom" or bool((meta.get("stats") or {}).get("num_ooms"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", required=True, help="the plan-sharp job's folder (size_*.pickle.xz, truth.json)")
@@ -58,7 +69,8 @@ def main() -> None:
         w, tag, setting = case.split(":")
         t = truth[f"plan_{w}_{setting}_{tag}"]
         inputs = [rec(w, s) for s in sizes[w]]
-        cals = [f"--calibration={c}:{c.name.split('_')[2]}" for c in sorted(data.glob(f"cal_{w}_*.pickle.xz"))]
+        cals = [f"--calibration={c}:{c.name.split('_')[2]}" for c in sorted(data.glob(f"cal_{w}_*.pickle.xz"))
+                if fell_back(c)]
         prog = f"{sys.executable} bench/real_workloads.py {w} --count 1 --quiet --size {{size}}"
         cmd = [sys.executable, "-m", "alloctune", "plan", *inputs, "--cap", f"{t['cap']}B", "-c", CONFS[setting],
                *cals, "--json", "--confirm", prog]
