@@ -151,3 +151,20 @@ def test_the_no_grad_remedy_from_its_run_is_a_range_that_holds_the_real_min_budg
     real = REAL["min_budget"]["hubert_nograd"]["min_budget"]
     assert r.method == "measured" and r.bound is not None and r.bound < real < r.min_budget
     assert " .. " in r.notes[0] and "settles it" in r.notes[1]
+
+
+def test_a_workspace_chosen_smaller_without_a_failure_is_learned_and_the_run_aligns_to_its_end():
+    """The agent's no-grad HuBERT capped at 669 MiB on an H100 (hubert_nograd_agent_cal_low): at request 706
+    the capped run asked for 51573107 bytes where the uncapped one asked for 54719091, with no failed request
+    before it (cuDNN chose another algorithm from the free memory it saw), and both streams free it next.
+    That is a fallback settled smaller: the walk learns it and aligns the whole capped run."""
+    from alloctune.trace.fallible import learn_from_calibration
+    from alloctune.trace.model import FAILED_ALLOC
+
+    uncapped = load_trace(DATA / "hubert_nograd_agent.pickle.xz")
+    capped = load_trace(DATA / "hubert_nograd_agent_cal_low.pickle.xz")
+    u, c = uncapped.requests, capped.requests
+    assert (u.sizes[706], c.sizes[706]) == (54719091, 51573107) and FAILED_ALLOC not in c.ops[:706]
+    model = learn_from_calibration(uncapped, capped)
+    assert model.unaligned_requests == 0 and model.sites.get(706) == (51573107,)
+    assert model.ladders[54719091] == (51573107,) and model.conflicts == 0

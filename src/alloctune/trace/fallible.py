@@ -208,6 +208,8 @@ class _Walk:
                 self._same_alloc()
             elif uo == co == ALLOC and c.sizes[self.ic] < u.sizes[self.iu] and self._failed_before(u.sizes[self.iu]):
                 self._cached_fallback()
+            elif uo == co == ALLOC and c.sizes[self.ic] < u.sizes[self.iu] and self._back_in_step():
+                self._chosen_smaller()
             elif uo == co == FREE and self.rid_map.get(c.rids[self.ic]) == u.rids[self.iu]:
                 self.iu += 1
                 self.ic += 1
@@ -285,6 +287,26 @@ class _Walk:
         self.sites.setdefault(self.iu, (self.c.sizes[self.ic],))
         self.rid_map[self.c.rids[self.ic]] = self.u.rids[self.iu]
         self.sticky += 1
+        self.iu += 1
+        self.ic += 1
+
+    def _back_in_step(self) -> bool:
+        """Whether the two streams agree again right after this pair of allocations: the next request is
+        the same allocation, or each stream frees what it just allocated."""
+        u, c, iu, ic = self.u, self.c, self.iu + 1, self.ic + 1
+        if iu >= len(u) or ic >= len(c) or u.ops[iu] != c.ops[ic]:
+            return False
+        if u.ops[iu] == ALLOC:
+            return bool(u.sizes[iu] == c.sizes[ic])
+        return u.ops[iu] == FREE and u.rids[iu] == u.rids[self.iu] and c.rids[ic] == c.rids[self.ic]
+
+    def _chosen_smaller(self) -> None:
+        """A request made smaller with no failure before it, the streams in step again after it: the
+        library chose a smaller workspace from the free memory it saw under the cap (cuDNN's
+        heuristics query it), which is the same evidence as a fallback ladder that settled there."""
+        self._commit()
+        self.pending = (self.u.sizes[self.iu], (self.c.sizes[self.ic],), 0, self.iu)
+        self.rid_map[self.c.rids[self.ic]] = self.u.rids[self.iu]
         self.iu += 1
         self.ic += 1
 
