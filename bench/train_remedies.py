@@ -15,7 +15,10 @@ checks, per program:
   with `--confirm DIR`, also the answer of `plan --confirm` on the GPU (DIR/MODEL.json: plan's JSON
   with its `confirmations`, the accumulating program run at the predicted micro-batch).
 
-    python bench/train_remedies.py --truth DIR [--batch-law DIR2] [--confirm DIR3]
+* `tune` where no setting fits (`--tune DIR`: the `train-confirm` job's NAME.tune.json): its runs,
+  the first remedy it names and whether a GPU run confirmed it, and the growing line it names.
+
+    python bench/train_remedies.py --truth DIR [--batch-law DIR2] [--confirm DIR3] [--tune DIR4]
 
 Prints a table and appends it, dated and with the command, to bench/results/train_remedies.md;
 one line per program to bench/results/LOG.md.
@@ -126,6 +129,23 @@ def confirmed_micro(folder: Path | None, name: str) -> str:
     return f"{c['confirmed'] or 'none'} ({runs})"
 
 
+def tune_rows(folder: Path) -> list[str]:
+    """One table row per `alloctune tune` JSON in `folder` (NAME.tune.json)."""
+    rows = ["| tune | budget | runs (setting @ budget -> outcome, peak reserved) | first next step | leak named |",
+            "|---|---|---|---|---|"]
+    for f in sorted(folder.glob("*.tune.json")):
+        d = json.loads(f.read_text())
+        runs = "; ".join(f"{t['conf'] or '(default)'}{' +checkpointing' if t.get('checkpointing') else ''} @ "
+                         f"{mib(t['budget']) if t['budget'] else 'none'} -> {t['outcome']}, {mib(t['peak_reserved'])}"
+                         for t in d["trials"])
+        steps = (d.get("shortfall") or {}).get("next_steps") or []
+        leak = next((s.split(": at ")[-1].split(":")[0] + ":" + s.split(": at ")[-1].split(":")[1]
+                     for s in steps if "growing site" in s), "-")
+        rows.append(f"| {f.name.removesuffix('.tune.json')} | {mib(d['budget'])} MiB | {runs} | "
+                    f"{(steps[0] if steps else '-')[:110]} | {leak} |")
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--truth", required=True, help="the train job's output folder (truth.jsonl, rec.tar.xz)")
@@ -134,6 +154,7 @@ def main() -> int:
                          "planned from those recordings")
     ap.add_argument("--confirm", default=None,
                     help="a folder of `plan --confirm` JSON per model (NAME.json): the micro-batch confirmed on the GPU")
+    ap.add_argument("--tune", default=None, help="a folder of `alloctune tune --json` outputs (NAME.tune.json)")
     a = ap.parse_args()
     src = Path(a.truth)
     truth: dict[str, dict] = {}
@@ -160,6 +181,8 @@ def main() -> int:
             f"{mib(r['ckpt_sim'])} / {mib(r['ckpt_real'])} ({pct(r['ckpt_sim'], r['ckpt_real'])}) | "
             f"{mib(r['sgd_sim'])} / {mib(r['sgd_real'])} ({pct(r['sgd_sim'], r['sgd_real'])}) | {mib(r['adamw8bit_sim'])} | "
             f"{r.get('micro_plan', '-')} / {r.get('micro_real', '-')} | {r.get('micro_confirmed', '-')} |")
+    if a.tune:
+        lines += ["", *tune_rows(Path(a.tune))]
     print("\n".join(lines))
     import datetime as dt
 
