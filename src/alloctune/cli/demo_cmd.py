@@ -50,7 +50,8 @@ def register(app: typer.Typer) -> None:
             cmd = core.gpu_demo_command(json_out, cap)
             if not json_out:
                 console.print(f"GPU found: tuning the RVC workload under {core.demo_budget_arg(cap)}"
-                              + ("" if cap else " (a 6 GiB card)") + f"\n$ {' '.join(cmd[2:])}")
+                              + ("" if cap else " (a 6 GiB card)"))
+                console.print(f"$ {' '.join(cmd[2:])}", soft_wrap=True, markup=False)
             raise typer.Exit(subprocess.call(cmd, env=os.environ.copy()))
 
         result = core.run_demo(trace, budget=cap)

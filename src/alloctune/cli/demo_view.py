@@ -74,13 +74,20 @@ def render_demo(result: Any) -> None:
 
         for shell, text in render_all(env_assignments(best.conf)).items():
             console.print(f"  [cyan]{shell}[/cyan]")
-            for line in text.splitlines():
-                console.print(f"    {line}", highlight=False, markup=False)
-    console.print(
-        f"\nOn your own GPU: [bold]alloctune tune --budget {demo_budget_arg(result.budget)} -- python "
-        "your_script.py[/bold] measures this for your workload; [bold]alloctune record[/bold] + "
-        "[bold]alloctune simulate[/bold] predicts it on any CPU."
-    )
+            for line in text.splitlines():  # code to paste: never wrapped here (the terminal may wrap it)
+                console.print(f"    {line}", highlight=False, markup=False, soft_wrap=True)
+    console.print("\nOn your own GPU, this measures it for your workload:")
+    _command(f"alloctune tune --budget {demo_budget_arg(result.budget)} -- python your_script.py")
+    console.print("and on any CPU, a recording of it predicts it (this table, for your program):")
+    _command("alloctune record --out your_script.pickle.xz -- python your_script.py")
+    _command("alloctune demo --trace your_script.pickle.xz")
+
+
+def _command(line: str) -> None:
+    """A command to copy: on its own line, never wrapped here (a terminal may wrap it; a paste gives it back whole)."""
+    from rich.text import Text
+
+    console.print(Text(f"  {line}", style="bold"), soft_wrap=True)
 
 
 def short_workload(text: str) -> str:

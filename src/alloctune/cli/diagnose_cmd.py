@@ -42,9 +42,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Explain out-of-memory errors from a log, a memory snapshot or a trace, and print the fixes.
 
-        Finds CUDA/HIP/XPU/MPS/NPU out-of-memory messages anywhere in a log, with fixes for bash,
-        PowerShell, cmd and Python; many messages are summarised in groups. A snapshot (given as
-        FILE or with --snapshot) is explained from its memory map."""
+        Finds CUDA/HIP/XPU/MPS/NPU out-of-memory messages anywhere in a log, with fixes for bash, PowerShell, cmd and Python.
+
+        Many messages are summarised in groups. A snapshot (given as FILE or with --snapshot) is explained from its memory map."""
         from alloctune.cli.diagnose_view import message_sink, render_answer
         from alloctune.cli.render import err_console
         from alloctune.diagnose.service import diagnose_input

@@ -65,9 +65,10 @@ def render_answer(kind: str, result: Any, *, json_out: bool, show_all: bool) -> 
         else:
             print_json(diagnosis_json(kind, result))
     elif kind == "snapshot":
+        from alloctune.cli.render import print_items
         from alloctune.cli.views import snapshot_view
 
-        console.print(*snapshot_view(result))
+        print_items(console, snapshot_view(result))
     elif result.single is not None:
         render_diagnosis(result.single, 1, 1)
     else:

@@ -36,8 +36,9 @@ def register(app: typer.Typer) -> None:
         html_out: Optional[Path] = typer.Option(
             None, "--html", metavar="FILE", help="Also write one self-contained HTML page (over time, map, what-ifs)."),
     ) -> None:
-        """Where the memory goes: categories that sum exactly to reserved memory, sites (your line and the
-        library frame), growth per repetition, and simulated what-ifs."""
+        """Where the memory goes: categories that sum exactly to reserved memory, sites, growth, simulated what-ifs.
+
+        A site is your line and the library frame under it; growth is per repetition."""
         from alloctune import api
         from alloctune.cli.explain_view import render, render_against, render_ranks
         from alloctune.cli.render import err_console

@@ -63,7 +63,7 @@ def render(ex: Explanation) -> None:
 def render_remedies(ex: Explanation) -> None:
     """Each remedy with what it buys and how to get it, then the utilization table (#29.5, #29.6)."""
     from alloctune.cli.render import console
-    from alloctune.cli.views import utilization_lines
+    from alloctune.cli.views import print_utilization
 
     if ex.remedies:
         console.print("remedies (program-level, on this recording):", markup=False)
@@ -83,8 +83,7 @@ def render_remedies(ex: Explanation) -> None:
                       markup=False, soft_wrap=True)
     if ex.utilization is not None:
         console.print("utilization (peak allocated / peak reserved, uncapped) and min budget:", markup=False)
-        for line in utilization_lines(ex.utilization):
-            console.print(line, markup=False, soft_wrap=True)
+        print_utilization(console, ex.utilization)
 
 
 def render_against(cmp: Comparison) -> None:

@@ -25,10 +25,13 @@ def register(app: typer.Typer) -> None:
         list_tools: bool = typer.Option(False, "--list", help="List the tools and exit instead of serving."),
         json_out: bool = typer.Option(False, "--json", help="With --list: print the tools as JSON."),
     ) -> None:
-        """Serve diagnose, explain, simulate, plan, config check (and, with confirm, tune and run) as MCP
-        tools on stdin/stdout, for an assistant such as Claude Desktop or Claude Code.
+        # help is rich markup: `\\[` prints a `[` (a bare `[mcp]` would vanish as a tag)
+        """Serve diagnose, explain, simulate, plan, config check (and, with confirm, tune and run) as MCP tools on stdio.
 
-        Each tool answers the JSON its command prints with --json. Needs the extra: pip install 'alloctune[mcp]'.
+        For an assistant such as Claude Desktop or Claude Code. Each tool answers the JSON its command prints with --json.
+
+        Needs the extra: pip install 'alloctune\\[mcp]'
+
         Register it with: claude mcp add alloctune -- alloctune mcp"""
         if json_out and not list_tools:
             from alloctune.errors import InputError

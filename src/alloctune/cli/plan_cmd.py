@@ -61,7 +61,8 @@ def register(app: typer.Typer) -> None:
         """Largest input size per card/budget and setting, min budget vs size, and the card one size needs.
 
         Example: `alloctune plan rvc-*.pickle.xz --card 4GiB,6GiB,8GiB --conf expandable_segments:True --rvc`
-        or `alloctune plan a.pickle:1024 b.pickle:2048 c.pickle:4096 --card 3GiB --size 3000`.
+
+        Or: `alloctune plan a.pickle:1024 b.pickle:2048 c.pickle:4096 --card 3GiB --size 3000`
         """
         from alloctune.cli.plan_view import progress_line, render_report
         from alloctune.errors import InputError

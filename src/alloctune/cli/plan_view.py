@@ -100,14 +100,11 @@ def _largest_cell(x: Any) -> str:
 
 
 def _largest_table(res: Any, confs: list[str]) -> None:
-    from rich.table import Table
-
     from alloctune.cli.common import console
+    from alloctune.cli.render import Col, FitTable
 
-    t = Table(title=f"largest size that completes (search {res.search[0]}..{res.search[1]}, step {res.step})")
-    t.add_column("target")
-    for c in confs:
-        t.add_column(c, justify="right")
+    t = FitTable("target", *(Col(c, "right") for c in confs),
+                 title=f"largest size that completes (search {res.search[0]}..{res.search[1]}, step {res.step})")
     for k, item in enumerate(res.settings[0].largest):
         t.add_row(item.target.label, *[_largest_cell(s.largest[k]) for s in res.settings])
     console.print(t)
@@ -123,20 +120,19 @@ def _fallible_line(f: dict[str, Any]) -> None:
     if f["decided_by"] not in ("none", "recorded fallbacks"):
         console.print(f"one number per answer: {f['requests']} workspace request(s) decided by "
                       f"{f['decided_by']} (" + "; ".join(e["text"] for e in f["evidence"]) + ")")
-    elif f.get("range") and f.get("record"):
-        console.print(f"[bold]to make each A .. B one number[/bold]: {f['record']}")
+    elif f.get("range") and f.get("record"):  # it names the command to run: one line, whatever the width
+        from rich.text import Text
+
+        console.print(Text.assemble(("to make each A .. B one number", "bold"), f": {f['record']}"), soft_wrap=True)
 
 
 def _curve_table(res: Any, confs: list[str]) -> None:
-    from rich.table import Table
-
     from alloctune.cli.common import console
+    from alloctune.cli.render import Col, FitTable
     from alloctune.units import format_size
 
-    t = Table(title="min budget (peak reserved uncapped) by size")
-    t.add_column("size", justify="right")
-    for c in confs:
-        t.add_column(c, justify="right")
+    t = FitTable(Col("size", "right", True), *(Col(c, "right") for c in confs),
+                 title="min budget (peak reserved uncapped) by size")
     for k, p in enumerate(res.settings[0].curve if res.settings else ()):
         cells = []
         for s in res.settings:
@@ -148,15 +144,13 @@ def _curve_table(res: Any, confs: list[str]) -> None:
 
 
 def _at_size_table(res: Any, confs: list[str]) -> None:
-    from rich.table import Table
-
     from alloctune.cli.common import console, warn
+    from alloctune.cli.render import Col, FitTable
     from alloctune.units import format_size
 
     a0 = res.settings[0].at_size
-    t = Table(title=f"size {a0.size}")
-    for col in ("setting", "peak reserved", "min budget", "smallest card", *a0.completes):
-        t.add_column(col, justify="right")
+    t = FitTable("setting", *(Col(col, "right", True) for col in ("peak reserved", "min budget", "smallest card")),
+                 *(Col(col, "right") for col in a0.completes), title=f"size {a0.size}")
     for s, c in zip(res.settings, confs):
         a = s.at_size
         t.add_row(c, format_size(a.peak_reserved), format_size(a.min_budget) if a.min_budget else "n/a",
@@ -168,13 +162,11 @@ def _at_size_table(res: Any, confs: list[str]) -> None:
 
 
 def _rvc_table(rows: Any) -> None:
-    from rich.table import Table
-
     from alloctune.cli.common import console
+    from alloctune.cli.render import FitTable
 
-    t = Table(title="RVC: the chunk that fits vs RVC's preset")
-    for col in ("setting", "card", "preset", "preset chunk s", "fits audio s", "fits chunk s", "verdict"):
-        t.add_column(col)
+    t = FitTable("setting", "card", "preset", "preset chunk s", "fits audio s", "fits chunk s", "verdict",
+                 title="RVC: the chunk that fits vs RVC's preset")
     for r in rows:
         t.add_row(setting_label(r.conf), r.target, r.preset, f"{r.preset_chunk_s:g}",
                   f"{r.fits_audio_s:g}" if r.fits_audio_s is not None else "-",
@@ -183,13 +175,11 @@ def _rvc_table(rows: Any) -> None:
 
 
 def _confirm_table(confirmations: Any) -> None:
-    from rich.table import Table
-
     from alloctune.cli.common import console
+    from alloctune.cli.render import FitTable
 
-    t = Table(title="--confirm: predicted vs confirmed on the GPU")
-    for col in ("setting", "target", "predicted", "confirmed", "runs (size: outcome)"):
-        t.add_column(col)
+    t = FitTable("setting", "target", "predicted", "confirmed", "runs (size: outcome)",
+                 title="--confirm: predicted vs confirmed on the GPU")
     for c in confirmations:
         t.add_row(setting_label(c.conf), c.target, c.predicted or "-", c.confirmed or "none",
                   ", ".join(f"{r.size}: {r.outcome}" for r in c.runs) or "-")

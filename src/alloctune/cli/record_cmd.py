@@ -53,10 +53,13 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run CMD with allocator history on and write the trace (a `_dump_snapshot` pickle) and NAME.json.
 
-        Every Python process of CMD that uses CUDA records from its CUDA start-up to its exit (or SIGTERM);
-        the trace of the one that reserved the most memory is kept.
-        Example: `alloctune record --out rvc.pickle.xz -- python -m alloctune.workloads.rvc --count 4`;
-        at several sizes: `alloctune record --size 7,14,28 --out rvc.pickle.xz -- python infer.py --seconds {size}`
+        Every Python process of CMD that uses CUDA records from its CUDA start-up to its exit (or SIGTERM).
+
+        The trace of the one that reserved the most memory is kept.
+
+        Example: `alloctune record --out rvc.pickle.xz -- python -m alloctune.workloads.rvc --count 4`
+
+        At several sizes: `alloctune record --size 7,14,28 --out rvc.pickle.xz -- python infer.py --seconds {size}`
         """
         from alloctune.run import record as core
 

@@ -14,6 +14,11 @@ piped):
 
 Cells are plain `str` (never parsed as markup, so `[256:1]` survives) or `rich.text.Text`
 when a cell needs a colour.
+
+A command or a line of code the user copies never goes in a cell (a cell wraps at spaces, and a
+paste of the wrapped lines is a broken command): it is printed on a line of its own with
+`soft_wrap=True`, or returned as a `CopyLine` for `print_items`. The terminal may then wrap it on
+screen, but a paste gives back the one line.
 """
 
 from __future__ import annotations
@@ -204,6 +209,17 @@ class FitTable:
                         out.append(wrap_text(Text(f"{label}:", style="bold"), width))
                     out.append(Text("\n").join(Text("  ") + line for line in value.split("\n")))
         yield Group(*out)
+
+
+class CopyLine(Text):
+    """A line the user copies into a shell or an editor (a command, a line of code), among a view's
+    renderables: `print_items` prints it unbroken; printed any other way it wraps like any `Text`."""
+
+
+def print_items(out: Console, items: Iterable[object]) -> None:
+    """Print a view's renderables in order, each `CopyLine` unbroken (`soft_wrap`)."""
+    for item in items:
+        out.print(item, soft_wrap=isinstance(item, CopyLine))
 
 
 def _share(minima: list[int], maxima: list[int], room: int) -> list[int]:

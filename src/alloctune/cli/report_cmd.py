@@ -27,9 +27,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Write figures and one self-contained HTML page from results, stores and snapshots.
 
-        PNG figures: reserved vs allocated over time, peaks and min_budget per setting, the
-        segment map at the peak or the OOM."""
+        PNG figures: reserved vs allocated over time, peaks and min_budget per setting, the segment map at the peak or the OOM."""
         from alloctune.cli.common import console, print_json
+        from alloctune.cli.render import print_items
         from alloctune.cli.views import snapshot_view
         from alloctune.report import build_report, write_report
         from alloctune.report.model import min_budgets
@@ -49,7 +49,7 @@ def register(app: typer.Typer) -> None:
         if data.rows:
             console.print(settings_table(SETTINGS_HEADER, settings_cells(data.rows, min_budgets(data.rows))))
         for d in data.diagnoses:
-            console.print(*snapshot_view(d))
+            print_items(console, snapshot_view(d))
         for note in data.notes:
             console.print(f"note: {note}")
         console.print(f"wrote {written.html} ({len(written.figures)} figures, data in {written.json})")

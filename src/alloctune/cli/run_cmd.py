@@ -60,8 +60,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run a command with the agent inside: budget, optional history, a report of what the allocator did.
 
-        Exits with the command's exit code (124 at the timeout); no CUDA in the command, a
-        budget larger than the card or a missing command are one-line errors (exit 2).
+        Exits with the command's exit code (124 at the timeout).
+
+        No CUDA in the command, a budget larger than the card or a missing command are one-line errors (exit 2).
         """
         from alloctune.errors import InputError
         from alloctune.run.runner import raise_for_environment, run_trial

@@ -67,11 +67,7 @@ def render_trial(result: TrialResult) -> None:
     if result.snapshot:
         t.add_row("history", result.snapshot)
     if result.oom_snapshot:
-        import shlex
-
         t.add_row("OOM snapshot", result.oom_snapshot)
-        # the snapshot carries the budget: diagnosing it needs no flag
-        t.add_row("next", f"alloctune diagnose --snapshot {shlex.quote(str(result.oom_snapshot))}")
     autograd = _autograd_line(result)
     if autograd is not None:
         t.add_row("autograd", autograd)
@@ -82,6 +78,14 @@ def render_trial(result: TrialResult) -> None:
     if result.processes > 1:
         t.add_row("processes", f"{result.processes} (figures from the one with the highest peak reserved)")
     err_console.print(t)
+    if result.oom_snapshot:
+        import shlex
+
+        # the command to copy, outside the table (a cell would wrap it); the snapshot carries the budget,
+        # so diagnosing it needs no flag
+        err_console.print("[bold]next:[/bold]")
+        err_console.print(f"  alloctune diagnose --snapshot {shlex.quote(str(result.oom_snapshot))}", markup=False,
+                          soft_wrap=True)
 
 
 def _autograd_line(result: TrialResult) -> str | None:

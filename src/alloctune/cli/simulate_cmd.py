@@ -25,8 +25,8 @@ def register(app: typer.Typer) -> None:
         ),
         budget: Optional[str] = typer.Option(
             None, "--budget", "-b", metavar="SIZE",
-            help="Per-process memory cap with a unit, e.g. 6GiB = 6x2^30 bytes (6GB = 6x10^9), as "
-                 "set_per_process_memory_fraction.",
+            help="Per-process memory cap with a unit, e.g. 6GiB = 6x2^30 bytes (6GB = 6x10^9), as torch's "
+                 "per-process memory fraction sets it.",
         ),
         card: Optional[str] = typer.Option(
             None, "--card", metavar="SIZE", help="Card memory (default: the trace's device, else an H200's)."
@@ -56,9 +56,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Replay a recorded allocator history under other settings, on the CPU.
 
-        Peak reserved/allocated, utilization, retries and OOM point per setting; optional minimum
-        budget and a fidelity check against a recording. Exits 1 for a predicted OOM or a
-        difference from the recording, 0 otherwise."""
+        Peak reserved/allocated, utilization, retries and OOM point per setting.
+
+        Optional: the minimum budget (--min-budget) and a fidelity check against a recording (--compare).
+
+        Exits 1 for a predicted OOM or a difference from the recording, 0 otherwise."""
         from alloctune.cli.render import err_console
         from alloctune.cli.simulate_view import render_export, render_simulation
         from alloctune.progress import progress_on_stderr

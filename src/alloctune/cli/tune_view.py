@@ -118,11 +118,12 @@ def render_result(result: Any, rec: Any, store: Path, elapsed: float) -> None:
     sf = getattr(result, "shortfall", None)
     if sf is not None and sf.next_steps:
         console.print("next:")
-        for step in sf.next_steps:
-            console.print(Text(f"  - {step}"))
+        for step in sf.next_steps:  # a step names the command to run: one line, whatever the width
+            console.print(f"  - {step}", markup=False, soft_wrap=True)
     for shell, text in rec.lines.items():
         console.print(f"[dim]{shell}:[/dim]")
-        console.print(text, markup=False, highlight=False)
+        for line in text.splitlines():
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
     fresh = result.fresh_trials
     after = result.to_dict()["gpu_runs_after_baseline"]
     console.print(
@@ -136,7 +137,7 @@ def render_remedies(result: Any) -> None:
     from rich.text import Text
 
     from alloctune.cli.common import console
-    from alloctune.cli.views import utilization_lines
+    from alloctune.cli.views import print_utilization
 
     rep = getattr(result, "remedies", None)
     if rep is None or (not rep.remedies and rep.utilization is None):
@@ -152,12 +153,11 @@ def render_remedies(result: Any) -> None:
             change = "no change" if not r.saving else (f"saves {_fmt(r.saving)}" if r.saving > 0
                                                          else f"costs {_fmt(-r.saving)}")
             head = f"{r.name}: min budget {_fmt(r.min_budget)} ({change}, {r.method})"
-        console.print(Text(f"  {mark}{head} -- {r.how_to}"))
+        console.print(f"  {mark}{head} -- {r.how_to}", markup=False, soft_wrap=True)  # how_to is code to copy
         if r.method != "simulated" and r.notes:
             console.print(Text(f"      {r.notes[0]}"))
         if r.confirm and r.min_budget is None:
-            console.print(Text(f"      confirm: {r.confirm}"))
+            console.print(f"      confirm: {r.confirm}", markup=False, soft_wrap=True)
     if rep.utilization is not None:
         console.print("utilization (peak allocated / peak reserved of the uncapped replay) and min budget:")
-        for line in utilization_lines(rep.utilization):
-            console.print(Text(line))
+        print_utilization(console, rep.utilization)

@@ -22,8 +22,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Live view of GPU memory per device and process, like `nvidia-smi -l 1`.
 
-        Adds reserved / allocated / inactive-split bytes, utilization and retries of processes
-        started by `alloctune run`."""
+        Adds reserved / allocated / inactive-split bytes, utilization and retries of processes started by `alloctune run`."""
         import sys
 
         from alloctune.errors import InputError
