@@ -5,7 +5,10 @@ out the recording of a synthetic training step whose request sizes grow linearly
 size. Its memory is plain arithmetic: every block is a multiple of 2 MiB of at least 10 MiB (a
 segment of its own size) and every reuse is of a block of the same size, so the step needs
 exactly its peak live bytes, `PEAK(b)`. The answers are checked against that arithmetic, never
-against the tool's own output. The last test runs a real MLP step on a GPU.
+against the tool's own output; so are the steps the finder adds where its first answer lies
+more than twice the largest recording (at half that answer, rounded up to `multiple_of`). A
+second program takes another path from `BRANCH` samples on, with a buffer quadratic in the batch
+size that no recording at 8, 16, 32 shows. The last test runs a real MLP step on a GPU.
 """
 
 from __future__ import annotations
@@ -16,13 +19,14 @@ from typing import Any
 import pytest
 
 from alloctune.errors import InputError
-from alloctune.integrations import BatchSizeResult, NoBatchSizeFits, find_batch_size, fits_batch_size
+from alloctune.integrations import BatchSizeResult, NoBatchSizeFits, batch_size, find_batch_size, fits_batch_size
 from alloctune.integrations.batch_size import Recording, step_recording
 from alloctune.trace.model import ALLOC, FREE, RequestStream, Trace
 from alloctune.trace.stream import RUN_RECORD_KEY
 
 torch = pytest.importorskip("torch")
 
+KiB = 1 << 10
 MiB = 1 << 20
 GiB = 1 << 30
 TOTAL = 80 * GiB  # the synthetic recordings' device
@@ -41,6 +45,16 @@ def truth(budget: int, multiple_of: int = 1, max_size: int | None = None) -> int
     b = (budget - WEIGHTS - WEIGHT_GRADS) // (100 * MiB)
     b = (b // multiple_of) * multiple_of
     return b if max_size is None else min(b, (max_size // multiple_of) * multiple_of)
+
+
+def half_up(answer: int, multiple_of: int = 1) -> int:
+    """Where the finder records next for an answer more than twice its largest recording."""
+    return -(-answer // (2 * multiple_of)) * multiple_of
+
+
+def added_for(want: int, multiple_of: int = 1, top: int = 32) -> tuple[int, ...]:
+    """The steps the finder adds for the linear step: one at half an answer more than twice `top`."""
+    return (half_up(want, multiple_of),) if want > 2 * top else ()
 
 
 class _Program:
@@ -121,9 +135,11 @@ def test_the_answer_is_the_largest_batch_whose_peak_fits_the_budget(budget, mult
     assert found.budget == limit
     assert found.first_failing == want + multiple_of
     assert found.stopped == "exceeded"
-    assert found.recorded == (8, 16, 32)
+    added = added_for(want, multiple_of)  # 20GiB: 203 from 8..32 is recorded toward at 102 (at 128 for 64)
+    assert found.added == added and found.recorded == (8, 16, 32, *added) and found.recording_oom is None
     assert found.resident == 0 and found.runs == () and not found.verified
-    assert gpu.calls == [("run", 8, None), ("record", 8, None), ("record", 16, None), ("record", 32, None)]
+    assert gpu.calls == [("run", 8, None), ("record", 8, None), ("record", 16, None), ("record", 32, None),
+                         *[("record", b, None) for b in added]]
 
 
 def test_without_a_budget_the_process_s_available_memory_is_the_budget():
@@ -135,9 +151,11 @@ def test_without_a_budget_the_process_s_available_memory_is_the_budget():
 def test_sizes_are_recorded_in_ascending_order_once_each():
     gpu = SyntheticGPU()
     found = find_batch_size(step, "6GiB", sizes=(24, 4, 12, 4), device=gpu)
-    assert found.recorded == (4, 12, 24)
+    added = added_for(truth(6 * GiB), top=24)
+    assert added == (30,) and found.added == added  # 60 is more than twice 24
+    assert found.recorded == (4, 12, 24, 30)
     assert [c for c in gpu.calls if c[0] == "record"] == [("record", 4, None), ("record", 12, None),
-                                                          ("record", 24, None)]
+                                                          ("record", 24, None), ("record", 30, None)]
     assert found.largest == truth(6 * GiB)
 
 
@@ -148,11 +166,35 @@ def test_max_size_ends_the_search_and_says_so():
     assert any(n.startswith("at least 40:") for n in found.notes)
 
 
-def test_beyond_sixteen_times_the_largest_recording_the_answer_is_a_lower_bound():
-    found = find_batch_size(step, "79GiB", sizes=(2, 4, 8), device=SyntheticGPU())
-    assert truth(79 * GiB) > 16 * 8
-    assert found.largest == 16 * 8 and found.stopped == "extrapolation"
-    assert any("give max_size" in n for n in found.notes)
+def test_an_answer_far_beyond_the_recordings_is_recorded_toward_until_it_is_within_twice_the_largest():
+    gpu = SyntheticGPU()
+    found = find_batch_size(step, "79GiB", sizes=(2, 4, 8), device=gpu)
+    want = truth(79 * GiB)
+    # from 2..8 the search stops at 16x 8 = 128 (a lower bound): recorded at 64; from there the answer, 807
+    assert want == 807 > 16 * 8
+    assert found.added == (64, half_up(want)) == (64, 404)
+    assert found.largest == want and found.stopped == "exceeded" and found.recorded == (2, 4, 8, 64, 404)
+    assert any(n.startswith("recorded 64, 404 as well, near the answers") for n in found.notes)
+
+
+def constant_step(b: int) -> Trace:
+    """A step whose memory does not grow with the batch size: every size fits, the answer never settles."""
+    p = _Program()
+    p.alloc(WEIGHTS)
+    p.free(p.alloc(WEIGHT_GRADS))
+    return Trace(f"constant@{b}", 0, p.req, [], {}, meta={"torch": "2.11.0"}, total_memory=TOTAL)
+
+
+def test_the_added_recordings_are_bounded_and_the_notes_say_the_answer_is_a_lower_bound():
+    gpu = SyntheticGPU(program=constant_step)
+    found = find_batch_size(step, "6GiB", device=gpu)
+    # each answer is 16x the largest recording (the open-ended search's limit), each step added at half of it
+    assert found.added == (256, 2048, 16384, 131072) and len(found.added) == batch_size.MAX_ADDED
+    assert [c[1] for c in gpu.calls if c[0] == "record"] == [8, 16, 32, *found.added]
+    assert found.largest == 16 * 131072 and found.stopped == "extrapolation"
+    assert any(n.startswith("at least 2097152:") and "record larger sizes to search further" in n for n in found.notes)
+    assert any(n.startswith("2097152 is still more than 2x the largest recorded size (131072) after 4 more "
+                            "recordings, the most the finder makes") for n in found.notes)
 
 
 def test_the_result_is_plain_data():
@@ -160,6 +202,7 @@ def test_the_result_is_plain_data():
     d = json.loads(json.dumps(found.to_dict()))
     assert d["schema"] == "alloctune.batch_size/1"
     assert d["largest"] == found.largest and d["recorded"] == [8, 16, 32] and d["budget"] == 6 * GiB
+    assert d["added"] == [] and d["recording_oom"] is None
     assert isinstance(found, BatchSizeResult) and all(isinstance(n, str) for n in found.notes)
 
 
@@ -239,6 +282,17 @@ def test_out_of_memory_at_the_largest_size_keeps_the_answer_below_it():
     assert any(n == "batch size 32 ran out of memory while recording: the answer stays below it" for n in found.notes)
 
 
+def test_out_of_memory_at_an_added_size_keeps_the_answer_below_it():
+    gpu = SyntheticGPU()
+    found = find_batch_size(failing_from(100), "20GiB", device=gpu)
+    # 203 from 8..32: recording at 102 runs out of memory, so the search ends at 101; 101 is recorded
+    # toward at 51, and the answer stays 101
+    assert [c[1] for c in gpu.calls if c[0] == "record"] == [8, 16, 32, half_up(truth(20 * GiB)), 51]
+    assert found.recording_oom == 102 and found.added == (51,) and found.recorded == (8, 16, 32, 51)
+    assert found.largest == 101 and found.stopped == "max-size"
+    assert "batch size 102 ran out of memory while recording: the answer stays below it" in found.notes
+
+
 def test_other_errors_of_the_step_propagate_unchanged():
     def broken(b: int) -> None:
         raise ValueError("shape mismatch")
@@ -311,6 +365,64 @@ def test_the_decorator_finds_the_size_with_the_step_and_trains_at_it():
 def test_the_decorator_refuses_bad_options_at_once():
     with pytest.raises(InputError, match="budget"):
         fits_batch_size(step, "a lot")
+
+
+# ---- a term the first recordings cannot see -------------------------------------------------------------
+BRANCH = 48  # from this batch size on, the step takes another path with a buffer of b * b * 64 KiB
+
+
+def branch_peak(b: int) -> int:
+    return peak(b) + (b * b * 64 * KiB if b >= BRANCH else 0)
+
+
+def branch_truth(budget: int) -> int:
+    """The largest multiple of 8 whose `branch_peak` fits `budget` (the buffer is 2 MiB-whole at multiples of 8)."""
+    b = 8
+    while branch_peak(b + 8) <= budget:
+        b += 8
+    return b
+
+
+def branch_step(b: int) -> Trace:
+    """`linear_step`, with the buffer allocated after the hidden activation from `BRANCH` on."""
+    p = _Program()
+    p.alloc(WEIGHTS)
+    for _ in range(2):
+        live = [p.alloc(12 * MiB * b), p.alloc(32 * MiB * b)] + ([p.alloc(b * b * 64 * KiB)] if b >= BRANCH else [])
+        live += [p.alloc(mib * MiB * b) for mib in (12, 12, 32)] + [p.alloc(WEIGHT_GRADS)]
+        for rid in reversed(live):
+            p.free(rid)
+    return Trace(f"branch@{b}", 0, p.req, [], {}, meta={"torch": "2.11.0"}, total_memory=TOTAL)
+
+
+def test_without_added_recordings_the_answer_from_small_sizes_over_promises(monkeypatch):
+    monkeypatch.setattr(batch_size, "MAX_ADDED", 0)
+    found = find_batch_size(step, 20 * GiB, multiple_of=8, max_size=1 << 17, device=SyntheticGPU(program=branch_step))
+    assert found.largest == truth(20 * GiB, 8) == 200 > branch_truth(20 * GiB) == 176
+    assert found.added == () and any("still more than 2x" in n for n in found.notes)
+
+
+@pytest.mark.parametrize(("gib", "max_size"), [(20, 1 << 17), (38, 1 << 17), (56, 1 << 17), (20, None)])
+def test_added_recordings_near_the_answer_find_the_term_the_small_sizes_miss(gib, max_size):
+    gpu = SyntheticGPU(program=branch_step)
+    found = find_batch_size(step, gib * GiB, multiple_of=8, max_size=max_size, device=gpu)
+    want = branch_truth(gib * GiB)
+    assert want - 8 <= found.largest <= want
+    assert found.added[0] == half_up(truth(gib * GiB, 8), 8)  # half the first answer, the linear part's
+    assert all(b > 32 and b % 8 == 0 for b in found.added) and len(found.added) <= batch_size.MAX_ADDED
+    assert 2 * max(found.recorded) >= found.largest and max(found.recorded) >= BRANCH
+
+
+def test_a_branch_between_half_the_answer_and_the_answer_is_left_to_verify():
+    budget = 8 * GiB
+    first = truth(budget, 8)
+    assert half_up(first, 8) < BRANCH <= first  # the recording at half the answer takes the old path
+    found = find_batch_size(step, budget, multiple_of=8, device=SyntheticGPU(program=branch_step))
+    assert found.added == (40,) and found.largest == first == 80 > branch_truth(budget) == 72
+    gpu = SyntheticGPU(program=branch_step, limit=branch_truth(budget))
+    checked = find_batch_size(step, budget, multiple_of=8, verify=True, device=gpu)
+    assert checked.largest == 72 and checked.verified
+    assert [(r.size, r.outcome) for r in checked.runs] == [("80", "oom"), ("72", "ok")]
 
 
 # ---- memory held before the step -----------------------------------------------------------------------
@@ -398,6 +510,7 @@ def test_an_mlp_training_step_fits_at_the_answer_and_not_one_step_above():
     budget, multiple_of = 1 * GiB, 64
     found = find_batch_size(train_step, budget, max_size=1 << 17, multiple_of=multiple_of)
     assert found.stopped == "exceeded" and found.resident > 0
+    assert 2 * max(found.recorded) >= found.largest  # the answer rests on a recording at least half its size
 
     def completes(batch_size: int) -> bool:
         gc.collect()

@@ -24,12 +24,18 @@ probe is a real crash and a wasted step. Here, in order:
 3. `plan`'s size-parametric trace from those recordings (`plan.traceset.build`, the error bound
    of `plan.service.error_model`) and its search for the largest size that completes under a cap
    of `budget` bytes (`plan.answer.plan`), replayed by the exact simulator;
-4. with `verify=True`, one real step at the answer under that cap, stepping down on a real
+4. while that answer does not rest on recordings near it, one more recorded step and step 3
+   again from all the recordings, at most `MAX_ADDED` times (`_supported`): at half an answer
+   more than `REACH` times the largest recorded size (laws fitted on small sizes, extrapolated
+   far), at an answer the search could only bound from below, at a failing size above every
+   recording that failed by the room left for the error bound (`_next_size`); a recording that
+   runs out of memory caps the answer below its size;
+5. with `verify=True`, one real step at the answer under that cap, stepping down on a real
    out-of-memory error by `plan.confirm`'s rule (the answer's error bound, at least 2 %).
 
-The GPU is reached through one small interface, `StepDevice` (`CudaSteps` on torch.cuda; a
-test passes a fake whose recordings are synthetic traces). torch is imported only when a
-`CudaSteps` method runs, so this module imports without it.
+The GPU is reached through one small interface, `StepDevice` (`step_device`: `CudaSteps` on
+torch.cuda; a test passes a fake whose recordings are synthetic traces), so this module imports
+without torch.
 """
 
 from __future__ import annotations
@@ -38,16 +44,18 @@ import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from alloctune.errors import EnvironmentProblem, InputError, WorkloadFailed
+from alloctune.errors import InputError, WorkloadFailed
 from alloctune.guard.oom import is_oom, strip_traceback
-from alloctune.integrations.recorder import OOMRecorder
-from alloctune.trace.model import ALLOC, RequestStream, Trace
-from alloctune.units import MiB, format_size, parse_user_size
+from alloctune.integrations.step_device import CudaSteps, Recording, StepDevice, StepFn, step_recording
+from alloctune.trace.model import Trace
+from alloctune.units import format_size, parse_user_size
 
 if TYPE_CHECKING:
     from alloctune.plan.answer import Largest, PlanResult
+    from alloctune.plan.bound import ErrorModel
     from alloctune.plan.confirm import Confirmation, ConfirmRun
 
 __all__ = ["BatchSizeResult", "CudaSteps", "FitsBatchSize", "NoBatchSizeFits", "Recording", "StepDevice",
@@ -55,54 +63,12 @@ __all__ = ["BatchSizeResult", "CudaSteps", "FitsBatchSize", "NoBatchSizeFits", "
 
 SCHEMA = "alloctune.batch_size/1"
 DEFAULT_SIZES = (8, 16, 32)
-RECORD_ENTRIES = 2_000_000  # allocator events kept per recorded step: one step of a large model fits
 VERIFY_RUNS = 3  # real steps `verify=True` may take: the answer and at most two steps down
-# Segments of exactly the padding's size: a large request of a 2 MiB multiple from 10 MiB gets a
-# segment of its own size; below that, pairs of 1 MiB requests fill 2 MiB small-pool segments.
-_PAD_GRAIN = 2 * MiB
-_PAD_LARGE = 10 * MiB
-_PAD_ADDRESS = 1 << 20  # the padding's block addresses: far below any real device address
+REACH = 2  # an answer may lie at most this many times the largest recorded size
+LOOSE_BOUND = 0.05  # a larger error bound at a failing size above every recording: record there (`_next_size`)
+MAX_ADDED = 4  # steps the finder may record after its first answer (`_supported`)
 
-StepFn = Callable[[int], object]
 R = TypeVar("R")
-
-
-@dataclass(frozen=True)
-class Recording:
-    """One recorded step, as the planner reads it.
-
-    Attributes:
-        trace: the step's request stream (what the simulator replays), the memory held before
-            the step included as allocations at its start.
-        resident: bytes the caching allocator had reserved when the step began (0: none).
-        padding: bytes the simulation holds beside those allocations so that it starts from the
-            same reserved bytes as the GPU (reserved less what the simulator packs them into;
-            negative when the simulator needs more than the GPU did, which no padding can undo).
-    """
-
-    trace: Trace
-    resident: int = 0
-    padding: int = 0
-
-
-class StepDevice(Protocol):
-    """What the finder needs of a GPU (real: `CudaSteps`; tests: a fake). Errors of the step propagate."""
-
-    def run(self, step_fn: StepFn, batch_size: int, budget: int | None = None) -> None:
-        """Run `step_fn(batch_size)` once; under a per-process cap of `budget` bytes when given."""
-        ...
-
-    def record(self, step_fn: StepFn, batch_size: int) -> Recording:
-        """Run `step_fn(batch_size)` once while the allocator's history is recorded."""
-        ...
-
-    def available(self) -> int:
-        """Bytes this process's caching allocator can hold now: free device memory plus its own reserve."""
-        ...
-
-    def release(self) -> None:
-        """Return cached memory to the device (after a step, and after a failed one)."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -113,7 +79,7 @@ class BatchSizeResult:
         largest: the largest batch size (a multiple of `multiple_of`) whose step completes under
             `budget`: the simulation's answer, or after `verify` the largest that completed on the GPU.
         budget: bytes the process's caching allocator may reserve, the memory held before the step included.
-        recorded: the batch sizes recorded (ascending), each run once on the GPU.
+        recorded: the batch sizes recorded (ascending), each run once on the GPU: `sizes`, then `added`.
         resident: bytes reserved before each recorded step (the largest seen): model, optimizer state.
         predicted: the simulation's answer (`largest` before `verify` moved it).
         first_failing: the smallest batch size the simulation saw fail (None: none up to `searched_to`).
@@ -122,6 +88,10 @@ class BatchSizeResult:
             `bound`; `plan.answer.STOPS`): only `exceeded` means a larger size was seen to fail.
         runs: the `verify` steps in order (`plan.confirm.ConfirmRun`; empty without `verify`).
         notes: what a reader needs to trust the answer: the planner's notes and the finder's own.
+        added: the batch sizes recorded after the first answer, in the order recorded (also in
+            `recorded`): each where an answer did not rest on recordings near it (`_next_size`).
+        recording_oom: the smallest batch size that ran out of memory while recording (None: none);
+            the answer stays below it.
     """
 
     largest: int
@@ -134,6 +104,8 @@ class BatchSizeResult:
     stopped: str
     runs: tuple[ConfirmRun, ...] = ()
     notes: tuple[str, ...] = field(default=())
+    added: tuple[int, ...] = ()
+    recording_oom: int | None = None
 
     @property
     def verified(self) -> bool:
@@ -144,7 +116,8 @@ class BatchSizeResult:
         return {"schema": SCHEMA, "largest": self.largest, "budget": self.budget, "recorded": list(self.recorded),
                 "resident": self.resident, "predicted": self.predicted, "first_failing": self.first_failing,
                 "searched_to": self.searched_to, "stopped": self.stopped, "verified": self.verified,
-                "runs": [r.to_dict() for r in self.runs], "notes": list(self.notes)}
+                "runs": [r.to_dict() for r in self.runs], "notes": list(self.notes), "added": list(self.added),
+                "recording_oom": self.recording_oom}
 
 
 class NoBatchSizeFits(WorkloadFailed):
@@ -158,9 +131,11 @@ def find_batch_size(step_fn: StepFn, budget: int | str | None = None, *, sizes: 
 
     `budget`: bytes, or a size such as "6GiB"; default: what the process's allocator can hold
     now (free device memory plus what torch already reserved, within a per-process cap).
-    `sizes`: the batch sizes recorded (two or more; three or more give the answer an error bound).
+    `sizes`: the batch sizes recorded first (two or more; three or more give the answer an error
+    bound); up to `MAX_ADDED` more are recorded where the answer needs them (`added`).
     `max_size`: the largest batch size wanted (default: open-ended, up to 16x the largest
     recorded size: `stopped` says "extrapolation" when that limit, not a failing size, ended it).
+    Either way no answer rests on more than `REACH`x the largest recording unless `notes` say so.
     `multiple_of`: answers are multiples of it. `conf`: the allocator setting to answer for
     (default: this process's own, `PYTORCH_CUDA_ALLOC_CONF`). `verify`: run one real step at the
     answer under the budget, stepping down if it runs out of memory. `device`: the GPU (default
@@ -172,11 +147,10 @@ def find_batch_size(step_fn: StepFn, budget: int | str | None = None, *, sizes: 
     gpu: StepDevice = device if device is not None else CudaSteps()
     _warm_up(gpu, step_fn, order[0])
     limit = gpu.available() if asked is None else asked
-    recorded, failed = _record_all(gpu, step_fn, order)
-    gpu.release()
-    result = _plan(recorded, limit, failed, max_size, multiple_of, conf)
-    item = result.settings[0].largest[0]
-    resident = max(r.resident for _, r in recorded)
+    steps = _record_all(gpu, step_fn, order)
+    found = _supported(gpu, step_fn, steps, lambda: _plan(steps, limit, max_size, multiple_of, conf), multiple_of)
+    result, item = found.result, found.item
+    resident = max(r.resident for _, r in steps.done)
     if item.largest is None:
         raise NoBatchSizeFits(f"no batch size fits {format_size(limit)}: the simulated step fails already at "
                               f"batch size {multiple_of} (the memory held before each step: {format_size(resident)});"
@@ -190,10 +164,11 @@ def find_batch_size(step_fn: StepFn, budget: int | str | None = None, *, sizes: 
                                   f"{confirmation.note}")
         largest = int(confirmation.confirmed)
     return BatchSizeResult(
-        largest=largest, budget=limit, recorded=tuple(b for b, _ in recorded), resident=resident,
+        largest=largest, budget=limit, recorded=tuple(b for b, _ in steps.done), resident=resident,
         predicted=predicted, first_failing=_whole(item.first_failing), searched_to=_whole(item.searched_to),
         stopped=item.stopped, runs=confirmation.runs if confirmation is not None else (),
-        notes=tuple(finder_notes(item, recorded, failed, confirmation)) + result.notes)
+        notes=tuple(finder_notes(item, steps, confirmation)) + result.notes, added=tuple(steps.added),
+        recording_oom=steps.failed)
 
 
 class FitsBatchSize(Generic[R]):
@@ -282,25 +257,105 @@ def _warm_up(gpu: StepDevice, step_fn: StepFn, batch_size: int) -> None:
     gpu.release()
 
 
-def _record_all(gpu: StepDevice, step_fn: StepFn, sizes: Sequence[int]) -> tuple[list[tuple[int, Recording]],
-                                                                                 int | None]:
-    """A recording at each size, ascending, until one runs out of memory (that size, else None).
+@dataclass
+class _Steps:
+    """The recorded steps an answer rests on, and what recording showed beyond them."""
 
-    Two completed recordings are the least a size law needs: with fewer, the OOM is the answer.
-    """
-    done: list[tuple[int, Recording]] = []
-    for b in sizes:
+    done: list[tuple[int, Recording]]  # ascending by batch size
+    failed: int | None = None  # the smallest batch size that ran out of memory while recording
+    added: list[int] = field(default_factory=list)  # recorded after the first answer, in order
+    tries: int = 0  # recordings tried after the first answer, those that ran out of memory included
+
+    @property
+    def top(self) -> int:
+        return self.done[-1][0]
+
+    def record(self, gpu: StepDevice, step_fn: StepFn, batch_size: int) -> bool:
+        """One more recording at `batch_size` (False: it ran out of memory, and caps the answer)."""
         try:
-            done.append((b, gpu.record(step_fn, b)))
+            made = gpu.record(step_fn, batch_size)
         except Exception as exc:
             if not is_oom(exc):
                 raise
             strip_traceback(exc)
             gpu.release()
-            if len(done) < 2:
-                raise NoBatchSizeFits(_recording_oom(b, [s for s, _ in done], exc, "recording")) from exc
-            return done, b
-    return done, None
+            if len(self.done) < 2:  # the least a size law needs: with fewer, the OOM is the answer
+                have = [s for s, _ in self.done]
+                raise NoBatchSizeFits(_recording_oom(batch_size, have, exc, "recording")) from exc
+            self.failed = batch_size if self.failed is None else min(self.failed, batch_size)
+            return False
+        self.done = sorted([*self.done, (batch_size, made)], key=lambda step: step[0])
+        return True
+
+
+def _record_all(gpu: StepDevice, step_fn: StepFn, sizes: Sequence[int]) -> _Steps:
+    """A recording at each size, ascending, until one runs out of memory (`NoBatchSizeFits` before two are done)."""
+    steps = _Steps([])
+    for b in sizes:
+        if not steps.record(gpu, step_fn, b):
+            break
+    gpu.release()
+    return steps
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """`plan`'s answer from the recordings, and the error bound it left room for (None: none checked)."""
+
+    result: PlanResult
+    errors: ErrorModel | None
+
+    @property
+    def item(self) -> Largest:
+        return self.result.settings[0].largest[0]
+
+    def bound(self, size: int) -> float:
+        """The relative memory error bound the simulation allows at `size`."""
+        return self.errors.at(Fraction(size)) if self.errors is not None else 0.0
+
+
+def _supported(gpu: StepDevice, step_fn: StepFn, steps: _Steps, answer: Callable[[], _Answer],
+               multiple_of: int) -> _Answer:
+    """`answer()` once it rests on recordings near it (`_next_size`), or after `MAX_ADDED` more recordings:
+    until then, one more step is recorded where `_next_size` says and the answer asked again from
+    all the recordings."""
+    found = answer()
+    while steps.tries < MAX_ADDED:
+        size = _next_size(found, steps.top, multiple_of)
+        if size is None:
+            break
+        steps.tries += 1
+        if steps.record(gpu, step_fn, size):  # one that ran out of memory was released there
+            steps.added.append(size)
+            gpu.release()
+        found = answer()
+    return found
+
+
+def _next_size(found: _Answer, top: int, multiple_of: int) -> int | None:
+    """Where to record next for the answer `found` (None: nowhere, it rests on recordings near it).
+
+    1. An answer more than `REACH` times the largest recorded size `top`: at half the answer
+       rounded up to `multiple_of` (above `top`, as the answer is more than twice it; below any
+       size that ran out of memory, as the answer is). Half, not the answer: the recording runs
+       uncapped, and laws extrapolated that far may be wrong by any amount.
+    2. An answer above `top` that is only a lower bound (the search stopped where the fit's
+       error bound or the extrapolation limit ends it): at the answer, which fits with room for that bound.
+    3. A first failing size above `top` that failed with an error bound over `LOOSE_BOUND` left room
+       for: at that size, so that a recording, not the allowance, says whether it fits.
+    """
+    item = found.item
+    if item.largest is None:
+        return None
+    largest = int(item.largest)
+    if largest > REACH * top:
+        return -(-largest // (REACH * multiple_of)) * multiple_of
+    if largest > top and item.stopped in ("bound", "extrapolation"):
+        return largest
+    failing = _whole(item.first_failing)
+    if failing is not None and failing > top and found.bound(failing) > LOOSE_BOUND:
+        return failing
+    return None
 
 
 def _recording_oom(batch_size: int, recorded: Sequence[int], exc: BaseException, when: str) -> str:
@@ -311,15 +366,15 @@ def _recording_oom(batch_size: int, recorded: Sequence[int], exc: BaseException,
             f"first [{type(exc).__name__}: {first}]")
 
 
-def _plan(recorded: Sequence[tuple[int, Recording]], budget: int, failed: int | None,
-          max_size: int | None, multiple_of: int, conf: str | None) -> PlanResult:
+def _plan(steps: _Steps, budget: int, max_size: int | None, multiple_of: int, conf: str | None) -> _Answer:
     """`plan`'s answer for one cap of `budget` bytes under one setting, from the recordings."""
     from alloctune.plan.answer import plan
     from alloctune.plan.service import error_model
     from alloctune.plan.traceset import build
     from alloctune.sim.driver import H200_TOTAL
 
-    recs = [(b, r.trace) for b, r in recorded]
+    recs = [(b, r.trace) for b, r in steps.done]
+    failed = steps.failed
     first = recs[0][1]
     total = first.total_memory or H200_TOTAL
     if budget > total:
@@ -335,8 +390,8 @@ def _plan(recorded: Sequence[tuple[int, Recording]], budget: int, failed: int | 
                               f"{multiple_of} lies below it")
     errors = error_model(recs, None, torch) if len(recs) >= 3 else None
     ts = build(recs, meta={"workload": first.meta.get("workload") or "step_fn"})
-    return plan(ts, confs=[own if conf is None else conf], caps=[budget], step=multiple_of, max_size=top, curve=[],
-                bounds=False, torch=torch, errors=errors)
+    return _Answer(plan(ts, confs=[own if conf is None else conf], caps=[budget], step=multiple_of, max_size=top,
+                        curve=[], bounds=False, torch=torch, errors=errors), errors)
 
 
 def _own_conf(trace: Trace) -> str:
@@ -411,24 +466,31 @@ def _run_list(runs: Sequence[ConfirmRun]) -> str:
 # Why a search ended without a failing size (`plan.answer.Largest.stopped`), in the finder's words.
 _STOPS = {
     "extrapolation": "the search stops at 16x the largest recorded size, where the fitted sizes rest on nothing "
-                     "recorded: give max_size to search further, and record larger sizes to be sure",
+                     "recorded: record larger sizes to search further",
     "max-size": "no larger size was asked for (max_size, or a size that ran out of memory while recording)",
     "bound": "further out the error bound of the fit passes 25 %: record larger sizes to search further",
 }
 
 
-def finder_notes(item: Largest, recorded: Sequence[tuple[int, Recording]], failed: int | None,
-                 confirmation: Confirmation | None) -> list[str]:
+def finder_notes(item: Largest, steps: _Steps, confirmation: Confirmation | None) -> list[str]:
     """The finder's own notes (the planner's follow them): the one place they are worded."""
     notes = []
     if item.stopped in _STOPS:
         notes.append(f"at least {item.largest}: every batch size up to {item.searched_to} fits in the simulation; "
                      + _STOPS[item.stopped])
-    if failed is not None:
-        notes.append(f"batch size {failed} ran out of memory while recording: the answer stays below it")
-    resident = max(r.resident for _, r in recorded)
+    if steps.added:
+        notes.append(f"recorded {', '.join(map(str, steps.added))} as well, near the answers the recordings before "
+                     f"gave: an answer more than {REACH}x the largest recorded size, or one that only the error bound "
+                     "decided, rests on laws fitted far from it")
+    if steps.failed is not None:
+        notes.append(f"batch size {steps.failed} ran out of memory while recording: the answer stays below it")
+    if item.largest is not None and int(item.largest) > REACH * steps.top:
+        notes.append(f"{item.largest} is still more than {REACH}x the largest recorded size ({steps.top}) after "
+                     f"{steps.tries} more recordings, the most the finder makes: it rests on extrapolation; record "
+                     "larger sizes (up to half of it), or pass verify=True")
+    resident = max(r.resident for _, r in steps.done)
     if resident:
-        pad = max(r.padding for _, r in recorded)
+        pad = max(r.padding for _, r in steps.done)
         notes.append(f"each step began with {format_size(resident)} reserved (model, optimizer state), replayed as "
                      "the blocks it held"
                      + (f"; the simulator packs them into {format_size(pad)} less, held aside as padding (a step "
@@ -438,142 +500,3 @@ def finder_notes(item: Largest, recorded: Sequence[tuple[int, Recording]], faile
     if confirmation is not None:
         notes.append(f"verify: {confirmation.note}")
     return notes
-
-
-class CudaSteps:
-    """`StepDevice` on torch.cuda: the trainer hooks' `OOMRecorder` records, a per-process memory fraction caps.
-
-    `max_entries`: allocator events kept per recorded step (a longer step loses its beginning,
-    and the recording is refused with a message that says so).
-    """
-
-    def __init__(self, max_entries: int = RECORD_ENTRIES) -> None:
-        self.recorder = OOMRecorder(".", max_entries=max_entries, stacks="python")
-
-    def run(self, step_fn: StepFn, batch_size: int, budget: int | None = None) -> None:
-        import torch
-
-        if budget is None:
-            step_fn(batch_size)
-            torch.cuda.synchronize()
-            return
-        limits = self.recorder.backend.limits()
-        before = limits.fraction if limits.fraction is not None else 1.0  # unknown: taken as no cap
-        torch.cuda.set_per_process_memory_fraction(min(1.0, budget / limits.total_memory), limits.device)
-        try:
-            step_fn(batch_size)
-            torch.cuda.synchronize()
-        finally:
-            torch.cuda.set_per_process_memory_fraction(before, limits.device)
-
-    def record(self, step_fn: StepFn, batch_size: int) -> Recording:
-        import torch
-
-        self.release()
-        if not self.recorder.start():
-            why = ("alloctune's agent records this process (ALLOCTUNE_AGENT is set): run it without "
-                   "alloctune run/record/tune" if self.recorder.backend.available() else "no CUDA device here")
-            raise EnvironmentProblem(f"find_batch_size records the allocator's history on the GPU: {why}")
-        try:
-            before = self.recorder.backend.snapshot()
-            step_fn(batch_size)
-            torch.cuda.synchronize()
-            after = self.recorder.snapshot_with_record()
-        finally:
-            self.recorder.stop()
-        name = getattr(step_fn, "__qualname__", None) or "step_fn"
-        return step_recording(before, after, source=f"{name}@{batch_size}", workload=name)
-
-    def available(self) -> int:
-        import torch
-
-        self.release()
-        free, _total = torch.cuda.mem_get_info()
-        have = int(free) + int(torch.cuda.memory_reserved())
-        cap = self.recorder.backend.limits().cap
-        return min(have, cap) if cap else have
-
-    def release(self) -> None:
-        import gc
-
-        import torch
-
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-
-
-def step_recording(before: dict[str, Any], after: dict[str, Any], *, source: str,
-                   workload: str | None = None) -> Recording:
-    """One step's recording from the snapshot taken as its history began (`before`: the memory held
-    then) and the one taken after it (`after`: its history and the run record).
-
-    The blocks live in `before` become allocations at the start of the history (each segment's
-    blocks in address order), so the frees of them inside the step match and the simulator holds
-    them as the GPU did. The simulator packs them afresh, usually tighter than a history of frees
-    left them: padding of the difference comes first (segments of its exact size), so the
-    simulated step starts from the same reserved bytes.
-    """
-    from alloctune.sim.settings import SimSettings
-    from alloctune.trace.load import trace_from_snapshot
-    from alloctune.trace.stream import RUN_RECORD_KEY
-
-    run = after.get(RUN_RECORD_KEY) or {}
-    device = int(run.get("device", 0))
-    segments = sorted((s for s in before.get("segments") or [] if s.get("device", device) == device),
-                      key=lambda s: int(s["address"]))
-    history = list(after["device_traces"][device]) if device < len(after["device_traces"]) else []
-    t0 = int(history[0].get("time_us", 0)) if history else 0
-    held = _held_events(segments, t0)
-    resident = sum(int(s["total_size"]) for s in segments)
-    settings = SimSettings.from_allocator_settings(after.get("allocator_settings") or {}, run.get("torch"))
-    packed = _packed([e["size"] for e in held if e["action"] == "alloc"], settings, run.get("total_memory"))
-    padding = resident - packed
-    traces = list(after["device_traces"]) + [[] for _ in range(device + 1 - len(after["device_traces"]))]
-    traces[device] = _padding_events(padding, t0) + held + history
-    snapshot = {**after, "device_traces": traces}
-    trace = trace_from_snapshot(snapshot, device, source=source, meta={"workload": workload} if workload else None)
-    return Recording(trace, resident, padding)
-
-
-def _held_events(segments: Sequence[dict[str, Any]], t0: int) -> list[dict[str, Any]]:
-    """History events that create `segments` and the live blocks in them (pending frees count as live)."""
-    events: list[dict[str, Any]] = []
-    for seg in segments:
-        stream = int(seg.get("stream", 0))
-        action = "segment_map" if seg.get("is_expandable") else "segment_alloc"
-        events.append({"action": action, "addr": int(seg["address"]), "size": int(seg["total_size"]),
-                       "stream": stream, "time_us": t0})
-        addr = int(seg["address"])
-        for block in seg.get("blocks") or []:
-            where = int(block.get("address", addr))
-            if str(block.get("state", "")).startswith("active"):
-                size = int(block.get("requested_size") or block["size"])
-                events.append({"action": "alloc", "addr": where, "size": size, "stream": stream, "time_us": t0})
-            addr = where + int(block["size"])
-    return events
-
-
-def _packed(sizes: Sequence[int], settings: Any, total_memory: Any) -> int:
-    """Bytes the simulator reserves for `sizes` allocated in order from an empty allocator."""
-    from alloctune.sim.replay import replay
-
-    if not sizes:
-        return 0
-    req = RequestStream()
-    for i, size in enumerate(sizes):
-        req.append(ALLOC, size, i, 0, i)
-    total = total_memory if isinstance(total_memory, int) and total_memory > 0 else None
-    trace = Trace("<held blocks>", 0, req, [], {}, total_memory=total)
-    return int(replay(trace, settings, addresses="model", record_events=False, timeline_points=1).peak_reserved)
-
-
-def _padding_events(padding: int, t0: int) -> list[dict[str, Any]]:
-    """Allocations that reserve `padding` bytes (rounded up to 2 MiB) in segments they fill exactly."""
-    if padding <= 0:
-        return []
-    grains = -(-padding // _PAD_GRAIN)
-    sizes = [grains * _PAD_GRAIN] if grains * _PAD_GRAIN >= _PAD_LARGE else [MiB] * (2 * grains)
-    return [{"action": "alloc", "addr": _PAD_ADDRESS * (k + 1), "size": size, "stream": 0, "time_us": t0}
-            for k, size in enumerate(sizes)]
