@@ -6,6 +6,7 @@ aliases; one set of platform names for `diagnose` and `config`; sizes read by th
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import re
 
 import pytest
@@ -208,3 +209,15 @@ def test_run_view_shows_utilization_one_way(capsys):
     render_trial(TrialResult(command=("python", "x.py"), conf="", budget=None, outcome="ok", exit_code=0, wall_s=1.0,
                              peak_reserved=4 * GiB, peak_allocated=3 * GiB))
     assert "75.0 % (peak allocated / peak reserved)" in capsys.readouterr().err
+
+
+def test_plan_refuses_a_directory_of_several_programs_in_one_line(tmp_path):
+    """`alloctune plan tests/data/size_recordings/ --budget 3GiB` (HuBERT, Llama and RVC recordings side by
+    side) planned them as one program with five structures; it is refused, naming the programs."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "alloctune", "plan", "tests/data/size_recordings/", "--budget", "3GiB"],
+                       capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    assert p.returncode == 2 and p.stdout == "" and len(p.stderr.strip().splitlines()) == 1
+    assert "3 different programs" in p.stderr and "real_workloads.py hubert" in p.stderr

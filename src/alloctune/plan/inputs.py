@@ -30,6 +30,22 @@ def parse_spec(text: str) -> tuple[Path, Any]:
     return Path(text), None
 
 
+def program_of(side: dict[str, Any]) -> str | None:
+    """The program a sized recording ran, its size left out: the sidecar's command (or workload name)
+    with every word equal to the size, or ending in `=SIZE`, replaced by `{size}`. None: not said."""
+    words = side.get("command") or str(side.get("workload") or "").split()
+    if not words:
+        return None
+    size = str(side.get("size"))
+
+    def unsized(word: str) -> str:
+        if word == size:
+            return "{size}"
+        return word.removesuffix(f"={size}") + "={size}" if word.endswith(f"={size}") else word
+
+    return " ".join(unsized(str(w)) for w in words)
+
+
 def expand(specs: Sequence[str]) -> list[tuple[Path, Any]]:
     """Specs to (file, size) pairs; directories to their recordings with a sized sidecar."""
     out: list[tuple[Path, Any]] = []
@@ -37,12 +53,17 @@ def expand(specs: Sequence[str]) -> list[tuple[Path, Any]]:
         path, size = parse_spec(spec)
         if size is None and path.is_dir():
             found = [p for p in sorted(path.iterdir()) if p.name.endswith(_TRACE_SUFFIXES)]
-            sized = [(p, read_sidecar(p).get("size")) for p in found]
-            sized = [(p, s) for p, s in sized if s is not None]
-            if not sized:
+            sides = [(p, read_sidecar(p)) for p in found]
+            sides = [(p, side) for p, side in sides if side.get("size") is not None]
+            if not sides:
                 raise InputError(f"{path}: no recording with a sidecar 'size' in this directory "
                                  "(record with alloctune record --size, or give FILE:SIZE)")
-            out.extend(sized)
+            programs = sorted({program_of(side) for _, side in sides} - {None})
+            if len(programs) > 1:
+                raise InputError(f"{path}: recordings of {len(programs)} different programs ({'; '.join(programs[:3])}"
+                                 f"{'; ...' if len(programs) > 3 else ''}): plan one program's sizes, given as "
+                                 "FILE:SIZE or in a directory of their own")
+            out.extend((p, side["size"]) for p, side in sides)
             continue
         if not path.exists():
             raise InputError(f"{spec}: no such file")
