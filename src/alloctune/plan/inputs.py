@@ -58,7 +58,7 @@ def expand(specs: Sequence[str]) -> list[tuple[Path, Any]]:
             if not sides:
                 raise InputError(f"{path}: no recording with a sidecar 'size' in this directory "
                                  "(record with alloctune record --size, or give FILE:SIZE)")
-            programs = sorted({program_of(side) for _, side in sides} - {None})
+            programs = sorted({name for _, side in sides if (name := program_of(side)) is not None})
             if len(programs) > 1:
                 raise InputError(f"{path}: recordings of {len(programs)} different programs ({'; '.join(programs[:3])}"
                                  f"{'; ...' if len(programs) > 3 else ''}): plan one program's sizes, given as "
