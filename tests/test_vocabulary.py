@@ -221,3 +221,21 @@ def test_plan_refuses_a_directory_of_several_programs_in_one_line(tmp_path):
                        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
     assert p.returncode == 2 and p.stdout == "" and len(p.stderr.strip().splitlines()) == 1
     assert "3 different programs" in p.stderr and "real_workloads.py hubert" in p.stderr
+
+
+def test_a_plan_range_ending_at_the_search_ceiling_is_marked_as_a_lower_bound():
+    """`plan` of the HuBERT recordings at 8, 16, 24 s under --budget 3GiB printed `256 * .. 384` where 384 is
+    the top of the search (16x the largest recording): the optimistic end is shown as `≥ 384 ‡`."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    rec = root / "tests" / "data" / "size_recordings"
+    args = [f"{rec}/size_hubert_{s}.pickle.xz:{s}" for s in (8, 16, 24)]
+    base = [sys.executable, "-m", "alloctune", "plan", *args, "--budget", "3GiB"]
+    data = json.loads(subprocess.run(base + ["--json"], capture_output=True, text=True, cwd=root).stdout)
+    item = data["settings"][0]["largest"][0]
+    text = subprocess.run(base, capture_output=True, text=True, cwd=root, env={**__import__("os").environ,
+                                                                           "COLUMNS": "120"}).stdout
+    assert item["optimistic"] == "384" and "(search 1..384," in text
+    assert f"{item['largest']} * .. ≥ 384 ‡" in text

@@ -81,8 +81,8 @@ def _header(report: Any) -> None:
         )
 
 
-def _largest_cell(x: Any) -> str:
-    """One answer with its marks (see the legend in `_footer`)."""
+def _largest_cell(x: Any, ceiling: str | None = None) -> str:
+    """One answer with its marks (see the legend in `_footer`); `ceiling`: the top of the search."""
     if x.largest is None:
         return "none"
     cell: str = ("≥ " if x.first_failing is None else "") + x.largest + (" *" if x.extrapolated else "")
@@ -91,7 +91,9 @@ def _largest_cell(x: Any) -> str:
     if x.first_failing is None and x.stopped in ("extrapolation", "bound"):
         cell += " ‡"
     if x.optimistic is not None and x.optimistic != x.largest:
-        cell += f" .. {x.optimistic}"
+        # the optimistic search can only stop where the search does: at its ceiling it is a lower bound
+        top = ceiling is not None and x.optimistic == ceiling
+        cell += f" .. ≥ {x.optimistic} ‡" if top else f" .. {x.optimistic}"
     if x.completes_again is not None:
         cell += " †"
     if getattr(x, "strict", None) is not None:
@@ -106,7 +108,7 @@ def _largest_table(res: Any, confs: list[str]) -> None:
     t = FitTable("target", *(Col(c, "right") for c in confs),
                  title=f"largest size that completes (search {res.search[0]}..{res.search[1]}, step {res.step})")
     for k, item in enumerate(res.settings[0].largest):
-        t.add_row(item.target.label, *[_largest_cell(s.largest[k]) for s in res.settings])
+        t.add_row(item.target.label, *[_largest_cell(s.largest[k], str(res.search[1])) for s in res.settings])
     console.print(t)
     _fallible_line(res.fallible)
 
