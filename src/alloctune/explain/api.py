@@ -76,12 +76,14 @@ def explain(
     ex = explain_trace(trace, at=at, group=group, top=top, analysis=an)
     if what_if:
         from alloctune.explain.what_if import what_ifs
+        from alloctune.remedy.model import collector_paused
 
-        progress("simulating what-ifs", 2, 3)
-        ex = what_ifs(an, ex, source_arg=str(recording if not isinstance(recording, Trace) else trace.source),
-                      out_dir=what_if_dir)
-        progress("simulating remedies", 2, 3)
-        ex = with_remedies(an, ex)
+        with collector_paused():  # the rewritten recordings: `collector_paused` says why
+            progress("simulating what-ifs", 2, 3)
+            ex = what_ifs(an, ex, source_arg=str(recording if not isinstance(recording, Trace) else trace.source),
+                          out_dir=what_if_dir)
+            progress("simulating remedies", 2, 3)
+            ex = with_remedies(an, ex)
     if taught:
         from dataclasses import replace
 
@@ -93,26 +95,31 @@ def explain(
 def with_remedies(an: Any, ex: Explanation) -> Explanation:
     """`ex` with the program-level remedies simulated on its recording (`remedy.registry`) and the utilization table:
     the recording as it ran, each remedy, each of `COMPARED_SETTINGS`, and the release policies under the
-    setting that keeps the least idle (what "the best setting plus remedies" reaches)."""
+    setting that keeps the least idle (what "the best setting plus remedies" reaches). The recording's
+    uncapped replay and its repetition ends are made once for all of them."""
     from dataclasses import replace
+    from functools import partial
 
     from alloctune.explain import utilization as ut
-    from alloctune.remedy.model import activity, min_budget, recorded_conf, workspace_floor
-    from alloctune.remedy.registry import no_grad_candidate, simulated_remedies
+    from alloctune.remedy.model import activity_of, min_budget, recorded_conf, uncapped_run, workspace_floor
+    from alloctune.remedy.registry import no_grad_candidate, release_remedies, simulated_remedies
+    from alloctune.remedy.release import repetition_ends
 
     trace = an.trace
     conf = recorded_conf(trace)
-    base = ex.min_budget if ex.min_budget is not None else min_budget(trace, conf, trace)
-    remedies = simulated_remedies(an, base, conf)
+    run = uncapped_run(trace, conf, trace)
+    ends = repetition_ends(an) if len(an.repeats.starts) >= 2 else None
+    base = ex.min_budget if ex.min_budget is not None else min_budget(trace, conf, trace, run)
+    remedies = simulated_remedies(an, base, conf, base_run=run, ends=ends)
     ng = no_grad_candidate(trace)
     if ng is not None:
         remedies.append(ng)
-    peak, peak_alloc, _, _ = activity(trace, conf, trace)
+    peak, peak_alloc, _, _ = activity_of(run)
     rows = [ut.UtilizationRow("recording", "as it ran", conf, base, peak, peak_alloc, "simulated")]
-    rows += ut.remedy_rows(remedies) + ut.combined_rows(an, rows[0], simulated_remedies)
+    rows += ut.remedy_rows(remedies) + ut.combined_rows(an, rows[0], partial(release_remedies, ends=ends))
     table = ut.table(rows, trace)
     return replace(ex, remedies=tuple(remedies), min_budget=base, utilization=table,
-                   min_budget_floor=workspace_floor(trace, conf, trace, base))
+                   min_budget_floor=workspace_floor(trace, conf, trace, base, run))
 
 
 def aligned_labels(this: Trace, other: Trace, group: str = "line") -> list[str] | None:

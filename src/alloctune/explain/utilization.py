@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from alloctune.remedy.model import activity, min_budget
+from alloctune.remedy.model import activity_of, min_budget, uncapped_run
 from alloctune.trace.model import Trace, reserved_delta
-from alloctune.units import format_size, utilization
+from alloctune.units import format_percent, format_size, utilization
 
 TARGET = 0.97
 # The settings `explain` sets beside the recording in the table: expandable segments map only the pages
@@ -78,22 +78,24 @@ def combined_rows(an: Any, recorded: UtilizationRow,
                   remedies_under: Callable[..., list[Any]]) -> list[UtilizationRow]:
     """A row per `COMPARED_SETTINGS` entry the recording did not run with (its uncapped replay and
     min budget), then, under the one of them that keeps the least idle memory when it beats the
-    recording, the release policies simulated again under it (`remedies_under`:
-    `remedy.registry.simulated_remedies`): what a setting and a remedy buy together."""
-    trace, out = an.trace, []
+    recording, the release policies simulated again under it (`remedies_under(an, min budget, conf,
+    uncapped replay)`: `remedy.registry.release_remedies`): what a setting and a remedy buy together."""
+    trace, out, runs = an.trace, [], {}
     for conf in COMPARED_SETTINGS:
         if conf == recorded.conf:
             continue
         try:
-            peak, alloc, _, _ = activity(trace, conf, trace)
-            out.append(UtilizationRow("setting", conf, conf, min_budget(trace, conf, trace), peak, alloc, "simulated"))
+            run = runs[conf] = uncapped_run(trace, conf, trace)
+            peak, alloc, _, _ = activity_of(run)
+            out.append(UtilizationRow("setting", conf, conf, min_budget(trace, conf, trace, run), peak, alloc,
+                                      "simulated"))
         except Exception:  # noqa: BLE001 - a setting the simulator cannot replay here: no row
             continue
     known = [r for r in out if r.utilization is not None]
     best = max(known, key=lambda r: r.utilization) if known else None  # type: ignore[arg-type, return-value]
     if best is None or (best.utilization or 0) <= (recorded.utilization or 0):
         return out
-    for r in remedies_under(an, best.min_budget, best.conf):
+    for r in remedies_under(an, best.min_budget, best.conf, runs[best.conf]):
         if r.janitor is not None or r.name.startswith("empty_cache"):  # the release policies: they replay
             out.append(UtilizationRow("setting + remedy", f"{best.conf} + {r.name}", best.conf, r.min_budget,
                                       r.peak_reserved, r.peak_allocated, r.method, r.trace))
@@ -105,38 +107,56 @@ def peak_split(trace: Trace, conf: str) -> dict[str, int]:
     requests after which reserved is at its peak, the one holding the most live bytes): reserved,
     allocated, and the idle bytes split as explain splits them (`inactive_split`: free pieces of
     segments that hold live blocks; `cached_free`: the rest of what is reserved but not allocated;
-    `rounding`: allocated minus requested). The native replay finds the moment; the Python model
-    replays up to it for the state (the same allocator; only the model keeps its blocks)."""
-    from alloctune.sim.replay import replay, state_at
+    `rounding`: allocated minus requested). One replay finds the moment; a second one of the requests
+    up to it gives the allocator's counters there (`_counters_after`)."""
     from alloctune.trace.model import ALLOC, FREE
 
-    events = replay(trace, conf or None, reference=trace).segment_events
+    events = uncapped_run(trace, conf, trace).segment_events
     req = trace.requests
     n = len(req)
     ops, sizes, rids = req.ops, req.sizes, req.rids
-    level = peak = live = 0
+    level = live = 0
     best_live, at, k = -1, n - 1, 0
     size_of: dict[int, int] = {}
     after: list[int] = []  # reserved after each request
+    n_events = len(events)
     for r in range(n):
-        while k < len(events) and events[k].request_index <= r:
+        while k < n_events and events[k].request_index <= r:
             level += reserved_delta(events[k])
             k += 1
         after.append(level)
-        peak = max(peak, level)
+    peak = max(0, max(after, default=0))
     for r in range(n):  # live requested bytes after request r; the best moment at the peak
-        if ops[r] == ALLOC:
+        op = ops[r]
+        if op == ALLOC:
             size_of[rids[r]] = sizes[r]
             live += sizes[r]
-        elif ops[r] == FREE:
+        elif op == FREE:
             live -= size_of.pop(rids[r], 0)
         if after[r] == peak and live > best_live:
             best_live, at = live, r
-    st = state_at(trace, conf or None, at + 1, reference=trace).stats
-    split = int(st.inactive_split_bytes)
-    return {"reserved": int(st.reserved), "allocated": int(st.allocated), "inactive_split": split,
-            "cached_free": int(st.reserved) - int(st.allocated) - split,
-            "rounding": int(st.allocated) - int(st.requested)}
+    st = _counters_after(trace, conf, at + 1)
+    split = int(st["inactive_split_bytes.all.current"])
+    reserved, allocated = int(st["reserved_bytes.all.current"]), int(st["allocated_bytes.all.current"])
+    return {"reserved": reserved, "allocated": allocated, "inactive_split": split,
+            "cached_free": reserved - allocated - split,
+            "rounding": allocated - int(st["requested_bytes.all.current"])}
+
+
+def _counters_after(trace: Trace, conf: str, stop: int) -> dict[str, Any]:
+    """The allocator's counters (`memory_stats()` names) after requests [0, stop) of `trace` replayed
+    uncapped under `conf` with the recording's segment addresses: the end of a replay of those
+    requests alone (what `sim.replay.state_at` reaches one request at a time in the Python model)."""
+    from alloctune.sim.replay import replay
+    from alloctune.trace.model import RequestStream
+
+    req = trace.requests
+    stop = min(max(stop, 0), len(req))
+    head = RequestStream(req.ops[:stop], req.sizes[:stop], req.rids[:stop], req.streams[:stop],
+                         req.event_index[:stop], {i: v for i, v in req.fallbacks.items() if i < stop})
+    first = Trace(source=trace.source, device=trace.device, requests=head, segment_events=[],
+                  allocator_settings=dict(trace.allocator_settings), total_memory=trace.total_memory)
+    return replay(first, conf or None, reference=trace, record_events=False, timeline_points=1).stats
 
 
 def held_back(trace: Trace, conf: str) -> str:
@@ -174,21 +194,5 @@ def table(rows: Sequence[UtilizationRow], trace: Trace | None = None) -> Utiliza
         why = held_back(src, best.conf)
     except Exception as exc:  # noqa: BLE001 - the table stands without the reason
         why = f"not explained ({type(exc).__name__}: {exc})"
-    return UtilizationTable(t.rows, t.target, f"{TARGET} is not reached (best {best.utilization:.3f}, {best.name}); "
+    return UtilizationTable(t.rows, t.target, f"{TARGET} is not reached (best {format_percent(best.utilization)}, {best.name}); "
                                               + why)
-
-
-def render_lines(t: UtilizationTable) -> list[str]:
-    """The table as plain lines for the terminal."""
-    def fmt(n: int | None) -> str:
-        return "-" if n is None else format_size(n)
-
-    w = min(72, max([40] + [len(r.kind) + 1 + len(r.name) for r in t.rows]))
-    out = [f"  {'':<{w}} {'min budget':>12} {'peak reserved':>14} {'peak alloc':>12} {'util':>6}  method"]
-    for r in t.rows:
-        u = "-" if r.utilization is None else f"{r.utilization:.3f}"
-        out.append(f"  {r.kind + ' ' + r.name:<{w}.{w}} {fmt(r.min_budget):>12} {fmt(r.peak_reserved):>14} "
-                   f"{fmt(r.peak_allocated):>12} {u:>6}  {r.method}")
-    if t.held_back:
-        out.append(f"  {t.held_back}")
-    return out

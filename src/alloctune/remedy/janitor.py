@@ -20,12 +20,17 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-from typing import Any, Iterator
+from dataclasses import replace
+from itertools import accumulate
+from typing import TYPE_CHECKING, Any, Iterator
 
 from alloctune.analysis.core import Analysis
-from alloctune.remedy.model import Remedy, activity, simulated
+from alloctune.remedy.model import Remedy, activity_of, simulated, uncapped_run
 from alloctune.remedy.release import repetition_ends, with_empty_cache
 from alloctune.trace.model import Trace, reserved_delta
+
+if TYPE_CHECKING:
+    from alloctune.sim.replay import SimResult
 
 POLICIES: tuple[tuple[str, dict[str, Any], bool], ...] = (
     # (name, Janitor keyword arguments, whether the service passes each request's size)
@@ -34,20 +39,32 @@ POLICIES: tuple[tuple[str, dict[str, Any], bool], ...] = (
 )
 
 
-def _levels(trace: Trace, conf: str, reference: Trace) -> list[int]:
-    """Reserved bytes before each request index of `trace` (and after the last), uncapped."""
-    from alloctune.sim.replay import replay
+class _Reserved:
+    """Reserved bytes before each request index of an uncapped replay (and after the last), read from
+    its segment events (in request order) at the indices asked."""
 
-    events = replay(trace, conf or None, reference=reference).segment_events
-    n = len(trace.requests)
-    out = [0] * (n + 1)
-    cur, k = 0, 0
-    for i in range(n + 1):
-        while k < len(events) and events[k].request_index < i:
-            cur += reserved_delta(events[k])
-            k += 1
-        out[i] = cur
-    return out
+    def __init__(self, run: SimResult) -> None:
+        self.run = run
+        self._index = [e.request_index for e in run.segment_events]
+        self._level = list(accumulate((reserved_delta(e) for e in run.segment_events), initial=0))
+
+    def before(self, i: int) -> int:
+        """Reserved bytes once every event of the requests before index i has happened."""
+        return self._level[bisect.bisect_left(self._index, i)]
+
+
+# The uncapped replays of the recording with clean-ups before the given request indices (key: the
+# sorted indices): the Janitor's passes, shared by its policies and by the remedy each one becomes.
+Replays = dict[tuple[int, ...], tuple[Trace, _Reserved]]
+
+
+def _replayed(replays: Replays, trace: Trace, conf: str, points: list[int]) -> tuple[Trace, _Reserved]:
+    """`trace` with an `empty_cache()` before each of `points` and its reserved levels, replayed once."""
+    key = tuple(points)
+    if key not in replays:
+        t = with_empty_cache(trace, points) if points else trace
+        replays[key] = (t, _Reserved(uncapped_run(t, conf, trace)))
+    return replays[key]
 
 
 def repetition_sizes(an: Analysis, ends: list[int]) -> list[int]:
@@ -91,18 +108,20 @@ class _Memory:
             self.reserved = self.after
 
 
-def janitor_points(an: Analysis, conf: str, kwargs: dict[str, Any], by_size: bool) -> list[int]:
-    """Request indices (of the recording) before which `Janitor(**kwargs)` empties the cache."""
+def janitor_points(an: Analysis, conf: str, kwargs: dict[str, Any], by_size: bool,
+                   replays: Replays | None = None, ends: list[int] | None = None) -> list[int]:
+    """Request indices (of the recording) before which `Janitor(**kwargs)` empties the cache
+    (`replays`: the passes already made, which this one adds to; `ends`: `repetition_ends`)."""
     from alloctune.guard.janitor import Janitor
 
     trace, lb = an.trace, an.live_before
-    ends = repetition_ends(an)
+    replays = {} if replays is None else replays
+    ends = repetition_ends(an) if ends is None else ends
     sizes = repetition_sizes(an, ends) if by_size else []
     points: list[int] = []
     with _private_counters():
         for _ in range(len(ends) + 1):  # each pass adds a clean-up, or ends
-            t = with_empty_cache(trace, points) if points else trace
-            lvl = _levels(t, conf, trace)
+            lvl = _replayed(replays, trace, conf, points)[1]
             mem = _Memory()
             jan = Janitor(**kwargs, stats_fn=mem.stats, empty_cache=mem.empty_cache, clock=lambda: 0.0)
             if by_size:
@@ -111,8 +130,8 @@ def janitor_points(an: Analysis, conf: str, kwargs: dict[str, Any], by_size: boo
             for k, e in enumerate(ends):
                 q = e + bisect.bisect_left(points, e)  # where request e (or the clean-up before it) now sits
                 planned = e in points
-                mem.reserved, mem.allocated = lvl[q], lb[e]
-                mem.after, mem.cleaned = (lvl[q + 1] if planned else None), False
+                mem.reserved, mem.allocated = lvl.before(q), lb[e]
+                mem.after, mem.cleaned = (lvl.before(q + 1) if planned else None), False
                 jan.step()
                 if by_size:
                     if mem.cleaned:  # just emptied: nothing idle, it only learns the next size
@@ -127,24 +146,36 @@ def janitor_points(an: Analysis, conf: str, kwargs: dict[str, Any], by_size: boo
     return points
 
 
-def janitor_remedies(an: Analysis, base: int | None, conf: str) -> list[Remedy]:
-    """The Janitor's policies on the recorded program, simulated (needs two repetitions or more)."""
+def janitor_remedies(an: Analysis, base: int | None, conf: str, base_run: SimResult | None = None,
+                     ends: list[int] | None = None) -> list[Remedy]:
+    """The Janitor's policies on the recorded program, simulated (needs two repetitions or more);
+    `base_run`: the recording's `uncapped_run` under `conf`, `ends`: its `repetition_ends`, when at
+    hand. Policies that decide the same clean-ups share one simulation."""
     if len(an.repeats.starts) < 2:
         return []
     trace = an.trace
-    base_act = activity(trace, conf, trace)
-    out = []
+    ends = repetition_ends(an) if ends is None else ends
+    replays: Replays = {} if base_run is None else {(): (trace, _Reserved(base_run))}
+    base_act = activity_of(_replayed(replays, trace, conf, [])[1].run)
+    out: list[Remedy] = []
+    found: dict[tuple[int, ...], Remedy] = {}
     for name, kwargs, by_size in POLICIES:
-        points = janitor_points(an, conf, kwargs, by_size)
+        points = janitor_points(an, conf, kwargs, by_size, replays, ends)
+        t, lvl = _replayed(replays, trace, conf, points)
         args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
         use = "with janitor.request(size):  # size: the request's length" if by_size else "with janitor:"
         what = ("the Janitor, told each request's size (empties the cache before a request larger than any "
                 "since the last clean-up)" if by_size else
                 "the Janitor (empties the cache when reserved grows past 1.1 x the need learned from a clean start)")
-        out.append(simulated(
-            name, what, with_empty_cache(trace, points) if points else trace, conf, trace, base, base_act,
-            f"janitor = alloctune.guard.Janitor({args}); around each request: {use}",
-            cleanups=len(points), janitor={"args": dict(kwargs), "use": "janitor.request(size)" if by_size else "janitor"},
-            notes=("decided on the uncapped replay: under a cap the allocator's own retries also free cached "
-                   "blocks, so the Janitor's clean-ups there may differ",)))
+        how_to = f"janitor = alloctune.guard.Janitor({args}); around each request: {use}"
+        policy = {"args": dict(kwargs), "use": "janitor.request(size)" if by_size else "janitor"}
+        notes = ("decided on the uncapped replay: under a cap the allocator's own retries also free cached "
+                 "blocks, so the Janitor's clean-ups there may differ",)
+        same = found.get(tuple(points))
+        if same is None:
+            same = found[tuple(points)] = simulated(name, what, t, conf, trace, base, base_act, how_to,
+                                                    uncapped=lvl.run, cleanups=len(points), janitor=policy,
+                                                    notes=notes)
+        out.append(replace(same, name=name, what=what, how_to=how_to, cleanups=len(points), janitor=policy,
+                           notes=notes))
     return out

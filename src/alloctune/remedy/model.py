@@ -2,10 +2,11 @@
 
 The field's standard advice ("call empty_cache() now and then", "run the Janitor", "cap the cuBLAS
 workspace", "checkpoint the layers") is a number here: the recording's request stream rewritten the
-way the remedy would change the program's requests (`rewritten`), fed to `sim.sweep` for its min
-budget at the one resolution (`sim.resolution`, so `simulate --min-budget` of the written file
-answers the same number), and replayed once uncapped for its peak reserved and the driver calls it
-adds (each released segment is a cudaFree now and a cudaMalloc later): `simulated`. Where no rewrite
+way the remedy would change the program's requests (`spliced`: the untouched requests copied in
+bulk), replayed once uncapped for its peak reserved and the driver calls it adds (each released
+segment is a cudaFree now and a cudaMalloc later), and that replay handed to `sim.sweep`'s bisection
+as its first probe for the min budget at the one resolution (`sim.resolution`, so `simulate
+--min-budget` of the written file answers the same number): `simulated`. Where no rewrite
 is exact (autograd off, cuDNN's algorithms) the remedy is measured by a run of the program with it
 (`remedy.measured`), or carries the command of the run that would confirm it.
 
@@ -16,12 +17,17 @@ throughput with).
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from alloctune.sim.resolution import ABS_TOL, REL_TOL
 from alloctune.trace.model import Annotation, RequestStream, Trace
 from alloctune.units import utilization
+
+if TYPE_CHECKING:
+    from alloctune.sim.replay import SimResult
 
 # Driver work, as measured on the H200 (bench/results/driver_cost.md); tune's TuneSettings defaults.
 DRIVER_CALL_S = 1e-4
@@ -76,6 +82,23 @@ class Remedy:
         return d
 
 
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector off while remedies are simulated (back as it was after).
+
+    Why: each rewritten recording is a few lists of a million ints, and a full collection visits
+    every item of every list it tracks; with a dozen of them alive (each remedy keeps its own) the
+    collections that the rewrites' small objects trigger cost seconds, and find next to nothing
+    (the rewrites make no reference cycles)."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
 def recorded_conf(trace: Trace) -> str:
     """The allocator string the recording ran with ("" = defaults)."""
     conf = (trace.meta or {}).get("conf")
@@ -89,14 +112,16 @@ def rewritten(trace: Trace, out: RequestStream, new_index: list[int]) -> Trace:
     """`trace` with its requests replaced by `out`; `new_index[r]` is where old request r went (its
     fallbacks and the segment events that happened at it follow it)."""
     req = trace.requests
-    new_index[len(req)] = len(out)
+    n_out = len(out)
+    new_index[len(req)] = n_out
     out.fallbacks = {new_index[i]: v for i, v in req.fallbacks.items()}
     if req.stack_ids is not None and out.stack_ids is None:  # each kept request keeps its call site
-        ids = [-1] * len(out)
+        ids = [-1] * n_out
+        old_ids, old_rids, old_ops, out_rids, out_ops = req.stack_ids, req.rids, req.ops, out.rids, out.ops
         for r in range(len(req)):
             k = new_index[r]
-            if k < len(out) and out.rids[k] == req.rids[r] and out.ops[k] == req.ops[r]:
-                ids[k] = req.stack_ids[r]
+            if k < n_out and out_rids[k] == old_rids[r] and out_ops[k] == old_ops[r]:
+                ids[k] = old_ids[r]
         out.stack_ids, out.stack_table = ids, req.stack_table
     if req.annotations and not out.annotations:  # each range keeps the requests it held
         out.annotations = [Annotation(a.name, new_index[a.start], new_index[a.end]) for a in req.annotations]
@@ -106,29 +131,113 @@ def rewritten(trace: Trace, out: RequestStream, new_index: list[int]) -> Trace:
                  total_memory=trace.total_memory)
 
 
-def activity(trace: Trace, conf: str, reference: Trace) -> tuple[int, int, int, int]:
-    """(peak reserved, peak allocated, driver calls, MiB reserved or released) of an uncapped replay."""
+# One request of a rewrite: (op, size, rid, stream, event index, stack id; -1 = no call site)
+Row = tuple[int, int, int, int, int, int]
+
+
+def spliced(trace: Trace, before: Mapping[int, Sequence[Row]], changed: Mapping[int, Row | None], *,
+            given_stacks: bool = False) -> Trace:
+    """`trace` with rows put in and requests changed or dropped (`rewritten`), the requests between
+    them copied in bulk: the rows of `before[r]` go just before request r (`before[len]`: at the end),
+    `changed[r]` takes request r's place (None: request r is dropped); `before` keys lie in [0, len],
+    `changed` keys in [0, len).
+
+    Call sites: every kept request keeps its own; a row put in or changed has the stack id it carries
+    when `given_stacks`, else the one `rewritten` gives it (that of an old request whose new place it
+    takes with the same rid and op)."""
+    req = trace.requests
+    n = len(req)
+    old_ids = req.stack_ids
+    out = RequestStream()
+    ids: list[int] | None = None if old_ids is None else []
+    new_index = [0] * (n + 1)
+    made: set[int] = set()  # positions of the rows put in or changed
+
+    def put(rows: Sequence[Row]) -> None:
+        for row in rows:
+            made.add(len(out.ops))
+            out.append(row[0], row[1], row[2], row[3], row[4])
+            if ids is not None:
+                ids.append(row[5] if given_stacks else -1)
+
+    def copy(start: int, stop: int) -> None:
+        at = len(out.ops)
+        out.extend_from(req, start, stop)
+        if ids is not None and old_ids is not None:
+            ids.extend(old_ids[start:stop])
+        new_index[start:stop] = range(at, at + stop - start)
+
+    prev = 0
+    for r in sorted(set(before) | set(changed)):
+        if r in before:
+            copy(prev, r)
+            put(before[r])
+            prev = r
+        if r >= n:
+            break
+        if r in changed:
+            copy(prev, r)
+            new_index[r] = len(out.ops)
+            row = changed[r]
+            if row is not None:
+                put((row,))
+            prev = r + 1
+    copy(prev, n)
+    if ids is not None and old_ids is not None and not given_stacks:
+        n_out = len(out.ops)
+        for r in sorted(changed):  # in request order, as `rewritten` assigns them (a later one wins)
+            k = new_index[r]
+            if k < n_out and k in made and out.rids[k] == req.rids[r] and out.ops[k] == req.ops[r]:
+                ids[k] = old_ids[r]
+    if ids is not None:
+        out.stack_ids, out.stack_table = ids, req.stack_table
+    return rewritten(trace, out, new_index)
+
+
+def uncapped_run(trace: Trace, conf: str, reference: Trace) -> "SimResult":
+    """The uncapped replay of `trace` under `conf` with its segment events: what `activity` reads, and
+    the first probe of `min_budget`'s bisection (pass it as `uncapped=`)."""
     from alloctune.sim.replay import replay
 
-    r = replay(trace, conf or None, reference=reference)
-    calls = int(r.stats.get("num_device_alloc", 0)) + int(r.stats.get("num_device_free", 0))
-    moved = sum(e.size for e in r.segment_events if e.action != "oom")
-    return r.peak_reserved, r.peak_allocated, calls, moved >> 20
+    return replay(trace, conf or None, reference=reference)
 
 
-def min_budget(trace: Trace, conf: str, reference: Trace) -> int | None:
+BaseActivity = tuple[int, int, int, int]  # `activity` of the recording as it ran, which remedies compare with
+
+
+def activity_of(run: "SimResult") -> BaseActivity:
+    """(peak reserved, peak allocated, driver calls, MiB reserved or released) of an uncapped replay."""
+    calls = int(run.stats.get("num_device_alloc", 0)) + int(run.stats.get("num_device_free", 0))
+    moved = sum(e.size for e in run.segment_events if e.action != "oom")
+    return run.peak_reserved, run.peak_allocated, calls, moved >> 20
+
+
+def activity(trace: Trace, conf: str, reference: Trace) -> tuple[int, int, int, int]:
+    """(peak reserved, peak allocated, driver calls, MiB reserved or released) of an uncapped replay."""
+    return activity_of(uncapped_run(trace, conf, reference))
+
+
+def min_budget(trace: Trace, conf: str, reference: Trace, uncapped: "SimResult | None" = None) -> int | None:
     """The min budget of a (rewritten) recording under `conf`, to the one resolution (`sim.resolution`:
     0.2 % or 1 MiB, finer than a remedy's saving of a few percent), so `alloctune simulate ... --min-budget`
-    of the written recording answers the same number."""
-    from alloctune.sim.sweep import sweep
+    of the written recording answers the same number: `sim.sweep`'s bisection for one setting
+    (`sim.budget.min_budget`), started from `uncapped` (`uncapped_run` of this trace) when given."""
+    from alloctune.config import AllocatorConfig
+    from alloctune.sim.budget import min_budget as bisection
+    from alloctune.sim.replay import replay
 
-    return sweep(trace, [conf], find_min=True, reference=reference, rel_tol=REL_TOL,
-                 abs_tol=ABS_TOL).rows[0].min_budget
+    config = AllocatorConfig.parse(conf)
+    if uncapped is None:  # as `sim.sweep.simulate_setting` makes it
+        uncapped = replay(trace, config, record_events=False, timeline_points=1, reference=reference)
+    return bisection(trace, config, rel_tol=REL_TOL, abs_tol=ABS_TOL, uncapped=uncapped, reference=reference).budget
 
 
-def workspace_floor(trace: Trace, conf: str, reference: Trace, need: int | None) -> int | None:
+def workspace_floor(trace: Trace, conf: str, reference: Trace, need: int | None,
+                    uncapped: "SimResult | None" = None) -> int | None:
     """The min budget with every workspace-shaped request no evidence covers given up
-    (`trace.fallible.optimistic`), when it lies below `need` (the replay as recorded); else None.
+    (`trace.fallible.optimistic`), when it lies below `need` (the min budget of the replay as
+    recorded, `min_budget(trace, conf, reference)`); else None. `uncapped`: `uncapped_run` of
+    `trace`, when at hand.
 
     Why: under a cap cuDNN answers a failed workspace with another algorithm, so a recording
     without C++ frames or a calibration run only brackets the real need: as recorded is the high
@@ -139,19 +248,27 @@ def workspace_floor(trace: Trace, conf: str, reference: Trace, need: int | None)
 
     if need is None or untagged_note(trace) is None:
         return None
-    low = min_budget(optimistic(trace), conf, reference)
+    low_end = optimistic(trace)
+    if low_end is trace:  # nothing more can be given up: its min budget is `need` itself
+        return None
+    # Uncapped, no request fails, so no fallback is ever asked for: the replay of the optimistic
+    # recording is the recording's own (same requests, source and setting) whenever that completes.
+    low = min_budget(low_end, conf, reference, uncapped if uncapped is not None and uncapped.completed else None)
     return low if low is not None and low < need else None
 
 
 def simulated(name: str, what: str, t: Trace, conf: str, reference: Trace, base: int | None,
-              base_activity: tuple[int, int, int, int], how_to: str, **extra: Any) -> Remedy:
+              base_activity: tuple[int, int, int, int], how_to: str, *, uncapped: "SimResult | None" = None,
+              **extra: Any) -> Remedy:
     """A remedy whose rewritten recording is `t`: its min budget (and, where workspaces no evidence
-    covers could be given up, the low end of its range as `bound`), peaks and added driver work."""
-    mb = min_budget(t, conf, reference)
-    peak, peak_alloc, calls, mib = activity(t, conf, reference)
+    covers could be given up, the low end of its range as `bound`), peaks and added driver work, all
+    from one uncapped replay of `t` (`uncapped`: `uncapped_run` of `t`, when the caller has it)."""
+    run = uncapped if uncapped is not None else uncapped_run(t, conf, reference)
+    mb = min_budget(t, conf, reference, run)
+    peak, peak_alloc, calls, mib = activity_of(run)
     extra_calls = max(0, calls - base_activity[2])
     seconds = extra_calls * DRIVER_CALL_S + max(0, mib - base_activity[3]) * DRIVER_MIB_S
     if "bound" not in extra:
-        extra["bound"] = workspace_floor(t, conf, reference, mb)
+        extra["bound"] = workspace_floor(t, conf, reference, mb, run)
     return Remedy(name, what, mb, None if mb is None or base is None else base - mb, peak, peak_alloc,
                   extra_calls, seconds, how_to, SIMULATED, conf, trace=t, **extra)

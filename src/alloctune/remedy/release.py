@@ -11,12 +11,13 @@
 from __future__ import annotations
 
 import bisect
+from itertools import compress
 from typing import Iterable, Sequence
 
 from alloctune.analysis.core import Analysis
 from alloctune.analysis.repeats import loop_tops
-from alloctune.remedy.model import Remedy, activity, recorded_conf, rewritten, simulated
-from alloctune.trace.model import EMPTY_CACHE, FREE, RequestStream, Trace
+from alloctune.remedy.model import BaseActivity, Remedy, Row, activity, recorded_conf, simulated, spliced
+from alloctune.trace.model import EMPTY_CACHE, FREE, Trace
 
 EVERY = (1, 2, 4)
 
@@ -24,15 +25,9 @@ EVERY = (1, 2, 4)
 def with_empty_cache(trace: Trace, at: Sequence[int]) -> Trace:
     """`trace` with an `empty_cache()` request inserted before each request index in `at`."""
     req = trace.requests
-    points = set(at)
-    out = RequestStream()
-    new_index = [0] * (len(req) + 1)
-    for r in range(len(req)):
-        if r in points:
-            out.append(EMPTY_CACHE, -1, -1, req.streams[r], req.event_index[r])
-        new_index[r] = len(out)
-        out.append(req.ops[r], req.sizes[r], req.rids[r], req.streams[r], req.event_index[r])
-    return rewritten(trace, out, new_index)
+    n = len(req)
+    before = {r: [(EMPTY_CACHE, -1, -1, req.streams[r], req.event_index[r], -1)] for r in set(at) if 0 <= r < n}
+    return spliced(trace, before, {})
 
 
 def repetition_ends(an: Analysis) -> list[int]:
@@ -63,38 +58,39 @@ def free_at_repeat_end(an: Analysis, sites: Iterable[int]) -> Trace:
     trace, life, starts = an.trace, an.life, an.repeats.starts
     wanted = set(sites)
     req = trace.requests
-    moved: dict[int, list[int]] = {}  # boundary request index -> allocation ids freed there
+    n = len(req)
+    before: dict[int, list[Row]] = {}  # boundary request index -> the frees put there
     moved_rids: set[int] = set()
-    rid_of_k = [req.rids[a] for a in life.alloc]
-    for k, s in enumerate(an.site_of):
-        if s in wanted and an.kept[k]:
-            j = bisect.bisect_right(starts, life.alloc[k]) - 1
+    kept = an.kept
+    for k in compress(range(len(an.site_of)), map(wanted.__contains__, an.site_of)):
+        if kept[k]:
+            a = life.alloc[k]
+            j = bisect.bisect_right(starts, a) - 1
             if j + 1 >= len(starts):
                 continue  # made in the last repetition: it ends with the recording
-            moved.setdefault(starts[j + 1], []).append(k)
-            moved_rids.add(rid_of_k[k])
-    out = RequestStream()
-    new_index = [0] * (len(req) + 1)
-    for r in range(len(req)):
-        for k in moved.get(r, ()):
-            out.append(FREE, life.size[k], rid_of_k[k], req.streams[life.alloc[k]], req.event_index[r])
-        new_index[r] = len(out)
-        if req.ops[r] == FREE and req.rids[r] in moved_rids:
-            continue
-        out.append(req.ops[r], req.sizes[r], req.rids[r], req.streams[r], req.event_index[r])
-    return rewritten(trace, out, new_index)
+            at = starts[j + 1]
+            if at < n:
+                before.setdefault(at, []).append((FREE, life.size[k], req.rids[a], req.streams[a],
+                                                  req.event_index[at], -1))
+            moved_rids.add(req.rids[a])
+    ops = req.ops
+    dropped: dict[int, Row | None] = {  # the program's own frees of the moved blocks
+        r: None for r in compress(range(n), map(moved_rids.__contains__, req.rids)) if ops[r] == FREE}
+    return spliced(trace, before, dropped)
 
 
 def release_points(an: Analysis, base_min_budget: int | None, every: Sequence[int] = EVERY,
-                   conf: str | None = None) -> list[Remedy]:
+                   conf: str | None = None, base_act: BaseActivity | None = None,
+                   ends: list[int] | None = None) -> list[Remedy]:
     """`empty_cache()` where every Nth repetition ends, for N in `every`, simulated under `conf`
-    (default: the setting the recording ran with)."""
+    (default: the setting the recording ran with); `base_act`: the recording's own `activity` under
+    `conf`, `ends`: its `repetition_ends`, when at hand."""
     if len(an.repeats.starts) < 2:
         return []
     trace = an.trace
     conf = recorded_conf(trace) if conf is None else conf
-    base_act = activity(trace, conf, trace)
-    ends = repetition_ends(an)
+    base_act = base_act or activity(trace, conf, trace)
+    ends = repetition_ends(an) if ends is None else ends
     out = []
     for n in every:
         points = ends[n - 1::n]  # where every Nth repetition ends

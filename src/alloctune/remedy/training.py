@@ -35,14 +35,15 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from itertools import compress
 from typing import Sequence
 
 from alloctune.analysis.core import Analysis, Lifetimes
 from alloctune.analysis.phases import BACKWARD, FORWARD, OPTIMIZER_STEP, trains
-from alloctune.remedy.model import Remedy, activity, recorded_conf, rewritten, simulated
+from alloctune.remedy.model import BaseActivity, Remedy, Row, activity, recorded_conf, simulated, spliced
 from alloctune.remedy.release import free_at_repeat_end
-from alloctune.trace.model import ALLOC, FREE, RequestStream, Trace
+from alloctune.trace.model import ALLOC, FREE, Trace
 
 BNB_MIN_8BIT = 4096  # bitsandbytes keeps 32-bit state below this many elements
 BNB_BLOCK = 256  # elements per absmax float in blockwise 8-bit state
@@ -84,13 +85,14 @@ def block_windows(an: Analysis) -> list[Window]:
         forward_end = life.alloc[last] + 1
         backward_start = _backward_start(an, last)
         spans = []
+        free, never = life.free, life.n
         for i, k0 in enumerate(starts):
             k1 = starts[i + 1] if i + 1 < len(starts) else last + 1
             b = life.alloc[k1] if k1 < len(life.alloc) and i + 1 < len(starts) else forward_end
             # what backward frees of the block's allocations: saved tensors, and its output -- not a residual
             # the next block frees, nor autocast's cached casts (freed when the forward's autocast region
             # ends), nor anything kept for good
-            held = [k for k in range(k0, k1) if life.free[k] >= b and backward_start <= life.free[k] < life.n]
+            held = [k for k in range(k0, k1) if free[k] >= b and backward_start <= free[k] < never]
             spans.append((k0, k1, b, held))
         ws = _with_outputs(life, spans)
         for i, w in enumerate(ws):
@@ -99,9 +101,10 @@ def block_windows(an: Analysis) -> list[Window]:
                 # the block's input when no block of it is kept by the next: the last of what was made before
                 # it (since the block before began) that the block's forward lets go of
                 since = ws[i - 1].allocs[0] if i else ks[0]
-                freed_here = [k for k in range(since, w.allocs[0]) if w.start <= life.free[k] < w.end]
-                ins = (max(freed_here, key=lambda k: life.free[k]),) if freed_here else ()
-            ws[i] = replace(w, inputs=ins)
+                lo, hi = w.start, w.end
+                freed_here = [k for k in range(since, w.allocs[0]) if lo <= free[k] < hi]
+                ins = (max(freed_here, key=free.__getitem__),) if freed_here else ()
+            ws[i] = Window(w.start, w.end, w.allocs, w.saved, w.outputs, ins)
         out += ws
     return out
 
@@ -128,12 +131,13 @@ def _with_outputs(life: Lifetimes, spans: list[tuple[int, int, int, list[int]]])
     block's backward runs, before the block's own saved tensors: the blocks freed no later than the
     next block's last free. The last block's output sits where the others' do (the blocks are one
     code, allocating in one order)."""
-    ends = [max((life.free[k] for k in held), default=-1) for _, _, _, held in spans]
+    free = life.free
+    ends = [max((free[k] for k in held), default=-1) for _, _, _, held in spans]
     offsets: set[int] = set()
     outputs: list[set[int]] = []
     for i, (k0, _, _, held) in enumerate(spans):
         if i + 1 < len(spans):
-            outs = {k for k in held if life.free[k] <= ends[i + 1]}
+            outs = {k for k in held if free[k] <= ends[i + 1]}
             offsets = {k - k0 for k in outs}
         else:
             outs = {k0 + off for off in offsets} & set(held)
@@ -171,79 +175,79 @@ def with_checkpointing(an: Analysis, windows: Sequence[Window]) -> Trace:
     """The recording rewritten as if every window's block were checkpointed (module doc)."""
     trace, life = an.trace, an.life
     req = trace.requests
+    n = len(req)
     rid_of = [req.rids[a] for a in life.alloc]
     next_rid = max(req.rids, default=-1) + 1
     free_at: dict[int, list[int]] = {}  # request index -> saved allocations freed before it
     dropped: set[int] = set()  # rids whose original FREE goes
     redo_at: dict[int, list[Window]] = {}  # request index -> windows recomputed before it
     ordered = sorted(windows, key=lambda w: w.start)
+    alloc, free = life.alloc, life.free
+    last_free = [max([free[k] for k in w.saved], default=-1) for w in ordered]  # of each window's saved blocks
     for i, w in enumerate(ordered):
         for k in w.saved:  # what only autograd kept dies with its last use: taken as the op after it
-            free_at.setdefault(min(w.end, life.alloc[k + 1] + 1), []).append(k)
+            free_at.setdefault(min(w.end, alloc[k + 1] + 1), []).append(k)
             dropped.add(rid_of[k])
-        if w.saved:  # the checkpoint holds the block's input until the block's backward is done
-            for k in w.inputs:
-                free_at.setdefault(max(life.free[j] for j in w.saved) + 1, []).append(k)
-                dropped.add(rid_of[k])
-        own_first = min((life.free[k] for k in w.saved), default=None)
-        if own_first is None:
+        if not w.saved:
             continue
-        nxt = ordered[i + 1] if i + 1 < len(ordered) and ordered[i + 1].start >= w.end else None
-        at = own_first
-        if nxt is not None and nxt.saved:
-            after_next = max(life.free[k] for k in nxt.saved) + 1
-            at = min(own_first, after_next)
+        for k in w.inputs:  # the checkpoint holds the block's input until the block's backward is done
+            free_at.setdefault(last_free[i] + 1, []).append(k)
+            dropped.add(rid_of[k])
+        at = min([free[k] for k in w.saved])
+        if i + 1 < len(ordered) and ordered[i + 1].start >= w.end and ordered[i + 1].saved:
+            at = min(at, last_free[i + 1] + 1)  # right after the next block's backward
         redo_at.setdefault(max(at, w.end), []).append(w)
-    clone_free: dict[int, int] = {}  # original free request index of a saved block -> its clone's rid
-    out = RequestStream()
-    ids: list[int] = []
-    stack_ids = req.stack_ids
-    new_index = [0] * (len(req) + 1)
-
-    def put(op: int, size: int, rid: int, r: int, sid: int = -1) -> None:
-        out.append(op, size, rid, req.streams[r], req.event_index[r])
-        ids.append(sid)
-
-    for r in range(len(req)):
-        for k in free_at.get(r, ()):
-            put(FREE, life.size[k], rid_of[k], r)
+    # original free request index of a saved block -> (request index from which on it holds, its clone's rid)
+    clone_free: dict[int, list[tuple[int, int]]] = {}
+    before: dict[int, list[Row]] = {}
+    for r in sorted(set(free_at) | set(redo_at)):
+        if r >= n:
+            break
+        rows = before[r] = [(FREE, life.size[k], rid_of[k], req.streams[r], req.event_index[r], -1)
+                            for k in free_at.get(r, ())]
         for w in redo_at.get(r, ()):
-            in_window = set(w.allocs)
-            clones: dict[int, int] = {}
-            for k in w.allocs:
-                clones[k] = next_rid
-                next_rid += 1
-            freed: set[int] = set()
-            for q in range(w.start, w.end):
-                op = req.ops[q]
-                if op == ALLOC:
-                    k = bisect.bisect_left(life.alloc, q)
-                    if k in in_window:
-                        put(ALLOC, life.size[k], clones[k], r, stack_ids[q] if stack_ids else -1)
-                elif op == FREE:
-                    k = _alloc_of(rid_of, req.rids[q])
-                    if k in in_window and life.free[k] == q:
-                        put(FREE, life.size[k], clones[k], r)
-                        freed.add(k)
-            # what the recomputation made beyond what backward needs (its output, a residual the next block
-            # freed in the forward) is dropped at once; the saved blocks live until their own frees
-            keep = set(w.saved)
-            for k in w.allocs:
-                if k not in freed and k not in keep:
-                    put(FREE, life.size[k], clones[k], r)
+            clones = {k: next_rid + j for j, k in enumerate(w.allocs)}
+            next_rid += len(w.allocs)
+            rows += _recomputed(an, w, r, rid_of, clones)
             for k in w.saved:
-                clone_free[life.free[k]] = clones[k]
-        new_index[r] = len(out)
-        op = req.ops[r]
-        if op == FREE and req.rids[r] in dropped:
-            if r in clone_free:
-                k = _alloc_of(rid_of, req.rids[r])
-                put(FREE, life.size[k], clone_free[r], r)
+                clone_free.setdefault(life.free[k], []).append((r, clones[k]))
+    changed: dict[int, Row | None] = {}
+    ops, rids = req.ops, req.rids
+    for r in compress(range(n), map(dropped.__contains__, rids)):
+        if ops[r] != FREE:
             continue
-        put(op, req.sizes[r], req.rids[r], r, stack_ids[r] if stack_ids else -1)
-    if stack_ids is not None:
-        out.stack_ids, out.stack_table = ids, req.stack_table
-    return rewritten(trace, out, new_index)
+        clone = [c for since, c in clone_free.get(r, ()) if since <= r]
+        k = _alloc_of(rid_of, rids[r])
+        changed[r] = (FREE, life.size[k], clone[-1], req.streams[r], req.event_index[r], -1) if clone else None
+    return spliced(trace, before, changed, given_stacks=True)
+
+
+def _recomputed(an: Analysis, w: Window, r: int, rid_of: list[int], clones: dict[int, int]) -> list[Row]:
+    """The requests of window `w`'s forward made again (as `clones`) just before request r: its
+    allocations and its own frees, then a free of what backward does not need."""
+    life, req = an.life, an.trace.requests
+    alloc, size, free = life.alloc, life.size, life.free
+    ops, rids, stack_ids = req.ops, req.rids, req.stack_ids
+    stream, evi = req.streams[r], req.event_index[r]
+    in_window = set(w.allocs)
+    out: list[Row] = []
+    freed: set[int] = set()
+    for q in range(w.start, w.end):
+        op = ops[q]
+        if op == ALLOC:
+            k = bisect.bisect_left(alloc, q)
+            if k in in_window:
+                out.append((ALLOC, size[k], clones[k], stream, evi, stack_ids[q] if stack_ids else -1))
+        elif op == FREE:
+            k = _alloc_of(rid_of, rids[q])
+            if k in in_window and free[k] == q:
+                out.append((FREE, size[k], clones[k], stream, evi, -1))
+                freed.add(k)
+    # what the recomputation made beyond what backward needs (its output, a residual the next block
+    # freed in the forward) is dropped at once; the saved blocks live until their own frees
+    keep = set(w.saved)
+    out += [(FREE, life.size[k], clones[k], stream, evi, -1) for k in w.allocs if k not in freed and k not in keep]
+    return out
 
 
 def _alloc_of(rid_of: list[int], rid: int) -> int:
@@ -262,9 +266,6 @@ def checkpointing_code(trace: Trace) -> str:
         return "model.set_grad_checkpointing(True)  # timm; before the training loop"
     return ("x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)  # for each repeated block "
             "in the model's forward")
-
-
-BaseActivity = tuple[int, int, int, int]  # `remedy.model.activity` of the recording as it ran
 
 
 def checkpointing_remedy(an: Analysis, base: int | None, conf: str,
@@ -310,43 +311,35 @@ def _rewrite_sizes(an: Analysis, drop: set[int], resize: dict[int, list[int]]) -
     `resize` made as the listed sizes instead (each a block of its own, freed together)."""
     trace, life = an.trace, an.life
     req = trace.requests
+    n = len(req)
     rid_of = [req.rids[a] for a in life.alloc]
     next_rid = max(req.rids, default=-1) + 1
-    extra: dict[int, list[int]] = {}
+    extra: dict[int, list[int]] = {}  # rid of a resized allocation -> the rids of its other blocks
     dropped_rids = {rid_of[k] for k in drop}
-    out = RequestStream()
-    ids: list[int] = []
+    touched = dropped_rids | {rid_of[k] for k in resize}
+    ops, rids, streams, evi = req.ops, req.rids, req.streams, req.event_index
     stack_ids = req.stack_ids
-    new_index = [0] * (len(req) + 1)
-    for r in range(len(req)):
-        new_index[r] = len(out)
-        op, rid = req.ops[r], req.rids[r]
+    changed: dict[int, Row | None] = {}
+    after: dict[int, list[Row]] = {}  # rows put in just after a request (so before the next)
+    for r in compress(range(n), map(touched.__contains__, rids)):
+        op, rid = ops[r], rids[r]
         sid = stack_ids[r] if stack_ids else -1
         if op in (ALLOC, FREE) and rid in dropped_rids:
+            changed[r] = None
             continue
         if op == ALLOC:
             k = _alloc_of(rid_of, rid)
             if k in resize:
                 first, *rest = resize[k]
-                out.append(ALLOC, first, rid, req.streams[r], req.event_index[r])
-                ids.append(sid)
-                extra[rid] = []
-                for size in rest:
-                    out.append(ALLOC, size, next_rid, req.streams[r], req.event_index[r])
-                    ids.append(sid)
-                    extra[rid].append(next_rid)
-                    next_rid += 1
+                changed[r] = (ALLOC, first, rid, streams[r], evi[r], sid)
+                extra[rid] = list(range(next_rid, next_rid + len(rest)))
+                next_rid += len(rest)
+                after[r + 1] = [(ALLOC, size, other, streams[r], evi[r], sid) for other, size in zip(extra[rid], rest)]
                 continue
-        out.append(op, req.sizes[r], rid, req.streams[r], req.event_index[r])
-        ids.append(sid)
         if op == FREE and rid in extra:
             k = _alloc_of(rid_of, rid)
-            for other, size in zip(extra[rid], resize[k][1:]):
-                out.append(FREE, size, other, req.streams[r], req.event_index[r])
-                ids.append(-1)
-    if stack_ids is not None:
-        out.stack_ids, out.stack_table = ids, req.stack_table
-    return rewritten(trace, out, new_index)
+            after[r + 1] = [(FREE, size, other, streams[r], evi[r], -1) for other, size in zip(extra[rid], resize[k][1:])]
+    return spliced(trace, after, changed, given_stacks=True)
 
 
 def optimizer_remedies(an: Analysis, base: int | None, conf: str,
@@ -396,13 +389,15 @@ def leak_remedy(an: Analysis, base: int | None, conf: str, base_act: BaseActivit
         notes=tuple(f"grows: {an.labels[i]}" for i in growing))
 
 
-def training_remedies(an: Analysis, base: int | None, conf: str | None = None) -> list[Remedy]:
+def training_remedies(an: Analysis, base: int | None, conf: str | None = None,
+                      base_act: BaseActivity | None = None) -> list[Remedy]:
     """The leak, checkpointing and optimizer-state remedies of a training recording (none for inference);
-    the recording's own uncapped replay, which each compares with, is made once for all of them."""
+    the recording's own uncapped replay, which each compares with, is made once for all of them (or
+    handed in as `base_act`)."""
     if not trains(an.trace.requests):
         return []
     conf = recorded_conf(an.trace) if conf is None else conf
-    base_act = activity(an.trace, conf, an.trace)
+    base_act = base_act or activity(an.trace, conf, an.trace)
     out = [r for r in (leak_remedy(an, base, conf, base_act), checkpointing_remedy(an, base, conf, base_act))
            if r is not None]
     return out + optimizer_remedies(an, base, conf, base_act)

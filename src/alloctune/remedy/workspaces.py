@@ -14,11 +14,12 @@
 from __future__ import annotations
 
 import re
+from itertools import compress
 from typing import Mapping
 
-from alloctune.remedy.model import UNCONFIRMED, Remedy, activity, min_budget, rewritten, simulated
+from alloctune.remedy.model import UNCONFIRMED, BaseActivity, Remedy, Row, activity, min_budget, simulated, spliced
 from alloctune.trace.fallible import NO_WORKSPACE, has_cpp_frames, scratch_requests, tag_by_frames
-from alloctune.trace.model import ALLOC, FREE, RequestStream, Trace
+from alloctune.trace.model import ALLOC, FREE, Trace
 
 # torch's cuBLAS workspace pool (CublasHandlePool.cpp) and its cuBLASLt workspace
 CUBLAS_FRAME = re.compile(r"getNewWorkspace|getCUDABlasLtWorkspace|CublasHandlePool|cublasLt\w*Workspace", re.I)
@@ -31,7 +32,9 @@ CUBLAS_CONFIGS = ((":4096:2:16:8", (4096 * 2 + 16 * 8) * KiB), (":16:8", 16 * 8 
 def cublas_requests(trace: Trace) -> set[int]:
     """Request indices of ALLOCs whose C++ stack passes through torch's cuBLAS workspace pool."""
     req, events = trace.requests, trace.events
-    out = set()
+    out: set[int] = set()
+    if not events:  # no recorded events (a compact trace): no frames to read
+        return out
     for i, op in enumerate(req.ops):
         if op != ALLOC:
             continue
@@ -40,6 +43,20 @@ def cublas_requests(trace: Trace) -> set[int]:
         for fr in (ev or {}).get("frames") or ():
             name = fr.get("name", "") if isinstance(fr, Mapping) else str(fr)
             if CUBLAS_FRAME.search(name or ""):
+                out.add(i)
+                break
+    return out
+    pool: dict[str, bool] = {}  # frame name -> whether it is the pool's (names repeat: each is matched once)
+    n_events, event_index = len(events), req.event_index
+    for i in compress(range(len(req.ops)), map(ALLOC.__eq__, req.ops)):
+        k = event_index[i]
+        ev = events[k] if 0 <= k < n_events else None
+        for fr in (ev or {}).get("frames") or ():
+            name = (fr.get("name", "") if isinstance(fr, Mapping) else str(fr)) or ""
+            hit = pool.get(name)
+            if hit is None:
+                hit = pool[name] = CUBLAS_FRAME.search(name) is not None
+            if hit:
                 out.add(i)
                 break
     return out
@@ -80,26 +97,28 @@ def cudnn_requests(trace: Trace) -> tuple[set[int], str]:
 def resized(trace: Trace, sizes: Mapping[int, int]) -> Trace:
     """`trace` with the ALLOC at each index of `sizes` (and its FREE) of the new size."""
     req = trace.requests
+    n = len(req)
     rid_size = {req.rids[i]: s for i, s in sizes.items()}
-    out = RequestStream()
-    for r in range(len(req)):
-        size = req.sizes[r]
-        if r in sizes:
-            size = sizes[r]
-        elif req.ops[r] == FREE and req.rids[r] in rid_size:
-            size = rid_size[req.rids[r]]
-        out.append(req.ops[r], size, req.rids[r], req.streams[r], req.event_index[r])
-    return rewritten(trace, out, list(range(len(req) + 1)))
+    ops, rids, streams, evi = req.ops, req.rids, req.streams, req.event_index
+    changed: dict[int, Row | None] = {
+        r: (FREE, rid_size[rids[r]], rids[r], streams[r], evi[r], -1)
+        for r in compress(range(n), map(rid_size.__contains__, rids)) if r not in sizes and ops[r] == FREE}
+    for r, size in sizes.items():
+        if 0 <= r < n:
+            changed[r] = (ops[r], size, rids[r], streams[r], evi[r], -1)
+    return spliced(trace, {}, changed)
 
 
-def workspace_remedies(trace: Trace, base: int | None, conf: str, command: str = "CMD") -> list[Remedy]:
-    """The workspace caps that apply to the recording (none when it shows no workspace)."""
+def workspace_remedies(trace: Trace, base: int | None, conf: str, command: str = "CMD",
+                       base_act: BaseActivity | None = None) -> list[Remedy]:
+    """The workspace caps that apply to the recording (none when it shows no workspace); `base_act`:
+    the recording's own `activity` under `conf`, when at hand."""
     out: list[Remedy] = []
     blas = cublas_requests(trace)
     cudnn, evidence = cudnn_requests(trace)
     if not blas and not cudnn:
         return out
-    base_act = activity(trace, conf, trace)
+    base_act = base_act or activity(trace, conf, trace)
     sizes = trace.requests.sizes
     largest = max((sizes[i] for i in blas), default=0)
     for value, cap in CUBLAS_CONFIGS:

@@ -91,6 +91,14 @@ class RequestStream:
         self.streams.append(stream)
         self.event_index.append(event_index)
 
+    def extend_from(self, other: "RequestStream", start: int, stop: int) -> None:
+        """Append requests [start, stop) of `other` (its five columns; `append` row by row, in bulk)."""
+        self.ops.extend(other.ops[start:stop])
+        self.sizes.extend(other.sizes[start:stop])
+        self.rids.extend(other.rids[start:stop])
+        self.streams.extend(other.streams[start:stop])
+        self.event_index.extend(other.event_index[start:stop])
+
     def __len__(self) -> int:
         return len(self.ops)
 
