@@ -94,9 +94,9 @@ def test_diagnose_snapshot_flag(traces_dir):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["--budget", "6GiB"], "--budget only apply with --snapshot"),
-    (["--oom", "0"], "--oom only apply with --snapshot"),
-    (["--no-what-if"], "--no-what-if only apply with --snapshot"),
+    (["--budget", "6GiB"], "--budget only applies with --snapshot"),
+    (["--oom", "0"], "--oom only applies with --snapshot"),
+    (["--no-what-if"], "--no-what-if only applies with --snapshot"),
 ])
 def test_snapshot_only_options_without_snapshot_are_errors(tmp_path, args, needle):
     p = tmp_path / "log.txt"

@@ -201,7 +201,8 @@ def diagnose_input(
         only = [name for name, v in (("--budget", budget), ("--device", device), ("--oom", oom)) if v is not None]
         if not what_if:
             only.append("--no-what-if")
-        only_error = InputError(f"{', '.join(only)} only apply with --snapshot FILE (or a snapshot as FILE)")
+        verb = "applies" if len(only) == 1 else "apply"
+        only_error = InputError(f"{', '.join(only)} only {verb} with --snapshot FILE (or a snapshot as FILE)")
         if only and (source is None or str(source) == "-"):
             raise only_error
         read, total, close = _open_log(source, stdin)
