@@ -127,7 +127,7 @@ def test_untagged_note_names_what_calibration_did_not_cover():
     # the 100 and 500 MiB requests are freed right after allocation (possible workspaces) and were not
     # calibrated; the workspace was; the 400 MiB activation and the 10-13 MiB tensors are data, not scratch
     assert note is not None and note.startswith("2 request(s)")
-    assert "capped at 650 MiB" in note
+    assert "capped at 650.00 MiB" in note
     assert untagged_note(plain).startswith("4 request(s)")  # before: both workspaces too
 
 

@@ -68,7 +68,7 @@ def test_rank_orders_by_feasible_then_min_budget_with_throughput_guard():
     assert r.best is b  # c needs less memory but is 4 % slower than the best (a)
     assert [s.candidate.conf for s in r.order][:2] == ["expandable_segments:True", ""]
     assert "4.0 % below" in r.reasons["garbage_collection_threshold:0.6"]
-    assert "1000 MiB more" in r.reasons[""]
+    assert "1000.00 MiB more" in r.reasons[""]
     assert "does not complete" in r.reasons["roundup_power2_divisions:4"]
     # a looser guard (5 %) lets the lowest min_budget win
     r2 = rank([a, b, c, d], 3500 * MiB, throughput_tolerance=0.05)

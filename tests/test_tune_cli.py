@@ -79,7 +79,7 @@ def test_resume_reuses_the_store_and_renders_the_table(setup):
     assert p.returncode == 0, p.stderr
     out = p.stdout
     assert f"{n} trials (0 run, 0 after the baseline, {n} from the store)" in out
-    assert "use expandable_segments:True: completes under 800 MiB" in out
+    assert "use expandable_segments:True: completes under 800.00 MiB" in out
     assert "taken from the results store" in out
     assert "recommended" in out
 
@@ -90,7 +90,7 @@ def test_crash_stops_the_sweep_with_one_line_and_partial_table(setup):
     p = tune(tmp_path, env)
     assert p.returncode == 1
     last = p.stderr.strip().splitlines()[-1]
-    assert last.startswith("alloctune: error: trial expandable_segments:True at 800 MiB crashed, not for lack of memory: "
+    assert last.startswith("alloctune: error: trial expandable_segments:True at 800.00 MiB crashed, not for lack of memory: "
                            "ValueError: broken input file")
     assert "trials so far" in p.stdout
 

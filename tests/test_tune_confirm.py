@@ -55,7 +55,7 @@ def test_when_simulation_and_gpu_agree_three_runs_in_all_prove_the_answer():
     # the default did not run at the user's budget: simulated from its own recording, it does not fit
     default = next(s for s in res.summaries if s.candidate.conf == "")
     assert default.feasible is None and not any(c[0] == "" and c[1] is not None for c in ev.calls)
-    assert "replaying its own recording needs 2.93 GiB, 400 MiB more than 2.54 GiB" in default.note
+    assert "replaying its own recording needs 2.93 GiB, 400.00 MiB more than 2.54 GiB" in default.note
     # the other candidates were only simulated, and say why they were not run
     others = [s for s in res.summaries if s.feasible is None and s.sim_min_budget is not None]
     assert others and all("not run on the GPU" in s.note or "does not complete" in s.note for s in others)

@@ -126,11 +126,8 @@ def format_size_arg(size: int) -> str:
 
 
 def format_mib(size: int) -> str:
-    """Compact human form used in our own tables (`512 MiB`, `5.25 GiB`)."""
-    if size >= GiB:
-        return f"{size / GiB:.2f} GiB"
-    if size >= MiB:
-        return f"{size / MiB:.0f} MiB" if size % MiB == 0 else f"{size / MiB:.2f} MiB"
+    """A size in text output: the one spelling, `format_size`'s (`512.00 MiB`, `5.25 GiB`), which is also
+    the one PyTorch's own OOM messages use."""
     return format_size(size)
 
 
