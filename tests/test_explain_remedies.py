@@ -198,7 +198,7 @@ def test_explain_page_and_terminal_carry_the_remedies_and_the_utilization_table(
                          text=True, env={"PYTHONPATH": src, "COLUMNS": "200", "PATH": "/usr/bin:/bin"}, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "remedies (program-level, on this recording):" in out.stdout and "remedy janitor_by_size" in out.stdout
-    assert "0.97 is not reached" in out.stdout
+    assert "97.0 % utilization is not reached" in out.stdout
 
 
 @pytest.mark.parametrize("conf", ["", "expandable_segments:True", "max_split_size_mb:128"])
@@ -268,7 +268,7 @@ def test_the_setting_row_is_the_real_run_with_that_setting(traces_dir, workload)
     best = max((r for r in util.rows if r.utilization is not None), key=lambda r: r.utilization)
     assert util.reachable == (best.utilization >= 0.97)
     if not util.reachable:
-        assert f"best {best.utilization:.3f}, {best.name}" in util.held_back
+        assert f"best {100 * best.utilization:.1f} %, {best.name}" in util.held_back
 
 
 def test_the_cudnn_candidate_is_the_switch_the_other_way_than_the_run_record_says():

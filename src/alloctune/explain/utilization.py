@@ -194,5 +194,6 @@ def table(rows: Sequence[UtilizationRow], trace: Trace | None = None) -> Utiliza
         why = held_back(src, best.conf)
     except Exception as exc:  # noqa: BLE001 - the table stands without the reason
         why = f"not explained ({type(exc).__name__}: {exc})"
-    return UtilizationTable(t.rows, t.target, f"{TARGET} is not reached (best {format_percent(best.utilization)}, {best.name}); "
-                                              + why)
+    head = (f"{format_percent(TARGET)} utilization is not reached "
+            f"(best {format_percent(best.utilization)}, {best.name}); ")
+    return UtilizationTable(t.rows, t.target, head + why)
