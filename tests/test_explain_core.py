@@ -267,7 +267,7 @@ def test_against_a_larger_input_without_stacks_names_the_requests_that_grew(tmp_
     cmp = api.explain(write(big, tmp_path / "big.pickle"), against=write(small, tmp_path / "small.pickle"))
     assert sum(cmp.categories.values()) == cmp.gap
     best = max(cmp.sites, key=lambda s: s.delta)
-    assert f" {3 * MiB + 2048} B " in best.site  # named by the smaller run's request size
+    assert f"({3 * MiB + 2048} bytes)" in best.site  # named by the smaller run's request size
     assert best.delta == fb.kept_at_end - fa.kept_at_end
 
 

@@ -238,7 +238,7 @@ def _size_labels(sizes: Sequence[int]) -> dict[int, str]:
     there are more than `MAX_SIZE_SITES` distinct sizes (a KV cache that grows by one token a step)."""
     distinct = set(sizes)
     if len(distinct) <= MAX_SIZE_SITES:
-        return {s: f"{sitemod.NO_STACKS} {s} B ({format_size(s)}) requests" for s in distinct}
+        return {s: f"{sitemod.NO_STACKS} requests of {format_size(s)} ({s} bytes)" for s in distinct}
     out = {}
     for s in distinct:
         lo = 1 << max(0, s.bit_length() - 1)
