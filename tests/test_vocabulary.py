@@ -239,3 +239,22 @@ def test_a_plan_range_ending_at_the_search_ceiling_is_marked_as_a_lower_bound():
                                                                            "COLUMNS": "120"}).stdout
     assert item["optimistic"] == "384" and "(search 1..384," in text
     assert f"{item['largest']} * .. ≥ 384 ‡" in text
+
+
+def test_explain_text_names_the_step_that_writes_the_what_if_files_and_says_at_once():
+    """Two of the issue's exact commands: `explain convnext_leak.pickle.xz` printed `alloctune simulate
+    WHATIF_DIR/what_if_1.atrace` with no step that writes it, and `explain --at 2000` printed "at at"."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    rec = str(root / "tests" / "data" / "explain_gpu" / "convnext_leak.pickle.xz")
+    env = {**__import__("os").environ, "COLUMNS": "200"}
+    out = subprocess.run([sys.executable, "-m", "alloctune", "explain", rec], capture_output=True, text=True,
+                         cwd=root, env=env).stdout.splitlines()
+    sim = next(i for i, line in enumerate(out) if "alloctune simulate WHATIF_DIR/what_if_1.atrace" in line)
+    writes = next(i for i, line in enumerate(out) if "--what-if-dir WHATIF_DIR" in line)
+    assert writes < sim and "writes WHATIF_DIR/what_if_1.atrace" in out[writes]
+    at = subprocess.run([sys.executable, "-m", "alloctune", "explain", rec, "--at", "2000", "--no-what-if"],
+                        capture_output=True, text=True, cwd=root, env=env).stdout
+    assert "moment at event 2000" in at and "at at" not in at
