@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import tarfile
@@ -139,8 +140,8 @@ def tune_rows(folder: Path) -> list[str]:
                          f"{mib(t['budget']) if t['budget'] else 'none'} -> {t['outcome']}, {mib(t['peak_reserved'])}"
                          for t in d["trials"])
         steps = (d.get("shortfall") or {}).get("next_steps") or []
-        leak = next((s.split(": at ")[-1].split(":")[0] + ":" + s.split(": at ")[-1].split(":")[1]
-                     for s in steps if "growing site" in s), "-")
+        leak = next((m.group(1) for s in steps if "growing site" in s
+                     if (m := re.search(r": at (\S+:\d+ \(\w+\))", s))), "-")
         rows.append(f"| {f.name.removesuffix('.tune.json')} | {mib(d['budget'])} MiB | {runs} | "
                     f"{(steps[0] if steps else '-')[:110]} | {leak} |")
     return rows

@@ -6,8 +6,11 @@ aliases; one set of platform names for `diagnose` and `config`; sizes read by th
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -211,14 +214,19 @@ def test_run_view_shows_utilization_one_way(capsys):
     assert "75.0 % (peak allocated / peak reserved)" in capsys.readouterr().err
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cli(*args: str, columns: int = 200) -> "subprocess.CompletedProcess[str]":
+    """`python -m alloctune ARGS` from the repository root, its text laid out at `columns`."""
+    return subprocess.run([sys.executable, "-m", "alloctune", *args], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "COLUMNS": str(columns)})
+
+
 def test_plan_refuses_a_directory_of_several_programs_in_one_line(tmp_path):
     """`alloctune plan tests/data/size_recordings/ --budget 3GiB` (HuBERT, Llama and RVC recordings side by
     side) planned them as one program with five structures; it is refused, naming the programs."""
-    import subprocess
-    import sys
-
-    p = subprocess.run([sys.executable, "-m", "alloctune", "plan", "tests/data/size_recordings/", "--budget", "3GiB"],
-                       capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    p = _cli("plan", "tests/data/size_recordings/", "--budget", "3GiB")
     assert p.returncode == 2 and p.stdout == "" and len(p.stderr.strip().splitlines()) == 1
     assert "3 different programs" in p.stderr and "real_workloads.py hubert" in p.stderr
 
@@ -226,17 +234,10 @@ def test_plan_refuses_a_directory_of_several_programs_in_one_line(tmp_path):
 def test_a_plan_range_ending_at_the_search_ceiling_is_marked_as_a_lower_bound():
     """`plan` of the HuBERT recordings at 8, 16, 24 s under --budget 3GiB printed `256 * .. 384` where 384 is
     the top of the search (16x the largest recording): the optimistic end is shown as `≥ 384 ‡`."""
-    import subprocess
-    import sys
-
-    root = Path(__file__).resolve().parents[1]
-    rec = root / "tests" / "data" / "size_recordings"
-    args = [f"{rec}/size_hubert_{s}.pickle.xz:{s}" for s in (8, 16, 24)]
-    base = [sys.executable, "-m", "alloctune", "plan", *args, "--budget", "3GiB"]
-    data = json.loads(subprocess.run(base + ["--json"], capture_output=True, text=True, cwd=root).stdout)
-    item = data["settings"][0]["largest"][0]
-    text = subprocess.run(base, capture_output=True, text=True, cwd=root, env={**__import__("os").environ,
-                                                                           "COLUMNS": "120"}).stdout
+    rec = ROOT / "tests" / "data" / "size_recordings"
+    base = ["plan", *[f"{rec}/size_hubert_{s}.pickle.xz:{s}" for s in (8, 16, 24)], "--budget", "3GiB"]
+    item = json.loads(_cli(*base, "--json").stdout)["settings"][0]["largest"][0]
+    text = _cli(*base, columns=120).stdout
     assert item["optimistic"] == "384" and "(search 1..384," in text
     assert f"{item['largest']} * .. ≥ 384 ‡" in text
 
@@ -244,17 +245,10 @@ def test_a_plan_range_ending_at_the_search_ceiling_is_marked_as_a_lower_bound():
 def test_explain_text_names_the_step_that_writes_the_what_if_files_and_says_at_once():
     """Two of the issue's exact commands: `explain convnext_leak.pickle.xz` printed `alloctune simulate
     WHATIF_DIR/what_if_1.atrace` with no step that writes it, and `explain --at 2000` printed "at at"."""
-    import subprocess
-    import sys
-
-    root = Path(__file__).resolve().parents[1]
-    rec = str(root / "tests" / "data" / "explain_gpu" / "convnext_leak.pickle.xz")
-    env = {**__import__("os").environ, "COLUMNS": "200"}
-    out = subprocess.run([sys.executable, "-m", "alloctune", "explain", rec], capture_output=True, text=True,
-                         cwd=root, env=env).stdout.splitlines()
+    rec = str(ROOT / "tests" / "data" / "explain_gpu" / "convnext_leak.pickle.xz")
+    out = _cli("explain", rec).stdout.splitlines()
     sim = next(i for i, line in enumerate(out) if "alloctune simulate WHATIF_DIR/what_if_1.atrace" in line)
     writes = next(i for i, line in enumerate(out) if "--what-if-dir WHATIF_DIR" in line)
     assert writes < sim and "writes WHATIF_DIR/what_if_1.atrace" in out[writes]
-    at = subprocess.run([sys.executable, "-m", "alloctune", "explain", rec, "--at", "2000", "--no-what-if"],
-                        capture_output=True, text=True, cwd=root, env=env).stdout
+    at = _cli("explain", rec, "--at", "2000", "--no-what-if").stdout
     assert "moment at event 2000" in at and "at at" not in at
