@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from alloctune.config.standard import STANDARD_CONFS  # noqa: E402
-from alloctune.units import format_mib  # noqa: E402
+from alloctune.units import format_size  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
 WORK = Path(os.environ.get("WORK", "/tmp/diagnose_cap"))
@@ -127,9 +127,9 @@ def one_program(name: str) -> dict:
     rec = record(name)
     mb = simulated_min_budgets(name)
     cap = choose_cap(name, mb)
-    log(f"{name}: recorded (peak reserved {format_mib((rec.get('stats') or {}).get('reserved_bytes.all.peak') or 0)}), simulated min budgets "
-        + ", ".join(f"{c or 'default'}={format_mib(v) if v else '-'}" for c, v in mb.items())
-        + f"; cap {format_mib(cap)}")
+    log(f"{name}: recorded (peak reserved {format_size((rec.get('stats') or {}).get('reserved_bytes.all.peak') or 0)}), simulated min budgets "
+        + ", ".join(f"{c or 'default'}={format_size(v) if v else '-'}" for c, v in mb.items())
+        + f"; cap {format_size(cap)}")
     snap_run = capped_run(name, "", cap, snapshot=True)
     res = {"program": name, "cap": cap, "sim_min_budgets": mb, "snapshot_run": snap_run}
     if snap_run["oom_snapshot"]:
@@ -156,9 +156,9 @@ def verdict_row(r: dict) -> dict:
     else:
         agree = None
     return {
-        "program": r["program"], "cap": format_mib(r["cap"]),
+        "program": r["program"], "cap": format_size(r["cap"]),
         "default OOMs": r["snapshot_run"]["outcome"],
-        "budget (source)": f"{format_mib(d['budget'])} ({d.get('budget_source')})" if d.get("budget") else "-",
+        "budget (source)": f"{format_size(d['budget'])} ({d.get('budget_source')})" if d.get("budget") else "-",
         "verdict": d.get("verdict", d.get("error", "-")), "reproduced": d.get("reproduced"),
         "serve failed request (sim)": ", ".join(serving) or "none",
         "recommendation": rec or "-", "complete under the cap (real)": ", ".join(completing) or "none",

@@ -171,10 +171,10 @@ def test_report(rendered):
 
 
 def test_run_summary(rendered):
-    from alloctune.units import format_mib
+    from alloctune.units import format_size
 
     sections, _, trial = rendered
-    words = _words(LONG.replace(",", " "), format_mib(trial["peak_reserved"]), "NVIDIA H200", "2.11.0")
+    words = _words(LONG.replace(",", " "), format_size(trial["peak_reserved"]), "NVIDIA H200", "2.11.0")
     _check(sections["run-summary"], words)
 
 

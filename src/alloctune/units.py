@@ -125,12 +125,6 @@ def format_size_arg(size: int) -> str:
     return min(found, key=len)  # the first of the shortest
 
 
-def format_mib(size: int) -> str:
-    """A size in text output: the one spelling, `format_size`'s (`512.00 MiB`, `5.25 GiB`), which is also
-    the one PyTorch's own OOM messages use."""
-    return format_size(size)
-
-
 def format_percent(fraction: float | None) -> str:
     """A fraction as our text output shows it: one decimal, a space before the sign (`0.781` -> `78.1 %`,
     the docs' `5.45 %` style); `-` for None. JSON keeps the fraction itself."""

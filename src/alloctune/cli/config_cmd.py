@@ -81,7 +81,7 @@ def _render_check(result, shell: str) -> None:
 
     from alloctune.cli.render import Col, FitTable, console
     from alloctune.config.effective import describe_roundup
-    from alloctune.units import format_mib
+    from alloctune.units import format_size
 
     console.print(f"[green]valid[/green] for torch {result.torch}: {result.input!r}", markup=True, soft_wrap=True)
     console.print(f"normalized: {result.normalized.format() or '(empty: all defaults)'}", markup=False, soft_wrap=True)
@@ -93,7 +93,7 @@ def _render_check(result, shell: str) -> None:
             return describe_roundup(value)
         if isinstance(value, int) and not isinstance(value, bool) and key in (
                 "max_split_size", "max_non_split_rounding", "large_segment_size"):
-            return format_mib(value)
+            return format_size(value)
         return str(value)
 
     table = FitTable(Col("setting"), Col("value"), title="effective values")

@@ -16,7 +16,7 @@ def render_demo(result: Any) -> None:
     from rich.text import Text
 
     from alloctune.cli.render import Col, FitTable
-    from alloctune.units import GiB, format_mib, format_percent
+    from alloctune.units import GiB, format_percent, format_size
 
     name = result.name or result.trace
     about = short_workload(result.workload)
@@ -37,7 +37,7 @@ def render_demo(result: Any) -> None:
         Col("fits\ncard", justify="right", nowrap=True),
     ]
     if result.budget is not None:
-        cols.append(Col(f"fits {format_mib(result.budget)}", justify="center", nowrap=True))
+        cols.append(Col(f"fits {format_size(result.budget)}", justify="center", nowrap=True))
     table = FitTable(*cols, title="Each setting, replayed through the exact allocator model")
     default_mb = result.rows[0].min_budget
 

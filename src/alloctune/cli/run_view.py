@@ -28,9 +28,9 @@ def render_run(result: TrialResult, *, json_out: bool) -> None:
 
 
 def _fmt(n: int | None) -> str:
-    from alloctune.units import format_mib
+    from alloctune.units import format_size
 
-    return "-" if n is None else format_mib(n)
+    return "-" if n is None else format_size(n)
 
 
 def render_trial(result: TrialResult) -> None:

@@ -13,9 +13,9 @@ from alloctune.config.standard import setting_label
 
 
 def _fmt(n: Optional[int]) -> str:
-    from alloctune.units import format_mib
+    from alloctune.units import format_size
 
-    return "-" if n is None else format_mib(n)
+    return "-" if n is None else format_size(n)
 
 
 def _budget(n: Optional[int]) -> str:

@@ -23,7 +23,7 @@ def snapshot_view(d: Any) -> list[Any]:
     from rich.text import Text
 
     from alloctune.report.tables import diagnosis_cells
-    from alloctune.units import format_mib
+    from alloctune.units import format_size
 
     cells = diagnosis_cells(d)
     out: list[Any] = [kv_table([c for c in cells if c[0] not in _COPY_ROWS], title=f"OOM in {d.source}")]
@@ -36,8 +36,8 @@ def snapshot_view(d: Any) -> list[Any]:
         t = FitTable(Col("segment"), *(Col(h, "right", True) for h in ("size", "live", "free", "largest\nfree")),
                      Col("live\nblocks", "right"), title="Segments pinned by live blocks (most free first)")
         for p in d.pinned:
-            t.add_row(f"{p.addr:#x}", format_mib(p.size), format_mib(p.allocated), format_mib(p.free),
-                      format_mib(p.largest_free), str(p.live_blocks))
+            t.add_row(f"{p.addr:#x}", format_size(p.size), format_size(p.allocated), format_size(p.free),
+                      format_size(p.largest_free), str(p.live_blocks))
         out.append(t)
     return out
 

@@ -16,7 +16,7 @@ from alloctune.config.knobs import KNOB_BY_NAME
 from alloctune.config.model import ENV_VARS, AllocatorConfig, parse_config, parse_detailed
 from alloctune.config.versions import DEFAULT_TORCH, TorchVersion, format_version, parse_torch_version
 from alloctune.errors import ConfigError, InputError
-from alloctune.units import format_mib
+from alloctune.units import format_size
 
 ERROR = "error"      # torch will refuse this at CUDA init
 WARNING = "warning"  # accepted, but does nothing (or not what was meant)
@@ -189,9 +189,9 @@ def _max_split_findings(config: AllocatorConfig, card: int | None, cap_fraction:
     if mss is not None and config.backend == "native":
         limit, what = None, ""
         if card is not None:
-            limit, what = card, f"the card's memory ({format_mib(card)})"
+            limit, what = card, f"the card's memory ({format_size(card)})"
             if cap_fraction is not None and cap_fraction < 1:
-                limit, what = int(card * cap_fraction), f"the memory cap ({format_mib(int(card * cap_fraction))})"
+                limit, what = int(card * cap_fraction), f"the memory cap ({format_size(int(card * cap_fraction))})"
         if limit is not None and mss >= limit:
             out.append(ConfigWarning(
                 "max-split-above-card", WARNING,
@@ -201,7 +201,7 @@ def _max_split_findings(config: AllocatorConfig, card: int | None, cap_fraction:
             out.append(ConfigWarning(
                 "max-split-no-op", WARNING,
                 f"max_split_size_mb:{mss >> 20} is above every segment this workload makes "
-                f"(largest {format_mib(largest_segment)}): it is a no-op; try a value below that",
+                f"(largest {format_size(largest_segment)}): it is a no-op; try a value below that",
                 "max_split_size_mb"))
     if mss is None and config.max_non_split_rounding is not None and config.backend == "native":
         out.append(ConfigWarning(

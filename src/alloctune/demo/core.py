@@ -14,7 +14,7 @@ from typing import Any
 
 from alloctune.config.standard import STANDARD_CONFS
 from alloctune.sim.resolution import ABS_TOL, step
-from alloctune.units import GiB, MiB, format_mib
+from alloctune.units import GiB, MiB, format_size
 
 # Values copied from forum threads for RVC and Stable Diffusion.
 FOLKLORE_CANDIDATES: tuple[str, ...] = (
@@ -266,14 +266,14 @@ def why_not_smaller(best: DemoRow, rows: tuple[DemoRow, ...], tolerance: int) ->
         return None
     alt = min(cheaper, key=lambda r: r.min_budget)
     if best.peak_reserved < alt.peak_reserved:
-        reason = (f"without a cap it holds {format_mib(alt.peak_reserved - best.peak_reserved)} less "
-                  f"({format_mib(best.peak_reserved)} vs {format_mib(alt.peak_reserved)}), left to the rest of the card")
+        reason = (f"without a cap it holds {format_size(alt.peak_reserved - best.peak_reserved)} less "
+                  f"({format_size(best.peak_reserved)} vs {format_size(alt.peak_reserved)}), left to the rest of the card")
     else:  # the rank key only lets a larger budget win on the peak or on retries
         reason = (f"it needs {alt.retries - best.retries} fewer allocator retries without a cap "
                   "(each flushes the cache and stalls the run)")
     return (f"{best.label} is recommended over {alt.label}, which needs "
-            f"{format_mib(best.min_budget - alt.min_budget)} less ({format_mib(alt.min_budget)}): "
-            f"that is within the simulator's resolution ({format_mib(tolerance)}), and {reason}.")
+            f"{format_size(best.min_budget - alt.min_budget)} less ({format_size(alt.min_budget)}): "
+            f"that is within the simulator's resolution ({format_size(tolerance)}), and {reason}.")
 
 
 def run_demo(trace_path: str | Path | None = None, budget: int | None = None) -> DemoResult:

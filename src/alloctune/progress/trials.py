@@ -179,9 +179,9 @@ class TrialLines:
 
 
 def _mib_text(n: Optional[int]) -> str:
-    from alloctune.units import format_mib
+    from alloctune.units import format_size
 
-    return "-" if n is None else format_mib(n)
+    return "-" if n is None else format_size(n)
 
 
 def _budget_text(n: Optional[int]) -> str:

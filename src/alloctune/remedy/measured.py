@@ -31,7 +31,7 @@ from alloctune.remedy.training import block_windows
 from alloctune.remedy.workspaces import SHAPE_EVIDENCE, cudnn_requests, resized
 from alloctune.run.trial import TrialRequest, TrialResult
 from alloctune.trace.fallible import NO_WORKSPACE
-from alloctune.units import MiB, format_mib
+from alloctune.units import MiB, format_size
 
 NO_GRAD_LINE = "with torch.inference_mode():  # or torch.no_grad(), around the model's forward calls"
 
@@ -144,11 +144,11 @@ def _measured(trial: TrialResult, conf: str, base: int | None, simulator_factory
         mb, floor, notes = _simulated(simulator_factory, trial, conf)
     ok, oom, other = outcomes
     if trial.passed:
-        outcome = ok.format(budget=format_mib(trial.budget or 0))
+        outcome = ok.format(budget=format_size(trial.budget or 0))
         if mb is not None:
             outcome += f"; its recording simulates to a min budget of {_span(floor, mb)}"
     elif trial.outcome == "oom":
-        outcome = oom.format(budget=format_mib(trial.budget or 0))
+        outcome = oom.format(budget=format_size(trial.budget or 0))
     else:
         outcome = other.format(detail=f"{trial.outcome}: {trial.error or 'no detail'}")
     return Remedy(name, what, mb, None if mb is None or base is None else base - mb, trial.peak_reserved,
@@ -176,10 +176,10 @@ def _simulated(simulator_factory: Any, trial: TrialResult, conf: str) -> tuple[i
             floor = low
     said = [] if floor is None else [
         f"where in {_span(floor, mb)} its need lies depends on the cuDNN workspaces it gives up under a cap, which "
-        f"its run at {format_mib(trial.budget or 0)} did not press; a recorded run capped near {format_mib(floor)} "
+        f"its run at {format_size(trial.budget or 0)} did not press; a recorded run capped near {format_size(floor)} "
         "(alloctune run --budget ... --record) settles it"]
     return mb, floor, said
 
 
 def _span(floor: int | None, mb: int) -> str:
-    return format_mib(mb) if floor is None else f"{format_mib(floor)} .. {format_mib(mb)}"
+    return format_size(mb) if floor is None else f"{format_size(floor)} .. {format_size(mb)}"

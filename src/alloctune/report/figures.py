@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 from alloctune.memory_map.model import MemoryMap
 from alloctune.report.model import SegmentMapView, Series, SettingRow
 from alloctune.report.style import ALLOCATED, FREE, LARGEST_FREE, MAX_PANELS, MAX_SEGMENT_ROWS, RESERVED, axis_unit
-from alloctune.units import format_mib
+from alloctune.units import format_size
 
 
 def _figure(width: float, height: float) -> Any:
@@ -54,7 +54,7 @@ def timeline_figure(series: Sequence[Series]) -> bytes:
         peak_r = max(s.reserved, default=0)
         peak_a = max(s.allocated, default=0)
         util = f", utilization {peak_a / peak_r:.1%}" if peak_r else ""
-        ax.set_title(f"{s.label}: peak {format_mib(peak_r)} reserved{util}", fontsize=9)
+        ax.set_title(f"{s.label}: peak {format_size(peak_r)} reserved{util}", fontsize=9)
         ax.set_xlabel("history event", fontsize=8)
         ax.set_ylabel(unit, fontsize=8)
         ax.tick_params(labelsize=7)
@@ -96,7 +96,7 @@ def min_budget_figure(budgets: Mapping[str, tuple[int, str]]) -> bytes:
     colors = [LARGEST_FREE if i == 0 else RESERVED for i in range(len(items))]
     ax.barh(ys, [v / scale for _, (v, _) in items], color=colors)
     for y, (_, (v, how)) in zip(ys, items):
-        ax.text(v / scale, y, f" {format_mib(v)}" + ("" if how == "bisection" else " (≤)"), va="center", fontsize=8)
+        ax.text(v / scale, y, f" {format_size(v)}" + ("" if how == "bisection" else " (≤)"), va="center", fontsize=8)
     ax.set_yticks(ys, [k for k, _ in items], fontsize=8)
     ax.set_xlabel(unit)
     ax.set_title("min_budget per setting (smaller is better)", fontsize=10)
@@ -133,10 +133,10 @@ def segment_map_figure(view: SegmentMapView) -> bytes:
     ax.set_xlim(0, longest / scale * 1.02)
     ax.set_xlabel(f"offset in segment ({unit})")
     more = f"; {len(segs) - len(shown)} segments with less free memory not shown" if len(segs) > len(shown) else ""
-    req = f"; failed request {format_mib(view.request)}" if view.request else ""
+    req = f"; failed request {format_size(view.request)}" if view.request else ""
     ax.set_title(
-        f"{view.label}: {len(segs)} segments, {format_mib(mm.reserved)} reserved, "
-        f"{format_mib(mm.allocated)} allocated{req}{more}",
+        f"{view.label}: {len(segs)} segments, {format_size(mm.reserved)} reserved, "
+        f"{format_size(mm.allocated)} allocated{req}{more}",
         fontsize=9,
     )
     from matplotlib.patches import Patch

@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 from alloctune.report.model import ReportData
 from alloctune.report.style import PAGE_CSS as _CSS  # shared with the explain page
 from alloctune.report.tables import SETTINGS_HEADER, diagnosis_cells, settings_cells
-from alloctune.units import format_mib
+from alloctune.units import format_size
 
 
 def data_uri(png: bytes) -> str:
@@ -84,8 +84,8 @@ def render_html(
                 _table(
                     ("segment", "size", "live", "free", "largest free", "live blocks"),
                     [
-                        (f"{p.addr:#x}", format_mib(p.size), format_mib(p.allocated), format_mib(p.free),
-                         format_mib(p.largest_free), str(p.live_blocks))
+                        (f"{p.addr:#x}", format_size(p.size), format_size(p.allocated), format_size(p.free),
+                         format_size(p.largest_free), str(p.live_blocks))
                         for p in d.pinned
                     ],
                     numeric_from=1,

@@ -12,7 +12,7 @@ from typing import Mapping, Sequence
 
 from alloctune.report.model import SegmentMapView, Series, SettingRow
 from alloctune.report.style import ALLOCATED, FREE, LARGEST_FREE, MAX_PANELS, MAX_SEGMENT_ROWS, RESERVED, axis_unit
-from alloctune.units import format_mib
+from alloctune.units import format_size
 
 WIDTH = 900
 LEFT = 230  # room for labels of bar charts
@@ -58,7 +58,7 @@ def timeline_svg(series: Sequence[Series]) -> bytes:
 
         peak_r, peak_a = max(s.reserved, default=0), max(s.allocated, default=0)
         util = f", utilization {peak_a / peak_r:.1%}" if peak_r else ""
-        body.append(_text(x0, y0 - 6, f"{s.label}: peak {format_mib(peak_r)} reserved{util}", weight="bold"))
+        body.append(_text(x0, y0 - 6, f"{s.label}: peak {format_size(peak_r)} reserved{util}", weight="bold"))
         body.append(_rect(x0, y0, x1 - x0, ph, "none", ' stroke="#a0aec0"'))
         body.append(f'<polyline points="{pts(s.reserved)}" fill="none" stroke="{RESERVED}" stroke-width="1.2"/>')
         body.append(f'<polyline points="{pts(s.allocated)}" fill="none" stroke="{ALLOCATED}" stroke-width="1.2"/>')
@@ -94,7 +94,7 @@ def peaks_svg(rows: Sequence[SettingRow]) -> bytes:
     if not rows:
         raise ValueError("no peaks to draw")
     items = [(f"{r.label} ({r.utilization:.0%})" if r.utilization else r.label, r.peak_reserved or 0,
-              r.peak_allocated, format_mib(r.peak_reserved or 0)) for r in rows]
+              r.peak_allocated, format_size(r.peak_reserved or 0)) for r in rows]
     return _bars(items, "Peak reserved vs allocated per setting (utilization in brackets)")
 
 
@@ -102,7 +102,7 @@ def min_budget_svg(budgets: Mapping[str, tuple[int, str]]) -> bytes:
     """`min_budget` per setting, smallest first; (≤) marks an upper bound (smallest ok trial)."""
     if not budgets:
         raise ValueError("no min_budget to draw")
-    items = [(k, v, None, format_mib(v) + ("" if how == "bisection" else " (≤)"))
+    items = [(k, v, None, format_size(v) + ("" if how == "bisection" else " (≤)"))
              for k, (v, how) in sorted(budgets.items(), key=lambda kv: kv[1][0])]
     return _bars(items, "min_budget per setting (smaller is better)")
 
@@ -116,9 +116,9 @@ def segment_map_svg(view: SegmentMapView) -> bytes:
     scale, unit = axis_unit(longest)
     x0, x1, rh = 20, WIDTH - 20, 12
     more = f"; {len(segs) - len(shown)} segments with less free memory not shown" if len(segs) > len(shown) else ""
-    req = f"; failed request {format_mib(view.request)}" if view.request else ""
-    body = [_text(x0, 16, f"{view.label}: {len(segs)} segments, {format_mib(mm.reserved)} reserved, "
-                          f"{format_mib(mm.allocated)} allocated{req}{more}", weight="bold")]
+    req = f"; failed request {format_size(view.request)}" if view.request else ""
+    body = [_text(x0, 16, f"{view.label}: {len(segs)} segments, {format_size(mm.reserved)} reserved, "
+                          f"{format_size(mm.allocated)} allocated{req}{more}", weight="bold")]
     for k, seg in enumerate(shown):
         y = 26 + k * rh
         for b in seg.blocks:

@@ -10,7 +10,7 @@ from typing import Mapping, Sequence
 from alloctune.config.standard import setting_label
 from alloctune.diagnose.snapshot_model import SnapshotDiagnosis
 from alloctune.report.model import SettingRow
-from alloctune.units import format_mib
+from alloctune.units import format_size
 
 SETTINGS_HEADER = (
     "setting",
@@ -28,7 +28,7 @@ SETTINGS_HEADER = (
 
 
 def _size(v: int | None) -> str:
-    return "" if v is None else format_mib(v)
+    return "" if v is None else format_size(v)
 
 
 def settings_cells(rows: Sequence[SettingRow], budgets: Mapping[str, tuple[int, str]] | None = None) -> list[list[str]]:
@@ -63,29 +63,29 @@ def diagnosis_cells(d: SnapshotDiagnosis) -> list[tuple[str, str]]:
         ("verdict", d.verdict),
         ("summary", d.summary),
         ("state from", d.state_source),
-        ("failed request", f"{format_mib(d.request)} (new segment {format_mib(d.alloc_size)}, {d.pool} pool)"),
-        ("reserved / allocated", f"{format_mib(d.reserved)} / {format_mib(d.allocated)}"),
-        ("reserved but free", format_mib(d.reserved_free)),
-        ("largest usable free block", format_mib(d.largest_free)),
-        ("pinned segments", f"{d.pinned_count} ({format_mib(d.pinned_free)} free in them)"),
-        ("budget", "unknown" if d.budget is None else f"{format_mib(d.budget)} ({d.budget_source})"),
+        ("failed request", f"{format_size(d.request)} (new segment {format_size(d.alloc_size)}, {d.pool} pool)"),
+        ("reserved / allocated", f"{format_size(d.reserved)} / {format_size(d.allocated)}"),
+        ("reserved but free", format_size(d.reserved_free)),
+        ("largest usable free block", format_size(d.largest_free)),
+        ("pinned segments", f"{d.pinned_count} ({format_size(d.pinned_free)} free in them)"),
+        ("budget", "unknown" if d.budget is None else f"{format_size(d.budget)} ({d.budget_source})"),
     ]
     if d.budget is not None:
         headroom = max(d.budget - d.reserved, 0)
         cells.append(("headroom under budget",
-                      f"{format_mib(headroom)} {'<' if headroom < d.alloc_size else '>='} new segment "
-                      f"{format_mib(d.alloc_size)}"))
+                      f"{format_size(headroom)} {'<' if headroom < d.alloc_size else '>='} new segment "
+                      f"{format_size(d.alloc_size)}"))
     if d.reproduced is False:
         cells.append(("what-ifs", "none shown: the recorded setting, replayed under this budget, does not "
                                   "reproduce the OOM"))
     for w in d.what_if if d.reproduced is not False else ():
         state = "not simulated" if w.avoids_oom is None else (
             "serves the failed request" if w.avoids_oom else "fails")
-        peak = f", peak reserved {format_mib(w.peak_reserved)}" if w.peak_reserved else ""
-        need = f", needs {format_mib(w.min_budget)} to get this far" if w.min_budget else ""
+        peak = f", peak reserved {format_size(w.peak_reserved)}" if w.peak_reserved else ""
+        need = f", needs {format_size(w.min_budget)} to get this far" if w.min_budget else ""
         cells.append((f"what if {w.config or '(default)'}", f"{state}{peak}{need}{'; ' + w.note if w.note else ''}"))
     if d.needs is not None and d.budget is not None:
-        cells.append(("needs", f"{format_mib(d.needs)} ({format_mib(max(d.needs - d.budget, 0))} more than the budget)"
+        cells.append(("needs", f"{format_size(d.needs)} ({format_size(max(d.needs - d.budget, 0))} more than the budget)"
                       + (f" under {d.needs_setting or '(default)'}" if d.needs_setting is not None else "")))
     if d.undecided:
         cells.append(("undecided", d.undecided))

@@ -33,7 +33,7 @@ from typing import Any, Mapping, Sequence
 
 from alloctune.schema import schema_id
 from alloctune.trace.model import ALLOC, EMPTY_CACHE, FAILED_ALLOC, FREE, RequestStream, Trace
-from alloctune.units import MiB, format_mib
+from alloctune.units import MiB, format_size
 
 SCHEMA = schema_id("fallible")
 # "Ran without a workspace": the replay stores one block per request, so the no-memory choice
@@ -537,7 +537,7 @@ def untagged_note(trace: Trace) -> str | None:
         return None
     how = (
         f"fallbacks learned for {len(covered)} size(s) from a run capped at "
-        f"{format_mib(int(info['calibration_cap'])) if info.get('calibration_cap') else 'an unknown cap'}"
+        f"{format_size(int(info['calibration_cap'])) if info.get('calibration_cap') else 'an unknown cap'}"
         if method == "calibration"
         else "no C++ stack frames, no calibration run"
     )

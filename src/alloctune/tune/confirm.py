@@ -50,7 +50,7 @@ from alloctune.tune.confirm_report import ReportMixin, next_steps
 from alloctune.tune.model import Shortfall, align_down, align_up
 from alloctune.tune.objective import CandidateSummary
 from alloctune.tune.throughput import OverheadBound
-from alloctune.units import format_mib
+from alloctune.units import format_size
 
 if TYPE_CHECKING:
     from alloctune.tune.model import Sweep
@@ -173,7 +173,7 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
                 res = self._run([TrialRequest(rival.conf, b.failed, ensure_cap=self._gc(rival),
                                               purpose=f"the default, where {c.label} failed")])
                 if res and res[0].passed:
-                    self.t.notes.append(f"{c.label} failed at {format_mib(b.failed)}, above its simulated min_budget, "
+                    self.t.notes.append(f"{c.label} failed at {format_size(b.failed)}, above its simulated min_budget, "
                                         f"and the default completed there: the default is measured instead")
                     return rival
             nxt = next_budget(self.t, b, self.budget, self.hints.get(c.conf))
@@ -408,7 +408,7 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
                                     purpose="at the budget although simulated not to fit")])
             if b.passed is not None:
                 self.t.notes.append(
-                    f"the simulation said no setting fits {format_mib(self.budget)}, but {c.label} completed there: "
+                    f"the simulation said no setting fits {format_size(self.budget)}, but {c.label} completed there: "
                     "the program asks for less memory than its uncapped recording under this setting or cap"
                 )
                 return c
@@ -425,7 +425,7 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
                         + self._remedy_runs(closest, shortfall=True))
         if b.passed is not None:
             self.t.notes.append(
-                f"the simulation said no setting fits {format_mib(self.budget)}, but {closest.label} completed there: "
+                f"the simulation said no setting fits {format_size(self.budget)}, but {closest.label} completed there: "
                 "the program asks for less memory under this cap than its uncapped recording")
             # the simulation is off for it: start from what the passing run reserved (a cap above a
             # run's peak reserved changes nothing), just above and just below, side by side
@@ -444,8 +444,8 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
                                    next_steps(self.baseline.snapshot, self.budget, need, self.t.settings.command,
                                               training=bool((self.baseline.autograd or {}).get("backward_calls"))))
         self.t.notes.append(
-            f"no setting is simulated to fit {format_mib(self.budget)}: the closest, {closest.label}, needs "
-            f"{format_mib(need)} ({format_mib(self.shortfall.missing)} more)"
+            f"no setting is simulated to fit {format_size(self.budget)}: the closest, {closest.label}, needs "
+            f"{format_size(need)} ({format_size(self.shortfall.missing)} more)"
             + ("; its run at the budget ran out of memory, as simulated: the other settings were not run"
                if confirmed else "; its run at the budget did not settle it (the setting did not take effect)"))
         return False

@@ -13,7 +13,7 @@ from alloctune.run.trial import TrialRequest, TrialResult
 from alloctune.tune.bracket import Bracket, floor_low, half_width, next_budget, tolerance
 from alloctune.tune.candidates import DEFAULT, Candidate
 from alloctune.tune.model import align_down, align_up
-from alloctune.units import format_mib
+from alloctune.units import format_size
 
 if TYPE_CHECKING:
     from alloctune.tune.model import Sweep
@@ -167,15 +167,15 @@ class ChoiceMixin(FlowState):
             try:
                 if not completes(default.conf, self.budget):
                     return (f"the default does not complete at the budget: replaying its own recording at "
-                            f"{format_mib(self.budget)} runs out of memory, even with every workspace-shaped request "
-                            f"given up (its simulated need: {format_mib(need)}; not run on the GPU)")
+                            f"{format_size(self.budget)} runs out of memory, even with every workspace-shaped request "
+                            f"given up (its simulated need: {format_size(need)}; not run on the GPU)")
                 return None  # it replays to the end there: run it
             except Exception:  # noqa: BLE001 - the margin rule below decides
                 pass
         if need <= self.budget + tolerance(self.t, self.budget):
             return None  # a thin margin: run it
-        return (f"the default does not complete at the budget: replaying its own recording needs {format_mib(need)}, "
-                f"{format_mib(need - self.budget)} more than {format_mib(self.budget)} (not run on the GPU)")
+        return (f"the default does not complete at the budget: replaying its own recording needs {format_size(need)}, "
+                f"{format_size(need - self.budget)} more than {format_size(self.budget)} (not run on the GPU)")
 
     def _may_beat(self, c: Candidate, focus: Candidate, at_budget: int | None = None) -> bool:
         """Whether `c` could complete at `at_budget` (default: where `focus` failed), given how far
@@ -229,6 +229,6 @@ class ChoiceMixin(FlowState):
             return None
         if base.budget is not None and base.budget < self.budget:
             return None
-        return (f"the default completes at the budget: the baseline reserved at most {format_mib(base.peak_reserved)} "
-                f"of {format_mib(self.budget)}, and a cap above a run's peak changes nothing the allocator does "
+        return (f"the default completes at the budget: the baseline reserved at most {format_size(base.peak_reserved)} "
+                f"of {format_size(self.budget)}, and a cap above a run's peak changes nothing the allocator does "
                 "(not run again)")

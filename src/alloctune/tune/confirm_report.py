@@ -16,7 +16,7 @@ from alloctune.tune.confirm_choice import FlowState
 from alloctune.tune.executors.base import TrialRequest
 from alloctune.tune.objective import CandidateSummary
 from alloctune.tune.throughput import OverheadBound, compare, overhead_bound, rate
-from alloctune.units import MiB, format_mib
+from alloctune.units import MiB, format_size
 
 
 class ReportMixin(FlowState):
@@ -90,9 +90,9 @@ class ReportMixin(FlowState):
         `best`'s throughput (the verdict on its summary, and a note), without a comparison that
         cannot be made. `ran`: the default's run at the budget, if it had one."""
         if ran is not None:
-            why = f"the default's run at {format_mib(self.budget)} did not complete ({ran.outcome})"
+            why = f"the default's run at {format_size(self.budget)} did not complete ({ran.outcome})"
         else:
-            why = f"the default does not complete at {format_mib(self.budget)} (simulated from its own recording, not run)"
+            why = f"the default does not complete at {format_size(self.budget)} (simulated from its own recording, not run)"
         unit = next((t.result.throughput_unit for t in reversed(self.t.trials)
                      if t.result.conf == best.conf and t.result.throughput_unit), None)
         r = rate(self.samples.get(best.conf, []), unit)
@@ -216,14 +216,14 @@ class ReportMixin(FlowState):
                 why = self.default_fails
             elif est is None or est > self.budget:
                 over = est is None or est > self.budget
-                why = f"simulated: does not complete under the budget {format_mib(self.budget)}" if over else ""
+                why = f"simulated: does not complete under the budget {format_size(self.budget)}" if over else ""
                 if est is not None:
-                    why += f" (simulated min_budget {format_mib(est)})"
+                    why += f" (simulated min_budget {format_size(est)})"
             elif focus_b is not None and focus_b.passed is not None:
-                why = (f"simulated min_budget {format_mib(est)} (rank {rank_no}), not below what "
-                       f"{focus.label} was measured to need ({format_mib(focus_b.passed)}): not run on the GPU")
+                why = (f"simulated min_budget {format_size(est)} (rank {rank_no}), not below what "
+                       f"{focus.label} was measured to need ({format_size(focus_b.passed)}): not run on the GPU")
             else:
-                why = f"simulated min_budget {format_mib(est)} (rank {rank_no}): not run on the GPU"
+                why = f"simulated min_budget {format_size(est)} (rank {rank_no}): not run on the GPU"
             out.append(CandidateSummary(c, feasible=None, note=why, **base))
         return out
 
@@ -243,4 +243,4 @@ def next_steps(recording: str | None, budget: int, need: int, command: tuple[str
 
 
 def _fmt(n: int | None) -> str:
-    return "-" if n is None else format_mib(n)
+    return "-" if n is None else format_size(n)

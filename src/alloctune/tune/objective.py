@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from alloctune.tune.candidates import DEFAULT, Candidate
-from alloctune.units import format_mib
+from alloctune.units import format_size
 
 THROUGHPUT_TOLERANCE = 0.03
 
@@ -119,7 +119,7 @@ def _why_lost(
         return s.note or "not tested"
     if not s.feasible:
         what = s.outcome or "failed"
-        return f"does not complete at the budget {format_mib(budget)} ({what})"
+        return f"does not complete at the budget {format_size(budget)} ({what})"
     if s.min_budget is None:
         return s.note or "min_budget not measured"
     if noise_rule and s.measurably_slower:
@@ -133,7 +133,7 @@ def _why_lost(
         return f"{best.candidate.label} was chosen: this one is measurably slower"
     if s.min_budget > best.min_budget:
         return (
-            f"needs min_budget {format_mib(s.min_budget)}, "
-            f"{format_mib(s.min_budget - best.min_budget)} more than {best.candidate.label}"
+            f"needs min_budget {format_size(s.min_budget)}, "
+            f"{format_size(s.min_budget - best.min_budget)} more than {best.candidate.label}"
         )
     return f"same min_budget as {best.candidate.label} but lower throughput or a larger change"

@@ -10,7 +10,7 @@ from typing import Any
 
 from alloctune.tune.candidates import DEFAULT
 from alloctune.tune.strategy import TuneResult
-from alloctune.units import format_mib
+from alloctune.units import format_size
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class Recommendation:
 def recommend(result: TuneResult) -> Recommendation:
     best = result.ranking.best
     reasons = dict(result.ranking.reasons)
-    budget = format_mib(result.budget)
+    budget = format_size(result.budget)
     if best is None and result.shortfall is not None:
         sf = result.shortfall
         label = sf.conf or "the default"
@@ -39,8 +39,8 @@ def recommend(result: TuneResult) -> Recommendation:
                else "its run at the budget did not settle it")
         return Recommendation(
             None,
-            f"no setting completes under {budget}: the closest, {label}, is simulated to need {format_mib(sf.need)}, "
-            f"{format_mib(sf.missing)} ({sf.missing} bytes) more than the budget ({how}); no allocator setting "
+            f"no setting completes under {budget}: the closest, {label}, is simulated to need {format_size(sf.need)}, "
+            f"{format_size(sf.missing)} ({sf.missing} bytes) more than the budget ({how}); no allocator setting "
             "closes that gap",
             reasons=reasons,
         )
@@ -48,7 +48,7 @@ def recommend(result: TuneResult) -> Recommendation:
         return Recommendation(
             None,
             f"no tested setting completes under {budget}: the workload needs a bigger budget "
-            f"(peak allocated without a budget: {format_mib(result.baseline.peak_allocated or 0)})",
+            f"(peak allocated without a budget: {format_size(result.baseline.peak_allocated or 0)})",
             reasons=reasons,
         )
     if best.candidate.knob == DEFAULT and best.min_budget is None:
@@ -64,7 +64,7 @@ def recommend(result: TuneResult) -> Recommendation:
         return Recommendation(
             "",
             f"keep the default: it completes under {budget} and needs the least memory of all tested settings "
-            f"(min_budget {format_mib(best.min_budget or 0)}); leave PYTORCH_CUDA_ALLOC_CONF unset",
+            f"(min_budget {format_size(best.min_budget or 0)}); leave PYTORCH_CUDA_ALLOC_CONF unset",
             reasons=reasons,
         )
     from alloctune.config.shells import env_assignments, render_all
@@ -78,10 +78,10 @@ def recommend(result: TuneResult) -> Recommendation:
           and default.sim_min_budget > result.budget):
         vs = "; the default does not complete there (simulated from its own recording)"
     elif default is not None and default.min_budget:
-        vs = f" (default: {format_mib(default.min_budget)})"
+        vs = f" (default: {format_size(default.min_budget)})"
     return Recommendation(
         best.candidate.conf,
-        f"use {best.candidate.conf}: completes under {budget} with min_budget {format_mib(best.min_budget or 0)}{vs}"
+        f"use {best.candidate.conf}: completes under {budget} with min_budget {format_size(best.min_budget or 0)}{vs}"
         + _fallback_words(fallbacks := caught_fallbacks(result, best)),
         lines=lines,
         reasons=reasons,
@@ -117,13 +117,13 @@ def _fallback_words(fb: dict[str, Any] | None) -> str:
     if fb is None:
         return ""
     if fb["fallback_free_method"] == "measured":
-        free = f"; at {format_mib(fb['fallback_free_budget'])} it ran with none caught (measured)"
+        free = f"; at {format_size(fb['fallback_free_budget'])} it ran with none caught (measured)"
     elif fb["fallback_free_method"] == "simulated":
-        free = (f"; without fallbacks it needs about {format_mib(fb['fallback_free_budget'])} (simulated, every "
+        free = (f"; without fallbacks it needs about {format_size(fb['fallback_free_budget'])} (simulated, every "
                 "request at the size the uncapped run asked for; not measured)")
     else:
         free = ("; the budget where none happen was not measured (the recording holds only the workspaces taken "
                 "uncapped): run at a larger budget with alloctune run --budget to find it")
-    return (f"; its completing run at {format_mib(fb['run_budget'])} survived {fb['ooms_caught']} out-of-memory "
+    return (f"; its completing run at {format_size(fb['run_budget'])} survived {fb['ooms_caught']} out-of-memory "
             "error(s) the program caught itself (a library such as cuDNN fell back to algorithms with smaller "
             f"workspaces, which can run slower){free}")

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from alloctune.explain.utilization import UtilizationRow, UtilizationTable, remedy_rows, table
 from alloctune.remedy.model import MEASURED, UNCONFIRMED, Remedy, activity, min_budget
 from alloctune.run.trial import TrialResult
-from alloctune.units import format_mib
+from alloctune.units import format_size
 
 if TYPE_CHECKING:
     from alloctune.tune.objective import CandidateSummary
@@ -123,7 +123,7 @@ def tune_remedies(sim: Any, baseline: TrialResult, conf: str, summaries: Sequenc
     best = best_release(remedies)
     if best is not None:
         notes.append(f"best release policy under {conf or 'the default'}: {best.what}, min budget "
-                     f"{format_mib(best.min_budget or 0)} (saves {format_mib(best.saving or 0)}, {best.cleanups} "
+                     f"{format_size(best.min_budget or 0)} (saves {format_size(best.saving or 0)}, {best.cleanups} "
                      f"clean-up(s), simulated): {best.how_to}")
     util = None
     if trace is not None:
@@ -144,7 +144,7 @@ def shortfall_with_remedies(shortfall: Any, report: RemedyReport) -> Any:
     leaks = [r for r in report.remedies if r.name == "free_growing" and r not in found]
     if not found and not leaks:
         return shortfall
-    lines = tuple(f"{r.what} fits ({r.method}: min budget {format_mib(r.min_budget or 0)}): {r.how_to}" for r in found)
+    lines = tuple(f"{r.what} fits ({r.method}: min budget {format_size(r.min_budget or 0)}): {r.how_to}" for r in found)
     lines += tuple(f"the program keeps memory it does not need: {r.what}; freed, its min budget is "
-                   f"{format_mib(r.min_budget) if r.min_budget else 'unknown'} ({r.method}): {r.how_to}" for r in leaks)
+                   f"{format_size(r.min_budget) if r.min_budget else 'unknown'} ({r.method}): {r.how_to}" for r in leaks)
     return replace(shortfall, next_steps=lines + tuple(shortfall.next_steps))

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 from alloctune.run.trial import TrialResult
 from alloctune.sim.resolution import ABS_TOL as SIM_ABS_TOL
 from alloctune.sim.resolution import REL_TOL as SIM_REL_TOL
-from alloctune.units import format_mib
+from alloctune.units import format_size
 
 # The simulated min_budget's resolution is the one every command uses (sim.resolution: 0.2 % or 1 MiB):
 # tune's estimates, explain's remedies and `simulate --min-budget` print the same number for one
@@ -142,7 +142,7 @@ class SimulatorFromTrace:
         self.trace = with_fallbacks(self.raw, general)
         carried = len(general.general) if general.general else 0
         return (
-            f"calibration: the run of {trial.conf or '(default)'} capped at {format_mib(trial.budget)} showed "
+            f"calibration: the run of {trial.conf or '(default)'} capped at {format_size(trial.budget)} showed "
             f"{len(learned.ladders)} request size(s) falling back to smaller ones"
             + (f" (carried over to {carried} more call(s) of the same call site)" if carried else "")
             + "; every candidate re-simulated with them"

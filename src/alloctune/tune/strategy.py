@@ -57,7 +57,7 @@ from alloctune.tune.model import (  # noqa: F401 (TuneSettings.. re-exported: th
 from alloctune.tune.objective import CandidateSummary, rank
 from alloctune.tune.platform import filter_candidates, is_async_backend
 from alloctune.tune.store import TrialStore
-from alloctune.units import format_mib
+from alloctune.units import format_size
 
 
 class Tuner:
@@ -166,7 +166,7 @@ class Tuner:
             raise WorkloadFailed("the baseline trial reported no device memory size: give --budget")
         if total is not None and budget > total:
             raise InputError(
-                f"budget {format_mib(budget)} is larger than the card ({format_mib(total)}"
+                f"budget {format_size(budget)} is larger than the card ({format_size(total)}"
                 f"{', ' + baseline.device_name if baseline.device_name else ''}): give a smaller --budget"
             )
         if baseline.outcome == "oom":
@@ -214,7 +214,7 @@ class Tuner:
                     feasible=None,
                     note=(
                         f"no-op: max_split_size_mb ≥ {grid.noop_from_mb} is above every segment the run made "
-                        f"(largest {format_mib(grid.largest_segment or 0)}), so it behaves exactly like the default; not tested"
+                        f"(largest {format_size(grid.largest_segment or 0)}), so it behaves exactly like the default; not tested"
                     ),
                 )
             )
@@ -442,7 +442,7 @@ def _replace(sm: CandidateSummary, **kw: Any) -> CandidateSummary:
 
 
 def _fmt_budget(budget: int | None) -> str:
-    return "no budget" if budget is None else format_mib(budget)
+    return "no budget" if budget is None else format_size(budget)
 
 
 def _summary(c: Candidate, ok: bool, res: Any, **extra: Any) -> CandidateSummary:
