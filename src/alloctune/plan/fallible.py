@@ -448,10 +448,12 @@ def record_hint(ts: "TraceSet", size: str, budget: int) -> str:
 
 def _command_at(ts: "TraceSet", size: str) -> str:
     """The recorded program's command at `size` (its recorded size replaced), when a sidecar kept it."""
+    from alloctune.plan.traceset import at_size
+
     commands = ts.meta.get("commands") or {}
     for recorded, cmd in commands.items():
         if isinstance(cmd, list) and cmd:
-            words = [size if w == recorded else w.replace("=" + recorded, "=" + size) for w in cmd]
+            words = at_size(cmd, recorded, size)
             if words != cmd:
                 if words[0].endswith(".py"):  # a script recorded without its interpreter: the line must run
                     words = ["python", *words]

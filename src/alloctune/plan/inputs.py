@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 from alloctune.errors import InputError
 from alloctune.plan import fileformat
-from alloctune.plan.traceset import TraceSet, as_size, build
+from alloctune.plan.traceset import TraceSet, as_size, at_size, build
 from alloctune.trace.fallible import has_cpp_frames
 from alloctune.trace.load import load_trace, read_sidecar
 from alloctune.trace.model import FAILED_ALLOC, Trace
@@ -32,18 +32,11 @@ def parse_spec(text: str) -> tuple[Path, Any]:
 
 def program_of(side: dict[str, Any]) -> str | None:
     """The program a sized recording ran, its size left out: the sidecar's command (or workload name)
-    with every word equal to the size, or ending in `=SIZE`, replaced by `{size}`. None: not said."""
+    with its size put at `{size}` (`traceset.at_size`, the rule plan's printed commands use). None: not said."""
     words = side.get("command") or str(side.get("workload") or "").split()
     if not words:
         return None
-    size = str(side.get("size"))
-
-    def unsized(word: str) -> str:
-        if word == size:
-            return "{size}"
-        return word.removesuffix(f"={size}") + "={size}" if word.endswith(f"={size}") else word
-
-    return " ".join(unsized(str(w)) for w in words)
+    return " ".join(at_size([str(w) for w in words], str(side.get("size")), "{size}"))
 
 
 def expand(specs: Sequence[str]) -> list[tuple[Path, Any]]:

@@ -36,6 +36,12 @@ def as_size(x: Any) -> Fraction:
     return value
 
 
+def at_size(words: Sequence[str], recorded: str, size: str) -> list[str]:
+    """A recorded command's words with its input size `recorded` put at `size`: a word equal to it, and
+    `=recorded` inside a word (`--len=384`), replaced."""
+    return [size if w == recorded else w.replace("=" + recorded, "=" + size) for w in words]
+
+
 def size_text(x: Fraction) -> str:
     return str(x.numerator) if x.denominator == 1 else f"{float(x):g}"
 
