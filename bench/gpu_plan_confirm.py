@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
 CONFS = {"default": "", "expandable": "expandable_segments:True"}
 DEFAULT_CASES = "hubert:c1:default,hubert:c2:expandable,timm:c1:default,llama:c2:default"
 
@@ -26,11 +27,15 @@ DEFAULT_CASES = "hubert:c1:default,hubert:c2:expandable,timm:c1:default,llama:c2
 def fell_back(recording: Path) -> bool:
     """Whether a calibration run shows a fallback (its sidecar counts an OOM that the program caught or
     that ended it): plan refuses one that completed without any, as it teaches nothing."""
-    side = recording.with_name(recording.name.removesuffix(".pickle.xz") + ".json")
+    from alloctune.errors import TraceError
+    from alloctune.trace.sidecar import read_sidecar
+
     try:
-        meta = json.loads(side.read_text())
-    except (OSError, ValueError):
-        return True  # no sidecar: let plan judge the recording itself
+        meta = read_sidecar(recording)
+    except TraceError:
+        meta = {}
+    if not meta:
+        return True  # no readable sidecar: let plan judge the recording itself
     return meta.get("outcome") == "oom" or bool((meta.get("stats") or {}).get("num_ooms"))
 
 
