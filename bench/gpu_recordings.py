@@ -148,27 +148,42 @@ def stage_record(a: argparse.Namespace) -> None:
 
 def bisect_budget(pool: Pool, out: Path, name: str, target: list[str], conf: str, lo: int, hi: int,
                   steps: int) -> dict:
-    """Fresh-process bisection of the smallest completing cap between lo (assumed to fail) and hi."""
-    runs = []
+    """Fresh-process bisection of the smallest completing cap between lo and hi, both ends tested.
+
+    The first run confirms hi (widened ×1.25 once if it fails), the second tests lo (lowered ×0.85 while it
+    passes: a program whose convolutions give workspaces up can complete below its peak allocated, so an
+    untested lower end is only a guess), the rest halve the bracket; `fails_at` is always a run that failed."""
+    runs: list[dict] = []
     hi_ok = None
+    lo_failed = False
     for k in range(steps):
-        mid = (lo + hi) // 2 if k else hi  # first confirm the upper end
-        r = pool.run(out / f"{name}_b{k}", target, conf, cap=mid)
+        if k == 0:
+            cap = hi
+        elif not lo_failed:
+            cap = lo
+        else:
+            cap = (lo + hi) // 2
+        r = pool.run(out / f"{name}_b{k}", target, conf, cap=cap)
         if r is None:
             break
         ok = r["outcome"] == "ok"
-        runs.append({"cap": mid, "outcome": r["outcome"], "num_ooms": r["stats"].get("num_ooms", 0)})
+        runs.append({"cap": cap, "outcome": r["outcome"], "num_ooms": r["stats"].get("num_ooms", 0)})
         if k == 0:
             if not ok:  # the uncapped peak did not fit under its own cap: widen once
                 lo, hi = hi, int(hi * 1.25)
+                lo_failed = True
                 continue
             hi_ok = hi
-            continue
-        if ok:
-            hi, hi_ok = mid, mid
+        elif not lo_failed and cap == lo:
+            if ok:
+                hi, hi_ok, lo = lo, lo, int(lo * 0.85)
+            else:
+                lo_failed = True
+        elif ok:
+            hi, hi_ok = cap, cap
         else:
-            lo = mid
-    return {"name": name, "conf": conf, "min_budget": hi_ok, "fails_at": lo, "runs": runs}
+            lo = cap
+    return {"name": name, "conf": conf, "min_budget": hi_ok, "fails_at": lo if lo_failed else None, "runs": runs}
 
 
 def bisect_size(pool: Pool, out: Path, name: str, sizes: list[int], make, conf: str, cap: int, steps: int) -> dict:

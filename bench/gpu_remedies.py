@@ -96,7 +96,7 @@ def main() -> None:
             tasks.append((p, int(st["allocated_bytes.all.peak"] * 0.97), int(st["reserved_bytes.all.peak"] * 1.01)))
     with ThreadPoolExecutor(max(1, len(tasks))) as ex:
         bis = list(ex.map(lambda t: gr.bisect_budget(pool, out, f"min_{t[0]}", ["bench/cap_programs.py", t[0]], "",
-                                                      t[1], t[2], 8), tasks))
+                                                      t[1], t[2], 10), tasks))
     result = {"recorded": recorded, "peaks": {p: (r or {}).get("stats") for p, r in peaks.items()},
               "min_budget": {b["name"][4:]: b for b in bis}}
     (out / ("remedies_cal.json" if a.calibrate else "remedies.json")).write_text(json.dumps(result, indent=1))
