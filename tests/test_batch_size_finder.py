@@ -493,26 +493,17 @@ def test_free_space_the_gpu_left_in_held_segments_is_padded():
 
 
 # ---- a real GPU ----------------------------------------------------------------------------------------
-@pytest.mark.gpu
-def test_an_mlp_training_step_fits_at_the_answer_and_not_one_step_above():
+def _fits_and_not_above(train_step: Any, optimizer: Any, budget: int, multiple_of: int) -> tuple[bool, bool, Any]:
+    """find_batch_size's answer, then the same step really run under the budget at that size and one
+    multiple above it, each after the cache is emptied (the finder's own recordings are not the check)."""
     import gc
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512)).cuda()
-    optimizer = torch.optim.AdamW(model.parameters())
-
-    def train_step(batch_size: int) -> None:
-        x = torch.randn(batch_size, 512, device="cuda")
-        model(x).square().mean().backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    budget, multiple_of = 1 * GiB, 64
     found = find_batch_size(train_step, budget, max_size=1 << 17, multiple_of=multiple_of)
     assert found.stopped == "exceeded" and found.resident > 0
     assert 2 * max(found.recorded) >= found.largest  # the answer rests on a recording at least half its size
 
     def completes(batch_size: int) -> bool:
+        optimizer.zero_grad(set_to_none=True)
         gc.collect()
         torch.cuda.empty_cache()
         try:
@@ -531,4 +522,41 @@ def test_an_mlp_training_step_fits_at_the_answer_and_not_one_step_above():
         optimizer.zero_grad(set_to_none=True)
         gc.collect()
         torch.cuda.empty_cache()
+    return fits, above, found
+
+
+@pytest.mark.gpu
+def test_an_mlp_training_step_fits_at_the_answer_and_not_one_step_above():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512)).cuda()
+    optimizer = torch.optim.AdamW(model.parameters())
+
+    def train_step(batch_size: int) -> None:
+        x = torch.randn(batch_size, 512, device="cuda")
+        model(x).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    fits, above, found = _fits_and_not_above(train_step, optimizer, 1 * GiB, 64)
+    assert (fits, above) == (True, False), found
+
+
+@pytest.mark.gpu
+def test_a_transformer_encoder_training_step_fits_at_the_answer_and_not_one_step_above():
+    """A torch.nn.TransformerEncoder (4 layers, d_model 512, sequences of 256) trained with AdamW under
+    bf16 autocast: attention and autocast's casts make the step's memory other than linear in the batch."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(512, 8, 2048, batch_first=True)
+    model = torch.nn.Sequential(torch.nn.TransformerEncoder(layer, 4), torch.nn.Linear(512, 10)).cuda()
+    optimizer = torch.optim.AdamW(model.parameters())
+
+    def train_step(batch_size: int) -> None:
+        x = torch.randn(batch_size, 256, 512, device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(x).float().square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    fits, above, found = _fits_and_not_above(train_step, optimizer, 2 * GiB, 2)
     assert (fits, above) == (True, False), found

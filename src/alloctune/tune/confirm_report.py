@@ -176,7 +176,7 @@ class ReportMixin(FlowState):
             b = self.brackets.get(c.conf)
             at = self.at_budget.get(c.conf)
             r = rate(self.samples.get(c.conf, []))
-            base = dict(sim_min_budget=est, sim_optimistic=self._floor(c), throughput=r.mean if r else None,
+            base = dict(sim_min_budget=est, sim_as_recorded=self.est.get(c.conf), sim_optimistic=self._floor(c), throughput=r.mean if r else None,
                         throughput_noise=r.noise if r else None, throughput_samples=r.samples if r else 0)
             if c.conf in self.refused:
                 out.append(CandidateSummary(

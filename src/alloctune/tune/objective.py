@@ -33,7 +33,9 @@ class CandidateSummary:
     wall_s: float | None = None
     peak_reserved: int | None = None  # at the user's budget
     peak_allocated: int | None = None
-    sim_min_budget: int | None = None  # the simulator's estimate (the recording replayed as it was made)
+    sim_min_budget: int | None = None  # the simulator's latest estimate (with the fallbacks a capped run showed)
+    # the recording replayed as it was made: every request at the size the uncapped run asked for, none given up
+    sim_as_recorded: int | None = None
     sim_optimistic: int | None = None  # the same if every workspace-shaped request could be given up (None: no difference)
     trials: int = 0
     note: str | None = None

@@ -95,10 +95,11 @@ def caught_fallbacks(result: TuneResult, best: Any) -> dict[str, Any] | None:
     such run caught, the budget of the lowest such run, and the budget where none happen.
 
     That budget is measured -- the lowest budget at which a run of the setting completed with no OOM
-    caught -- or else simulated, and the simulation counts only when it lies above the run that caught
-    them: the recording holds the workspaces cuDNN took uncapped, not the larger ones it tries first
-    under a cap, so a simulated need at or below a budget where fallbacks really happened says nothing
-    about them (None then, and the words say it was not measured)."""
+    caught -- or else simulated from the recording as it was made: every request at the size the
+    uncapped run asked for, which is what cuDNN tries first under a cap, so a budget that holds them all
+    needs no fallback. The simulation counts only when it lies above the run that caught them (below it,
+    the replay and the run disagree and neither says where the fallbacks end: None, and the words say
+    it was not measured)."""
     conf = best.candidate.conf
     runs = [t.result for t in result.trials if t.result.conf == conf and t.result.passed
             and t.result.budget is not None and t.result.budget <= result.budget]
@@ -107,8 +108,9 @@ def caught_fallbacks(result: TuneResult, best: Any) -> dict[str, Any] | None:
         return None
     lowest = min(int(r.budget or 0) for r in caught)
     clean = [int(r.budget or 0) for r in runs if not r.num_ooms and int(r.budget or 0) > lowest]
+    recorded = best.sim_as_recorded
     free, how = (min(clean), "measured") if clean else (
-        (best.sim_min_budget, "simulated") if best.sim_min_budget and best.sim_min_budget > lowest else (None, None))
+        (recorded, "simulated") if recorded and recorded > lowest else (None, None))
     return {"ooms_caught": max(int(r.num_ooms or 0) for r in caught), "run_budget": lowest,
             "fallback_free_budget": free, "fallback_free_method": how}
 
