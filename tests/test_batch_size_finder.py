@@ -480,16 +480,67 @@ def test_memory_held_before_the_step_is_replayed_and_what_the_step_frees_is_reus
     assert any("each step began with 704.00 MiB reserved" in n for n in found.notes)
 
 
-def test_free_space_the_gpu_left_in_held_segments_is_padded():
+def test_free_space_the_gpu_left_in_held_segments_is_rebuilt_where_it_was():
+    """The weights' segment had a 16 MiB free block after the weights: the simulated step starts with
+    that segment reserved whole and the free block in it (a step request up to 16 MiB could use it, as
+    on the GPU); the 64 MiB-a-sample activations cannot, so 11 samples fit beside the whole segment."""
+    from alloctune.sim.replay import replay
+    from alloctune.trace.model import Trace as T
+
     hole = 16 * MiB
     rec = step_recording(before_step(hole), after_step(8), source="step@8")
-    assert rec.resident == MODEL + hole + GRADS and rec.padding == hole
-    assert rec.trace.requests.sizes[0] == hole  # a segment of exactly the hole's size, before the held blocks
+    assert rec.resident == MODEL + hole + GRADS and rec.padding == 0
+    req = rec.trace.requests
+    # the segment reserved whole and freed, cut into the weights and the free block, the gradients; the
+    # free block freed again once every segment is cut
+    assert list(zip(req.ops[:6], req.sizes[:6])) == [(ALLOC, MODEL + hole), (FREE, MODEL + hole), (ALLOC, MODEL),
+                                                     (ALLOC, hole), (ALLOC, GRADS), (FREE, hole)]
+    prefix = RequestStream()
+    prefix.extend_from(req, 0, 6)
+    state = replay(T("<prefix>", 0, prefix, [], {}, total_memory=TOTAL), None, addresses="model")
+    assert state.peak_reserved == rec.resident and state.stats["allocated_bytes.all.current"] == MODEL + GRADS
     gpu = SyntheticGPU(program=lambda b: step_recording(before_step(hole), after_step(b), source=f"step@{b}"))
     budget = 1610 * MiB  # 12 samples fit beside the weights alone, 11 beside the weights' whole segment
     found = find_batch_size(step, budget, device=gpu)
     assert found.largest == (budget - MODEL - hole) // (128 * MiB) == 11
-    assert any("held aside as padding" in n for n in found.notes)
+    assert not any("held aside as padding" in n for n in found.notes)
+
+
+@pytest.mark.parametrize("name", ["convnext", "hubert", "seg", "trainkeep"])
+def test_real_segment_layouts_are_rebuilt_block_for_block(name):
+    """The segments of real snapshots (H200, default setting: tests/data/cap_oom) as the memory held
+    before a step: the simulated allocator after the rebuilt prefix holds segments of the same sizes,
+    and in each the same sequence of block sizes, allocated or free, as the GPU had."""
+    from pathlib import Path
+
+    from alloctune.sim.replay import state_at
+    from alloctune.trace.load import load_snapshot
+
+    snap = load_snapshot(Path(__file__).parent / "data" / "cap_oom" / f"{name}.pickle.xz")
+    segments = [s for s in snap["segments"] if s.get("device", 0) == 0]
+    rec = step_recording({"segments": segments}, {**after_step(1), "device_traces": [[]]}, source=name)
+    assert rec.padding == 0
+    sim = state_at(rec.trace, None, len(rec.trace.requests), addresses="model").segment_table()
+
+    def shape(seg: dict[str, Any]) -> tuple[str, list[tuple[int, bool]]]:
+        blocks = [(int(b["size"]), str(b["state"]).startswith("active")) for b in sorted(
+            seg["blocks"], key=lambda b: int(b["address"]))]
+        return seg.get("segment_type", "large"), blocks
+
+    assert sorted(map(shape, sim)) == sorted(map(shape, segments))
+
+
+def test_under_expandable_segments_the_free_space_is_padded_instead():
+    """Expandable segments map pages rather than cut blocks: the held blocks are allocated afresh and the
+    reserved bytes the simulator packs them short of are held aside as padding."""
+    hole = 36 * MiB
+    after = after_step(8)
+    after["allocator_settings"] = {"expandable_segments": True}
+    rec = step_recording(before_step(hole), after, source="step@8")
+    req = rec.trace.requests
+    assert rec.resident == MODEL + hole + GRADS and rec.padding > 0
+    assert req.sizes[0] == -(-rec.padding // (2 * MiB)) * 2 * MiB  # a segment of the padding's size first
+    assert MODEL + hole not in req.sizes and req.sizes[1:3] == [MODEL, GRADS]
 
 
 # ---- a real GPU ----------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ RECORD_ENTRIES = 2_000_000  # allocator events kept per recorded step: one step 
 _PAD_GRAIN = 2 * MiB
 _PAD_LARGE = 10 * MiB
 _PAD_ADDRESS = 1 << 20  # the padding's block addresses: far below any real device address
+_SMALL_REQUEST = MiB  # the largest request the small pool serves
 
 StepFn = Callable[[int], object]
 
@@ -137,11 +138,14 @@ def step_recording(before: dict[str, Any], after: dict[str, Any], *, source: str
     """One step's recording from the snapshot taken as its history began (`before`: the memory held
     then) and the one taken after it (`after`: its history and the run record).
 
-    The blocks live in `before` become allocations at the start of the history (each segment's
-    blocks in address order), so the frees of them inside the step match and the simulator holds
-    them as the GPU did. The simulator packs them afresh, usually tighter than a history of frees
-    left them: padding of the difference comes first (segments of its exact size), so the
-    simulated step starts from the same reserved bytes.
+    The memory held in `before` becomes events at the start of the history, so the frees of its
+    blocks inside the step match. Where the simulator rebuilds every held segment as the GPU had it
+    (`_layout_events`: each segment reserved whole, then cut block by block in address order, its
+    free blocks freed again), the step can use the free space the GPU left in them, as the real
+    step did. Otherwise (expandable segments, a split limit, a layout the replay does not
+    reproduce) the live blocks are allocated afresh, which the simulator packs tighter than a
+    history of frees left them: padding of the difference comes first (segments of its exact
+    size), so the simulated step starts from the same reserved bytes.
     """
     from alloctune.sim.settings import SimSettings
     from alloctune.trace.load import trace_from_snapshot
@@ -153,16 +157,81 @@ def step_recording(before: dict[str, Any], after: dict[str, Any], *, source: str
                       key=lambda s: int(s["address"]))
     history = list(after["device_traces"][device]) if device < len(after["device_traces"]) else []
     t0 = int(history[0].get("time_us", 0)) if history else 0
-    held = _held_events(segments, t0)
     resident = sum(int(s["total_size"]) for s in segments)
     settings = SimSettings.from_allocator_settings(after.get("allocator_settings") or {}, run.get("torch"))
-    packed = _packed([e["size"] for e in held if e["action"] == "alloc"], settings, run.get("total_memory"))
-    padding = resident - packed
+    layout = _layout_events(segments, t0, settings, run.get("total_memory"), resident)
+    if layout is not None:
+        prefix, padding = layout, 0
+    else:
+        held = _held_events(segments, t0)
+        packed = _packed([e["size"] for e in held if e["action"] == "alloc"], settings, run.get("total_memory"))
+        padding = resident - packed
+        prefix = _padding_events(padding, t0) + held
     traces = list(after["device_traces"]) + [[] for _ in range(device + 1 - len(after["device_traces"]))]
-    traces[device] = _padding_events(padding, t0) + held + history
+    traces[device] = prefix + history
     snapshot = {**after, "device_traces": traces}
     trace = trace_from_snapshot(snapshot, device, source=source, meta={"workload": workload} if workload else None)
     return Recording(trace, resident, padding)
+
+
+def _layout_events(segments: Sequence[dict[str, Any]], t0: int, settings: Any, total_memory: Any,
+                   resident: int) -> list[dict[str, Any]] | None:
+    """History events that rebuild `segments` block by block where the GPU had them, or None where
+    the simulator would not end with exactly `resident` bytes reserved by them.
+
+    A large-pool segment is reserved whole (one request of its size gets a segment of that size)
+    and freed, then cut in address order: every block, free ones too, is allocated at its own size,
+    and with no other free block in its pool the best fit is the rest of that segment. A small-pool
+    segment (2 MiB) is cut the same way from its first block. The free blocks are freed again only
+    after every segment is cut, so no cut lands in another segment's free space. Expandable
+    segments and a split limit (`max_split_size_mb`) cut differently: None for them."""
+    if not segments or getattr(settings, "expandable_segments", False) or getattr(settings, "max_split_size", None):
+        return None
+    cut: list[dict[str, Any]] = []
+    free_again: list[dict[str, Any]] = []
+
+    def ev(action: str, addr: int, size: int, stream: int) -> dict[str, Any]:
+        return {"action": action, "addr": addr, "size": size, "stream": stream, "time_us": t0}
+
+    for seg in segments:
+        if seg.get("is_expandable"):
+            return None
+        stream, addr, total = int(seg.get("stream", 0)), int(seg["address"]), int(seg["total_size"])
+        cut.append(ev("segment_alloc", addr, total, stream))
+        blocks = sorted(seg.get("blocks") or [], key=lambda b: int(b.get("address", addr)))
+        whole = len(blocks) == 1 and int(blocks[0]["size"]) == total  # one block fills it: its own request
+        if seg.get("segment_type", "large") == "large" and not whole:
+            cut += [ev("alloc", addr, total, stream), ev("free_requested", addr, total, stream),
+                    ev("free_completed", addr, total, stream)]
+        small = seg.get("segment_type", "large") != "large"
+        for block in blocks:
+            where, size = int(block.get("address", addr)), int(block["size"])
+            if str(block.get("state", "")).startswith("active"):
+                cut.append(ev("alloc", where, size, stream))
+                continue
+            # free space in a small segment is cut in pieces of at most 1 MiB: a larger request would go
+            # to the large pool; freed again, the pieces merge back into the one free block
+            step = _SMALL_REQUEST if small else size
+            for at in range(where, where + size, step):
+                piece = min(step, where + size - at)
+                cut.append(ev("alloc", at, piece, stream))
+                free_again += [ev("free_requested", at, piece, stream), ev("free_completed", at, piece, stream)]
+    events = cut + free_again
+    if _reserved_after(events, settings, total_memory) != resident:
+        return None
+    return events
+
+
+def _reserved_after(events: list[dict[str, Any]], settings: Any, total_memory: Any) -> int:
+    """Bytes the simulator holds reserved after `events`, replayed from an empty allocator."""
+    from alloctune.sim.replay import replay
+    from alloctune.trace.load import trace_from_snapshot
+
+    total = total_memory if isinstance(total_memory, int) and total_memory > 0 else None
+    trace = trace_from_snapshot({"device_traces": [events], "allocator_settings": {}}, 0, source="<held segments>",
+                                meta={"total_memory": total} if total else None)
+    # nothing in `events` releases a segment: the peak is what is held at their end
+    return int(replay(trace, settings, addresses="model", record_events=False, timeline_points=1).peak_reserved)
 
 
 def _held_events(segments: Sequence[dict[str, Any]], t0: int) -> list[dict[str, Any]]:
