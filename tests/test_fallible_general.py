@@ -78,15 +78,36 @@ def test_the_calibration_run_is_still_reproduced(hub):
 
 
 def test_neither_rule_moves_the_answer_below_the_real_program_unnoticed(hub):
+    """Against the hand-written no-grad program bisected on the H100 with both ends run (fails at
+    674252445 B, completes at 675914530 B): the calibrations at the mid and tight caps alone give a
+    conservative answer, and carrying every call down as far as any went lands inside the real bracket."""
     trace, model = hub
     real = REAL["min_budget"]["hubert_nograd"]
+    assert any(r["cap"] == real["fails_at"] and r["outcome"] == "oom" for r in real["runs"])  # a run, not a guess
     learned = min_budget(with_fallbacks(trace, model), None, **TOL).budget
     general = min_budget(with_fallbacks(trace, generalise(model, trace)), None, **TOL).budget
-    assert real["min_budget"] * 0.98 <= general <= learned
-    # every call down as far as any went: the replay completes where the real program failed (709 MB)
+    assert real["min_budget"] <= general <= learned
     deep = generalise(model, trace, deepest=True)
     assert len(deep.general) > 39 and "deepest" in deep.general_by
-    assert min_budget(with_fallbacks(trace, deep), None, **TOL).budget < real["fails_at"]
+    deepest = min_budget(with_fallbacks(trace, deep), None, **TOL).budget
+    assert real["fails_at"] * 0.998 <= deepest <= real["min_budget"] * 1.002
+
+
+@pytest.mark.parametrize("order", [("mid", "tight", "low"), ("low", "mid", "tight"), ("tight", "low", "mid")])
+def test_with_the_low_calibration_the_min_budget_is_within_two_percent_in_any_order(order):
+    """The three calibration runs of the agent's --no-grad HuBERT (mid, tight, and low: 0.96 x its peak
+    allocated, 75 OOMs caught), combined in any order: the learned and generalised min budget lies within
+    2 % of the real program's (bisected on the H100, both ends run). The low run saw the same tries as the
+    tight one and more, so its ladders are the ones kept."""
+    trace = load_trace(DATA / f"{NAME}.pickle.xz")
+    model = None
+    for tag in order:
+        m = learn_from_calibration(trace, load_trace(DATA / f"{NAME}_cal_{tag}.pickle.xz"))
+        model = m if model is None else combine(model, m)
+    assert model is not None
+    got = min_budget(with_fallbacks(trace, generalise(model, trace)), None, **TOL).budget
+    real = REAL["min_budget"]["hubert_nograd"]["min_budget"]
+    assert abs(got / real - 1) <= 0.02
 
 
 def test_without_stacks_or_on_another_trace_nothing_is_carried_over(hub):

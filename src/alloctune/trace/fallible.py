@@ -363,11 +363,27 @@ def model_from_frames(trace: Trace) -> FallbackModel:
     return FallbackModel(tagged_sizes=sizes, tagged_requests=frozenset(tagged), method="frames")
 
 
+def _longer_ladders(a: dict[int, tuple[int, ...]], b: dict[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]]:
+    """Both models' ladders; where both have one for a size and one goes on from the other (a run under a
+    lower cap saw more of the same tries), the longer, whichever model it came from; else `a`'s."""
+    def blocks(ladder: tuple[int, ...]) -> list[int]:  # what the allocator makes of each try (512-byte rounding)
+        return [-(-n // 512) * 512 for n in ladder]
+
+    out = {**b, **a}
+    for size in a.keys() & b.keys():
+        la, lb = a[size], b[size]
+        if len(lb) > len(la) and blocks(lb[:len(la)]) == blocks(la):
+            out[size] = lb
+    return out
+
+
 def combine(a: FallbackModel, b: FallbackModel) -> FallbackModel:
-    """Both kinds of evidence: calibrated ladders win, frames add the sizes not calibrated."""
+    """Both kinds of evidence: calibrated ladders win, frames add the sizes not calibrated; of two
+    calibrations' ladders for one size, the one that saw more tries (`_longer_ladders`), so the order
+    the calibrations come in does not change the answer."""
     methods = sorted({m for m in (a.method, b.method) if m != "none"})
     return FallbackModel(
-        ladders={**b.ladders, **a.ladders},
+        ladders=_longer_ladders(a.ladders, b.ladders),
         tagged_sizes=a.tagged_sizes | b.tagged_sizes,
         tagged_requests=a.tagged_requests | b.tagged_requests,
         method="+".join(methods) if methods else "none",
