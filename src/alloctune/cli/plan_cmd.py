@@ -64,11 +64,13 @@ def register(app: typer.Typer) -> None:
 
         Or: `alloctune plan a.pickle:1024 b.pickle:2048 c.pickle:4096 --card 3GiB --size 3000`
         """
-        from alloctune.cli.plan_view import progress_line, render_report
+        from alloctune.cli.plan_view import render_report
+        from alloctune.cli.render import err_console
         from alloctune.errors import InputError
         from alloctune.plan.confirm import command_words
         from alloctune.plan.inputs import parse_sizes
         from alloctune.plan.service import run
+        from alloctune.progress import progress_on_stderr
         from alloctune.units import parse_user_size
 
         caps = parse_sizes(budget, "--budget") + parse_sizes(cap, "--cap")  # --cap: the old spelling
@@ -80,13 +82,13 @@ def register(app: typer.Typer) -> None:
         runner: Any = None
         if confirm is not None:  # real runs of the program: the runner is imported only when asked for
             from alloctune.run.runner import run_trial as runner
-        progress = progress_line(json_out)
-        report = run(
-            inputs, save=save, hold_back=hold_back, export=export, png=png, rvc=rvc, rvc_pad=rvc_pad,
-            confs=list(conf or [""]), cards=parse_sizes(card, "--card"), caps=caps, size=size,
-            step=step, max_size=max_size, curve=[c for c in curve.split(",") if c.strip()] if curve else None,
-            torch=torch_version, context=parse_user_size(context, "--context"), progress=progress,
-            confirm=command_words(confirm), confirm_runs=confirm_runs, runner=runner,
-            calibrations=list(calibration or []), store=store,
-        )
-        render_report(report, json_out=json_out, live=progress is not None)
+        with progress_on_stderr(quiet=json_out, console=err_console) as progress:
+            report = run(
+                inputs, save=save, hold_back=hold_back, export=export, png=png, rvc=rvc, rvc_pad=rvc_pad,
+                confs=list(conf or [""]), cards=parse_sizes(card, "--card"), caps=caps, size=size,
+                step=step, max_size=max_size, curve=[c for c in curve.split(",") if c.strip()] if curve else None,
+                torch=torch_version, context=parse_user_size(context, "--context"), progress=progress,
+                confirm=command_words(confirm), confirm_runs=confirm_runs, runner=runner,
+                calibrations=list(calibration or []), store=store,
+            )
+        render_report(report, json_out=json_out, torch=torch_version)

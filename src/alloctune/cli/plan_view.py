@@ -6,40 +6,26 @@ and hands the report here (as `cli/tune_view.py` does for tune).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from alloctune.config.standard import setting_label
 
-_PROGRESS_WIDTH = 70  # the live progress line: one terminal row, overwritten in place
 
-
-def progress_line(json_out: bool) -> Callable[[str], None] | None:
-    """At a terminal (and not --json): each step of the plan on one dim stderr line, overwritten by
-    the next; None elsewhere, so a pipe or a log gets no carriage returns."""
-    from alloctune.cli.common import err_console
-
-    if json_out or not err_console.is_terminal:
-        return None
-    return lambda msg: err_console.print(f"[dim]{msg:<{_PROGRESS_WIDTH}.{_PROGRESS_WIDTH}}[/dim]", end="\r")
-
-
-def render_report(report: Any, *, json_out: bool, live: bool) -> None:
-    """The report as JSON, or (after blanking the progress line when `live` drew one) its tables."""
-    from alloctune.cli.common import err_console, print_json
+def render_report(report: Any, *, json_out: bool, torch: str | None = None) -> None:
+    """The report as JSON, or its tables (`torch`: the release plan was asked for, repeated in the
+    commands it prints)."""
+    from alloctune.cli.common import print_json
 
     if json_out:
         print_json(report.to_dict())
         return
-    if live:
-        err_console.print(" " * _PROGRESS_WIDTH, end="\r")
-    render_plan(report)
+    render_plan(report, torch=torch)
 
 
-def render_plan(report: Any) -> None:
+def render_plan(report: Any, *, torch: str | None = None) -> None:
     """Print the plan report: header, saved/exported files, hold-back check and the answer tables."""
     res = report.result
-    _header(report)
+    _header(report, torch)
     confs = [setting_label(s.conf) for s in res.settings]
     if res.settings and res.settings[0].largest:
         _largest_table(res, confs)
@@ -53,7 +39,16 @@ def render_plan(report: Any) -> None:
     _footer(report)
 
 
-def _header(report: Any) -> None:
+def _simulate_command(path: str, confs: list[str], torch: str | None) -> str:
+    """`alloctune simulate` of an exported stream under plan's settings: it answers plan's min budgets."""
+    import shlex
+
+    settings = "" if confs == [""] else "".join(f" --conf {shlex.quote(c)}" for c in confs)
+    return (f"alloctune simulate {shlex.quote(path)}{settings}" + (f" --torch {torch}" if torch else "")
+            + " --min-budget")
+
+
+def _header(report: Any, torch: str | None = None) -> None:
     """The recordings and their laws, files written, the hold-back check."""
     from alloctune.cli.common import console
     from alloctune.units import format_size
@@ -70,7 +65,10 @@ def _header(report: Any) -> None:
     if report.saved:
         console.print(f"trace set saved to [bold]{report.saved}[/bold] ({report.saved_bytes / 1024:.1f} KiB)")
     if report.exported:
-        console.print(f"generated stream written to [bold]{report.exported}[/bold] (alloctune simulate reads it)")
+        console.print(f"generated stream written to [bold]{report.exported}[/bold]; each setting's min budget at "
+                      "its size, as plan answers it:")
+        console.print("  " + _simulate_command(report.exported, [s.conf for s in res.settings], torch),
+                      soft_wrap=True, markup=False)
     if report.holdout:
         h = report.holdout
         real = f", {h.error_vs_real:+.2%} vs the GPU's peak" if h.error_vs_real is not None else ""

@@ -29,8 +29,9 @@ def register(app: typer.Typer) -> None:
 
         PNG figures: reserved vs allocated over time, peaks and min_budget per setting, the segment map at the peak or the OOM."""
         from alloctune.cli.common import console, print_json
-        from alloctune.cli.render import print_items
+        from alloctune.cli.render import err_console, print_items
         from alloctune.cli.views import snapshot_view
+        from alloctune.progress import progress_on_stderr
         from alloctune.report import build_report, write_report
         from alloctune.report.model import min_budgets
         from alloctune.report.tables import SETTINGS_HEADER, settings_cells
@@ -39,8 +40,12 @@ def register(app: typer.Typer) -> None:
             from alloctune.errors import InputError
 
             raise InputError(f"--device must be 0 or more, got {device}")
-        data = build_report(inputs, title=title, device=device, what_if=what_if, explain=explain)
-        written = write_report(data, out)
+        with progress_on_stderr(quiet=json_out, console=err_console) as progress:
+            progress(f"reading {len(inputs)} input(s)", 0, 2)
+            data = build_report(inputs, title=title, device=device, what_if=what_if, explain=explain)
+            progress("writing the page and its figures", 1, 2)
+            written = write_report(data, out)
+            progress("done", 2, 2)
         if json_out:
             from alloctune.schema import with_schema
 

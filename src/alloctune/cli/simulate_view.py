@@ -63,6 +63,13 @@ def render_tables(sim: Simulation) -> None:
     console.print(table)
     if sim.budget:
         console.print(f"budget: {format_size(sim.budget)}")
+    above = [r for r in rows if r.min_budget and r.min_budget > r.peak_reserved]
+    if above:
+        from alloctune.plan.notes import cap_above_peak_reason
+
+        for r in above:
+            console.print(f"note: {setting_label(r.conf)}'s min budget lies above its uncapped peak reserved: "
+                          f"{cap_above_peak_reason(r.conf)}", markup=False)
     for r in rows:
         if r.oom is not None:
             o = r.oom

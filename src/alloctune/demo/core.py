@@ -307,7 +307,7 @@ def run_demo(trace_path: str | Path | None = None, budget: int | None = None) ->
         if noop:
             notes.append(
                 f"max_split_size_mb {', '.join(noop)} (folklore): larger than every segment this run ever made "
-                f"({biggest / MiB:.0f} MiB), so no block is ever 'oversize' and nothing changes."
+                f"({format_size(biggest)}), so no block is ever 'oversize' and nothing changes."
             )
     same = [r.conf for r in rows if r.no_effect]
     if same:

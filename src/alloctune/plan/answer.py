@@ -19,6 +19,7 @@ answer can only be too small: it is marked conservative.
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
@@ -28,8 +29,9 @@ from alloctune.config.standard import setting_label
 from alloctune.errors import InputError
 from alloctune.plan.bound import ErrorModel
 from alloctune.plan.edges import SCAN_RATIO, _beyond, _bisect, _optimistic_end, _window
-from alloctune.plan.notes import plan_notes
+from alloctune.plan.notes import above_peak_note, plan_notes
 from alloctune.plan.traceset import Generated, TraceSet, as_size, size_text, workspaces
+from alloctune.progress import Progress, no_progress
 from alloctune.sim.budget import min_budget
 from alloctune.sim.driver import DEFAULT_OVERHEAD, H200_TOTAL
 from alloctune.sim.replay import replay
@@ -251,7 +253,7 @@ def plan(
     torch: str | None = None,
     context: int = DEFAULT_OVERHEAD,
     bounds: bool = True,
-    progress: Callable[[str], None] | None = None,
+    progress: Progress = no_progress,
     errors: ErrorModel | None = None,
     failed: Sequence[tuple[Any, int | None, bool]] = (),
 ) -> PlanResult:
@@ -285,12 +287,21 @@ def plan(
         upper.errors = errors  # the optimistic end leaves the same room
     curve_sizes = sorted({as_size(x) for x in curve} if curve is not None else _default_curve(sizes, grid))
     at = as_size(size) if size is not None else None
-    say = progress or (lambda _m: None)
+    steps = len(settings) * (len(targets) + len(curve_sizes) + (at is not None))
+    done = itertools.count()
+
+    def say(step: str) -> None:
+        progress(step, next(done), steps)
+
     out = [_plan_setting(text, st, probe, upper, targets, grid, top, limit, sizes, curve_sizes, at, torch, say)
            for text, st in settings]
+    progress("done", steps, steps)
     summary = ts.summary()
     notes = plan_notes(ts, summary, inexact, upper is not None, bool(card_sizes) or at is not None, context)
     fallible = _fallible(ts, out, inexact, context)
+    above = _above_peak(out)
+    if above is not None:
+        notes.append(above)
     if errors is not None:
         notes.append(f"error bound: {errors.evidence}; every largest size leaves room for it (--json: bound)")
     elif targets:
@@ -311,6 +322,19 @@ def plan(
         errors=errors.to_dict() if errors is not None else None,
         fallible=fallible,
     )
+
+
+def _above_peak(plans: Sequence["SettingPlan"]) -> str | None:
+    """The note on min budgets above their uncapped peak reserved, naming the `--size` answer first,
+    else the largest excess."""
+    answers: list[tuple[str, AtSize | CurvePoint]] = [(s.conf, s.at_size) for s in plans if s.at_size is not None]
+    answers += sorted(((s.conf, p) for s in plans for p in s.curve),
+                      key=lambda c: c[1].peak_reserved - (c[1].min_budget or 0))
+    above: dict[tuple[str, str], tuple[str, str, int, int]] = {}
+    for conf, p in answers:
+        if p.min_budget is not None and p.min_budget > p.peak_reserved:
+            above.setdefault((conf, p.size), (conf, p.size, p.min_budget, p.peak_reserved))
+    return above_peak_note(list(above.values()))
 
 
 def _fallible(ts: TraceSet, plans: Sequence["SettingPlan"], inexact: int, context: int) -> dict[str, Any]:
@@ -404,7 +428,10 @@ def _plan_setting(text: str, st: SimSettings, probe: "_Prober", upper: "_Prober 
     for x in curve_sizes:
         say(f"{setting_label(text)}: min budget at size {size_text(x)}")
         points.append(_curve_point(probe, st, x, torch, sizes))
-    at_size = _at_size(probe, st, at, targets, torch, sizes) if at is not None else None
+    at_size = None
+    if at is not None:
+        say(f"{setting_label(text)}: min budget and smallest card at size {size_text(at)}")
+        at_size = _at_size(probe, st, at, targets, torch, sizes)
     return SettingPlan(text, tuple(largest), tuple(points), at_size)
 
 

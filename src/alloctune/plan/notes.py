@@ -1,14 +1,17 @@
 """What a reader must know to trust `plan`'s answers: conservative or decided, structure, laws, the
-recorded sizes' common step, the CUDA context. Kept apart from `plan.answer` (the search) so each
-stays small; the notes read only the trace set and counts, never a replay."""
+recorded sizes' common step, the CUDA context, a min budget above the uncapped peak. Kept apart from
+`plan.answer` (the search) so each stays small; the notes read the trace set, counts and the answers
+already found, never a replay."""
 
 from __future__ import annotations
 
 from fractions import Fraction
 from typing import Any, Sequence
 
+from alloctune.config.standard import setting_label
 from alloctune.plan.traceset import TraceSet
-from alloctune.units import MiB
+from alloctune.sim.settings import SimSettings
+from alloctune.units import MiB, format_size
 
 
 def plan_notes(ts: TraceSet, summary: dict[str, Any], inexact: int, bounded: bool, cards_asked: bool,
@@ -63,6 +66,34 @@ def plan_notes(ts: TraceSet, summary: dict[str, Any], inexact: int, bounded: boo
         notes.append(f"cards: the CUDA context is taken as {context // MiB} MiB, not available to the allocator")
     return notes
 
+
+def cap_above_peak_reason(conf: str) -> str:
+    """Why a setting's min budget can lie above the peak reserved of its uncapped run (PyTorch's
+    `alloc_block`, allocator-spec §3.3): under the default rules a cap at or above that peak is never
+    reached, so the run is the uncapped one."""
+    st = SimSettings.from_config(conf)
+    reasons = []
+    if st.expandable_segments:
+        reasons.append("under expandable_segments PyTorch checks a cap against a request's whole rounded size, "
+                       "including the part its segment already has mapped, so a cap at the uncapped peak can "
+                       "run out of memory")
+    if st.garbage_collection_threshold > 0:
+        reasons.append("with garbage_collection_threshold a cap switches garbage collection on, which changes "
+                       "what the run frees and reserves")
+    return "; ".join(reasons) or "a cap changes what this setting releases and reserves"
+
+
+def above_peak_note(points: Sequence[tuple[str, str, int, int]]) -> str | None:
+    """The note for min budgets above the uncapped peak reserved: `points` are (setting, size, min
+    budget, uncapped peak reserved) where the first exceeds the second, the one to name first; None
+    when there are none. Says why, so the answer is not read as an error."""
+    if not points:
+        return None
+    conf, size, need, peak = points[0]
+    more = f" (and at {len(points) - 1} other size(s))" if len(points) > 1 else ""
+    return (f"a min budget above the uncapped peak reserved is no error: {setting_label(conf)} at size {size} needs "
+            f"{format_size(need)}, its uncapped run reserves {format_size(peak)}{more}; "
+            f"{cap_above_peak_reason(conf)}")
 
 
 def _common_step(sizes: Sequence[Fraction]) -> int:

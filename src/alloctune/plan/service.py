@@ -19,6 +19,7 @@ from alloctune.plan.holdout import Holdout, holdout
 from alloctune.plan.inputs import load_recordings, parse_spec, traceset_from
 from alloctune.plan.rvc import RvcRow, rvc_rows
 from alloctune.plan.traceset import build, size_text
+from alloctune.progress import no_progress
 
 SCHEMA = "alloctune.plan_report/1"
 
@@ -79,6 +80,8 @@ def run(
     t0 = time.perf_counter()
     held = None
     errors = None
+    say = plan_kwargs.get("progress") or no_progress
+    say(f"reading {len(inputs)} input(s)", 0, None)
     saved_set = any(Path(parse_spec(i)[0]).is_file() and fileformat.is_traceset(parse_spec(i)[0]) for i in inputs)
     if hold_back is not None:
         if saved_set:
@@ -101,6 +104,7 @@ def run(
     if check and not saved_set and (plan_kwargs.get("cards") or plan_kwargs.get("caps")):
         recs = recs or load_recordings(inputs)
         if len(recs) >= 3:
+            say(f"error bound: the largest of {len(recs)} recordings generated from the others", 0, None)
             errors = error_model(recs, held, plan_kwargs.get("torch"))
     saved = saved_bytes = None
     if save is not None:
