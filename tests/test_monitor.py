@@ -165,7 +165,7 @@ def test_view_renders_numbers(tmp_path):
     con.print(sample_table(s, width=80))
     text = con.export_text()
     assert "0 NVIDIA" in text and "4242" in text
-    assert "6.0G" in text and "300M" in text and "75%" in text and "20.0G 14%" in text and "4/1" in text
+    assert "6.0G" in text and "300M" in text and "75.0 %" in text and "20.0G 14%" in text and "4/1" in text
     assert max(len(line) for line in text.splitlines()) <= 80  # all numbers fit an 80-column terminal
     wide = Console(record=True, width=120)
     wide.print(sample_table(s, width=120))

@@ -56,14 +56,14 @@ def _store(tmp_path):
 
 def test_tune_store_rows_and_min_budget(tmp_path):
     rows = read_tune_store(_store(tmp_path))
-    assert [r.label for r in rows] == ["default", "default", "default", "expandable_segments:True",
+    assert [r.label for r in rows] == ["(default)", "(default)", "(default)", "expandable_segments:True",
                                        "max_split_size_mb:256"]
     exp = rows[3]
     assert exp.peak_reserved == 4352 * MiB and exp.utilization == pytest.approx(4096 / 4352)
     assert rows[1].num_ooms == 1 and rows[1].outcome == "oom"
     mb = min_budgets(rows)
     assert mb == {
-        "default": (5632 * MiB, "smallest ok trial"),
+        "(default)": (5632 * MiB, "smallest ok trial"),
         "expandable_segments:True": (5 * GiB, "smallest ok trial"),
         "max_split_size_mb:256": (4800 * MiB, "bisection"),
     }
@@ -125,10 +125,10 @@ def test_report_from_simulation_results(traces_dir, tmp_path):
     path = tmp_path / "sim.json"
     path.write_text(json.dumps({"results": results}))
     data = build_report([path])
-    assert [r.label for r in data.rows] == ["default (sim)", "expandable_segments:True (sim)"]
+    assert [r.label for r in data.rows] == ["(default) (sim)", "expandable_segments:True (sim)"]
     assert [r.peak_reserved for r in data.rows] == [res["peak_reserved"] for res in results]
     assert all(r.outcome == "ok" and r.kind == "simulation" for r in data.rows)
-    assert [s.label for s in data.series] == ["default (sim)", "expandable_segments:True (sim)"]
+    assert [s.label for s in data.series] == ["(default) (sim)", "expandable_segments:True (sim)"]
     written = write_report(data, tmp_path / "o")
     assert sorted(p.rsplit("/", 1)[1] for p in written.figures) == ["peaks.png", "timeline.png"]
 
@@ -143,7 +143,7 @@ def test_report_from_simulate_cli_json(traces_dir, tmp_path):
     sim = json.loads(out.stdout)["rows"]
     data = build_report([path])
     assert [(r.label, r.peak_reserved, r.min_budget) for r in data.rows] == [
-        ("default (sim)", sim[0]["peak_reserved"], sim[0]["min_budget"]),
+        ("(default) (sim)", sim[0]["peak_reserved"], sim[0]["min_budget"]),
         ("expandable_segments:True (sim)", sim[1]["peak_reserved"], sim[1]["min_budget"]),
     ]
     assert min_budgets(data.rows)["expandable_segments:True (sim)"] == (sim[1]["min_budget"], "bisection")

@@ -7,6 +7,7 @@ from typing import Callable
 
 from alloctune.monitor.log import _blank
 from alloctune.monitor.sample import Sample
+from alloctune.units import format_percent
 
 
 def short_size(n: int) -> str:
@@ -59,7 +60,7 @@ def sample_table(sample: Sample, fmt: Callable[[int], str] = short_size, width: 
                 _fmt(f, a.reserved),
                 _fmt(f, a.allocated),
                 _fmt(f, a.inactive_split),
-                "" if util is None else f"{util:.0%}",
+                "" if util is None else format_percent(util),
                 retries,
             )
     if sample.stale_live_files:

@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 from alloctune.memory_map.model import MemoryMap
 from alloctune.report.model import SegmentMapView, Series, SettingRow
 from alloctune.report.style import ALLOCATED, FREE, LARGEST_FREE, MAX_PANELS, MAX_SEGMENT_ROWS, RESERVED, axis_unit
-from alloctune.units import format_size
+from alloctune.units import format_percent, format_size
 
 
 def _figure(width: float, height: float) -> Any:
@@ -53,7 +53,7 @@ def timeline_figure(series: Sequence[Series]) -> bytes:
         ax.step(s.x, a, where="post", color=ALLOCATED, linewidth=1.0, label="allocated")
         peak_r = max(s.reserved, default=0)
         peak_a = max(s.allocated, default=0)
-        util = f", utilization {peak_a / peak_r:.1%}" if peak_r else ""
+        util = f", utilization {format_percent(peak_a / peak_r)}" if peak_r else ""
         ax.set_title(f"{s.label}: peak {format_size(peak_r)} reserved{util}", fontsize=9)
         ax.set_xlabel("history event", fontsize=8)
         ax.set_ylabel(unit, fontsize=8)
@@ -76,7 +76,7 @@ def peaks_figure(rows: Sequence[SettingRow]) -> bytes:
     ys = list(range(len(rows)))[::-1]
     ax.barh(ys, [(r.peak_reserved or 0) / scale for r in rows], color=RESERVED, alpha=0.6, label="peak reserved")
     ax.barh(ys, [(r.peak_allocated or 0) / scale for r in rows], height=0.4, color=ALLOCATED, label="peak allocated")
-    ax.set_yticks(ys, [f"{r.label} ({r.utilization:.0%})" if r.utilization else r.label for r in rows], fontsize=8)
+    ax.set_yticks(ys, [f"{r.label} ({format_percent(r.utilization)})" if r.utilization else r.label for r in rows], fontsize=8)
     ax.set_xlabel(unit)
     ax.set_title("Peak reserved vs allocated per setting (utilization in brackets)", fontsize=10)
     ax.legend(fontsize=8, loc="lower right")

@@ -180,7 +180,9 @@ def _config_from_settings(settings: Any) -> str:
 
 
 def _label(config: str) -> str:
-    return config or "default"
+    from alloctune.config.standard import setting_label
+
+    return setting_label(config)
 
 
 def row_from_record(d: Mapping[str, Any], kind: str, source: str) -> SettingRow:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from alloctune.units import format_size
+from alloctune.units import format_percent, format_size
 
 
 def _e(text: object) -> str:
@@ -42,7 +42,7 @@ def remedies_section(remedies: Any, utilization: Any) -> str:
     if utilization is not None and utilization.rows:
         parts.append("<h3>Utilization (peak allocated ÷ peak reserved, uncapped) and min budget</h3>")
         rows = [(_e(r.kind), _e(r.name), _fmt(r.min_budget), _fmt(r.peak_reserved), _fmt(r.peak_allocated),
-                 "-" if r.utilization is None else f"{r.utilization:.3f}", _e(r.method)) for r in utilization.rows]
+                 format_percent(r.utilization), _e(r.method)) for r in utilization.rows]
         parts.append(_tbl(("", "name", "min budget", "peak reserved", "peak allocated", "utilization", "method"),
                           rows, (2, 3, 4, 5)))
         if utilization.held_back:

@@ -12,7 +12,7 @@ from typing import Mapping, Sequence
 
 from alloctune.report.model import SegmentMapView, Series, SettingRow
 from alloctune.report.style import ALLOCATED, FREE, LARGEST_FREE, MAX_PANELS, MAX_SEGMENT_ROWS, RESERVED, axis_unit
-from alloctune.units import format_size
+from alloctune.units import format_percent, format_size
 
 WIDTH = 900
 LEFT = 230  # room for labels of bar charts
@@ -57,7 +57,7 @@ def timeline_svg(series: Sequence[Series]) -> bytes:
                             for x, v in zip(xs, col))
 
         peak_r, peak_a = max(s.reserved, default=0), max(s.allocated, default=0)
-        util = f", utilization {peak_a / peak_r:.1%}" if peak_r else ""
+        util = f", utilization {format_percent(peak_a / peak_r)}" if peak_r else ""
         body.append(_text(x0, y0 - 6, f"{s.label}: peak {format_size(peak_r)} reserved{util}", weight="bold"))
         body.append(_rect(x0, y0, x1 - x0, ph, "none", ' stroke="#a0aec0"'))
         body.append(f'<polyline points="{pts(s.reserved)}" fill="none" stroke="{RESERVED}" stroke-width="1.2"/>')
@@ -93,7 +93,7 @@ def peaks_svg(rows: Sequence[SettingRow]) -> bytes:
     rows = [r for r in rows if r.peak_reserved]
     if not rows:
         raise ValueError("no peaks to draw")
-    items = [(f"{r.label} ({r.utilization:.0%})" if r.utilization else r.label, r.peak_reserved or 0,
+    items = [(f"{r.label} ({format_percent(r.utilization)})" if r.utilization else r.label, r.peak_reserved or 0,
               r.peak_allocated, format_size(r.peak_reserved or 0)) for r in rows]
     return _bars(items, "Peak reserved vs allocated per setting (utilization in brackets)")
 

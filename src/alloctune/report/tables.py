@@ -10,7 +10,7 @@ from typing import Mapping, Sequence
 from alloctune.config.standard import setting_label
 from alloctune.diagnose.snapshot_model import SnapshotDiagnosis
 from alloctune.report.model import SettingRow
-from alloctune.units import format_size
+from alloctune.units import format_percent, format_size
 
 SETTINGS_HEADER = (
     "setting",
@@ -48,7 +48,7 @@ def settings_cells(rows: Sequence[SettingRow], budgets: Mapping[str, tuple[int, 
                 _size(r.budget),
                 _size(r.peak_reserved),
                 _size(r.peak_allocated),
-                "" if r.utilization is None else f"{r.utilization:.1%}",
+                "" if r.utilization is None else format_percent(r.utilization),
                 "" if r.num_alloc_retries is None else str(r.num_alloc_retries),
                 "" if r.num_ooms is None else str(r.num_ooms),
                 mb_text,
