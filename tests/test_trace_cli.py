@@ -38,7 +38,7 @@ def test_info_table(traces_dir, capsys):
     code, out, _ = run(["trace", "info", str(traces_dir / "rvc_ec1" / "default_cap85.pickle.xz")], capsys)
     assert code == 0
     assert "failed_alloc 1881" in out
-    assert "inferred empty_cache()" in out and "1.50 GiB (1606418432 B)" in out
+    assert "inferred empty_cache()" in out and "1.50 GiB (1606418432 bytes)" in out
 
 
 def test_convert_then_info_gives_the_same_numbers(traces_dir, tmp_path, capsys):

@@ -71,17 +71,17 @@ def _render_info(s) -> None:  # s: TraceSummary
     kinds = ", ".join(f"{k} {v}" for k, v in s.requests_by_kind.items())
     t.add_row("requests", f"{s.requests} ({kinds})")
     t.add_row("streams", ", ".join(map(str, s.streams)) or "-")
-    t.add_row("peak requested (live)", f"{format_size(s.peak_requested_bytes)} ({s.peak_requested_bytes} B)")
+    t.add_row("peak requested (live)", f"{format_size(s.peak_requested_bytes)} ({s.peak_requested_bytes} bytes)")
     t.add_row("live at end", str(s.live_at_end))
     t.add_row("segment events", ", ".join(f"{k} {v}" for k, v in s.segment_events.items()) or "none")
     t.add_row(
         "peak reserved (recorded)",
-        f"{format_size(s.recorded_peak_reserved_bytes)} ({s.recorded_peak_reserved_bytes} B)",
+        f"{format_size(s.recorded_peak_reserved_bytes)} ({s.recorded_peak_reserved_bytes} bytes)",
     )
     t.add_row("OOM events", str(s.oom_events))
     t.add_row("inferred empty_cache()", str(s.inferred_empty_cache))
     if s.total_memory:
-        t.add_row("device total", f"{format_size(s.total_memory)} ({s.total_memory} B)")
+        t.add_row("device total", f"{format_size(s.total_memory)} ({s.total_memory} bytes)")
     st = s.allocator_settings
     if st:
         shown = {k: v for k, v in st.items() if k != "roundup_power2_divisions"}
