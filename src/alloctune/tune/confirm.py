@@ -427,8 +427,9 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
             self.t.notes.append(
                 f"the simulation said no setting fits {format_size(self.budget)}, but {closest.label} completed there: "
                 "the program asks for less memory under this cap than its uncapped recording")
-            # the simulation is off for it: start from what the passing run reserved (a cap above a
-            # run's peak reserved changes nothing), just above and just below, side by side
+            # the simulation is off for it: start from what the passing run reserved, just above and just
+            # below, side by side (a first estimate: under the default rules a cap above a run's peak
+            # reserved changes nothing, under expandable segments it can; the runs decide)
             peak = res[0].peak_reserved if res else None
             b.est, b.floor = (align_up(peak), None) if peak else (None, None)
             if peak and align_up(peak) < self.budget:
