@@ -12,8 +12,14 @@ already held proves a call: `Limit()` unknown), the limit-aware rule (cap / devi
 record), and the agent's marks when present -- and the calls found are compared with the truth.
 
     python bench/empty_cache_inference.py [DIR ...] [--out bench/results/empty_cache.md]
+    python bench/empty_cache_inference.py record --out DIR     # on a GPU (job `empty-cache`), then scores DIR
 
-DIR (default ../shared/traces) is searched recursively for `*.pickle[.xz|.gz]`.
+DIR (default ../shared/traces) is searched recursively for `*.pickle[.xz|.gz]`. `record` makes recordings
+whose calls are marked, each a fresh process through `runner.run_trial(record=...)` (so the agent marks the
+calls): `rvc_ec1` (`alloctune.workloads.rvc --count 6`: an `empty_cache()` after every chunk, some release
+nothing), and `probe` (calls that release nothing, calls followed by a *larger* segment than any held before:
+the old rule booked those as the allocator's), uncapped and under a 1 GiB cap; then scores them
+(`DIR/empty_cache.md`; kept as bench/results/empty_cache_gpu.md).
 """
 
 from __future__ import annotations
@@ -21,16 +27,33 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+from runlog import log_results
+from suite import ROOT, SHARED, child_env
 
-from alloctune.trace.load import load_snapshot, pick_device, read_sidecar  # noqa: E402
-from alloctune.trace.stream import EMPTY_CACHE_MARKS_KEY, Limit, build_stream  # noqa: E402
+# isort: split
+from alloctune.trace.load import load_snapshot, pick_device, read_sidecar  # after suite, which puts src/ on the path
+from alloctune.trace.stream import EMPTY_CACHE_MARKS_KEY, Limit, build_stream
 
 SCHEMA = "alloctune.bench.empty_cache/1"
+PROBE = textwrap.dedent("""
+    import torch
+    MiB = 1 << 20
+    keep = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
+    torch.cuda.empty_cache()                      # releases nothing: no event without the mark
+    a = torch.empty(30 * MiB, dtype=torch.uint8, device="cuda"); del a
+    torch.cuda.empty_cache()                      # releases the 30 MiB segment's cache
+    b = torch.empty(500 * MiB, dtype=torch.uint8, device="cuda")  # larger than anything held before
+    del b
+    for n in (40, 80, 160, 320):
+        x = torch.empty(n * MiB, dtype=torch.uint8, device="cuda"); del x
+        torch.cuda.empty_cache()
+        y = torch.empty(2 * n * MiB, dtype=torch.uint8, device="cuda"); del y   # new, larger segment next
+    torch.cuda.empty_cache(); torch.cuda.empty_cache()   # the second releases nothing
+""")
 
 
 def check(path: Path) -> dict[str, Any] | None:
@@ -63,9 +86,33 @@ def check(path: Path) -> dict[str, Any] | None:
     return row
 
 
+def record(out: Path) -> int:
+    """The GPU recordings (agent-marked calls), then their scores."""
+    from alloctune.run.runner import run_trial
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "probe.py").write_text(PROBE)
+    runs = []
+    for name, cmd, budget in (("rvc_ec1", ["-m", "alloctune.workloads.rvc", "--count", "6"], None),
+                              ("probe", [str(out / "probe.py")], None), ("probe_cap", [str(out / "probe.py")], 1 << 30)):
+        res = run_trial([sys.executable, *cmd], record=out / f"{name}.pickle.xz", budget=budget,
+                        capture=out / f"{name}.log", cwd=str(ROOT), env=child_env())
+        side = {"workload": name, "conf": "", "cap": int(budget or 0), "total_memory": res.total_memory,
+                "outcome": res.outcome, "stats": dict(res.stats)}
+        (out / f"{name}.json").write_text(json.dumps(side, indent=1))
+        runs.append({"name": name, "outcome": res.outcome, "snapshot": res.snapshot})
+    print(json.dumps(runs, indent=1))
+    return main([str(out), "--out", str(out / "empty_cache.md")])
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["record"]:
+        ap = argparse.ArgumentParser(prog="empty_cache_inference.py record")
+        ap.add_argument("--out", required=True)
+        return record(Path(ap.parse_args(argv[1:]).out))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("dirs", nargs="*", default=[str(ROOT.parent / "shared" / "traces")])
+    ap.add_argument("dirs", nargs="*", default=[str(SHARED)])
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "empty_cache.md"))
     args = ap.parse_args(argv)
     rows = []
@@ -84,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "## empty_cache() inference on recordings with known calls",
         "",
-        f"`python bench/empty_cache_inference.py {' '.join(argv if argv is not None else sys.argv[1:])}`. "
+        f"`python bench/empty_cache_inference.py {' '.join(argv)}`. "
         "Generated by the script: do not edit by hand.",
         "",
         f"- Call counts known from `memory_stats()` (num_sync_all_streams − num_alloc_retries): the count inferred is "
@@ -102,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"empty_cache reached without the wrapper): {sum(r['unmarked_releases'] for r in marked)}.")
     else:
         lines.append("- No agent-marked recordings in the input (record through `alloctune record` to get them).")
-    lines += ["", "| recording | known calls | old rule | limit-aware | marked (limit-aware: right, extra) |", "|---|---|---|---|---|"]
+    lines += ["", "| recording | known calls | old rule | limit-aware | marked (limit-aware: right, extra) |",
+              "|---|---|---|---|---|"]
     for r in rows:
         mk = (f"{r['marked_calls']} ({r['positions_right_aware']} right, {r['extra_aware']} extra)"
               if "marked_calls" in r else "-")
@@ -113,9 +161,6 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text("\n".join(lines) + "\n")
     out.with_suffix(".json").write_text(json.dumps({"schema": SCHEMA, "rows": rows}, indent=1))
     print("\n".join(lines[4:6]))
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from runlog import log_results
-
     log_results([line for line in lines[:6] if line.startswith("- ")], folder=out.parent)
     return 0
 

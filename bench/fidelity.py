@@ -176,7 +176,9 @@ def _cell(check: dict[str, Any] | None, capped: bool) -> str:
         return f"{'fails at' if check['ok'] else 'MISS: fails at'} #{ff['simulated']} (rec. #{ff['recorded']})"
     if check["exact"]:
         return "exact"
-    return f"DIFF from event #{check['first_difference']}" if check["first_difference"] is not None else "DIFF: " + check["verdict"]
+    if check["first_difference"] is not None:
+        return f"DIFF from event #{check['first_difference']}"
+    return "DIFF: " + check["verdict"]
 
 
 def _peaks(check: dict[str, Any] | None) -> str:
@@ -353,7 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from runlog import log_results
 
-    log_results([line for line in text.splitlines() if line.startswith("- ")], argv=["bench/fidelity.py", *(argv if argv is not None else sys.argv[1:])], folder=out.parent)
+    log_results([line for line in text.splitlines() if line.startswith("- ")],
+                argv=["bench/fidelity.py", *(argv if argv is not None else sys.argv[1:])], folder=out.parent)
     return 0 if summary[REPLAY]["exact"] == summary[REPLAY]["rows"] else 1
 
 

@@ -227,8 +227,7 @@ def main() -> int:
     for name, t, o, verdict, detail in rows:
         print(f"{name:<{width}}  torch={t:<5} ours={o:<5} {verdict:<15} {detail[:90]}")
     print("summary:", json.dumps(counts))
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from runlog import log_result
+    from runlog import log_result  # bench/ is on the path: the script's own folder
 
     log_result(f"{len(rows)} allocator strings on torch {torch.__version__}: "
                + ", ".join(f"{k} {v}" for k, v in counts.items()), folder=out_dir)

@@ -16,15 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import gpu_recordings as gr  # noqa: E402
-from gpu_plan_sharp import target  # noqa: E402
+from gpu_plan_sharp import target
+from suite import T0, open_pool, pool_options
 
 EXP = "expandable_segments:True"
 # (bisection name in truth.json, allocator setting, cap bytes, sizes): the caps of truth.json
@@ -40,9 +36,9 @@ POINTS = [
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    gr.pool_options(ap, jobs=8, deadline=300)
+    pool_options(ap, jobs=8, deadline=300)
     a = ap.parse_args()
-    out, pool = gr.open_pool(a)
+    out, pool = open_pool(a)
     tasks = [(name, conf, cap, s) for name, conf, cap, sizes in POINTS for s in sizes]
 
     def one(t: tuple) -> dict:
@@ -57,7 +53,7 @@ def main() -> None:
     (out / "points.json").write_text(json.dumps({"points": results}, indent=1))
     for r in results:
         print(json.dumps(r), flush=True)
-    print(f"plan-points done in {time.monotonic() - gr.T0:.0f}s", flush=True)
+    print(f"plan-points done in {time.monotonic() - T0:.0f}s", flush=True)
 
 
 if __name__ == "__main__":

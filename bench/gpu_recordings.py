@@ -1,36 +1,49 @@
-"""Real recordings and independent ground truth, side by side on one GPU (jobs `recordings`, `bisections` of bench/gpu.py).
-
-Stage `record` (fresh process per run, `bench/capwrap.py`):
-  * real-library workloads (hubert, timm, torchvision, llama) under default / expandable /
-    max_split_128, uncapped, history recorded (Python stacks): fidelity on recordings no
-    model was fitted to, and the fallible-request (workspace fallback) data;
-  * hubert with C++ stacks (`stacks="all"`): which frames ask for workspaces;
-  * capped recordings of the convolution workloads between peak allocated and peak reserved:
-    the calibration runs in which cuDNN falls back to smaller workspaces;
-  * rvc / diffusion uncapped under the three settings (peaks only);
-  * size sweeps for capacity planning: rvc audio seconds, timm image side, llama prompt tokens.
-Stage `bisect` (reads the record stage's sidecars):
-  * independent min-budget bisection: every workload x setting, 6 steps, fresh processes;
-  * largest size that completes under two caps x two settings (2 % size grid), fresh processes.
+"""Real recordings and independent ground truth, side by side on one GPU (jobs `recordings`, `bisections`, `truth`).
 
     python bench/gpu_recordings.py record --out $OUT/a --jobs 12 --deadline 500
     python bench/gpu_recordings.py bisect --sidecars DIR --out $OUT/b --jobs 14 --deadline 540
+    python bench/gpu_recordings.py truth --out $OUT --jobs 10 --deadline 540 [--tunes hubert,timm,...]
+
+Every run is a fresh process (`bench/capwrap.py`: the cap by `set_per_process_memory_fraction`, the bench's
+own code, not alloctune's agent), side by side on one GPU under a memory claim (suite.Pool).
+
+record: real-library workloads (hubert, timm, torchvision, llama) under default / expandable /
+max_split_128, uncapped, history recorded (Python stacks): fidelity on recordings no model was fitted to;
+hubert with C++ stacks (`stacks="all"`): which frames ask for workspaces; capped recordings of the
+convolution workloads between peak allocated and peak reserved (the calibration runs in which cuDNN falls
+back to smaller workspaces); rvc / diffusion uncapped under the three settings (peaks only); size sweeps for
+capacity planning: rvc audio seconds, timm image side, llama prompt tokens.
+
+bisect (reads the record stage's sidecars): min-budget bisection of every workload x setting, 6 steps;
+the largest size that completes under two caps x two settings (2 % size grid).
+
+truth: each standard setting's smallest working cap with both ends tested (the bisect stage assumed its
+lower end, 0.97 x peak allocated, fails and never ran it, so on convolution workloads, which adapt under a
+cap, its answer was only an upper bound): an opening round of caps at 0.70, 0.85, 1.00 and 1.15 x a prior P
+(the earlier bisection's tested pass for this workload and setting, else the default's), widened by x0.6
+downwards while the lowest passes and by x1.3 upwards while the highest fails; then rounds of three caps
+side by side, each splitting the bracket in four, until the tested pass and the tested failure are within
+1 % of the pass. Rows are appended to `truth.jsonl` as each setting finishes (a run cut off keeps what
+finished); `--tunes` runs gpu_tune.py's tunes of the same commands beside it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from runlog import log_result
+from suite import BENCH, T0, bisect_budget, bisect_size, open_pool, pool_options
+
 CONFS = {"default": "", "expandable": "expandable_segments:True", "max_split_128": "max_split_size_mb:128"}
+STANDARD = {**CONFS, "max_split_256": "max_split_size_mb:256", "max_split_512": "max_split_size_mb:512",
+            "gc_split_256": "garbage_collection_threshold:0.6,max_split_size_mb:256",
+            "roundup_4": "roundup_power2_divisions:4"}
 REAL = {
     "hubert": ["bench/real_workloads.py", "hubert", "--count", "6", "--quiet"],
     "timm": ["bench/real_workloads.py", "timm", "--count", "6", "--quiet"],
@@ -49,84 +62,17 @@ SIZES = {
     "llama": ([512, 1024, 2048, 3072, 4096, 6144], lambda s: ["bench/real_workloads.py", "llama", "--count", "1",
                                                                "--quiet", "--size", str(s)]),
 }
-GPU_MEM = 130 << 30  # what the runs side by side may claim together
-CONTEXT = 1 << 30  # a CUDA context, kernels and cuDNN handles, roughly
-T0 = time.monotonic()
-
-
-class Pool:
-    """Runs capwrap jobs with at most `jobs` at once and their memory claims under GPU_MEM."""
-
-    def __init__(self, jobs: int, deadline: float, log: Path):
-        self.sem = threading.Semaphore(jobs)
-        self.cv = threading.Condition()
-        self.claimed = 0
-        self.deadline = deadline
-        self.log = log
-
-    def run(self, prefix: Path, target: list[str], conf: str, cap: int = 0, record: bool = False,
-            stacks: str = "python", size: str | None = None, claim: int = 8 << 30,
-            timeout: float | None = None) -> dict | None:
-        claim = (cap or claim) + CONTEXT
-        with self.sem:
-            with self.cv:
-                self.cv.wait_for(lambda: self.claimed + claim <= GPU_MEM)
-                self.claimed += claim
-            try:
-                left = min(self.deadline - (time.monotonic() - T0), timeout or 1e9)
-                if left < 20:
-                    return None
-                env = dict(os.environ, PYTHONPATH=str(REPO / "src"), PYTHONUNBUFFERED="1")
-                env.pop("PYTORCH_ALLOC_CONF", None)
-                if conf:
-                    env["PYTORCH_CUDA_ALLOC_CONF"] = conf
-                else:
-                    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-                cmd = [sys.executable, str(REPO / "bench/capwrap.py"), "--out", str(prefix), "--cap", str(cap)]
-                cmd += (["--record", "--stacks", stacks] if record else []) + (["--size", size] if size else [])
-                cmd += ["--", *target]
-                t = time.monotonic()
-                p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=left)
-                with open(self.log, "a") as f:
-                    f.write(f"[{time.monotonic() - T0:6.1f}s] {prefix.name} rc={p.returncode} "
-                            f"{time.monotonic() - t:.1f}s {p.stdout.strip()[-200:]} {p.stderr.strip()[-400:]}\n")
-                side = Path(str(prefix) + ".json")
-                return json.loads(side.read_text()) if side.exists() else None
-            except subprocess.TimeoutExpired:
-                return None
-            finally:
-                with self.cv:
-                    self.claimed -= claim
-                    self.cv.notify_all()
-
-
-def pool_options(ap: argparse.ArgumentParser, jobs: int, deadline: float) -> None:
-    """The options every GPU job of bench/ takes: its output folder, the runs at once, and the
-    seconds after its start when it stops starting runs (so that it ends within the device's call)."""
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--jobs", type=int, default=jobs)
-    ap.add_argument("--deadline", type=float, default=deadline)
-
-
-def open_pool(a: argparse.Namespace) -> tuple[Path, Pool]:
-    """The output folder of `pool_options` (made) and a `Pool` logging to log.txt in it."""
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    return out, Pool(a.jobs, a.deadline, out / "log.txt")
+PRIOR = BENCH / "gpu-results" / "batch8" / "b" / "bisect_results.json"
+ALIGN = 2 << 20
+LOCK = threading.Lock()
 
 
 def stage_record(a: argparse.Namespace) -> None:
     out, pool = open_pool(a)
-    jobs = []
-    for w, target in REAL.items():
-        for c, conf in CONFS.items():
-            jobs.append((out / f"{w}_{c}", target, conf, 0, True, "python", None))
-    for w, target in OWN.items():
-        for c, conf in CONFS.items():
-            jobs.append((out / f"{w}_{c}", target, conf, 0, False, "python", None))
-    for w, (sizes, make) in SIZES.items():
-        for s in sizes:
-            jobs.append((out / f"size_{w}_{s}", make(s), "", 0, True, "python", str(s)))
+    jobs = [(out / f"{w}_{c}", target, conf, 0, w in REAL, "python", None)
+            for w, target in {**REAL, **OWN}.items() for c, conf in CONFS.items()]
+    jobs += [(out / f"size_{w}_{s}", make(s), "", 0, True, "python", str(s)) for w, (sizes, make) in SIZES.items()
+             for s in sizes]
     # C++ stacks make every allocation slow to record: a short run, its own time limit, queued last
     jobs.append((out / "hubert_default_cpp", REAL["hubert"][:3] + ["2", "--quiet"], "", 0, True, "all", None,
                  8 << 30, 150.0))
@@ -146,74 +92,6 @@ def stage_record(a: argparse.Namespace) -> None:
     print(f"record stage done in {time.monotonic() - T0:.0f}s", flush=True)
 
 
-def bisect_budget(pool: Pool, out: Path, name: str, target: list[str], conf: str, lo: int, hi: int,
-                  steps: int) -> dict:
-    """Fresh-process bisection of the smallest completing cap between lo and hi, both ends tested.
-
-    The first run confirms hi (widened ×1.25 once if it fails), the second tests lo (lowered ×0.85 while it
-    passes: a program whose convolutions give workspaces up can complete below its peak allocated, so an
-    untested lower end is only a guess), the rest halve the bracket; `fails_at` is always a run that failed."""
-    runs: list[dict] = []
-    hi_ok = None
-    lo_failed = False
-    for k in range(steps):
-        if k == 0:
-            cap = hi
-        elif not lo_failed:
-            cap = lo
-        else:
-            cap = (lo + hi) // 2
-        r = pool.run(out / f"{name}_b{k}", target, conf, cap=cap)
-        if r is None:
-            break
-        ok = r["outcome"] == "ok"
-        runs.append({"cap": cap, "outcome": r["outcome"], "num_ooms": r["stats"].get("num_ooms", 0)})
-        if k == 0:
-            if not ok:  # the uncapped peak did not fit under its own cap: widen once
-                lo, hi = hi, int(hi * 1.25)
-                lo_failed = True
-                continue
-            hi_ok = hi
-        elif not lo_failed and cap == lo:
-            if ok:
-                hi, hi_ok, lo = lo, lo, int(lo * 0.85)
-            else:
-                lo_failed = True
-        elif ok:
-            hi, hi_ok = cap, cap
-        else:
-            lo = cap
-    return {"name": name, "conf": conf, "min_budget": hi_ok, "fails_at": lo if lo_failed else None, "runs": runs}
-
-
-def bisect_size(pool: Pool, out: Path, name: str, sizes: list[int], make, conf: str, cap: int, steps: int) -> dict:
-    """Largest size that completes under `cap`, by bisection on a 2 % grid (fresh processes)."""
-    lo, hi = sizes[0], sizes[-1]
-    runs = []
-    r = pool.run(out / f"{name}_lo", make(lo), conf, cap=cap)
-    if r is None or r["outcome"] != "ok":
-        return {"name": name, "conf": conf, "cap": cap, "largest_ok": None, "smallest_fail": lo, "runs": runs}
-    runs.append({"size": lo, "outcome": "ok"})
-    r = pool.run(out / f"{name}_hi", make(hi), conf, cap=cap)
-    if r is not None and r["outcome"] == "ok":
-        return {"name": name, "conf": conf, "cap": cap, "largest_ok": hi, "smallest_fail": None,
-                "runs": runs + [{"size": hi, "outcome": "ok"}]}
-    runs.append({"size": hi, "outcome": r["outcome"] if r else "?"})
-    k = 0
-    while hi > lo * 1.02 and hi - lo > 1 and k < steps:
-        mid = (lo + hi) // 2
-        r = pool.run(out / f"{name}_s{k}", make(mid), conf, cap=cap)
-        if r is None:
-            break
-        runs.append({"size": mid, "outcome": r["outcome"]})
-        if r["outcome"] == "ok":
-            lo = mid
-        else:
-            hi = mid
-        k += 1
-    return {"name": name, "conf": conf, "cap": cap, "largest_ok": lo, "smallest_fail": hi, "runs": runs}
-
-
 def stage_bisect(a: argparse.Namespace) -> None:
     out, pool = open_pool(a)
     side = {p.name[:-5]: json.loads(p.read_text()) for p in Path(a.sidecars).glob("*.json")}
@@ -221,40 +99,120 @@ def stage_bisect(a: argparse.Namespace) -> None:
     for w, target in {**REAL, **OWN}.items():
         for c, conf in CONFS.items():
             r = side.get(f"{w}_{c}")
-            if not r or r["outcome"] != "ok":
-                continue
-            st = r["stats"]
-            lo = int(st["allocated_bytes.all.peak"] * 0.97)
-            hi = int(st["reserved_bytes.all.peak"] * 1.01)
-            tasks.append(("budget", (pool, out, f"{w}_{c}", target, conf, lo, hi, a.steps)))
+            if r and r["outcome"] == "ok":
+                lo, hi = int(r["stats"]["allocated_bytes.all.peak"] * 0.97), int(r["stats"]["reserved_bytes.all.peak"] * 1.01)
+                tasks.append((bisect_budget, (pool, out, f"{w}_{c}", target, conf, lo, hi, a.steps)))
     for w, (sizes, make) in SIZES.items():
         peaks = [side.get(f"size_{w}_{s}", {}).get("stats", {}).get("reserved_bytes.all.peak") for s in sizes]
-        if None in peaks:
-            continue
-        for tag, cap in (("c1", peaks[2]), ("c2", peaks[4])):
-            for c in ("default", "expandable"):
-                tasks.append(("size", (pool, out, f"plan_{w}_{c}_{tag}", sizes, make, CONFS[c], cap, 7)))
+        if None not in peaks:
+            tasks += [(bisect_size, (pool, out, f"plan_{w}_{c}_{tag}", sizes, make, CONFS[c], cap, 7))
+                      for tag, cap in (("c1", peaks[2]), ("c2", peaks[4])) for c in ("default", "expandable")]
     with ThreadPoolExecutor(len(tasks)) as ex:
-        futs = [ex.submit(bisect_budget if kind == "budget" else bisect_size, *args) for kind, args in tasks]
-        results = [f.result() for f in futs]
+        results = [f.result() for f in [ex.submit(fn, *args) for fn, args in tasks]]
     (out / "bisect_results.json").write_text(json.dumps(results, indent=1))
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from runlog import log_result
-
     for r in results:
         print(json.dumps({k: v for k, v in r.items() if k != "runs"}), flush=True)
         log_result(", ".join(f"{k} {v}" for k, v in r.items() if k != "runs"), folder=out)
     print(f"bisect stage done in {time.monotonic() - T0:.0f}s", flush=True)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("stage", choices=("record", "bisect"))
-    pool_options(ap, jobs=12, deadline=500)
-    ap.add_argument("--sidecars")
+def _align(n: int) -> int:
+    return max(ALIGN, n // ALIGN * ALIGN)
+
+
+def truth(pool, out: Path, workload: str, setting: str, prior: int) -> dict:
+    target, conf = {**REAL, **OWN}[workload], STANDARD[setting]
+    runs: list[dict] = []
+    name = f"{workload}_{setting}"
+    passed: int | None = None
+    failed: int | None = None
+
+    def probe(caps: list[int]) -> None:
+        nonlocal passed, failed
+        caps = sorted(set(caps))
+        with ThreadPoolExecutor(len(caps)) as ex:
+            res = list(ex.map(lambda c: pool.run(out / "runs" / f"{name}_{c >> 20}", target, conf, cap=c), caps))
+        for c, r in zip(caps, res):
+            runs.append({"cap": c, "outcome": None if r is None else r["outcome"],
+                         "num_ooms": None if r is None else r["stats"].get("num_ooms")})
+            if r is not None and r["outcome"] == "ok":  # a crash or error is no evidence either way
+                passed = c if passed is None else min(passed, c)
+            elif r is not None and r["outcome"] == "oom":
+                failed = c if failed is None else max(failed, c)
+
+    probe([_align(int(prior * f)) for f in (0.70, 0.85, 1.00, 1.15)])
+    lo_f, hi_f = 0.70, 1.15
+    while passed is not None and failed is None and lo_f > 0.05:  # everything passed: lower
+        lo_f *= 0.6
+        probe([_align(int(prior * lo_f))])
+    while passed is None and hi_f < 4 and (failed is not None or not runs or runs[-1]["outcome"] is not None):
+        hi_f *= 1.3  # everything failed: higher
+        probe([_align(int(prior * hi_f))])
+    for _ in range(4):  # two rounds from the opening grid; more only after a widening
+        if passed is None or failed is None or passed - failed <= max(ALIGN, passed // 100):
+            break
+        step = (passed - failed) / 4
+        caps = [c for c in (_align(int(failed + step * k)) for k in (1, 2, 3)) if failed < c < passed]
+        if not caps:
+            break
+        probe(caps)
+    row = {"workload": workload, "setting": setting, "conf": conf, "command": target, "prior": prior,
+           "min_budget": passed, "fails_at": failed, "runs": runs}
+    with LOCK, (out / "truth.jsonl").open("a") as f:
+        f.write(json.dumps(row) + "\n")
+    print(json.dumps({k: v for k, v in row.items() if k not in ("runs", "command")}), flush=True)
+    log_result(f"{workload} {setting}: min budget {passed} B, fails at {failed} B ({len(runs)} runs)", folder=out,
+               bench="gpu_truth")
+    return row
+
+
+def stage_truth(a: argparse.Namespace) -> None:
+    out, pool = open_pool(a)
+    (out / "runs").mkdir(exist_ok=True)
+    done = set()
+    if a.skip_done and a.skip_done.exists():
+        done = {(r["workload"], r["setting"]) for r in map(json.loads, a.skip_done.read_text().splitlines())
+                if r.get("min_budget") and r.get("fails_at")
+                and r["min_budget"] - r["fails_at"] <= max(ALIGN, r["min_budget"] // 100)}
+    try:  # the earlier bisection's tested passes by "{workload}_{setting}" (a starting point only)
+        prior = {r["name"]: r["min_budget"] for r in json.loads(PRIOR.read_text()) if r.get("min_budget")}
+    except (OSError, ValueError):
+        prior = {}
+    tunes = None
+    if a.tunes:
+        import gpu_tune
+
+        tunes = threading.Thread(target=gpu_tune.main, args=(["real", "--out", str(out / "tune"), "--only", a.tunes,
+                                                               "--timeout", str(a.deadline - 30)],), daemon=True)
+        tunes.start()
+    # settings in order of importance, so a deadline cuts the least useful ones
+    tasks = [(w, s) for s in a.settings.split(",") for w in a.workloads.split(",") if (w, s) not in done]
+    with ThreadPoolExecutor(max(2, a.jobs // 2)) as ex:  # a few settings at a time, in order
+        futs = [ex.submit(truth, pool, out, w, s, prior.get(f"{w}_{s}") or prior.get(f"{w}_default") or (1 << 30))
+                for w, s in tasks]
+        for f in futs:
+            try:
+                f.result()
+            except Exception as exc:  # noqa: BLE001 - one setting's failure must not lose the others
+                print(f"truth: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+    if tunes is not None:
+        tunes.join(timeout=max(1.0, a.deadline - (time.monotonic() - T0)))
+    print(f"truth done in {time.monotonic() - T0:.0f}s", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("stage", choices=("record", "bisect", "truth"))
+    pool_options(ap, jobs=0, deadline=0)  # 0: the stage's own (record, bisect: 12 and 500 s; truth: 10 and 540 s)
+    ap.add_argument("--sidecars", help="bisect: the record stage's folder")
     ap.add_argument("--steps", type=int, default=6)
-    a = ap.parse_args()
-    (stage_record if a.stage == "record" else stage_bisect)(a)
+    ap.add_argument("--workloads", default=",".join({**REAL, **OWN}), help="truth: comma list")
+    ap.add_argument("--settings", default=",".join(STANDARD), help="truth: comma list of STANDARD names")
+    ap.add_argument("--tunes", default="", help="truth: also run gpu_tune.py's tunes for these workloads, side by side")
+    ap.add_argument("--skip-done", type=Path, default=None, help="truth: a truth.jsonl whose rows are not measured again")
+    a = ap.parse_args(argv)
+    a.jobs, a.deadline = a.jobs or (10 if a.stage == "truth" else 12), a.deadline or (540 if a.stage == "truth" else 500)
+    {"record": stage_record, "bisect": stage_bisect, "truth": stage_truth}[a.stage](a)
 
 
 if __name__ == "__main__":

@@ -33,14 +33,15 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "src"))
+from runlog import log_results
+from suite import BENCH as HERE
 
-from alloctune.run.runner import TrialEvaluator  # noqa: E402
-from alloctune.tune.executors import SerialExecutor, TrialRequest  # noqa: E402
-from alloctune.tune.executors.local import LocalExecutor  # noqa: E402
-from alloctune.progress import LiveTrialTable  # noqa: E402
-from alloctune.tune.executors.spec import SpecRunner, TrialSpec  # noqa: E402
+# isort: split
+from alloctune.progress import LiveTrialTable  # after suite, which puts src/ on the path
+from alloctune.run.runner import TrialEvaluator
+from alloctune.tune.executors import SerialExecutor, TrialRequest
+from alloctune.tune.executors.local import LocalExecutor
+from alloctune.tune.executors.spec import SpecRunner, TrialSpec
 
 MiB = 1 << 20
 PY = os.environ.get("PYTHON", sys.executable)
@@ -186,7 +187,8 @@ def parallel_vs_sequential(context: int | None) -> None:
     say("\n| setting | min_budget sequential | min_budget parallel |\n|---|---|---|")
     for c in CONFS:
         s, p = seq["min_budget"][c], par["min_budget"][c]
-        say(f"| {c or '(default)'} | {'-' if s is None else f'{s / MiB:.0f} MiB'} | {'-' if p is None else f'{p / MiB:.0f} MiB'} |")
+        say(f"| {c or '(default)'} | {'-' if s is None else f'{s / MiB:.0f} MiB'} | "
+            f"{'-' if p is None else f'{p / MiB:.0f} MiB'} |")
     say(f"\n- recommendation: sequential {seq['recommended']!r}, parallel {par['recommended']!r} -> "
         f"{'SAME' if same else 'DIFFERENT'} min budgets and recommendation")
     say(f"- wall: sequential {seq['wall_s']} s ({seq['trials']} trials), parallel {par['wall_s']} s "
@@ -228,9 +230,10 @@ def torchrun_ranks(context: int | None, backend: str = "gloo", tag: str = "ranks
         say(f"- torchrun run failed (exit {p.returncode}): {p.stderr[-1500:]}")
         return
     ranks = run.get("ranks") or []
-    say(f"\n- `alloctune run --record -- torchrun --nproc-per-node 2 ... --backend {backend}`: exit {p.returncode}, outcome {run.get('outcome')}, "
-        f"{run.get('processes')} agent reports, {len(ranks)} ranks")
-    say("\n| rank | device | outcome | peak reserved | peak allocated | simulated peak reserved | recording |\n|---|---|---|---|---|---|---|")
+    say(f"\n- `alloctune run --record -- torchrun --nproc-per-node 2 ... --backend {backend}`: exit {p.returncode}, "
+        f"outcome {run.get('outcome')}, {run.get('processes')} agent reports, {len(ranks)} ranks")
+    say("\n| rank | device | outcome | peak reserved | peak allocated | simulated peak reserved | recording |\n"
+        "|---|---|---|---|---|---|---|")
     sims = {}
     for r in ranks:
         sim_peak = None
@@ -291,7 +294,8 @@ def several_gpus(context: int | None) -> None:
             from alloctune.tune.executors.ray_tasks import RayExecutor
 
             rex = RayExecutor(SpecRunner(TrialSpec.make(WORKLOAD, WORK / "ray")), context_bytes=STATE["ctx"],
-                              timeout=STATE["timeout"], command=WORKLOAD, init_kwargs={"num_cpus": len(gpus) * 4, "num_gpus": len(gpus)})
+                              timeout=STATE["timeout"], command=WORKLOAD,
+                              init_kwargs={"num_cpus": len(gpus) * 4, "num_gpus": len(gpus)})
             try:
                 rex._ray()  # start Ray outside the timed search
                 rows["ray"] = search(rex, CONFS, lo, hi, "ray")
@@ -321,9 +325,6 @@ def main() -> int:
         except SystemExit as exc:
             say(f"- {name}: stopped: {exc}")
         print(f"== {name} took {time.monotonic() - t0:.0f} s", flush=True)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from runlog import log_results
-
     log_results([line for line in SUMMARY if line.startswith("- ")], folder=OUT)
     return 0
 

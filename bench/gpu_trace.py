@@ -1,23 +1,38 @@
-"""GPU evidence for alloctune.trace: record small histories whose truth we know, then load them.
+"""Allocator histories recorded on the GPU whose truth is known, for the loader and the simulator (jobs `trace`,
+`simulate` of bench/gpu.py).
 
     python3 bench/gpu_trace.py record SCENARIO OUTDIR   # on the GPU, one fresh process per scenario
     python3 bench/gpu_trace.py check OUTDIR             # anywhere: load each snapshot, compare, print a table
+    python3 bench/gpu_trace.py synth --out DIR/synth [--steps 20000] [--seed 1]   # on the GPU
 
-Each scenario writes OUTDIR/SCENARIO.pickle.xz (the `_dump_snapshot` content) and
-OUTDIR/SCENARIO.json with what the program really did (`empty_cache_calls`, the requested
-sizes that failed) and `torch.cuda.memory_stats()` counters, so `check` can test the
-loader's inferences (empty_cache calls, FAILED_ALLOC sizes, free at free_completed,
-streams) against ground truth rather than against itself.
+record / check: each scenario writes OUTDIR/SCENARIO.pickle.xz (the `_dump_snapshot` content) and
+OUTDIR/SCENARIO.json with what the program really did (`empty_cache_calls`, the requested sizes that
+failed) and `torch.cuda.memory_stats()` counters, so `check` can test the loader's inferences
+(empty_cache calls, FAILED_ALLOC sizes, free at free_completed, streams) against ground truth.
+
+synth: fresh traces for the simulator's fidelity check (traces it was not tuned on). A seeded random
+workload (tensor sizes drawn from a fixed palette of "shapes", so that blocks are reused and equal-size
+ties are frequent, plus odd sizes; ~10 % of the tensors on a side stream; an occasional `empty_cache()`;
+OOMs caught and skipped, as a server would) runs once per allocator setting (SYNTH), each in a fresh
+process, with memory history on; capped runs use a cap below the default run's peak reserved, like the
+shared traces. Writes NAME.pickle.xz and NAME.json (conf, cap, total_memory, torch, outcome, stats) per run
+in the layout of ../shared/traces, so that `bench/fidelity.py --traces DIR --workloads synth` checks them.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import lzma
 import os
 import pickle
+import random
+import subprocess
 import sys
+import time
 from pathlib import Path
+
+from runlog import log_result
 
 MiB = 1024 * 1024
 
@@ -166,20 +181,134 @@ def check(out: Path) -> int:
         print("  ".join(str(v).ljust(w) for v, w in zip(r, widths)))
     print("ec_bigger: an empty_cache() directly followed by a segment larger than any held before is read as the "
           "allocator's release-and-retry (see trace/stream.py); 'ok' means it behaved as documented")
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from runlog import log_result
-
     for r in rows:
         log_result(f"{r[0]}: empty_cache() {r[1]}, inferred {r[2]}, failed/ooms {r[4]}, streams/lagging frees {r[5]}: "
                    f"{r[6]}", folder=os.environ.get("OUT") or out)
     return 1 if bad else 0
 
 
+# synth: name -> (allocator string, cap as a fraction of the default run's peak reserved, or None)
+SYNTH = {
+    "default": ("", None),
+    "max_split_64": ("max_split_size_mb:64", None),
+    "expandable": ("expandable_segments:True", None),
+    "roundup4": ("roundup_power2_divisions:4", None),
+    "default_cap90": ("", 0.90),
+    "expandable_cap90": ("expandable_segments:True", 0.90),
+    "gc06_split64_cap100": ("garbage_collection_threshold:0.6,max_split_size_mb:64", 1.00),
+}
+STAT_KEYS = [
+    f"{s}.all.{k}"
+    for s in ("reserved_bytes", "allocated_bytes", "requested_bytes", "active_bytes", "inactive_split_bytes", "segment")
+    for k in ("current", "peak", "allocated", "freed")
+] + ["num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free", "num_sync_all_streams"]
+
+
+def synth_child(args: argparse.Namespace) -> None:
+    import torch
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    if args.cap:
+        torch.cuda.set_per_process_memory_fraction(args.cap / total)
+    torch.cuda.memory._record_memory_history(max_entries=5_000_000, context=None, stacks="python")
+    rng = random.Random(args.seed)
+    palette = (
+        [rng.randint(1, 1 << 20) for _ in range(12)]
+        + [rng.randint(1 << 20, 10 << 20) for _ in range(10)]
+        + [rng.randint(10 << 20, 300 << 20) for _ in range(8)]
+    )
+    side = torch.cuda.Stream()
+    live: list = []
+    live_bytes = 0
+    ooms = 0
+    limit = 6 << 30  # keep the live set moderate so runs stay fast
+    t0 = time.time()
+    for _ in range(args.steps):
+        r = rng.random()
+        if r < 0.003:
+            torch.cuda.empty_cache()
+            continue
+        if (r < 0.55 and live_bytes < limit) or not live:
+            size = rng.choice(palette) if rng.random() < 0.85 else rng.randint(1, 200 << 20)
+            stream = side if rng.random() < 0.1 else torch.cuda.current_stream()
+            try:
+                with torch.cuda.stream(stream):
+                    t = torch.empty(size, dtype=torch.uint8, device="cuda")
+            except torch.OutOfMemoryError:
+                ooms += 1
+                continue
+            live.append(t)
+            live_bytes += size
+        else:
+            t = live.pop(rng.randrange(len(live)))
+            live_bytes -= t.numel()
+            del t
+    torch.cuda.synchronize()
+    stats = torch.cuda.memory_stats()
+    out = Path(args.out)
+    snap = torch.cuda.memory._snapshot()
+    (out / f"{args.name}.pickle.xz").write_bytes(lzma.compress(pickle.dumps(snap), preset=6))
+    meta = {
+        "workload": "synth",
+        "conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+        "cap": args.cap,
+        "total_memory": total,
+        "torch": torch.__version__,
+        "outcome": "ok",
+        "ooms_caught": ooms,
+        "steps": args.steps,
+        "seed": args.seed,
+        "wall_s": time.time() - t0,
+        "stats": {k: stats.get(k, 0) for k in STAT_KEYS},
+    }
+    (out / f"{args.name}.json").write_text(json.dumps(meta, indent=1))
+
+
+def synth(args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    peak = None
+    for name, (conf, frac) in SYNTH.items():
+        cap = 0
+        if frac is not None:
+            if peak is None:
+                raise SystemExit("the default run must come first")
+            cap = int(peak * frac)
+        env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=conf)
+        env.pop("PYTORCH_ALLOC_CONF", None)
+        cmd = [sys.executable, __file__, "synth", "--child", "--name", name, "--out", str(out), "--steps", str(args.steps),
+               "--seed", str(args.seed), "--cap", str(cap)]
+        t0 = time.time()
+        subprocess.run(cmd, env=env, check=True)
+        meta = json.loads((out / f"{name}.json").read_text())
+        if name == "default":
+            peak = meta["stats"]["reserved_bytes.all.peak"]
+        print(f"recorded {name:22s} conf={conf!r:58s} cap={cap:>12d} peak_reserved="
+              f"{meta['stats']['reserved_bytes.all.peak']:>12d} ooms={meta['ooms_caught']:4d} {time.time() - t0:5.1f}s",
+              flush=True)
+
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 3 and argv[0] == "record":
+        record(argv[1], Path(argv[2]))
+        return 0
+    if len(argv) == 2 and argv[0] == "check":
+        return check(Path(argv[1]))
+    if argv[:1] == ["synth"]:
+        ap = argparse.ArgumentParser(prog="gpu_trace.py synth", description="fresh traces for bench/fidelity.py")
+        ap.add_argument("--out", required=True)
+        ap.add_argument("--steps", type=int, default=20000)
+        ap.add_argument("--seed", type=int, default=1)
+        ap.add_argument("--child", action="store_true")
+        ap.add_argument("--name", default="default")
+        ap.add_argument("--cap", type=int, default=0)
+        args = ap.parse_args(argv[1:])
+        synth_child(args) if args.child else synth(args)
+        return 0
+    print(__doc__)
+    return 2
+
+
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "record":
-        record(sys.argv[2], Path(sys.argv[3]))
-    elif len(sys.argv) == 3 and sys.argv[1] == "check":
-        sys.exit(check(Path(sys.argv[2])))
-    else:
-        print(__doc__)
-        sys.exit(2)
+    sys.exit(main(sys.argv[1:]))

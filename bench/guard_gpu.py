@@ -12,11 +12,10 @@
     "floor" (peak reserved <= 1.10 x the every-request run's, fewer calls). The allocator is
     whatever PYTORCH_CUDA_ALLOC_CONF says (the `guard` job of bench/gpu.py runs it twice).
 
-The decoder is `alloctune.workloads.rvc_models.GeneratorNSF` when that module is present
-(weight-normed convs, real layer sizes), else an equivalent local stack. Its sine/noise
-source is replaced by silence: RVC's source draws random noise and accumulates phase over
-the whole clip, so no chunking (RVC's own included) can reproduce it sample for sample;
-without it the decoder is a pure conv stack, and exactness of the seams can be tested.
+The decoder is `alloctune.workloads.rvc_models.GeneratorNSF` (weight-normed convs, real layer sizes). Its
+sine/noise source is replaced by silence: RVC's source draws random noise and accumulates phase over the
+whole clip, so no chunking (RVC's own included) can reproduce it sample for sample; without it the
+decoder is a pure conv stack, and exactness of the seams can be tested.
 
     python bench/guard_gpu.py --out /tmp/out                 # on a CUDA machine
     python bench/guard_gpu.py --dry-run --out /tmp/out       # CPU: tiny model, simulated budget
@@ -34,23 +33,20 @@ import random
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+import torch
+from torch import nn
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
+import suite  # noqa: F401 - puts src/ on the path
+from runlog import command, log_result, md_table
 
-from alloctune.guard import Chunker, Janitor, is_oom, stats, strip_traceback  # noqa: E402
-from alloctune.units import GiB, MiB, format_size, parse_size  # noqa: E402
-
-
-# ----------------------------------------------------------------------------------------------
-# the decoder
+# isort: split
+from alloctune.guard import Chunker, Janitor, is_oom, stats, strip_traceback  # after suite, which puts src/ on the path
+from alloctune.units import format_size, parse_size
 
 
+# ---- the decoder -------------------------------------------------------------------------------
 class SilentSource(nn.Module):
     """Stands in for RVC's sine/noise source: zeros of the source's shape [B, T*hop, 1]."""
 
@@ -62,72 +58,23 @@ class SilentSource(nn.Module):
         return torch.zeros(f0.shape[0], f0.shape[1] * upp, 1, device=f0.device, dtype=self.dtype)
 
 
-class LocalDecoder(nn.Module):
-    """Fallback with the same layer sizes as RVC's GeneratorNSF (no source branch)."""
-
-    def __init__(self, c_in: int, ch: int, rates, kernels, res_kernels=(3, 7, 11), dil=(1, 3, 5)):
-        super().__init__()
-        self.conv_pre = nn.Conv1d(c_in, ch, 7, padding=3)
-        self.ups = nn.ModuleList()
-        self.res = nn.ModuleList()
-        for i, (u, k) in enumerate(zip(rates, kernels)):
-            c_out = ch // 2 ** (i + 1)
-            self.ups.append(nn.ConvTranspose1d(ch // 2**i, c_out, k, u, padding=(k - u) // 2))
-            for kr in res_kernels:
-                self.res.append(nn.ModuleList(
-                    [nn.Conv1d(c_out, c_out, kr, dilation=d, padding=(kr * d - d) // 2) for d in dil]
-                    + [nn.Conv1d(c_out, c_out, kr, padding=(kr - 1) // 2) for _ in dil]))
-        self.conv_post = nn.Conv1d(ch // 2 ** len(rates), 1, 7, padding=3, bias=False)
-        self.n = len(res_kernels)
-
-    def forward(self, x, f0):
-        x = self.conv_pre(x)
-        for i, up in enumerate(self.ups):
-            x = up(F.leaky_relu(x, 0.1))
-            xs = None
-            for j in range(self.n):
-                convs = self.res[i * self.n + j]
-                h = x
-                for c1, c2 in zip(convs[:3], convs[3:]):
-                    h = c2(F.leaky_relu(c1(F.leaky_relu(h, 0.1)), 0.1)) + h
-                xs = h if xs is None else xs + h
-            x = xs / self.n
-        return torch.tanh(self.conv_post(F.leaky_relu(x)))
-
-
 def build_decoder(device: str, dtype: torch.dtype, tiny: bool, width: int | None):
     """Returns (fn(x, f0) -> audio [1, 1, T*hop], in_channels, hop, description)."""
+    from alloctune.workloads.rvc_models import SYNTH_CONFIGS, TINY_SYNTH, GeneratorNSF
+
     torch.manual_seed(0)
-    try:
-        from alloctune.workloads.rvc_models import SYNTH_CONFIGS, TINY_SYNTH, GeneratorNSF
-
-        cfg = SYNTH_CONFIGS[("v2", "48k")]
-        if tiny:
-            cfg = dataclasses.replace(cfg, **TINY_SYNTH)
-        if width:
-            cfg = dataclasses.replace(cfg, upsample_initial_channel=width)
-        dec = GeneratorNSF(cfg)
-        dec.m_source = SilentSource(dtype)
-        dec = dec.to(device=device, dtype=dtype).eval()
-        g = torch.randn(1, cfg.gin_channels, 1, device=device, dtype=dtype)
-
-        def fn(x, f0):
-            return dec(x, f0, g)
-
-        with torch.inference_mode():  # smoke test: fall back below if the module's API moved
-            probe = fn(torch.zeros(1, cfg.inter_channels, 4, device=device, dtype=dtype),
-                       torch.zeros(1, 4, device=device))
-        if tuple(probe.shape) != (1, 1, 4 * cfg.hop):
-            raise TypeError(f"unexpected decoder output shape {tuple(probe.shape)}")
-
-        desc = (f"alloctune.workloads GeneratorNSF v2-48k (rates {cfg.upsample_rates}, "
-                f"{cfg.upsample_initial_channel} ch, silent source)")
-        return fn, cfg.inter_channels, cfg.hop, desc
-    except (ImportError, KeyError, AttributeError, TypeError, ValueError, RuntimeError) as exc:  # API moved
-        ch = width or (32 if tiny else 512)
-        c_in = 16 if tiny else 192
-        dec = LocalDecoder(c_in, ch, (12, 10, 2, 2), (24, 20, 4, 4)).to(device=device, dtype=dtype).eval()
-        return dec, c_in, 480, f"local NSF-HiFiGAN-shaped decoder ({ch} ch; workloads unavailable: {exc})"
+    cfg = SYNTH_CONFIGS[("v2", "48k")]
+    if tiny:
+        cfg = dataclasses.replace(cfg, **TINY_SYNTH)
+    if width:
+        cfg = dataclasses.replace(cfg, upsample_initial_channel=width)
+    dec = GeneratorNSF(cfg)
+    dec.m_source = SilentSource(dtype)
+    dec = dec.to(device=device, dtype=dtype).eval()
+    g = torch.randn(1, cfg.gin_channels, 1, device=device, dtype=dtype)
+    desc = (f"alloctune.workloads GeneratorNSF v2-48k (rates {cfg.upsample_rates}, "
+            f"{cfg.upsample_initial_channel} ch, silent source)")
+    return (lambda x, f0: dec(x, f0, g)), cfg.inter_channels, cfg.hop, desc
 
 
 def receptive_field(fn, c_in: int, hop: int, device: str, dtype: torch.dtype, frames: int = 160) -> int:
@@ -148,10 +95,7 @@ def receptive_field(fn, c_in: int, hop: int, device: str, dtype: torch.dtype, fr
     return max(mid - lo, hi - mid)
 
 
-# ----------------------------------------------------------------------------------------------
-# helpers
-
-
+# ---- helpers ---------------------------------------------------------------------------------------
 class SimulatedBudget:
     """CPU dry run only: raise torch.OutOfMemoryError above `frames` input frames."""
 
@@ -168,13 +112,9 @@ def cuda_mem() -> dict[str, int]:
     if not torch.cuda.is_available():
         return {}
     s = torch.cuda.memory_stats()
-    return {
-        "peak_reserved": torch.cuda.max_memory_reserved(),
-        "peak_allocated": torch.cuda.max_memory_allocated(),
-        "num_device_alloc": int(s.get("num_device_alloc", -1)),
-        "num_alloc_retries": int(s.get("num_alloc_retries", 0)),
-        "num_ooms": int(s.get("num_ooms", 0)),
-    }
+    return {"peak_reserved": torch.cuda.max_memory_reserved(), "peak_allocated": torch.cuda.max_memory_allocated(),
+            "num_device_alloc": int(s.get("num_device_alloc", -1)), "num_alloc_retries": int(s.get("num_alloc_retries", 0)),
+            "num_ooms": int(s.get("num_ooms", 0))}
 
 
 def reset_cuda() -> None:
@@ -190,10 +130,7 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-# ----------------------------------------------------------------------------------------------
-# (a) chunked long clip under a budget
-
-
+# ---- (a) chunked long clip under a budget -----------------------------------------------------------
 def part_a(args, device: str) -> dict[str, Any]:
     dtype = torch.float32
     torch.backends.cuda.matmul.allow_tf32 = False  # exact comparison: no TF32 anywhere
@@ -276,10 +213,7 @@ def part_a(args, device: str) -> dict[str, Any]:
     return res
 
 
-# ----------------------------------------------------------------------------------------------
-# (b) Janitor on a mixed-length request stream
-
-
+# ---- (b) Janitor on a mixed-length request stream ---------------------------------------------------
 def request_lengths(n: int, lo_s: float, hi_s: float, seed: int, warmup_max: bool) -> list[int]:
     rng = random.Random(seed)
     frames = [int(100 * rng.uniform(lo_s, hi_s)) for _ in range(n)]
@@ -317,10 +251,8 @@ def run_stream(fn, c_in: int, frames: list[int], device: str, dtype, policy: str
             janitor.step()
     sync()
     mem = cuda_mem()
-    if janitor is not None:
-        empty_calls = janitor.cleanups
-    r = {"policy": policy, "options": POLICIES.get(policy, {}), "requests": len(frames),
-         "empty_cache_calls": empty_calls, "seconds": time.perf_counter() - t0, **mem}
+    r = {"policy": policy, "options": POLICIES.get(policy, {}), "requests": len(frames), "empty_cache_calls":
+         empty_calls if janitor is None else janitor.cleanups, "seconds": time.perf_counter() - t0, **mem}
     if janitor is not None:
         r["janitor"] = janitor.totals.to_dict()
     if mem.get("peak_allocated"):
@@ -379,62 +311,48 @@ def part_b(args, device: str) -> dict[str, Any]:
     return out
 
 
-# ----------------------------------------------------------------------------------------------
-
-
-def _ratio_cell(x: float | None) -> str:
-    return "–" if x is None else f"{x:.3f}"
+# ---- the report ------------------------------------------------------------------------------------
+def _peaks(run: dict[str, Any]) -> tuple[str, str]:
+    return format_size(run.get("peak_reserved", 0)), format_size(run.get("peak_allocated", 0))
 
 
 def render(result: dict[str, Any]) -> str:
     """Markdown section for bench/RESULTS.md (also printed)."""
-    L = [f"## guard_gpu — {result['when']}", "", f"`{result['command']}` on {result['device_name']} "
-         f"(torch {result['torch']}).", ""]
+    lines = [f"## guard_gpu — {result['when']}", "", f"`{result['command']}` on {result['device_name']} "
+             f"(torch {result['torch']}).", ""]
     a = result.get("a")
     if a:
-        L += [f"**(a) chunked long clip** — {a['decoder']}; {a['seconds']:.0f} s clip = {a['frames']} frames → "
-              f"{a['reference']['length']} samples; receptive field {a['receptive_field_frames']} frames, "
-              f"overlap {a['overlap_frames']}; budget "
-              f"{format_size(a['budget']) if isinstance(a['budget'], int) else a['budget']}; fp32, TF32 off.", "",
-              "| run | outcome | pieces | halvings | final piece (frames) | max abs diff vs unchunked | peak reserved | "
-              "peak allocated | time (s) |", "|---|---|---|---|---|---|---|---|---|"]
-        ref = a["reference"]
-        L.append(f"| unchunked, no budget (reference) | ok | 1 | – | {a['frames']} | 0 | "
-                 f"{format_size(ref.get('peak_reserved', 0))} | {format_size(ref.get('peak_allocated', 0))} | "
-                 f"{ref['seconds']:.2f} |")
-        p = a["plain_under_budget"]
-        L.append(f"| unchunked, under budget | {p['outcome']} | – | – | – | – | "
-                 f"{format_size(p.get('peak_reserved', 0))} | {format_size(p.get('peak_allocated', 0))} | "
-                 f"{p['seconds']:.2f} |")
-        for k in ("chunked_first_call", "chunked_second_call"):
-            c = a[k]
-            L.append(f"| {k.replace('_', ' ')} | {'ok' if c['same_length'] else 'LENGTH MISMATCH'} | {c['pieces']} | "
-                     f"{c['halvings']} | {c['final_chunk']} | {c['max_abs_diff']:.2e} | "
-                     f"{format_size(c.get('peak_reserved', 0))} | {format_size(c.get('peak_allocated', 0))} | "
-                     f"{c['seconds']:.2f} |")
-        L += ["", f"(a) verdict: **{'PASS' if a['pass'] else 'FAIL'}** (plain call OOMs under the budget, chunked "
+        ref, plain = a["reference"], a["plain_under_budget"]
+        rows = [("unchunked, no budget (reference)", "ok", 1, "–", a["frames"], 0, *_peaks(ref), f"{ref['seconds']:.2f}"),
+                ("unchunked, under budget", plain["outcome"], "–", "–", "–", "–", *_peaks(plain), f"{plain['seconds']:.2f}")]
+        rows += [(k.replace("_", " "), "ok" if c["same_length"] else "LENGTH MISMATCH", c["pieces"], c["halvings"],
+                  c["final_chunk"], f"{c['max_abs_diff']:.2e}", *_peaks(c), f"{c['seconds']:.2f}")
+                 for k, c in ((k, a[k]) for k in ("chunked_first_call", "chunked_second_call"))]
+        lines += [f"**(a) chunked long clip** — {a['decoder']}; {a['seconds']:.0f} s clip = {a['frames']} frames → "
+                  f"{a['reference']['length']} samples; receptive field {a['receptive_field_frames']} frames, "
+                  f"overlap {a['overlap_frames']}; budget "
+                  f"{format_size(a['budget']) if isinstance(a['budget'], int) else a['budget']}; fp32, TF32 off.", "",
+                  md_table(("run", "outcome", "pieces", "halvings", "final piece (frames)", "max abs diff vs unchunked",
+                            "peak reserved", "peak allocated", "time (s)"), rows),
+                  "", f"(a) verdict: **{'PASS' if a['pass'] else 'FAIL'}** (plain call OOMs under the budget, chunked "
                   f"output has the reference length and max abs diff ≤ {result['tolerance']:g}).", ""]
     b = result.get("b")
     if b:
-        conf = b.get("alloc_conf") or "default"
-        L += [f"**(b) Janitor, {result['requests']} mixed-length requests, allocator `{conf}`** — {b['decoder']}, "
-              f"{b['dtype']}. ratio = peak reserved ÷ peak allocated over the whole run; vs every = peak reserved ÷ "
-              "the every-request run's; `device mallocs` = cudaMalloc calls in the run.", "",
-              "| order | policy | empty_cache calls | peak reserved | peak allocated | ratio | vs every | "
-              "device mallocs | time (s) | Janitor's clean-start ratio |", "|---|---|---|---|---|---|---|---|---|---|"]
-        for order, v in b["orders"].items():
-            for r in v["runs"]:
-                L.append(f"| {order} | {r['policy']} | {r['empty_cache_calls']} | "
-                         f"{format_size(r.get('peak_reserved', 0))} | {format_size(r.get('peak_allocated', 0))} | "
-                         f"{r.get('reserved_over_allocated', float('nan')):.3f} | "
-                         f"{r.get('reserved_over_every', 1.0 if r['policy'] == 'every' else float('nan')):.3f} | "
-                         f"{r.get('num_device_alloc', '')} | {r['seconds']:.2f} | "
-                         f"{_ratio_cell(r.get('janitor', {}).get('clean_start_ratio'))} |")
-        L += ["", "(b) verdicts — literal: ratio ≤ 1.10 and fewer calls than every request; floor: peak reserved ≤ "
-              "1.10 × every-request's and fewer calls:",
-              ", ".join(f"{k}: {'PASS' if v['literal'] else 'FAIL'} / {'PASS' if v['floor'] else 'FAIL'}"
-                        for k, v in b["verdicts"].items()), ""]
-    return "\n".join(L)
+        nan, ratio = float("nan"), (lambda x: "–" if x is None else f"{x:.3f}")
+        rows = [(order, r["policy"], r["empty_cache_calls"], *_peaks(r), f"{r.get('reserved_over_allocated', nan):.3f}",
+                 f"{r.get('reserved_over_every', 1.0 if r['policy'] == 'every' else nan):.3f}",
+                 r.get("num_device_alloc", ""), f"{r['seconds']:.2f}", ratio(r.get("janitor", {}).get("clean_start_ratio")))
+                for order, v in b["orders"].items() for r in v["runs"]]
+        lines += [f"**(b) Janitor, {result['requests']} mixed-length requests, allocator `{b.get('alloc_conf') or 'default'}`"
+                  f"** — {b['decoder']}, {b['dtype']}. ratio = peak reserved ÷ peak allocated over the whole run; vs every = "
+                  "peak reserved ÷ the every-request run's; `device mallocs` = cudaMalloc calls in the run.", "",
+                  md_table(("order", "policy", "empty_cache calls", "peak reserved", "peak allocated", "ratio", "vs every",
+                            "device mallocs", "time (s)", "Janitor's clean-start ratio"), rows),
+                  "", "(b) verdicts — literal: ratio ≤ 1.10 and fewer calls than every request; floor: peak reserved ≤ "
+                  "1.10 × every-request's and fewer calls:",
+                  ", ".join(f"{k}: {'PASS' if v['literal'] else 'FAIL'} / {'PASS' if v['floor'] else 'FAIL'}"
+                            for k, v in b["verdicts"].items()), ""]
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -448,20 +366,15 @@ def main() -> None:
     ap.add_argument("--time-limit-b", type=float, default=150.0, help="(b) skip further policies after this many s")
     ap.add_argument("--dry-run", action="store_true", help="CPU: tiny model, short clip, simulated budget")
     args = ap.parse_args()
-    if args.dry_run:
-        device = "cpu"
-        if args.seconds == 300.0:
-            args.seconds = 2.0
-        if args.requests == 200:
-            args.requests = 4
-    else:
-        if not torch.cuda.is_available():
-            sys.exit("guard_gpu.py needs CUDA (use --dry-run on a CPU)")
-        device = "cuda"
+    if args.dry_run:  # a tiny clip and a few requests, unless asked otherwise
+        args.seconds = 2.0 if args.seconds == 300.0 else args.seconds
+        args.requests = 4 if args.requests == 200 else args.requests
+    elif not torch.cuda.is_available():
+        sys.exit("guard_gpu.py needs CUDA (use --dry-run on a CPU)")
+    device = "cpu" if args.dry_run else "cuda"
     args.out.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {
-        "schema": 1, "when": f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
-        "command": "python " + " ".join([Path(sys.argv[0]).as_posix().split(str(ROOT) + '/')[-1]] + sys.argv[1:]),
+        "schema": 1, "when": f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC", "command": command(),
         "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu (dry run)",
         "torch": torch.__version__, "tolerance": args.tolerance, "requests": args.requests,
     }
@@ -473,9 +386,6 @@ def main() -> None:
     md = render(result)
     (args.out / "guard_gpu.md").write_text(md + "\n")
     print(md)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from runlog import log_result
-
     if "a" in result:
         log_result(f"(a) chunked decoder, {result['a'].get('seconds')} s clip under the budget: "
                    f"{'PASS' if result['a'].get('pass') else 'FAIL'}", folder=args.out)

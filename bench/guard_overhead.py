@@ -17,21 +17,19 @@ one line per variant to the results log, bench/results/LOG.md (unless --no-appen
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+import torch
 
-import torch  # noqa: E402
+import suite  # noqa: F401 - puts src/ on the path
+from runlog import log_result
 
-from alloctune.guard import oom_retry  # noqa: E402
+# isort: split
+from alloctune.guard import oom_retry
 
 
 def make_step(device: str, target_ms: float):
@@ -179,9 +177,6 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     if not args.no_append:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from runlog import log_result
-
         folder = Path(args.results).parent if args.results is not None else None
         for r in rows:
             log_result(f"{r['variant']} on {device_name} ({result['step']}, plain median {base * 1e3:.3f} ms): wrapper "

@@ -37,13 +37,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
+from runlog import command, log_result, md_table
+from suite import ROOT, SHARED, SHIPPED
 
-import hostile_probes as hp  # noqa: E402
+sys.path.insert(0, str(ROOT / "tests"))
+import hostile_probes as hp  # noqa: E402 - tests/ is on the path now
 from alloctune.units import parse_size  # noqa: E402
-
-TRACES = ROOT.parent / "shared" / "traces"
 
 
 @dataclass
@@ -61,14 +60,8 @@ class Row:
 
     def count(self, verdict: str, what: str) -> None:
         self.tried += 1
-        if verdict == "clean":
-            self.clean += 1
-        elif verdict == "memory":
-            self.memory += 1
-        elif verdict == "timeout":
-            self.timeouts += 1
-        else:
-            self.crashes += 1
+        counter = {"clean": "clean", "memory": "memory", "timeout": "timeouts"}.get(verdict, "crashes")
+        setattr(self, counter, getattr(self, counter) + 1)
         if verdict != "clean" and len(self.notes) < 3:
             self.notes.append(f"{what}: {verdict}")
 
@@ -155,7 +148,7 @@ def file_probes(tmp: Path, quick: bool) -> dict[str, list[tuple[str, bytes]]]:
     probes["billion laughs"].append(("cycle", hp.cycle()))
     bad = [(n, lzma.compress(pickle.dumps(s))) for n, s in hp.bad_value_snapshots()]
     probes["wrong values in snapshots"] = bad
-    real = TRACES / "rvc_ec1" / "default.pickle.xz"
+    real = SHARED / "rvc_ec1" / "default.pickle.xz"
     base = lzma.decompress(real.read_bytes()) if real.exists() else pickle.dumps(hp.plain_snapshot(400))
     n_damage = 12 if quick else 60
     probes["damaged snapshots"] = [(f"mut{i}", lzma.compress(hp.mutated(base, rng, rng.randint(1, 6)), preset=0))
@@ -170,7 +163,7 @@ def compact_probes(quick: bool) -> list[tuple[str, bytes]]:
     from alloctune.trace.load import load_trace
 
     rng = random.Random(7)
-    src = ROOT / "src" / "alloctune" / "data" / "traces" / "rvc_h200_ec1.atrace"
+    src = SHIPPED / "rvc_h200_ec1.atrace"
     trace = load_trace(src)
     good = src.read_bytes()
     body = to_compact_dict(trace)
@@ -208,7 +201,7 @@ def store_probes(tmp: Path, row: Row, quick: bool) -> None:
     from alloctune.tune.candidates import parse_knobs
     from alloctune.tune.store import TrialStore
     from alloctune.tune.strategy import Tuner, TuneSettings
-    from tune_fakes import COMMAND, MiB, FakeEvaluator
+    from tune_fakes import COMMAND, FakeEvaluator, MiB
 
     path = tmp / "base.jsonl"
     with TrialStore(path, COMMAND) as store:
@@ -371,47 +364,31 @@ def main() -> None:
                 row.count(hp.verdict(out), f"{' '.join(cmd)} {name}")
         rows.append(row)
         print(f"compact: {row.clean}/{row.tried} clean", file=sys.stderr)
-        row = Row("damaged result stores")
-        store_probes(tmp, row, args.quick)
-        rows.append(row)
-        row = Row("kill -9 / TERM / HUP of run")
-        kill_run_probes(tmp, row, args.quick)
-        rows.append(row)
-        print(f"run kills: {row.clean}/{row.tried}", file=sys.stderr)
-        row = Row("kill -9 of tune, then --resume")
-        kill_tune_probes(tmp, row, args.quick)
-        rows.append(row)
+        for name, probes in (("damaged result stores", store_probes), ("kill -9 / TERM / HUP of run", kill_run_probes),
+                             ("kill -9 of tune, then --resume", kill_tune_probes)):
+            rows.append(Row(name))
+            probes(tmp, rows[-1], args.quick)
+            print(f"{name}: {rows[-1].clean}/{rows[-1].tried}", file=sys.stderr)
     elapsed = time.monotonic() - t0
-    header = ("| probe class | inputs tried | handled cleanly | crashes | over the memory limit | timeouts "
-              "| code executed | trials lost | orphaned workloads |")
-    lines = [header, "|" + "---|" * 9]
-    total = Row("**total**")
-    for r in rows:
-        lines.append(f"| {r.name} | {r.tried} | {r.clean} | {r.crashes} | {r.memory} | {r.timeouts} | {r.code} "
-                     f"| {r.lost} | {r.orphans} |")
-        for f in ("tried", "clean", "crashes", "memory", "timeouts", "code", "lost", "orphans"):
-            setattr(total, f, getattr(total, f) + getattr(r, f))
-    lines.append(f"| {total.name} | {total.tried} | {total.clean} | {total.crashes} | {total.memory} "
-                 f"| {total.timeouts} | {total.code} | {total.lost} | {total.orphans} |")
+    counts = ("tried", "clean", "crashes", "memory", "timeouts", "code", "lost", "orphans")
+    total = Row("**total**", **{f: sum(getattr(r, f) for r in rows) for f in counts})
+    table = md_table(("probe class", "inputs tried", "handled cleanly", "crashes", "over the memory limit", "timeouts",
+                      "code executed", "trials lost", "orphaned workloads"),
+                     [(r.name, *(getattr(r, f) for f in counts)) for r in [*rows, total]])
     notes = [f"- {r.name}: " + "; ".join(r.notes) for r in rows if r.notes]
-    table = "\n".join(lines)
     print(table)
     if notes:
         print("\n".join(notes))
-    cmd = "PYTHONPATH=src:tests python bench/hostile.py" + (" --quick" if args.quick else "")
     md = (f"## Hostile and damaged input ({dt.date.today().isoformat()}, {platform.python_version()}, "
           f"{os.cpu_count()} CPUs, RLIMIT_AS {args.mem}, {elapsed:.0f} s)\n\n"
-          f"Command: `{cmd}`. File probes run `trace info`, `simulate` and `diagnose --snapshot` (damaged snapshots: "
-          "`trace info` and `diagnose --snapshot`; compact traces: `trace info` and `simulate`) in a forked child; "
-          "clean = exit 0, or "
-          "exit 2 with one `alloctune: error:` line.\n\n" + table + "\n" + ("\n" + "\n".join(notes) + "\n" if notes else ""))
+          f"Command: `PYTHONPATH=src:tests {command()}`. File probes run `trace info`, `simulate` and `diagnose --snapshot` "
+          "(damaged snapshots: `trace info` and `diagnose --snapshot`; compact traces: `trace info` and `simulate`) in a "
+          "forked child; clean = exit 0, or exit 2 with one `alloctune: error:` line.\n\n" + table + "\n"
+          + ("\n" + "\n".join(notes) + "\n" if notes else ""))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(md)
     print(f"written {out}", file=sys.stderr)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from runlog import log_result
-
     for r in [*rows, total]:
         log_result(f"{r.name}: {r.clean}/{r.tried} clean ({r.crashes} crashes, {r.memory} memory, {r.timeouts} "
                    f"timeouts, {r.lost} lost, {r.orphans} orphans)", folder=out.parent)

@@ -31,8 +31,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "src"), str(ROOT / "bench")]
+from runlog import append_section, command, log_result, md_table
+from suite import ROOT
+
 CONFS = {"default": "", "expandable": "expandable_segments:True"}
 # Recordings with C++ stacks of the same program on other inputs (an earlier session, kept in the repository).
 FRAMES = {"hubert": ROOT / "tests" / "data" / "size_recordings" / "hubert_2clips_cpp.pickle.xz"}
@@ -155,14 +156,11 @@ def _agreement(ts, conf: str, b: dict) -> tuple[int, int, list[str]]:
 
 
 def table(rs: list[dict]) -> str:
-    lines = ["| workload | evidence | setting | cap | plan | real largest ok | real smallest fail | vs truth "
-             "| bar met | decided by | simulated = real run | disagreeing |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rs:
-        lines.append(f"| {r['workload']} | {r['evidence']} | {r['setting']} | {r['cap']} ({r['cap_bytes'] / 2**20:.0f} "
-                     f"MiB) | {r['answer']} | {r['ok']} | {r['fail'] if r['fail'] is not None else '-'} | "
-                     f"{r['verdict']} | {'yes' if r['met'] else 'NO'} | {r['decided_by']} | {r['agree']}/{r['runs']} | "
-                     f"{', '.join(r['disagree']) or '-'} |")
-    return "\n".join(lines)
+    return md_table(("workload", "evidence", "setting", "cap", "plan", "real largest ok", "real smallest fail", "vs truth",
+                     "bar met", "decided by", "simulated = real run", "disagreeing"),
+                    [(r["workload"], r["evidence"], r["setting"], f"{r['cap']} ({r['cap_bytes'] / 2**20:.0f} MiB)", r["answer"],
+                      r["ok"], r["fail"] if r["fail"] is not None else "-", r["verdict"], "yes" if r["met"] else "NO",
+                      r["decided_by"], f"{r['agree']}/{r['runs']}", ", ".join(r["disagree"]) or "-") for r in rs])
 
 
 def points_table(data: Path) -> str | None:
@@ -205,8 +203,6 @@ def main(argv: list[str] | None = None) -> int:
     if pts is not None:
         body += "\n\nReal runs at sizes the bisections never ran (`points.json`, job plan-points):\n\n" + pts
     print(body)
-    from runlog import append_section, command, log_result
-
     args.out.mkdir(parents=True, exist_ok=True)
     append_section(args.out / "plan_sharp_gpu_data.md", "plan on real H200 data vs the real bisection (#28)",
                    command(), body)

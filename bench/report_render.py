@@ -19,7 +19,6 @@ Needs Debian's `chromium` (`apt-get install -y chromium`) and the shared traces 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import re
 import shutil
@@ -29,9 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
-TRACES = REPO.parent / "shared" / "traces"
+from runlog import log_result
+from suite import SHARED as TRACES
+
 FLAGS = [
     "--headless",
     "--no-sandbox",
@@ -189,9 +188,6 @@ def main() -> int:
     ok = all(checks.values())
     print("ALL PASS" if ok else "SOME CHECKS FAILED")
     if not args.no_results:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from runlog import log_result
-
         log_result(f"self-contained HTML report rendered in headless Chromium: {sum(checks.values())}/{len(checks)} "
                    f"checks pass ({'all' if ok else 'SOME FAILED'})")
     return 0 if ok else 1

@@ -5,7 +5,8 @@
 
 A line is `- DATE · BENCH · RESULT · `COMMAND``: the figure as the script measured it, and the command
 that reproduces it (the script's own argv, environment variables that change what it does included).
-Tables stay where each script writes them (`bench/results/NAME.md`); `bench/results.py` indexes both.
+Tables stay where each script writes them (`bench/results/NAME.md`; `append_section` adds a dated one,
+`md_table` words one); `bench/results.py` indexes both.
 `BENCH_LOG` (a path, or `-` for none) redirects the log, e.g. in tests or on the device.
 """
 
@@ -15,6 +16,7 @@ import datetime as dt
 import os
 import shlex
 import sys
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,8 +79,8 @@ def append_section(path: str | os.PathLike, title: str, command: str, body: str)
         fh.write(f"\n## {stamp}\n\n{command}\n\n{body}\n")
 
 
-def import_here() -> None:
-    """Put bench/ on the path, for a script loaded by file (tests) rather than run as `python bench/X.py`."""
-    here = str(Path(__file__).resolve().parent)
-    if here not in sys.path:
-        sys.path.insert(0, here)
+def md_table(head: Sequence[str], rows: Iterable[Iterable], rule: str = "---") -> str:
+    """A markdown table: the header, its rule (`|---|` per column), one line per row (cells as `str()` gives them)."""
+    lines = ["| " + " | ".join(head) + " |", "|" + f"{rule}|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(map(str, r)) + " |" for r in rows])
+

@@ -26,18 +26,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+from runlog import log_result
+from suite import ROOT, SHARED, SHIPPED
 
-from alloctune.sim import native  # noqa: E402
-from alloctune.sim.budget import min_budget  # noqa: E402
-from alloctune.sim.replay import replay  # noqa: E402
-from alloctune.trace import load_trace  # noqa: E402
-from alloctune.trace.compact import save_compact  # noqa: E402
-from alloctune.trace.model import RequestStream, Trace  # noqa: E402
+# isort: split
+from alloctune.sim import native  # after suite, which puts src/ on the path
+from alloctune.sim.budget import min_budget
+from alloctune.sim.replay import replay
+from alloctune.trace import load_trace
+from alloctune.trace.compact import save_compact
+from alloctune.trace.model import RequestStream, Trace
 
-SHARED = ROOT.parent / "shared" / "traces"
-SHIPPED = ROOT / "src" / "alloctune" / "data" / "traces"
 GiB = 1 << 30
 
 CLASSES = [  # (class, setting, budget as a fraction of the default uncapped peak reserved)
@@ -92,7 +91,7 @@ def million_stream(base: Trace, n: int = 1_000_000) -> Trace:
         for op, size, rid, stream in src:
             if len(rs) >= n:
                 break
-            rs.append(op, size, rid + off if rid >= 0 else rid, stream, -1)
+            rs.append(op, size, rid + off if rid >= 0 else rid, stream, len(rs))  # event indices never go back
         k += 1
     return Trace(f"{base.source} x{k} ({n} requests)", base.device, rs, [], dict(base.allocator_settings),
                  total_memory=base.total_memory)
@@ -212,9 +211,6 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
     print(f"wrote {out}")
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from runlog import log_result
-
     log_result(f"slowest native replay class {slowest / 1e6:.1f} M requests/s; 20-setting sweep native "
                f"{wn:.2f} s wall, Python {wp:.1f} s, peaks identical: {same}", folder=out.parent)
     return 0

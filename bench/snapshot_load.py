@@ -31,11 +31,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "bench"))
+from suite import ROOT, SHARED
 
-SHARED = ROOT.parent / "shared" / "traces"
 STACKS = ROOT / "tests" / "data" / "explain_gpu"  # real H200 recordings with Python stacks
 MB = 1_000_000
 
