@@ -125,7 +125,7 @@ def budgets(data: Path, trace, cal: str | None) -> tuple[int, int | None, int | 
     learned = deep = None
     note = ""
     model, taught = None, []
-    for tag in ("mid", "tight") if cal else ():
+    for tag in ("mid", "tight", "low") if cal else ():
         f = data / f"{cal}_cal_{tag}.pickle.xz"
         if f.exists():
             m = learn_from_calibration(load_trace(data / f"{cal}.pickle.xz"), load_trace(f))
@@ -170,9 +170,9 @@ def real_rows(data: Path) -> list[dict]:
     add("hubert", "torch.no_grad()", "measured: the agent's --no-grad run, replayed",
         load_trace(data / "hubert_nograd_agent.pickle.xz"), "hubert_nograd_agent", "hubert_nograd")
     add("convnext", "none", "replay of the recording", load_trace(data / "convnext.pickle.xz"), "convnext", "convnext")
-    add("det", "none", "replay of the recording", det, None, "det")  # no calibration: conservative .. optimistic
+    add("det", "none", "replay of the recording", det, "det", "det")  # one calibration: det_cal_mid (H100)
     add("det", "empty_cache() after every batch", "simulated: release points at the repetitions' ends (explain)",
-        with_empty_cache(det, repetition_ends(analyse(det))), None, "det_ec")
+        with_empty_cache(det, repetition_ends(analyse(det))), "det", "det_ec")
     # remedies alloctune does not predict from these recordings: the real effect, for the record
     for program, remedy, name, base in (("hubert", "CUBLAS_WORKSPACE_CONFIG=:4096:8", "hubert_cublas", "hubert"),
                                         ("convnext", "cudnn.benchmark = True", "convnext_bench", "convnext")):
