@@ -176,8 +176,9 @@ class ReportMixin(FlowState):
             b = self.brackets.get(c.conf)
             at = self.at_budget.get(c.conf)
             r = rate(self.samples.get(c.conf, []))
-            base = dict(sim_min_budget=est, sim_as_recorded=self.est.get(c.conf), sim_optimistic=self._floor(c), throughput=r.mean if r else None,
-                        throughput_noise=r.noise if r else None, throughput_samples=r.samples if r else 0)
+            base = dict(sim_min_budget=est, sim_as_recorded=self.est.get(c.conf), sim_optimistic=self._floor(c),
+                        throughput=r.mean if r else None, throughput_noise=r.noise if r else None,
+                        throughput_samples=r.samples if r else 0)
             if c.conf in self.refused:
                 out.append(CandidateSummary(
                     c, feasible=None, note=f"refused: the setting did not take effect ({self.refused[c.conf]})", **base))
