@@ -363,7 +363,7 @@ def model_from_frames(trace: Trace) -> FallbackModel:
     return FallbackModel(tagged_sizes=sizes, tagged_requests=frozenset(tagged), method="frames")
 
 
-def _longer_ladders(a: dict[int, tuple[int, ...]], b: dict[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]]:
+def _longer_ladders(a: Mapping[int, tuple[int, ...]], b: Mapping[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]]:
     """Both models' ladders; where both have one for a size and one goes on from the other (a run under a
     lower cap saw more of the same tries), the longer, whichever model it came from; else `a`'s."""
     def blocks(ladder: tuple[int, ...]) -> list[int]:  # what the allocator makes of each try (512-byte rounding)
