@@ -1,9 +1,11 @@
 """How fast `explain` is on a 1 M-request compact trace with stacks (goal: < 10 s on a 2-core machine).
 
-The trace is a synthetic training loop (very regular, so its xz file is tiny) (tests/explain_programs.py) run for enough steps to make
->= 1 M requests, written as a compact trace with its stack table. Timed: the load, explain
-without what-ifs, and explain with them (each what-if is one min-budget bisection of the
-rewritten trace); and, for real data, the shipped llm_h200.atrace (a real recording without stacks). Prints a table and appends it with the exact command to
+The trace is a synthetic training loop (very regular, so its xz file is tiny; tests/explain_programs.py)
+run for enough steps to make >= 1 M requests, written as a compact trace with its stack table. Timed:
+the load, explain without what-ifs, and explain with them (its what-ifs and remedies: each a rewrite
+of the recording and its min-budget bisection; the replays run in a second thread, so the machine's
+core count is in the table); and, for real data, the shipped llm_h200.atrace (a real recording
+without stacks). Prints a table and appends it with the exact command to
 bench/results/explain_speed.md (indexed from bench/results/RESULTS.md).
 
     PYTHONPATH=src python bench/explain_speed.py [--requests 1000000]
@@ -12,6 +14,7 @@ bench/results/explain_speed.md (indexed from bench/results/RESULTS.md).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -27,12 +30,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=1_000_000)
     args = ap.parse_args()
-    from explain_programs import training_loop
-
     from alloctune.explain import explain
     from alloctune.trace import load_trace
     from alloctune.trace.compact import save_compact
     from alloctune.trace.load import trace_from_snapshot
+    from explain_programs import training_loop
 
     per_step = 21  # requests per step of training_loop (used only to size the run)
     steps = args.requests // per_step + 1
@@ -83,7 +85,8 @@ def main() -> None:
         ("load", f"{load_s:.2f} s"),
         ("explain (no what-ifs)", f"{explain_s:.2f} s"),
         ("load + explain", f"{load_s + explain_s:.2f} s"),
-        ("explain with what-ifs", f"{whatif_s:.2f} s ({len(exw.what_if)} what-ifs)"),
+        ("explain with what-ifs", f"{whatif_s:.2f} s ({len(exw.what_if)} what-ifs, {len(exw.remedies)} remedies)"),
+        ("cores", f"{os.cpu_count()}"),
         ("repetitions found", f"{ex.repeats['count']}"),
         (f"real: {real.name} ({len(rt.requests)} requests, no stacks) load", f"{real_load:.2f} s"),
         (f"real: {real.name} explain (no what-ifs)", f"{real_explain:.2f} s"),

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from alloctune.analysis.core import analyse
 from alloctune.explain.core import TOP_SITES, explain_trace
 from alloctune.explain.model import CATEGORIES, OVERHEAD, Comparison, Explanation, RankImbalance, Site
 from alloctune.progress import Progress, no_progress
 from alloctune.trace.model import Trace
+
+if TYPE_CHECKING:
+    from alloctune.remedy.model import Shared
 
 
 def _load(recording: str | Path | Trace, device: int | None) -> Trace:
@@ -76,14 +79,16 @@ def explain(
     ex = explain_trace(trace, at=at, group=group, top=top, analysis=an)
     if what_if:
         from alloctune.explain.what_if import what_ifs
-        from alloctune.remedy.model import collector_paused
+        from alloctune.remedy.model import Shared, collector_paused
 
-        with collector_paused():  # the rewritten recordings: `collector_paused` says why
+        # the rewritten recordings: `collector_paused` says why; what the what-ifs and the remedies have
+        # in common is made once, the replays in a thread of their own (`remedy.model.Shared`)
+        with collector_paused(), Shared(trace, background=True) as shared:
             progress("simulating what-ifs", 2, 3)
             ex = what_ifs(an, ex, source_arg=str(recording if not isinstance(recording, Trace) else trace.source),
-                          out_dir=what_if_dir)
+                          out_dir=what_if_dir, shared=shared)
             progress("simulating remedies", 2, 3)
-            ex = with_remedies(an, ex)
+            ex = with_remedies(an, ex, shared)
     if taught:
         from dataclasses import replace
 
@@ -92,34 +97,37 @@ def explain(
     return ex
 
 
-def with_remedies(an: Any, ex: Explanation) -> Explanation:
+def with_remedies(an: Any, ex: Explanation, shared: Shared | None = None) -> Explanation:
     """`ex` with the program-level remedies simulated on its recording (`remedy.registry`) and the utilization table:
     the recording as it ran, each remedy, each of `COMPARED_SETTINGS`, and the release policies under the
     setting that keeps the least idle (what "the best setting plus remedies" reaches). The recording's
-    uncapped replay and its repetition ends are made once for all of them."""
+    uncapped replay and its repetition ends are made once for all of them, and the rewrites and replays
+    they share with each other and with the what-ifs once (`shared`: a `remedy.model.Shared`)."""
     from dataclasses import replace
     from functools import partial
 
     from alloctune.explain import utilization as ut
-    from alloctune.remedy.model import activity_of, min_budget, recorded_conf, uncapped_run, workspace_floor
+    from alloctune.remedy.model import Shared, activity_of, recorded_conf, workspace_floor
     from alloctune.remedy.registry import no_grad_candidate, release_remedies, simulated_remedies
     from alloctune.remedy.release import repetition_ends
 
     trace = an.trace
     conf = recorded_conf(trace)
-    run = uncapped_run(trace, conf, trace)
+    shared = Shared(trace) if shared is None else shared
+    run = shared.run(trace, conf)
     ends = repetition_ends(an) if len(an.repeats.starts) >= 2 else None
-    base = ex.min_budget if ex.min_budget is not None else min_budget(trace, conf, trace, run)
-    remedies = simulated_remedies(an, base, conf, base_run=run, ends=ends)
+    base = ex.min_budget if ex.min_budget is not None else shared.min_budget(trace, conf)
+    remedies = simulated_remedies(an, base, conf, base_run=run, ends=ends, shared=shared)
     ng = no_grad_candidate(trace)
     if ng is not None:
         remedies.append(ng)
     peak, peak_alloc, _, _ = activity_of(run)
     rows = [ut.UtilizationRow("recording", "as it ran", conf, base, peak, peak_alloc, "simulated")]
-    rows += ut.remedy_rows(remedies) + ut.combined_rows(an, rows[0], partial(release_remedies, ends=ends))
+    rows += ut.remedy_rows(remedies) + ut.combined_rows(an, rows[0], partial(release_remedies, ends=ends,
+                                                                             shared=shared), shared)
     table = ut.table(rows, trace)
     return replace(ex, remedies=tuple(remedies), min_budget=base, utilization=table,
-                   min_budget_floor=workspace_floor(trace, conf, trace, base, run))
+                   min_budget_floor=workspace_floor(trace, conf, trace, base, run, shared.low_end))
 
 
 def aligned_labels(this: Trace, other: Trace, group: str = "line") -> list[str] | None:

@@ -133,9 +133,10 @@ def _categorise(an: Analysis, live: list[int], m: int,
     param_set = set(param_sizes)
     training = False
     if param_sizes and rep.count >= 2:
-        per_rep = Counter(rep.index_of(life.alloc[k]) for k in range(len(life.alloc))
-                          if life.alloc[k] >= first and life.size[k] in param_set and not held[k]
-                          and (not has_stacks or life.stack[k] < 0))
+        starts, made_at, sizes, stack_of = rep.starts, life.alloc, life.size, life.stack
+        per_rep = Counter(bisect.bisect_right(starts, made_at[k]) - 1 for k in range(len(made_at))  # `rep.index_of`
+                          if made_at[k] >= first and sizes[k] in param_set and not held[k]
+                          and (not has_stacks or stack_of[k] < 0))
         counts = sorted(per_rep.get(j, 0) for j in range(rep.count - 1))  # full repetitions only
         training = bool(counts) and counts[len(counts) // 2] >= len(params) // 2
     growing_sites = {s for s, (g, _) in an.growth.items() if g}

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 from alloctune.errors import TraceError
 from alloctune.memory_map.model import MemoryMap
-from alloctune.trace.model import FAILED_ALLOC, Trace, reserved_delta
+from alloctune.trace.model import FAILED_ALLOC, SegmentEvent, Trace, reserved_delta
 
 
 @dataclass(frozen=True)
@@ -40,15 +40,25 @@ class Moment:
 
 def reserved_after(trace: Trace) -> list[int]:
     """Recorded reserved bytes after each request (from the segment events' request indices)."""
-    n = len(trace.requests)
+    return reserved_levels(len(trace.requests), trace.segment_events)
+
+
+def reserved_levels(n: int, seg: Sequence[SegmentEvent]) -> list[int]:
+    """Reserved bytes after each of n requests by segment events `seg`: request r sees, in list order,
+    every event up to the first one whose request index exceeds r. The level is written a stretch at a
+    time between the requests where events happen (a million requests, a few hundred events)."""
     out = [0] * n
-    seg = trace.segment_events
-    k, cur = 0, 0
-    for r in range(n):
+    k, cur, at = 0, 0, 0  # next event, the level, the first request not yet written
+    while k < len(seg):
+        r = max(at, seg[k].request_index)  # the request the next event is seen at
+        if r >= n:
+            break
+        out[at:r] = [cur] * (r - at)
         while k < len(seg) and seg[k].request_index <= r:
             cur += reserved_delta(seg[k])
             k += 1
-        out[r] = cur
+        at = r
+    out[at:n] = [cur] * (n - at)
     return out
 
 
@@ -60,9 +70,9 @@ def ends_in_oom(trace: Trace) -> int | None:
     run whose cuDNN fell back and went on is not an OOM ending).
     """
     ops = trace.requests.ops
-    last = next((r for r in range(len(ops) - 1, -1, -1) if ops[r] == FAILED_ALLOC), None)
-    if last is None:
+    if FAILED_ALLOC not in ops:
         return None
+    last = len(ops) - 1 - ops[::-1].index(FAILED_ALLOC)
     outcome = (trace.meta or {}).get("outcome")
     if outcome == "oom":
         return last
@@ -88,14 +98,8 @@ def pick_moment(trace: Trace, live_before: Sequence[int], at: Any = None) -> Mom
         m = oom - 1
         return Moment(m, evi[oom], "oom", res[m] if m >= 0 else 0, _time_of(trace, evi[oom]))
     peak = max(res)
-    m = best = -1
-    r = 0
-    while r < n:  # every stretch at the peak; the point holding the most live bytes
-        if res[r] == peak:
-            if best < 0 or live_before[r + 1] > live_before[best + 1]:
-                best = r
-        r += 1
-    m = best
+    # every stretch at the peak; the point holding the most live bytes (the first of equals)
+    m = max((r for r, level in enumerate(res) if level == peak), key=lambda r: live_before[r + 1])
     return Moment(m, evi[m], "peak", peak, _time_of(trace, evi[m]))
 
 

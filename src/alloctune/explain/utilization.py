@@ -14,8 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from alloctune.remedy.model import activity_of, min_budget, uncapped_run
-from alloctune.trace.model import Trace, reserved_delta
+from alloctune.explain.moment import reserved_levels
+from alloctune.remedy.model import Shared, activity_of
+from alloctune.trace.model import Trace
 from alloctune.units import format_percent, format_size, utilization
 
 TARGET = 0.97
@@ -74,20 +75,25 @@ def remedy_rows(remedies: Sequence[Any]) -> list[UtilizationRow]:
                            getattr(r, "trace", None)) for r in remedies]
 
 
-def combined_rows(an: Any, recorded: UtilizationRow,
-                  remedies_under: Callable[..., list[Any]]) -> list[UtilizationRow]:
+def combined_rows(an: Any, recorded: UtilizationRow, remedies_under: Callable[..., list[Any]],
+                  shared: Shared | None = None) -> list[UtilizationRow]:
     """A row per `COMPARED_SETTINGS` entry the recording did not run with (its uncapped replay and
     min budget), then, under the one of them that keeps the least idle memory when it beats the
     recording, the release policies simulated again under it (`remedies_under(an, min budget, conf,
-    uncapped replay)`: `remedy.registry.release_remedies`): what a setting and a remedy buy together."""
+    uncapped replay)`: `remedy.registry.release_remedies`): what a setting and a remedy buy together.
+    `shared`: where the recording's replays under a setting may have been made already."""
     trace, out, runs = an.trace, [], {}
+    shared = Shared(trace) if shared is None else shared
+    for conf in COMPARED_SETTINGS:  # all started (in `shared`'s thread) before the first is waited for
+        if conf != recorded.conf:
+            shared.prefetch(trace, conf)
     for conf in COMPARED_SETTINGS:
         if conf == recorded.conf:
             continue
         try:
-            run = runs[conf] = uncapped_run(trace, conf, trace)
+            run = runs[conf] = shared.run(trace, conf)
             peak, alloc, _, _ = activity_of(run)
-            out.append(UtilizationRow("setting", conf, conf, min_budget(trace, conf, trace, run), peak, alloc,
+            out.append(UtilizationRow("setting", conf, conf, shared.min_budget(trace, conf), peak, alloc,
                                       "simulated"))
         except Exception:  # noqa: BLE001 - a setting the simulator cannot replay here: no row
             continue
@@ -109,22 +115,17 @@ def peak_split(trace: Trace, conf: str) -> dict[str, int]:
     segments that hold live blocks; `cached_free`: the rest of what is reserved but not allocated;
     `rounding`: allocated minus requested). One replay finds the moment; a second one of the requests
     up to it gives the allocator's counters there (`_counters_after`)."""
+    from alloctune.sim.replay import replay
     from alloctune.trace.model import ALLOC, FREE
 
-    events = uncapped_run(trace, conf, trace).segment_events
+    events = replay(trace, conf or None, reference=trace).segment_events
     req = trace.requests
     n = len(req)
     ops, sizes, rids = req.ops, req.sizes, req.rids
-    level = live = 0
-    best_live, at, k = -1, n - 1, 0
+    live = 0
+    best_live, at = -1, n - 1
     size_of: dict[int, int] = {}
-    after: list[int] = []  # reserved after each request
-    n_events = len(events)
-    for r in range(n):
-        while k < n_events and events[k].request_index <= r:
-            level += reserved_delta(events[k])
-            k += 1
-        after.append(level)
+    after = reserved_levels(n, events)  # reserved after each request
     peak = max(0, max(after, default=0))
     for r in range(n):  # live requested bytes after request r; the best moment at the peak
         op = ops[r]

@@ -22,24 +22,31 @@ from typing import Sequence
 
 from alloctune.analysis.core import Analysis
 from alloctune.explain.model import Explanation, WhatIfResult
-from alloctune.remedy.model import min_budget, recorded_conf
-from alloctune.remedy.release import free_at_repeat_end
+from alloctune.remedy.model import Shared, recorded_conf
+from alloctune.remedy.release import free_at_repeat_end, freed_key
 
 MAX_SITE_WHAT_IFS = 5
 
 
 def what_ifs(an: Analysis, ex: Explanation, *, source_arg: str, out_dir: str | Path | None = None,
-             max_sites: int = MAX_SITE_WHAT_IFS) -> Explanation:
+             max_sites: int = MAX_SITE_WHAT_IFS, shared: Shared | None = None) -> Explanation:
     """`ex` with its recording's min budget, per-site what-ifs (sites holding outlived bytes at the
-    moment, most first) and one without any growing site's growth."""
+    moment, most first) and one without any growing site's growth. `shared`: the rewrites and
+    replays the recording's remedies share with them (the leak remedy is a what-if's rewrite)."""
     trace = an.trace
     conf = recorded_conf(trace)
     if not an.repeats.starts:
         return replace(ex, notes=ex.notes + ("no repetitions: no what-ifs (nothing outlives a repetition)",))
-    base = min_budget(trace, conf, trace)
+    shared = Shared(trace) if shared is None else shared
     label_to_id = {lab: i for i, lab in enumerate(an.labels)}
     chosen = sorted((s for s in ex.sites if s.outlived_bytes > 0 and s.site in label_to_id),
                     key=lambda s: (not s.growing, -s.outlived_bytes))[:max_sites]
+    growing = [i for i, (g, _) in an.growth.items() if g]
+    # every rewrite made first, each one's replays started (in `shared`'s thread) while the next is made
+    shared.prefetch(trace, conf)
+    for sites in [[label_to_id[s.site]] for s in chosen] + ([growing] if len(growing) > 1 else []):
+        shared.prefetch(shared.rewrite(freed_key(sites), lambda: free_at_repeat_end(an, sites)), conf)
+    base = shared.min_budget(trace, conf)
     results: list[WhatIfResult] = []
     rows = {s.site: s for s in ex.sites}
     conf_arg = f" -c '{conf}'" if conf else ""
@@ -48,8 +55,8 @@ def what_ifs(an: Analysis, ex: Explanation, *, source_arg: str, out_dir: str | P
     def run(what: str, sites: Sequence[int]) -> tuple[int | None, str]:
         nonlocal n
         n += 1
-        t = free_at_repeat_end(an, sites)
-        mb = min_budget(t, conf, trace)
+        t = shared.rewrite(freed_key(sites), lambda: free_at_repeat_end(an, sites))
+        mb = shared.min_budget(t, conf)
         name = f"what_if_{n}.atrace"
         if out_dir is not None:
             from alloctune.trace.compact import save_compact
@@ -69,7 +76,6 @@ def what_ifs(an: Analysis, ex: Explanation, *, source_arg: str, out_dir: str | P
     # (with one growing site, its own what-if above is that number). Not "never made": the kept
     # tensor is usually needed in its step (logits for the loss); dropping it simulates another
     # program (on a real AdamW loop 10 % below the real min budget of the program without the list).
-    growing = [i for i, (g, _) in an.growth.items() if g]
     if len(growing) > 1:
         run("without any growth: every growing site's kept blocks freed at each repetition's end", growing)
     return replace(ex, sites=tuple(rows[s.site] for s in ex.sites), what_if=tuple(results), min_budget=base)

@@ -11,9 +11,17 @@ import shlex
 from typing import TYPE_CHECKING, Sequence
 
 from alloctune.analysis.core import Analysis
-from alloctune.remedy.janitor import janitor_remedies
-from alloctune.remedy.model import UNCONFIRMED, Remedy, activity_of, collector_paused, recorded_conf, uncapped_run
-from alloctune.remedy.release import release_points, repetition_ends
+from alloctune.remedy.janitor import janitor_plan, janitor_remedies
+from alloctune.remedy.model import (
+    UNCONFIRMED,
+    Remedy,
+    Shared,
+    activity_of,
+    collector_paused,
+    recorded_conf,
+    uncapped_run,
+)
+from alloctune.remedy.release import release_points, release_rewrites, repetition_ends
 from alloctune.remedy.training import training_remedies
 from alloctune.remedy.workspaces import workspace_remedies
 from alloctune.sim.resolution import ABS_TOL
@@ -25,33 +33,40 @@ if TYPE_CHECKING:
 
 def simulated_remedies(an: Analysis, base_min_budget: int | None, conf: str | None = None,
                        command: str = "CMD", base_run: SimResult | None = None,
-                       ends: list[int] | None = None) -> list[Remedy]:
+                       ends: list[int] | None = None, shared: Shared | None = None) -> list[Remedy]:
     """Every remedy the recording alone can answer: release points, the Janitor's policies, the
     workspace caps that apply (the latter also without repetitions), and for a training recording
     activation checkpointing, the optimizer-state changes and the leak (`remedy.training`).
     `base_run`: the recording's `uncapped_run` under `conf` (each remedy compares with it) and `ends`:
-    its `release.repetition_ends`, when the caller has them (else made here)."""
+    its `release.repetition_ends`, when the caller has them (else made here); `shared`: the work the
+    recording's what-ifs and other remedies share (`remedy.model.Shared`)."""
     conf = recorded_conf(an.trace) if conf is None else conf
     with collector_paused():
         if base_run is None and len(an.repeats.starts) >= 2:  # the release policies need it: made once for all
             base_run = uncapped_run(an.trace, conf, an.trace)
         base_act = None if base_run is None else activity_of(base_run)
-        out = release_remedies(an, base_min_budget, conf, base_run, ends)
+        out = release_remedies(an, base_min_budget, conf, base_run, ends, shared)
         out += workspace_remedies(an.trace, base_min_budget, conf, command=command, base_act=base_act)
-        return out + training_remedies(an, base_min_budget, conf, base_act)
+        return out + training_remedies(an, base_min_budget, conf, base_act, shared)
 
 
 def release_remedies(an: Analysis, base_min_budget: int | None, conf: str,
-                     base_run: SimResult | None = None, ends: list[int] | None = None) -> list[Remedy]:
+                     base_run: SimResult | None = None, ends: list[int] | None = None,
+                     shared: Shared | None = None) -> list[Remedy]:
     """The release policies alone: `empty_cache()` at repetition ends, then (when those apply) the
-    Janitor's policies, simulated under `conf` (`base_run`, `ends`: as `simulated_remedies` takes them)."""
+    Janitor's policies, simulated under `conf` (`base_run`, `ends`, `shared`: as `simulated_remedies`
+    takes them)."""
     if len(an.repeats.starts) < 2:
         return []
     base_run = uncapped_run(an.trace, conf, an.trace) if base_run is None else base_run
     ends = repetition_ends(an) if ends is None else ends
-    out = release_points(an, base_min_budget, conf=conf, base_act=activity_of(base_run), ends=ends)
+    plan = None
+    if shared is not None:  # the rewrites' replays started first, then the Janitor driven while they run
+        release_rewrites(an, conf, ends, shared=shared)
+        plan = janitor_plan(an, conf, ends, shared)
+    out = release_points(an, base_min_budget, conf=conf, base_act=activity_of(base_run), ends=ends, shared=shared)
     if out:
-        out += janitor_remedies(an, base_min_budget, conf, base_run, ends)
+        out += janitor_remedies(an, base_min_budget, conf, base_run, ends, shared, plan)
     return out
 
 

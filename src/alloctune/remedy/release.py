@@ -16,7 +16,7 @@ from typing import Iterable, Sequence
 
 from alloctune.analysis.core import Analysis
 from alloctune.analysis.repeats import loop_tops
-from alloctune.remedy.model import BaseActivity, Remedy, Row, activity, recorded_conf, simulated, spliced
+from alloctune.remedy.model import BaseActivity, Remedy, Row, Shared, activity, recorded_conf, simulated, spliced
 from alloctune.trace.model import EMPTY_CACHE, FREE, Trace
 
 EVERY = (1, 2, 4)
@@ -52,6 +52,11 @@ def repetition_ends(an: Analysis) -> list[int]:
     return out
 
 
+def freed_key(sites: Iterable[int]) -> tuple[str, tuple[int, ...]]:
+    """`free_at_repeat_end`'s rewrite as a `Shared.rewrite` key: the same sites make the same rewrite."""
+    return ("free_at_repeat_end", tuple(sorted(set(sites))))
+
+
 def free_at_repeat_end(an: Analysis, sites: Iterable[int]) -> Trace:
     """The recording with every block of `sites` that outlived its repetition freed where that
     repetition ends (just before the next one's first request). Allocation order is unchanged."""
@@ -79,27 +84,48 @@ def free_at_repeat_end(an: Analysis, sites: Iterable[int]) -> Trace:
     return spliced(trace, before, dropped)
 
 
+def release_rewrites(an: Analysis, conf: str, ends: list[int], every: Sequence[int] = EVERY,
+                     shared: Shared | None = None) -> dict[int, Trace]:
+    """The recording with `empty_cache()` where every Nth repetition ends (`ends`), by N; with `shared`,
+    each made once and its replays under `conf` started (in `shared`'s thread)."""
+    trace, out = an.trace, {}
+    for n in every:
+        points = ends[n - 1::n]
+        if not points:
+            continue
+        if shared is None:
+            out[n] = with_empty_cache(trace, points)
+        else:
+            out[n] = shared.rewrite(("empty_cache", tuple(points)), lambda: with_empty_cache(trace, points))
+            shared.prefetch(out[n], conf)
+    return out
+
+
 def release_points(an: Analysis, base_min_budget: int | None, every: Sequence[int] = EVERY,
                    conf: str | None = None, base_act: BaseActivity | None = None,
-                   ends: list[int] | None = None) -> list[Remedy]:
+                   ends: list[int] | None = None, shared: Shared | None = None) -> list[Remedy]:
     """`empty_cache()` where every Nth repetition ends, for N in `every`, simulated under `conf`
     (default: the setting the recording ran with); `base_act`: the recording's own `activity` under
-    `conf`, `ends`: its `repetition_ends`, when at hand."""
+    `conf`, `ends`: its `repetition_ends`, when at hand; `shared`: the work other remedies of the
+    recording share (`remedy.model.Shared`)."""
     if len(an.repeats.starts) < 2:
         return []
     trace = an.trace
     conf = recorded_conf(trace) if conf is None else conf
     base_act = base_act or activity(trace, conf, trace)
     ends = repetition_ends(an) if ends is None else ends
+    rewrites = release_rewrites(an, conf, ends, every, shared)
     out = []
     for n in every:
         points = ends[n - 1::n]  # where every Nth repetition ends
         if not points:
             continue
         what = "every repetition" if n == 1 else f"every {n} repetitions"
+        t = rewrites[n]
         out.append(simulated(
             "empty_cache_each_repetition" if n == 1 else f"empty_cache_every_{n}_repetitions",
-            f"empty_cache() at the end of {what}", with_empty_cache(trace, points), conf, trace, base_min_budget,
+            f"empty_cache() at the end of {what}", t, conf, trace, base_min_budget,
             base_act, f"torch.cuda.empty_cache() after {what}, or between a service's requests: "
-            f"alloctune.guard.Janitor(every_n={n})", cleanups=len(points), janitor={"args": {"every_n": n}, "use": "janitor"}))
+            f"alloctune.guard.Janitor(every_n={n})", cleanups=len(points), janitor={"args": {"every_n": n}, "use": "janitor"},
+            shared=shared))
     return out

@@ -35,25 +35,24 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from dataclasses import dataclass
 from itertools import compress
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from alloctune.analysis.core import Analysis, Lifetimes
 from alloctune.analysis.phases import BACKWARD, FORWARD, OPTIMIZER_STEP, trains
-from alloctune.remedy.model import BaseActivity, Remedy, Row, activity, recorded_conf, simulated, spliced
-from alloctune.remedy.release import free_at_repeat_end
+from alloctune.remedy.model import BaseActivity, Remedy, Row, Shared, activity, recorded_conf, simulated, spliced
+from alloctune.remedy.release import free_at_repeat_end, freed_key
 from alloctune.trace.model import ALLOC, FREE, Trace
 
 BNB_MIN_8BIT = 4096  # bitsandbytes keeps 32-bit state below this many elements
 BNB_BLOCK = 256  # elements per absmax float in blockwise 8-bit state
 
 
-@dataclass(frozen=True)
-class Window:
+class Window(NamedTuple):
     """One block's forward: requests [start, end); `saved` are its allocations (ids) that outlive it
     except its `outputs` (the next block's input, kept by it for backward); `inputs`: made before
-    it and freed in its forward, what the checkpoint holds when the block before keeps nothing."""
+    it and freed in its forward, what the checkpoint holds when the block before keeps nothing.
+    (A training recording has one per block and step: a hundred thousand in a long run.)"""
 
     start: int
     end: int
@@ -68,65 +67,87 @@ def block_windows(an: Analysis) -> list[Window]:
     life, rep, phases = an.life, an.repeats, an.phase_of or []
     if not phases or an.stacks != "python":
         return []
-    rep_of = [bisect.bisect_right(rep.starts, a) - 1 for a in life.alloc]
+    rep_starts, alloc, stack, flags = rep.starts, life.alloc, life.stack, an.flags
     by_rep: dict[int, list[int]] = {}
-    for k, sid in enumerate(life.stack):
-        if sid >= 0 and phases[k] == FORWARD and an.flags[sid].model >= 0:
-            by_rep.setdefault(rep_of[k], []).append(k)
+    for k, sid in enumerate(stack):
+        if sid >= 0 and phases[k] == FORWARD and flags[sid].model >= 0:
+            by_rep.setdefault(bisect.bisect_right(rep_starts, alloc[k]) - 1, []).append(k)
     out: list[Window] = []
+    # Where the blocks of a forward lie depends only on its sequence of stacks, which a training
+    # loop repeats step after step: worked out once per sequence
+    shapes: dict[tuple[int, ...], tuple[int, list[int]] | None] = {}
     for ks in by_rep.values():
-        count = Counter(life.stack[k] for k in ks)
-        n = _repeats_per_step(count, len(ks))
-        if n is None:
-            continue
-        layer_ks = [k for k in ks if count[life.stack[k]] % n == 0]
-        starts = _block_starts(life, ks, count, n) or _uniform_starts(life, layer_ks, count, n)
-        last = layer_ks[-1]
-        forward_end = life.alloc[last] + 1
-        backward_start = _backward_start(an, last)
-        spans = []
-        free, never = life.free, life.n
-        for i, k0 in enumerate(starts):
-            k1 = starts[i + 1] if i + 1 < len(starts) else last + 1
-            b = life.alloc[k1] if k1 < len(life.alloc) and i + 1 < len(starts) else forward_end
-            # what backward frees of the block's allocations: saved tensors, and its output -- not a residual
-            # the next block frees, nor autocast's cached casts (freed when the forward's autocast region
-            # ends), nor anything kept for good
-            held = [k for k in range(k0, k1) if free[k] >= b and backward_start <= free[k] < never]
-            spans.append((k0, k1, b, held))
-        ws = _with_outputs(life, spans)
-        for i, w in enumerate(ws):
-            ins: tuple[int, ...] = ()
-            if i == 0 or not ws[i - 1].outputs:
-                # the block's input when no block of it is kept by the next: the last of what was made before
-                # it (since the block before began) that the block's forward lets go of
-                since = ws[i - 1].allocs[0] if i else ks[0]
-                lo, hi = w.start, w.end
-                freed_here = [k for k in range(since, w.allocs[0]) if lo <= free[k] < hi]
-                ins = (max(freed_here, key=free.__getitem__),) if freed_here else ()
-            ws[i] = Window(w.start, w.end, w.allocs, w.saved, w.outputs, ins)
-        out += ws
+        sig = tuple([stack[k] for k in ks])
+        if sig not in shapes:
+            shapes[sig] = _shape(sig)
+        shape = shapes[sig]
+        if shape is not None:
+            out += _forward_windows(an, ks, [ks[p] for p in shape[1]], ks[shape[0]])
     return out
 
 
-def _block_starts(life: Lifetimes, ks: list[int], count: Counter, n: int) -> list[int] | None:
-    """Where each of the n blocks of one forward begins: the first allocation of the first stack that
-    recurs at least n times opens a block wherever a run of that stack begins (a block's first call
-    may make first-time allocations the others do not: a cuBLAS workspace). None unless there are n."""
-    anchor = next((life.stack[k] for k in ks if count[life.stack[k]] >= n), None)
-    starts = [k for i, k in enumerate(ks) if life.stack[k] == anchor and (i == 0 or life.stack[ks[i - 1]] != anchor)]
+def _shape(stacks: tuple[int, ...]) -> tuple[int, list[int]] | None:
+    """Of one forward's allocations (their stacks, in order): the position of its blocks' last allocation
+    and where each block begins (`_block_starts`, else `_uniform_starts`); None when no block repeats."""
+    count = Counter(stacks)
+    n = _repeats_per_step(count, len(stacks))
+    if n is None:
+        return None
+    layer = [p for p, sid in enumerate(stacks) if count[sid] % n == 0]
+    return layer[-1], _block_starts(stacks, count, n) or _uniform_starts(stacks, layer, count, n)
+
+
+def _forward_windows(an: Analysis, ks: list[int], starts: list[int], last: int) -> list[Window]:
+    """The windows of one forward whose block allocations are `ks`, the blocks beginning at `starts`
+    and the last block allocation `last` (allocation ids)."""
+    life = an.life
+    alloc, free, never = life.alloc, life.free, life.n
+    forward_end = alloc[last] + 1
+    backward_start = _backward_start(an, last)
+    spans = []
+    for i, k0 in enumerate(starts):
+        k1 = starts[i + 1] if i + 1 < len(starts) else last + 1
+        b = alloc[k1] if k1 < len(alloc) and i + 1 < len(starts) else forward_end
+        # what backward frees of the block's allocations: saved tensors, and its output -- not a residual
+        # the next block frees, nor autocast's cached casts (freed when the forward's autocast region
+        # ends), nor anything kept for good
+        held = [k for k in range(k0, k1) if free[k] >= b and backward_start <= free[k] < never]
+        spans.append((k0, k1, b, held))
+    out: list[Window] = []
+    outputs = _outputs(life, spans)
+    for i, ((k0, k1, b, held), outs) in enumerate(zip(spans, outputs)):
+        ins: tuple[int, ...] = ()
+        if i == 0 or not outputs[i - 1]:
+            # the block's input when no block of it is kept by the next: the last of what was made before
+            # it (since the block before began) that the block's forward lets go of
+            since = spans[i - 1][0] if i else ks[0]
+            lo, hi = alloc[k0], b
+            freed_here = [k for k in range(since, k0) if lo <= free[k] < hi]
+            ins = (max(freed_here, key=free.__getitem__),) if freed_here else ()
+        out.append(Window(alloc[k0], b, tuple(range(k0, k1)), tuple(k for k in held if k not in outs),
+                          tuple(sorted(outs)), ins))
+    return out
+
+
+def _block_starts(stacks: tuple[int, ...], count: Counter, n: int) -> list[int] | None:
+    """Where each of the n blocks of one forward begins (positions in its allocations `stacks`): the first
+    allocation of the first stack that recurs at least n times opens a block wherever a run of that stack
+    begins (a block's first call may make first-time allocations the others do not: a cuBLAS workspace).
+    None unless there are n."""
+    anchor = next((sid for sid in stacks if count[sid] >= n), None)
+    starts = [p for p, sid in enumerate(stacks) if sid == anchor and (p == 0 or stacks[p - 1] != anchor)]
     return starts if len(starts) == n else None
 
 
-def _uniform_starts(life: Lifetimes, layer_ks: list[int], count: Counter, n: int) -> list[int]:
+def _uniform_starts(stacks: tuple[int, ...], layer: list[int], count: Counter, n: int) -> list[int]:
     """Block starts when every block allocates alike: every m-th allocation of the first stack that
-    recurs a multiple of n times (m times a block)."""
-    anchor = life.stack[layer_ks[0]]
-    return [k for k in layer_ks if life.stack[k] == anchor][::count[anchor] // n]
+    recurs a multiple of n times (m times a block); `layer`: the positions of the block allocations."""
+    anchor = stacks[layer[0]]
+    return [p for p in layer if stacks[p] == anchor][::count[anchor] // n]
 
 
-def _with_outputs(life: Lifetimes, spans: list[tuple[int, int, int, list[int]]]) -> list[Window]:
-    """The windows of one forward with their outputs told from their saved tensors. Backward runs the
+def _outputs(life: Lifetimes, spans: list[tuple[int, int, int, list[int]]]) -> list[set[int]]:
+    """The outputs of the blocks of one forward, told from their saved tensors. Backward runs the
     blocks last to first, so a block's output -- saved by the block after it -- is freed while that
     block's backward runs, before the block's own saved tensors: the blocks freed no later than the
     next block's last free. The last block's output sits where the others' do (the blocks are one
@@ -142,8 +163,7 @@ def _with_outputs(life: Lifetimes, spans: list[tuple[int, int, int, list[int]]])
         else:
             outs = {k0 + off for off in offsets} & set(held)
         outputs.append(outs)
-    return [Window(life.alloc[k0], b, tuple(range(k0, k1)), tuple(k for k in held if k not in outs),
-                   tuple(sorted(outs))) for (k0, k1, b, held), outs in zip(spans, outputs)]
+    return outputs
 
 
 def _backward_start(an: Analysis, last_forward: int) -> int:
@@ -200,17 +220,20 @@ def with_checkpointing(an: Analysis, windows: Sequence[Window]) -> Trace:
     # original free request index of a saved block -> (request index from which on it holds, its clone's rid)
     clone_free: dict[int, list[tuple[int, int]]] = {}
     before: dict[int, list[Row]] = {}
-    for r in sorted(set(free_at) | set(redo_at)):
+    size, streams, evi = life.size, req.streams, req.event_index
+    redo = _Redo(an, rid_of)
+    for r in sorted(free_at.keys() | redo_at.keys()):
         if r >= n:
             break
-        rows = before[r] = [(FREE, life.size[k], rid_of[k], req.streams[r], req.event_index[r], -1)
-                            for k in free_at.get(r, ())]
+        stream, ev = streams[r], evi[r]
+        ks = free_at.get(r)
+        rows = before[r] = [(FREE, size[k], rid_of[k], stream, ev, -1) for k in ks] if ks else []
         for w in redo_at.get(r, ()):
             clones = {k: next_rid + j for j, k in enumerate(w.allocs)}
             next_rid += len(w.allocs)
-            rows += _recomputed(an, w, r, rid_of, clones)
+            rows += redo.rows(w, stream, ev, clones)
             for k in w.saved:
-                clone_free.setdefault(life.free[k], []).append((r, clones[k]))
+                clone_free.setdefault(free[k], []).append((r, clones[k]))
     changed: dict[int, Row | None] = {}
     ops, rids = req.ops, req.rids
     for r in compress(range(n), map(dropped.__contains__, rids)):
@@ -218,36 +241,42 @@ def with_checkpointing(an: Analysis, windows: Sequence[Window]) -> Trace:
             continue
         clone = [c for since, c in clone_free.get(r, ()) if since <= r]
         k = _alloc_of(rid_of, rids[r])
-        changed[r] = (FREE, life.size[k], clone[-1], req.streams[r], req.event_index[r], -1) if clone else None
+        changed[r] = (FREE, size[k], clone[-1], streams[r], evi[r], -1) if clone else None
     return spliced(trace, before, changed, given_stacks=True)
 
 
-def _recomputed(an: Analysis, w: Window, r: int, rid_of: list[int], clones: dict[int, int]) -> list[Row]:
-    """The requests of window `w`'s forward made again (as `clones`) just before request r: its
-    allocations and its own frees, then a free of what backward does not need."""
-    life, req = an.life, an.trace.requests
-    alloc, size, free = life.alloc, life.size, life.free
-    ops, rids, stack_ids = req.ops, req.rids, req.stack_ids
-    stream, evi = req.streams[r], req.event_index[r]
-    in_window = set(w.allocs)
-    out: list[Row] = []
-    freed: set[int] = set()
-    for q in range(w.start, w.end):
-        op = ops[q]
-        if op == ALLOC:
-            k = bisect.bisect_left(alloc, q)
-            if k in in_window:
-                out.append((ALLOC, size[k], clones[k], stream, evi, stack_ids[q] if stack_ids else -1))
-        elif op == FREE:
-            k = _alloc_of(rid_of, rids[q])
-            if k in in_window and free[k] == q:
-                out.append((FREE, size[k], clones[k], stream, evi, -1))
-                freed.add(k)
-    # what the recomputation made beyond what backward needs (its output, a residual the next block
-    # freed in the forward) is dropped at once; the saved blocks live until their own frees
-    keep = set(w.saved)
-    out += [(FREE, life.size[k], clones[k], stream, evi, -1) for k in w.allocs if k not in freed and k not in keep]
-    return out
+class _Redo:
+    """The requests of a window's forward made again (`rows`), with what every window reads bound once."""
+
+    def __init__(self, an: Analysis, rid_of: list[int]) -> None:
+        life, req = an.life, an.trace.requests
+        self.alloc, self.size, self.free, self.rid_of = life.alloc, life.size, life.free, rid_of
+        self.ops, self.rids, self.stack_ids = req.ops, req.rids, req.stack_ids
+
+    def rows(self, w: Window, stream: int, evi: int, clones: dict[int, int]) -> list[Row]:
+        """Window `w`'s forward made again (as `clones`, on `stream` with event index `evi`): its
+        allocations and its own frees, then a free of what backward does not need."""
+        size, free, ops, rids, stack_ids, rid_of = self.size, self.free, self.ops, self.rids, self.stack_ids, self.rid_of
+        in_window = set(w.allocs)
+        out: list[Row] = []
+        freed: set[int] = set()
+        made = bisect.bisect_left(self.alloc, w.start)  # allocation id of the next ALLOC (`alloc` lists every ALLOC)
+        for q in range(w.start, w.end):
+            op = ops[q]
+            if op == ALLOC:
+                k, made = made, made + 1
+                if k in in_window:
+                    out.append((ALLOC, size[k], clones[k], stream, evi, stack_ids[q] if stack_ids else -1))
+            elif op == FREE:
+                k = _alloc_of(rid_of, rids[q])
+                if k in in_window and free[k] == q:
+                    out.append((FREE, size[k], clones[k], stream, evi, -1))
+                    freed.add(k)
+        # what the recomputation made beyond what backward needs (its output, a residual the next block
+        # freed in the forward) is dropped at once; the saved blocks live until their own frees
+        keep = w.saved
+        out += [(FREE, size[k], clones[k], stream, evi, -1) for k in w.allocs if k not in freed and k not in keep]
+        return out
 
 
 def _alloc_of(rid_of: list[int], rid: int) -> int:
@@ -269,7 +298,7 @@ def checkpointing_code(trace: Trace) -> str:
 
 
 def checkpointing_remedy(an: Analysis, base: int | None, conf: str,
-                         base_act: BaseActivity | None = None) -> Remedy | None:
+                         base_act: BaseActivity | None = None, shared: Shared | None = None) -> Remedy | None:
     windows = block_windows(an)
     if not windows:
         return None
@@ -278,7 +307,8 @@ def checkpointing_remedy(an: Analysis, base: int | None, conf: str,
     return simulated("checkpointing", f"activation checkpointing of the {per_step} repeated blocks of each step",
                      t, conf, an.trace, base, base_act or activity(an.trace, conf, an.trace), checkpointing_code(an.trace),
                      notes=(f"{len(windows)} block forwards recomputed in backward; "
-                           f"{sum(len(w.saved) for w in windows)} saved tensors freed at their block's end",))
+                           f"{sum(len(w.saved) for w in windows)} saved tensors freed at their block's end",),
+                     shared=shared)
 
 
 # ---- optimizer state ----
@@ -343,7 +373,7 @@ def _rewrite_sizes(an: Analysis, drop: set[int], resize: dict[int, list[int]]) -
 
 
 def optimizer_remedies(an: Analysis, base: int | None, conf: str,
-                       base_act: BaseActivity | None = None) -> list[Remedy]:
+                       base_act: BaseActivity | None = None, shared: Shared | None = None) -> list[Remedy]:
     state, temps, kind = optimizer_blocks(an)
     if kind not in ("adamw.py", "adam.py") or len(state) < 2:
         return []
@@ -358,7 +388,7 @@ def optimizer_remedies(an: Analysis, base: int | None, conf: str,
         "optimizer_sgd", "SGD with momentum instead of Adam: one state tensor per parameter, no step temporaries",
         _rewrite_sizes(an, drop, {}), conf, an.trace, base, base_act,
         "torch.optim.SGD(model.parameters(), lr=..., momentum=0.9)  # changes the training dynamics",
-        notes=(f"Adam state {state_bytes} bytes in {len(kinds)} kinds; SGD keeps one kind",)))
+        notes=(f"Adam state {state_bytes} bytes in {len(kinds)} kinds; SGD keeps one kind",), shared=shared))
     resize: dict[int, list[int]] = {}
     for sid in kinds:
         for k in state[sid]:
@@ -370,34 +400,37 @@ def optimizer_remedies(an: Analysis, base: int | None, conf: str,
         _rewrite_sizes(an, set(temps), resize), conf, an.trace, base, base_act,
         "bitsandbytes.optim.AdamW8bit(model.parameters(), lr=...)  # pip install bitsandbytes",
         notes=("state sizes by bitsandbytes' blockwise rule (tensors of 4096+ elements); its fused step makes "
-               "no temporaries; not confirmed on a GPU by alloctune",)))
+               "no temporaries; not confirmed on a GPU by alloctune",), shared=shared))
     return out
 
 
-def leak_remedy(an: Analysis, base: int | None, conf: str, base_act: BaseActivity | None = None) -> Remedy | None:
+def leak_remedy(an: Analysis, base: int | None, conf: str, base_act: BaseActivity | None = None,
+                shared: Shared | None = None) -> Remedy | None:
     """The growing sites' kept blocks freed at the end of the repetition that made them (the what-if
-    `explain` shows per site), as a remedy naming the lines that keep them."""
+    `explain` shows per site: with `shared`, the very rewrite), as a remedy naming the lines that keep them."""
     growing = sorted((i for i, (g, _) in an.growth.items() if g), key=lambda i: -an.growth[i][1])
     if not growing:
         return None
     names = "; ".join(f"{an.labels[i]} (+{an.growth[i][1]} bytes a repetition)" for i in growing[:3])
+    t = (shared.rewrite(freed_key(growing), lambda: free_at_repeat_end(an, growing)) if shared
+         else free_at_repeat_end(an, growing))
     return simulated(
         "free_growing", f"free what the growing site(s) keep each repetition: {names}",
-        free_at_repeat_end(an, growing), conf, an.trace, base, base_act or activity(an.trace, conf, an.trace),
+        t, conf, an.trace, base, base_act or activity(an.trace, conf, an.trace),
         f"at {an.labels[growing[0]]}: keep a number (loss.item()) or move the tensor off the GPU (.detach().cpu()) "
         "instead of keeping it on the GPU across steps",
-        notes=tuple(f"grows: {an.labels[i]}" for i in growing))
+        notes=tuple(f"grows: {an.labels[i]}" for i in growing), shared=shared)
 
 
 def training_remedies(an: Analysis, base: int | None, conf: str | None = None,
-                      base_act: BaseActivity | None = None) -> list[Remedy]:
+                      base_act: BaseActivity | None = None, shared: Shared | None = None) -> list[Remedy]:
     """The leak, checkpointing and optimizer-state remedies of a training recording (none for inference);
     the recording's own uncapped replay, which each compares with, is made once for all of them (or
-    handed in as `base_act`)."""
+    handed in as `base_act`); `shared`: the work the recording's what-ifs and other remedies share."""
     if not trains(an.trace.requests):
         return []
     conf = recorded_conf(an.trace) if conf is None else conf
     base_act = base_act or activity(an.trace, conf, an.trace)
-    out = [r for r in (leak_remedy(an, base, conf, base_act), checkpointing_remedy(an, base, conf, base_act))
-           if r is not None]
-    return out + optimizer_remedies(an, base, conf, base_act)
+    out = [r for r in (leak_remedy(an, base, conf, base_act, shared),
+                       checkpointing_remedy(an, base, conf, base_act, shared)) if r is not None]
+    return out + optimizer_remedies(an, base, conf, base_act, shared)

@@ -17,6 +17,10 @@ same 32 MiB slot). Hence two models:
 * `DriverVA` predicts without a recording (a simple top-down heap that reuses freed
   ranges; 30 of the 33 shared runs replay exactly with it).
 
+Both models have native twins in the replay core (`_native.c`), rule for rule; a model hands
+its twin over with `native_spec()` while it has placed nothing yet (the Python classes stay the
+specification, and any other address model is called back from the core).
+
 Device memory: cudaMalloc(n) / cuMemCreate succeed iff n fits in
 `total_memory - overhead - bytes held`, where `overhead` is the CUDA context and other
 processes (not visible in an allocator trace; from a recorded `oom.device_free` or a guess).
@@ -24,7 +28,8 @@ processes (not visible in an allocator trace; from a recorded `oom.device_free` 
 
 from __future__ import annotations
 
-from typing import Iterable, Protocol
+from array import array
+from typing import Iterable, Protocol, Union
 
 from sortedcontainers import SortedList
 
@@ -40,6 +45,12 @@ class AddressModel(Protocol):
     def free(self, addr: int, size: int) -> None: ...
 
 
+# What the native core's twin of a model starts from: ("va", top, small_region) for a fresh
+# `DriverVA`, ("recorded", int64 (size, addr) pairs, fallback top, fallback small_region) for a
+# fresh `RecordedAddresses` (its fallback a fresh `DriverVA`).
+NativeSpec = Union[tuple[str, int, int], tuple[str, "array[int]", int, int]]
+
+
 class DriverVA:
     """Predicts segment addresses without a recording: a top-down heap that reuses freed ranges.
 
@@ -52,6 +63,7 @@ class DriverVA:
     """
 
     def __init__(self, top: int = _TOP, small_region: int = 1 << 40) -> None:
+        self._top, self._small_region = top, small_region
         self._low = top  # next fresh large range ends here (grows downward)
         self._small_next = top - small_region  # small segments pack upwards from here
         self._holes: SortedList = SortedList()  # (size, addr) of freed large ranges
@@ -87,6 +99,14 @@ class DriverVA:
                 self._holes.remove((hsize, haddr))
                 start, end = min(start, haddr), max(end, haddr + hsize)
         self._holes.add((end - start, start))
+
+    def native_spec(self) -> tuple[str, int, int] | None:
+        """The native twin's start, while this model has placed nothing (else None: its state
+        stays here)."""
+        # a subclass may place segments otherwise: only this class itself has the twin
+        fresh = (type(self) is DriverVA and not self._holes and not self._small_holes
+                 and self._low == self._top and self._small_next == self._top - self._small_region)
+        return ("va", self._top, self._small_region) if fresh else None
 
 
 class RecordedAddresses:
@@ -126,6 +146,11 @@ class RecordedAddresses:
         self.fallbacks += 1
         return self._fallback.alloc(size)
 
+    @property
+    def asked(self) -> int:
+        """Segments this object was asked to place (0 when its native twin placed them)."""
+        return self._count
+
     def _overlaps(self, addr: int, size: int) -> bool:
         end = addr + size
         return any(a < end and addr < a + s for a, s in self._live.items())
@@ -133,6 +158,18 @@ class RecordedAddresses:
     def free(self, addr: int, size: int) -> None:
         if self._live.pop(addr, None) is None:
             self._fallback.free(addr, size)
+
+    def native_spec(self) -> NativeSpec | None:
+        """The native twin's start, while this model has placed nothing and falls back to a
+        `DriverVA` (else None: it is called back); a subclass has no twin."""
+        fallback = self._fallback.native_spec() if isinstance(self._fallback, DriverVA) else None
+        if type(self) is not RecordedAddresses or self._count or fallback is None:
+            return None
+        try:
+            pairs = array("q", [v for pair in self._recorded for v in pair])
+        except OverflowError:  # an address beyond int64: the Python model places them
+            return None
+        return ("recorded", pairs, fallback[1], fallback[2])
 
 
 class Device:

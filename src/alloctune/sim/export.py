@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from alloctune.sim.driver import H200_TOTAL
-from alloctune.sim.replay import _address_model, _fall_back, make_allocator
+from alloctune.sim.replay import _address_model, make_allocator
+from alloctune.sim.session import fall_back
 from alloctune.sim.settings import SimSettings
 from alloctune.trace.model import ALLOC, EMPTY_CACHE, FAILED_ALLOC, FREE, Trace
 
@@ -60,7 +61,7 @@ def simulated_snapshot(
         if op == ALLOC:  # the replay loop's rules: fallbacks for a failed allocation, none for a recorded failure
             b = alloc.malloc(size, stream)
             if b is None and i in req.fallbacks:
-                b = _fall_back(alloc.malloc, req.fallbacks[i], stream)
+                b = fall_back(alloc.malloc, req.fallbacks[i], stream)
             if b is None:
                 break  # the program would have died here (the allocator wrote the `oom` entry)
             out.append({"action": "alloc", "addr": b.addr, "size": b.requested, "stream": stream, "time_us": i,

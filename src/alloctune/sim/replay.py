@@ -4,33 +4,23 @@ The stream is what the program asked for (alloc / free / empty_cache, and the re
 that failed on the GPU); the allocator model decides everything else. A FAILED_ALLOC is
 expected to fail again: it is replayed, counted, and the replay continues past it as the
 program did. A failure the recording did not have ends the replay: that is the OOM point.
+`start` opens the same replay paused before its first request (`sim.session`).
 """
 
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, Union
 
 from alloctune.sim import native
 from alloctune.sim.allocator import CachingAllocator, OOMInfo
 from alloctune.sim.driver import DEFAULT_OVERHEAD, H200_TOTAL, AddressModel, Device, DriverVA, RecordedAddresses
+from alloctune.sim.session import Checkpoints, PySession, native_output, native_session
 from alloctune.sim.settings import SimSettings
-from alloctune.sim.stats import Stats
-from alloctune.trace.model import (
-    ALLOC,
-    EMPTY_CACHE,
-    FAILED_ALLOC,
-    FREE,
-    RequestStream,
-    SegmentEvent,
-    Trace,
-    reserved_by_mark,
-)
+from alloctune.trace.model import SegmentEvent, Trace, reserved_by_mark
 
 if TYPE_CHECKING:
-    from alloctune.sim._native import ReplayResult
-    from alloctune.sim.blocks import Block, SimAction
+    from alloctune.sim._native import Session as NativeSession
 
 SCHEMA = "alloctune.sim_result/1"
 Addresses = Literal["model", "recorded"]
@@ -61,6 +51,9 @@ class SimResult:
     adapted: tuple[int, ...] = ()  # fallible requests that failed and were served by a fallback size
     address_divergence: int | None = None  # recorded addresses: first segment whose size differs
     addresses: str = "model"  # "recorded:<source>" | "model" | "custom": where addresses came from
+    # `keep_states=True`: states of this run a min-budget bisection of the same trace, setting and
+    # addresses starts its probes from (`sim.session.Checkpoints`); not a result (not in `to_dict`)
+    states: Checkpoints | None = field(default=None, compare=False, repr=False)
 
     @property
     def utilization(self) -> float:
@@ -168,23 +161,6 @@ def make_allocator(
     return CachingAllocator(settings, allocator_cap(settings, budget, total_memory), device, record_events)
 
 
-@dataclass
-class _Run:
-    """What a replay loop produced, whichever core ran it (internal: `replay` turns it into a SimResult)."""
-
-    done: int
-    stats: Stats
-    events: list[tuple[SimAction, int, int, int, int]] | None  # (action, addr, size, stream, request_index)
-    oom: OOMInfo | None  # the last failed ALLOC (after its fallbacks)
-    expected: list[int]
-    failures: list[OOMInfo]
-    surprises: list[int]
-    adapted: list[int]
-    t_index: list[int]
-    t_alloc: list[int]
-    cap: int | None
-
-
 def replay(
     trace: Trace,
     config: Any = None,
@@ -198,6 +174,7 @@ def replay(
     timeline_points: int = 1000,
     record_events: bool = True,
     stop_at_oom: bool = True,
+    keep_states: bool = False,
 ) -> SimResult:
     """Replay `trace`'s request stream under `config` (an `AllocatorConfig`, `SimSettings`,
     or None for the defaults) with an optional per-process `budget` in bytes.
@@ -210,20 +187,22 @@ def replay(
     `torch=None` keeps a `SimSettings`' own version (else 2.11).
 
     The loop runs in the native core when it is built (`sim/native.py`), else in the Python
-    model; both give identical results.
+    model; both give identical results. `keep_states` (an uncapped run): also keep where capped
+    runs would leave this one, for `sim.budget.min_budget(uncapped=...)` (`SimResult.states`;
+    native core, its address models, no garbage collection).
     """
-    settings = SimSettings.from_config(config, torch)
-    total = int(total_memory or trace.total_memory or H200_TOTAL)
-    model = _address_model(trace, addresses, reference)
-    rec = model if isinstance(model, RecordedAddresses) else None
-    device = Device(total, DEFAULT_OVERHEAD if overhead is None else overhead, model)
-    cap = allocator_cap(settings, budget, total)
-    n = len(trace.requests)
-    step = max(1, n // max(1, timeline_points))
-    run = _run_native(trace.requests, settings, cap, device, record_events, stop_at_oom, step)
-    if run is None:
-        alloc = CachingAllocator(settings, cap, device, record_events)
-        run = _run_python(alloc, trace.requests, n, stop_at_oom, step)
+    op = _open(trace, config, budget, total_memory, torch, addresses, reference, overhead, timeline_points,
+               record_events, stop_at_oom)
+    settings, total, n, rec = op.settings, op.total, len(trace.requests), op.recorded
+    states = None
+    if keep_states and stop_at_oom and op.cap is None and not isinstance(op.session, PySession) \
+            and op.session.cloneable and settings.garbage_collection_threshold <= 0:
+        cols = native.columns(trace.requests)
+        if cols is not None:
+            states = Checkpoints(cols, n)
+            states.lay(op.session)
+    op.session.run(n)
+    run = op.session.output() if isinstance(op.session, PySession) else native_output(op.session, op.cap)
     done = run.done
     events = tuple(SegmentEvent(a, addr, size, stream, -1, ri) for a, addr, size, stream, ri in (run.events or ()))
     timeline = {
@@ -257,144 +236,61 @@ def replay(
         failures=tuple(run.failures),
         timeline=timeline,
         adapted=tuple(run.adapted),
-        address_divergence=rec.diverged_at if rec is not None else None,
+        address_divergence=rec.diverged_at if rec is not None and rec.asked else run.address_divergence,
         addresses=(
             f"recorded:{(reference or trace).source}" if addresses == "recorded"
             else "model" if addresses == "model" else "custom"
         ),
+        states=states,
     )
 
 
-def _run_native(
-    req: RequestStream, settings: SimSettings, cap: int | None, device: Device,
-    record_events: bool, stop_at_oom: bool, step: int,
-) -> _Run | None:
-    """The loop in the native core; None when it is not available (or a value does not fit it)."""
-    mod = native.core()
-    if mod is None:
-        return None
-    cols = native.columns(req)
-    table = settings.roundup_power2_divisions
-    if cols is None or len(table) != 16 or not all(
-        -(1 << 63) <= x < (1 << 63) for sizes in req.fallbacks.values() for x in sizes
-    ):
-        return None  # a value beyond int64 (or an odd table): the Python model replays it
-    s = (
-        cap,
-        float(settings.garbage_collection_threshold),
-        settings.max_split_size,
-        settings.nsr,
-        settings.segment_size_mid,
-        settings.expandable_segments,
-        tuple(int(d) for d in table) if any(d > 1 for d in table) else None,
-        settings.seg_id_tiebreak,
-    )
-    va = device.va
-    out: ReplayResult = mod.replay(
-        *cols, req.fallbacks, s, (device.total_memory, device.overhead),
-        (device.addresses.alloc, device.addresses.free, va.alloc, va.free),
-        (record_events, stop_at_oom, step),
-    )
-    done, stats, events, oom, expected, failures, surprises, adapted, t_index, t_alloc = out
-    st = Stats()
-    for name, value in zip(Stats.__slots__, stats):
-        setattr(st, name, value)
-    acts = native.ACTIONS
-    return _Run(
-        done=done,
-        stats=st,
-        events=None if events is None else [(acts[e[0]], e[1], e[2], e[3], e[4]) for e in events],
-        oom=OOMInfo(*oom) if oom is not None else None,
-        expected=expected,
-        failures=[OOMInfo(*f, expected=True) for f in failures],
-        surprises=surprises,
-        adapted=adapted,
-        t_index=t_index,
-        t_alloc=t_alloc,
-        cap=cap,
-    )
+Paused = Union[PySession, "NativeSession"]
 
 
-def _run_python(alloc: CachingAllocator, req: RequestStream, stop: int, stop_at_oom: bool, step: int) -> _Run:
-    """The replay loop of the Python model: requests [0, stop) through `alloc` (the specification
-    the native core follows). Also `state_at`'s loop."""
-    ops, sizes, rids, streams = req.ops, req.sizes, req.rids, req.streams
-    fallbacks = req.fallbacks
-    live: dict[int, Block] = {}  # rid -> the block the program holds
-    malloc, free, st = alloc.malloc, alloc.free, alloc.stats
-    adapted: list[int] = []
-    t_index: list[int] = []
-    t_alloc: list[int] = []
-    bucket_max = 0
-    next_mark = step
-    expected: list[int] = []
-    surprises: list[int] = []
-    failure_info: list[OOMInfo] = []
-    oom: OOMInfo | None = None
-    done = stop
-    # The loop makes ~10^6 small objects linked in cycles (prev/next); the cyclic GC would
-    # rescan them again and again for nothing, so it is paused for the loop.
-    gc_was_on = gc.isenabled()
-    gc.disable()
-    try:
-        for i in range(stop):
-            if i == next_mark:
-                t_index.append(i)
-                t_alloc.append(bucket_max)
-                bucket_max = st.allocated
-                next_mark += step
-            op = ops[i]
-            if op == ALLOC:
-                alloc.request_index = i  # (frees make no segment events: not needed there)
-                b = malloc(sizes[i], streams[i])
-                if b is None and i in fallbacks:
-                    b = _fall_back(malloc, fallbacks[i], streams[i])
-                    if b is not None:
-                        adapted.append(i)
-                if b is None:
-                    oom = alloc.oom
-                    if stop_at_oom:
-                        done = i
-                        break
-                    continue
-                live[rids[i]] = b
-                if st.allocated > bucket_max:
-                    bucket_max = st.allocated
-            elif op == FREE:
-                b = live.pop(rids[i], None)
-                if b is not None:
-                    free(b)
-            elif op == EMPTY_CACHE:
-                alloc.request_index = i
-                alloc.empty_cache()
-            elif op == FAILED_ALLOC:
-                alloc.request_index = i
-                b = malloc(sizes[i], streams[i])
-                if b is None:
-                    expected.append(i)
-                    failure_info.append(replace(cast(OOMInfo, alloc.oom), expected=True))  # set by the failure
-                else:  # it fits here although it did not on the GPU: the program never got it
-                    surprises.append(i)
-                    free(b)
-    finally:
-        if gc_was_on:
-            gc.enable()
-    t_index.append(done)
-    t_alloc.append(bucket_max)
-    events = None
-    if alloc.events is not None:
-        events = [(e.action, e.addr, e.size, e.stream, e.request_index) for e in alloc.events]
-    return _Run(done, st, events, oom, expected, failure_info, surprises, adapted, t_index, t_alloc, alloc.cap)
+@dataclass(frozen=True)
+class _Opened:
+    """A replay opened at request 0 and what `replay` reports of its setup."""
+
+    session: Paused
+    settings: SimSettings
+    total: int
+    cap: int | None
+    recorded: RecordedAddresses | None  # the recorded address model, when that places segments
 
 
-def _fall_back(malloc: Callable[[int, int], Block | None], sizes: tuple[int, ...], stream: int) -> Block | None:
-    """A fallible request failed: ask for its fallback sizes in order, as the program does
-    (each failed try is an OOM the allocator counts); the first block that fits, or None."""
-    for size in sizes:
-        b = malloc(size, stream)
-        if b is not None:
-            return b
-    return None
+def _open(trace: Trace, config: Any, budget: int | None, total_memory: int | None, torch: str | None,
+          addresses: Addresses | AddressModel, reference: Trace | None, overhead: int | None, timeline_points: int,
+          record_events: bool, stop_at_oom: bool) -> _Opened:
+    settings = SimSettings.from_config(config, torch)
+    total = int(total_memory or trace.total_memory or H200_TOTAL)
+    model = _address_model(trace, addresses, reference)
+    device = Device(total, DEFAULT_OVERHEAD if overhead is None else overhead, model)
+    cap = allocator_cap(settings, budget, total)
+    step = max(1, len(trace.requests) // max(1, timeline_points))
+    session: Paused | None = native_session(trace.requests, settings, cap, device, record_events, stop_at_oom, step)
+    if session is None:
+        session = PySession(CachingAllocator(settings, cap, device, record_events), trace.requests, stop_at_oom, step)
+    return _Opened(session, settings, total, cap, model if isinstance(model, RecordedAddresses) else None)
+
+
+def start(
+    trace: Trace,
+    config: Any = None,
+    budget: int | None = None,
+    total_memory: int | None = None,
+    torch: str | None = None,
+    *,
+    addresses: Addresses | AddressModel = "recorded",
+    reference: Trace | None = None,
+    record_events: bool = False,
+    stop_at_oom: bool = True,
+) -> Paused:
+    """`replay`'s run of `trace` (same arguments), paused before its first request: `run(stop)`,
+    read `reserved`, put in `empty_cache()`, and (native core) `clone()` / `set_cap()`; see
+    `sim.session`. The native core's session when it is built, else the Python model's."""
+    return _open(trace, config, budget, total_memory, torch, addresses, reference, None, 1, record_events,
+                 stop_at_oom).session
 
 
 def _address_model(trace: Trace, addresses: Addresses | AddressModel, reference: Trace | None) -> AddressModel:
@@ -426,5 +322,5 @@ def state_at(
     alloc = make_allocator(settings, budget=budget, total_memory=total,
                            addresses=_address_model(trace, addresses, reference))
     req = trace.requests
-    _run_python(alloc, req, min(request_index, len(req)), True, max(1, len(req)))
+    PySession(alloc, req, True, max(1, len(req))).run(min(request_index, len(req)))
     return alloc

@@ -115,7 +115,7 @@ def simulate_setting(
     replays = 0
     if uncapped or find_min or budget is None:
         free = replay(trace, config, total_memory=total_memory, torch=torch, record_events=False, timeline_points=1,
-                      **where)
+                      keep_states=find_min, **where)
         replays = 1
     mb_budget = mb_below = None
     if find_min:
