@@ -9,13 +9,14 @@ imports without it.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from alloctune.errors import EnvironmentProblem
 from alloctune.integrations.recorder import OOMRecorder
-from alloctune.trace.model import ALLOC, RequestStream, Trace
+from alloctune.trace.model import Trace
 from alloctune.units import MiB
 
 __all__ = ["CudaSteps", "Recording", "StepDevice", "StepFn", "step_recording"]
@@ -200,10 +201,10 @@ def _layout_events(segments: Sequence[dict[str, Any]], t0: int, settings: Any, t
         cut.append(ev("segment_alloc", addr, total, stream))
         blocks = sorted(seg.get("blocks") or [], key=lambda b: int(b.get("address", addr)))
         whole = len(blocks) == 1 and int(blocks[0]["size"]) == total  # one block fills it: its own request
-        if seg.get("segment_type", "large") == "large" and not whole:
+        small = seg.get("segment_type", "large") != "large"
+        if not small and not whole:
             cut += [ev("alloc", addr, total, stream), ev("free_requested", addr, total, stream),
                     ev("free_completed", addr, total, stream)]
-        small = seg.get("segment_type", "large") != "large"
         for block in blocks:
             where, size = int(block.get("address", addr)), int(block["size"])
             if str(block.get("state", "")).startswith("active"):
@@ -254,16 +255,11 @@ def _held_events(segments: Sequence[dict[str, Any]], t0: int) -> list[dict[str, 
 
 def _packed(sizes: Sequence[int], settings: Any, total_memory: Any) -> int:
     """Bytes the simulator reserves for `sizes` allocated in order from an empty allocator."""
-    from alloctune.sim.replay import replay
-
     if not sizes:
         return 0
-    req = RequestStream()
-    for i, size in enumerate(sizes):
-        req.append(ALLOC, size, i, 0, i)
-    total = total_memory if isinstance(total_memory, int) and total_memory > 0 else None
-    trace = Trace("<held blocks>", 0, req, [], {}, total_memory=total)
-    return int(replay(trace, settings, addresses="model", record_events=False, timeline_points=1).peak_reserved)
+    starts = itertools.accumulate(sizes, initial=_PAD_ADDRESS)  # side by side: each block its own address
+    events = [{"action": "alloc", "addr": at, "size": size, "stream": 0, "time_us": 0} for at, size in zip(starts, sizes)]
+    return _reserved_after(events, settings, total_memory)
 
 
 def _padding_events(padding: int, t0: int) -> list[dict[str, Any]]:
