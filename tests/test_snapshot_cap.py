@@ -202,8 +202,10 @@ def test_real_capped_oom_snapshots_agree_with_real_runs(program):
         # the real run under that setting got past the failed request, to the very peak the replay gives
         w = next(w for w in d.what_if if w.avoids_oom)
         assert facts["real_peak_reserved"][w.config] == w.peak_reserved
-    else:
+    else:  # every setting failed for real: the best what-if has no margin, and JSON says so
         assert d.verdict == "shortage" and d.needs > d.budget and d.recommendation is None
+        assert d.margin is not None and d.margin.bytes == d.budget - d.needs < 0 and d.margin.thin
+        assert d.to_dict()["margin"] == {"bytes": d.margin.bytes, "fraction": d.margin.bytes / d.budget, "thin": True}
 
 
 def test_real_capped_snapshot_without_its_record_gets_no_answers():

@@ -249,12 +249,13 @@ def _judge_by_replays(w: WhatIfs, allocated: int, request: int, budget: Budget, 
     needs = [(x.min_budget, x.config) for x in w.rows if x.min_budget is not None]
     if needs:
         need, conf = min(needs)
+        short = budget.bytes - need
         return _Judgement("shortage", (
             f"Shortage within the {cap} budget: no setting gets the program through the failed {fs(request)} "
             f"request under it; replayed exactly, the run so far needs about {fs(need)} "
             f"({fs(max(need - budget.bytes, 0))} more), least under {conf or '(default)'}"
             f"{'; the rest of the run may need more' if ends_at_oom else ''}."),
-            needs=need, needs_setting=conf)
+            needs=need, needs_setting=conf, margin=Margin(short, short / budget.bytes, True))
     return _Judgement("shortage", (
         f"Shortage within the {cap} budget: no setting gets the program through the failed {fs(request)} request, "
         "not even on the whole device."))

@@ -59,9 +59,11 @@ class WhatIf:
 
 @dataclass(frozen=True)
 class Margin:
-    """Headroom the best serving setting leaves under the budget after the failed request (its replay's
-    peak reserved so far): `bytes` = budget - that peak (<= 0: none left), `fraction` of the budget, and
-    `thin` when it is under the share (`diagnose.snapshot.THIN_MARGIN`) that the rest of a run needs."""
+    """Headroom the best setting leaves under the budget after the failed request: where a setting serves
+    it, budget - that replay's peak reserved so far (>= 0); where none does, budget - the least budget
+    that gets the run through it (`needs`, < 0: how much is missing). `fraction` is of the budget;
+    `thin` when it is under the share (`diagnose.snapshot.THIN_MARGIN`) that the rest of a run needs (always
+    where none serves it), so a script reads `thin` or `bytes <= 0` as "no setting to go to"."""
 
     bytes: int
     fraction: float
@@ -110,7 +112,7 @@ class SnapshotDiagnosis:
     needs_setting: str | None = None
     ends_at_oom: bool = True  # the history stops at the OOM: later requests are not known
     confirm: str | None = None  # the command that settles whether the recommendation completes the run
-    margin: Margin | None = None  # the best serving setting's headroom (None: no setting serves it)
+    margin: Margin | None = None  # the best setting's headroom (None: the replays could not decide)
 
     def to_dict(self, with_map: bool = True) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__
