@@ -135,6 +135,7 @@ def summarize(name: str, d: Path, rc: int, wall: float) -> dict:
         "probes": [(t.get("conf"), t.get("budget"), t.get("outcome"), t.get("num_ooms"), t.get("purpose")) for t in trials[1:]],
         "throughput_runs": sum("throughput" in (t.get("purpose") or "") for t in fresh),
         "memory_runs": sum("throughput" not in (t.get("purpose") or "") for t in fresh),
+        "started_ahead": sum(t.get("started_ahead_s") is not None for t in fresh),  # run/warm.py
     })
     return row
 
@@ -157,15 +158,16 @@ def table(rows: list[dict]) -> str:
     cells = []
     for r in rows:
         if "error" in r:
-            cells.append((r["workload"], "-", r["wall_s"], "-", f"error: {r['error'][:80]}", "", "", "", ""))
+            cells.append((r["workload"], "-", r["wall_s"], "-", f"error: {r['error'][:80]}", "", "", "", "", ""))
             continue
         rec = "none" if r["recommendation"] is None else (r["recommendation"] or "(default)")
         cells.append((r["workload"], r["gpu_runs_after_baseline"], r["wall_s"], r["wall_over_one_run"], rec,
                       _mib(r["sim_min_budget"]), f"{_mib(r['min_budget'])} ({_mib(r['infeasible_below'])})",
-                      r["verified"], r.get("throughput_samples") or 0))
+                      r["verified"], r.get("throughput_samples") or 0, r.get("started_ahead", 0)))
     said = [f"- {r['workload']}: {r['best_note']}" for r in rows if "throughput" in (r.get("best_note") or "")]
     return "\n".join([md_table(("workload", "GPU runs after baseline", "wall s", "× one run", "recommended",
-                                "simulated MiB", "measured MiB (fails at)", "verified", "samples alone"), cells)]
+                                "simulated MiB", "measured MiB (fails at)", "verified", "samples alone",
+                                "started ahead"), cells)]
                      + ([""] + said if said else []))
 
 

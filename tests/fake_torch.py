@@ -6,7 +6,8 @@ It has just the surface the agent uses (`cuda._lazy_call`, `set_per_process_memo
 allocator: `torch.cuda.fake_alloc(n)` reserves n rounded up to 2 MiB, enforcing the cap the
 agent set, and raises `torch.OutOfMemoryError` after notifying the observers, like the real one.
 
-Switches (environment): FAKE_TOTAL (device bytes), FAKE_NO_CUDA=1 (no device),
+The allocator setting is read from PYTORCH_CUDA_ALLOC_CONF when reported, unless
+`memory._set_allocator_settings` set one. Switches (environment): FAKE_TOTAL (device bytes), FAKE_NO_CUDA=1 (no device),
 FAKE_IGNORE_CONF=1 (the allocator reports default settings whatever was asked).
 `torch.empty(n, dtype=torch.uint8, device="cuda")` gives a tensor that frees its bytes when
 deleted (a perfect allocator: reserved = live), enough to dry-run bench/frag_workload.py.
@@ -70,13 +71,13 @@ class _Props:
 
 
 def set_per_process_memory_fraction(fraction, device=None):
-    _lazy_init()
+    cuda._lazy_init()  # through the module's attribute, as torch's C++ does
     S["fraction_calls"].append(fraction)
     S["cap"] = int(fraction * TOTAL) if fraction < 1.0 else None
 
 
 def fake_alloc(nbytes):
-    _lazy_init()
+    cuda._lazy_init()
     size = -(-nbytes // (2 * MiB)) * (2 * MiB)
     cap = S["cap"] if S["cap"] is not None else TOTAL
     if S["reserved"] + size > cap:
@@ -131,8 +132,12 @@ def memory_stats(device=None):
     }
 
 
+def _set_allocator_settings(conf):
+    S["conf"] = conf
+
+
 def _settings():
-    conf = "" if os.environ.get("FAKE_IGNORE_CONF") else os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    conf = "" if os.environ.get("FAKE_IGNORE_CONF") else S.get("conf", os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
     pairs = dict(p.split(":", 1) for p in conf.split(",") if ":" in p)
     return {
         "PYTORCH_CUDA_ALLOC_CONF": conf,
@@ -143,7 +148,7 @@ def _settings():
 
 
 def _record_memory_history(enabled="all", context="all", stacks="all", max_entries=0, **kw):
-    _lazy_init()
+    cuda._lazy_init()
     S["history"] = []
     S["max_entries"] = max_entries
     S["history_args"] = [context, stacks]
@@ -212,6 +217,7 @@ cuda.fake_state = S
 memory.empty_cache = lambda: None  # nothing is cached: a call releases nothing (and leaves no event)
 cuda.empty_cache = memory.empty_cache
 memory._record_memory_history = _record_memory_history
+memory._set_allocator_settings = _set_allocator_settings
 memory._snapshot = _snapshot
 
 # Autograd's surface the agent watches: grad mode, a module whose call runs the global forward

@@ -67,6 +67,25 @@ def test_tune_recommends_expandable_with_its_min_budget(setup):
     assert data["fresh_trials"] == data["trial_count"] == len(data["trials"])
     lines = (tmp_path / "s.jsonl").read_text().splitlines()
     assert len(lines) == 1 + data["trial_count"]
+    # the program reads PYTORCH_CUDA_ALLOC_CONF before CUDA: every run starts cold
+    assert all(t["started_ahead_s"] is None for t in data["trials"])
+
+
+def test_the_run_after_the_recording_starts_beside_it(setup):
+    """A program that does not read the setting's variable: the run after the recording was started while
+    the recording ran, held at its first CUDA call (run/warm.py); the answer is the same."""
+    tmp_path, env = setup
+    work = WORK.replace('conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")\ntorch.cuda.fake_alloc(400 << 20)\n',
+                        'torch.cuda.fake_alloc(400 << 20)\n'
+                        'conf = torch.cuda.memory._snapshot()["allocator_settings"]["PYTORCH_CUDA_ALLOC_CONF"]\n')
+    assert work != WORK
+    (tmp_path / "w.py").write_text(work + "import time\ntime.sleep(0.5)\n")
+    p = tune(tmp_path, env, "--json")
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)
+    assert data["recommendation"]["conf"] == "expandable_segments:True"
+    assert data["trials"][0]["started_ahead_s"] is None and data["trials"][1]["started_ahead_s"] > 0
+    assert not any("started cold" in n for n in data["notes"])
 
 
 def test_resume_reuses_the_store_and_renders_the_table(setup):

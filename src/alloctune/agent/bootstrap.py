@@ -68,6 +68,7 @@ default_state_dir, _int_env = _settings.default_state_dir, _settings._int_env
 _TorchImportHook = _sibling("torch_hook")._TorchImportHook
 _watchdog = _sibling("watchdog")
 _outputs = _sibling("outputs")
+_gate = _sibling("gate")
 EMPTY_CACHE_MARKS_KEY, RUN_RECORD_KEY = _outputs.EMPTY_CACHE_MARKS_KEY, _outputs.RUN_RECORD_KEY
 REPORT_SCHEMA, LIVE_SCHEMA, STAT_KEYS = _outputs.REPORT_SCHEMA, _outputs.LIVE_SCHEMA, _outputs.STAT_KEYS
 write_json_atomic, segment_sizes, _is_oom = _outputs.write_json_atomic, _outputs.segment_sizes, _outputs._is_oom
@@ -109,9 +110,14 @@ class Agent(_outputs.AgentOutputs):
         self._live_path: str | None = None
         self._lock = threading.Lock()
         self.watchdog = None  # a `watchdog.Watchdog` once installed under a runner
+        self.released = False  # a process started ahead (`gate` set) has read its release file
+        self._release_lock = threading.Lock()
+        self._env_watch: Any = None  # a held process: its program's uses of the allocator's variables
 
     # ---- installation -------------------------------------------------------------------
     def install(self) -> None:
+        if self.config.get("gate"):  # held: note the program's uses of the setting's variables from its start
+            self._env_watch = _gate.watch_environment(list(self.config.get("gate_env") or ()))
         if "torch" in sys.modules:
             self._on_torch_import(sys.modules["torch"])
         else:
@@ -130,7 +136,13 @@ class Agent(_outputs.AgentOutputs):
 
     def _on_torch_import(self, torch) -> None:
         self.torch = torch
-        if self.config.get("record"):
+        if self.config.get("gate"):  # started ahead: what it records is known only at its release
+            self._mark_empty_cache(torch)
+            try:
+                _gate.hold_cuda_init(torch, self._release)
+            except Exception as exc:  # held at CUDA init instead (`_on_cuda_init`)
+                self._note(f"cannot hold the first CUDA call: {exc}")
+        elif self.config.get("record"):
             self._mark_empty_cache(torch)
             self._watch_autograd(torch)
         if self.config.get("no_grad"):
@@ -208,8 +220,31 @@ class Agent(_outputs.AgentOutputs):
     def _note(self, message: str) -> None:
         self.agent_errors.append(message)
 
+    # ---- a trial started ahead (agent/gate.py) -------------------------------------------
+    def _release(self) -> None:
+        """Wait for the runner's release file, then take its settings as if started with them."""
+        with self._release_lock:  # not `_lock`: a SIGTERM while held must still write the report
+            if self.released:
+                return
+            touched = self._env_watch.stop() if self._env_watch is not None else []
+            if touched:  # the program chose with no setting in place: a cold start is the faithful run
+                sys.stderr.write(f"alloctune agent: the program read {', '.join(touched)} before CUDA; "
+                                 "this run starts again cold\n")
+                sys.stderr.flush()
+                os._exit(_gate.EXIT_READ_SETTING)
+            release = _gate.wait_for_release(str(self.config["gate"]))
+            self.config = with_defaults({**self.config, **release.get("agent", {})})
+            _gate.apply_environment(release.get("env", {}))
+            try:
+                _gate.apply_allocator_setting(self.torch, self.config.get("conf"))
+            except Exception as exc:  # the variable set above still reaches an allocator not yet made
+                self._note(f"cannot apply the allocator setting at run time: {exc}")
+            self.released = True
+
     # ---- at CUDA init ---------------------------------------------------------------------
     def _on_cuda_init(self) -> None:
+        if self.config.get("gate"):
+            self._release()  # where the first CUDA call bypassed the wrapped entry
         torch = self.torch
         cfg = self.config
         self.cuda_initialized = True

@@ -91,6 +91,9 @@ class TrialResult:
     cudnn_benchmark_set: bool | None = None
     # What the agent's checkpointing switch turned on (None: not asked; empty: nothing it could checkpoint)
     checkpointing: tuple[str, ...] | None = None
+    # Started ahead (run/warm.py): seconds its process had run, held at its first CUDA call, before this
+    # trial was given to it; `wall_s` then counts from there. None: started cold.
+    started_ahead_s: float | None = None
 
     @property
     def inference_with_grad(self) -> bool:

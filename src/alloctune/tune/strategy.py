@@ -156,6 +156,26 @@ class Tuner:
 
     # ---- the sweep ---------------------------------------------------------------------------
     def run(self) -> TuneResult:
+        """The sweep; under the confirm flow the runs after the recording start beside it where the
+        executor can (`run.warm`: held at their first CUDA call until the simulation has chosen them)."""
+        ahead = self.settings.strategy == "confirm"
+        if ahead:
+            start = getattr(self.executor, "start_ahead", None)
+            if callable(start):
+                start()
+        try:
+            return self._run()
+        finally:
+            self._close_ahead()
+
+    def _close_ahead(self) -> None:
+        """End the held processes no trial took; say why runs were not started ahead, where they were not."""
+        close = getattr(self.executor, "close_ahead", None)
+        note = close() if self.settings.strategy == "confirm" and callable(close) else None
+        if isinstance(note, str) and note not in self.notes:
+            self.notes.append(note)
+
+    def _run(self) -> TuneResult:
         s = self.settings
         baseline = self._trial("", None, "baseline: default, no budget, recorded", record=True)
         if baseline.outcome == "timeout":
@@ -228,6 +248,7 @@ class Tuner:
         report = None
         if flow is not None and flow.sim is not None and s.remedies:
             report, shortfall = self._remedies(flow, ranking, summaries, shortfall)
+        self._close_ahead()
         return TuneResult(
             s, budget, total, baseline, grid, tuple(summaries), ranking, tuple(self.trials), tuple(self.notes),
             shortfall=shortfall, remedies=report,

@@ -8,7 +8,7 @@ strategy run on every executor, and lets tests drive the strategy with fake tria
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Protocol, Sequence
+from typing import Any, Iterable, Iterator, Protocol, Sequence
 
 from alloctune.run.trial import TrialRequest, TrialResult
 
@@ -27,11 +27,35 @@ class Executor(Protocol):
     def run(self, requests: Iterable[TrialRequest]) -> Iterator[tuple[TrialRequest, TrialResult]]: ...
 
 
+def start_ahead(runner: Any, count: int) -> None:
+    """Ask the runner on this host (or the evaluator inside it) to start its next `count` trials
+    beside the recorded baseline (`run.warm`); runners that cannot (fakes, Ray) are left alone."""
+    target = getattr(runner, "evaluator", runner)
+    start = getattr(target, "start_ahead", None)
+    if callable(start) and count > 0:
+        start(count)
+
+
+def close_ahead(runner: Any) -> str | None:
+    """End the runner's processes not taken; why some were not started ahead (None: all were, or none asked)."""
+    target = getattr(runner, "evaluator", runner)
+    close = getattr(target, "close_ahead", None)
+    note = close() if callable(close) else None
+    return note if isinstance(note, str) else None
+
+
 class SerialExecutor:
     """Today's behaviour: one trial after another through one evaluator."""
 
     def __init__(self, evaluator: Evaluator):
         self.evaluator = evaluator
+
+    def start_ahead(self) -> None:
+        """The run after the baseline starts beside it (one: runs here go one after another)."""
+        start_ahead(self.evaluator, 1)
+
+    def close_ahead(self) -> str | None:
+        return close_ahead(self.evaluator)
 
     def run(self, requests: Iterable[TrialRequest]) -> Iterator[tuple[TrialRequest, TrialResult]]:
         for req in requests:

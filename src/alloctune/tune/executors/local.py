@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 from alloctune.errors import InputError
 from alloctune.progress import TrialProgress
+from alloctune.tune.executors.base import close_ahead, start_ahead
 from alloctune.tune.executors.gpuinfo import probe
 from alloctune.tune.executors.pool import PoolExecutor, Slot
 from alloctune.tune.executors.tasks import DEFAULT_CONTEXT_BYTES
@@ -20,6 +21,7 @@ from alloctune.tune.executors.tasks import DEFAULT_CONTEXT_BYTES
 # Left free beside the trials: NVML's "free" moves with other processes, and the driver
 # needs some headroom of its own.
 SAFETY_FRACTION = 0.02
+AHEAD = 2  # runs started beside the recording: the confirm flow's opening pair
 
 
 def usable_memory(free: int | None) -> int | None:
@@ -70,3 +72,10 @@ class LocalExecutor(PoolExecutor):
                          first_number=first_number, progress=progress, command=command, processes=processes)
         self.jobs = jobs
         self.memory = memory
+
+    def start_ahead(self) -> None:
+        """The confirm flow's opening runs start beside the recording (`run.warm`), as many as run at once."""
+        start_ahead(self.runner, min(AHEAD, self.jobs))
+
+    def close_ahead(self) -> str | None:
+        return close_ahead(self.runner)

@@ -55,6 +55,19 @@ class SpecRunner:
 
     def __init__(self, spec: TrialSpec):
         self.spec = spec
+        self.ahead: Any = None  # a `run.warm.Ahead` (this host only: never shipped to a Ray worker)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"spec": self.spec, "ahead": None}
+
+    def start_ahead(self, count: int) -> None:
+        """Trials after the recorded baseline take processes started beside it (`run.warm`)."""
+        from alloctune.run.warm import Ahead
+
+        self.ahead = Ahead(self.spec.command, {**os.environ, **dict(self.spec.env)}, count)
+
+    def close_ahead(self) -> str | None:
+        return self.ahead.close() if self.ahead is not None else None
 
     def run_task(self, task: TrialTask, env: Mapping[str, str]) -> TrialResult:
         from alloctune.run.runner import run_trial
@@ -65,24 +78,24 @@ class SpecRunner:
         child_env.update(env)
         logs = Path(spec.workdir) / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        return run_trial(
-            spec.command,
-            conf=req.conf,
-            budget=req.budget,
-            # a capped recorded trial (tune's calibration) must not overwrite the baseline's history
-            record=(spec.baseline_path if req.budget is None
-                    else Path(spec.workdir) / task.log_name.replace("trial-", "capped-").replace(".log", ".pickle"))
-            if req.record else None,
-            timeout=task.timeout,
-            capture=logs / task.log_name,
-            ensure_cap=req.ensure_cap,
-            repeat=req.repeat,
-            no_grad=req.no_grad,
-            cudnn_benchmark=req.cudnn_benchmark,
-            checkpointing=req.checkpointing,
-            torch_version=spec.torch_version,
-            env=child_env,
-        )
+        # a capped recorded trial (tune's calibration) must not overwrite the baseline's history
+        record_to = (spec.baseline_path if req.budget is None
+                     else Path(spec.workdir) / task.log_name.replace("trial-", "capped-").replace(".log", ".pickle")
+                     ) if req.record else None
+        pid_file = Path(spec.workdir) / task.log_name.replace("trial-", "running-").replace(".log", ".json")
+
+        def cold() -> TrialResult:
+            return run_trial(spec.command, conf=req.conf, budget=req.budget, record=record_to, timeout=task.timeout,
+                             capture=logs / task.log_name, ensure_cap=req.ensure_cap, repeat=req.repeat,
+                             no_grad=req.no_grad, cudnn_benchmark=req.cudnn_benchmark, checkpointing=req.checkpointing,
+                             torch_version=spec.torch_version, env=child_env,
+                             pid_file=pid_file if self.ahead is not None else None)
+
+        if self.ahead is None or env:  # a held process has the sweep's environment, not a worker's GPU choice
+            return cold()
+        return self.ahead.trial(req.conf, req.budget, record_to=record_to, remedy=req.remedy,
+                                capture=logs / task.log_name, timeout=task.timeout, torch_version=spec.torch_version,
+                                repeat=req.repeat, ensure_cap=req.ensure_cap, pid_file=pid_file, cold=cold)
 
     def cancel(self) -> None:
         """Stop every trial this process is running (Ctrl-C of a parallel sweep)."""
