@@ -324,3 +324,19 @@ def test_report_shows_progress_at_a_terminal(monkeypatch, capsys, tmp_path):
                              "--out", str(tmp_path / "r"))
     assert code == 0, err
     assert re.search(r"done .* 2/2\b", drawn.getvalue()) and "reading 1 input(s)" not in out
+
+
+def test_explain_counts_its_remedy_steps():
+    """explain sat at "simulating remedies 2/3" for most of its time: the remedy groups and the utilization
+    table are counted steps of their own, in order, and every group's remedies are the same as without them."""
+    from alloctune.explain import explain
+    from alloctune.remedy.registry import REMEDY_GROUPS
+
+    seen: list[tuple[str, int, int | None]] = []
+    path = f"{EXPLAIN}/train_leak.pickle.xz"
+    ex = explain(path, progress=lambda s, d=0, t=None: seen.append((s, d, t)))
+    steps = [(s, d, t) for s, d, t in seen if s.startswith("simulating remedies")]
+    names = [f"simulating remedies: {g}" for g in REMEDY_GROUPS] + ["simulating remedies: the utilization table"]
+    assert steps == [(n, k, len(names)) for k, n in enumerate(names)]
+    assert [s for s, _, _ in seen][-1] == "done"
+    assert [r.name for r in ex.remedies] == [r.name for r in explain(path).remedies]

@@ -87,8 +87,7 @@ def explain(
             progress("simulating what-ifs", 2, 3)
             ex = what_ifs(an, ex, source_arg=str(recording if not isinstance(recording, Trace) else trace.source),
                           out_dir=what_if_dir, shared=shared)
-            progress("simulating remedies", 2, 3)
-            ex = with_remedies(an, ex, shared)
+            ex = with_remedies(an, ex, shared, progress=progress)
     if taught:
         from dataclasses import replace
 
@@ -97,18 +96,20 @@ def explain(
     return ex
 
 
-def with_remedies(an: Any, ex: Explanation, shared: Shared | None = None) -> Explanation:
+def with_remedies(an: Any, ex: Explanation, shared: Shared | None = None,
+                  progress: Progress = no_progress) -> Explanation:
     """`ex` with the program-level remedies simulated on its recording (`remedy.registry`) and the utilization table:
     the recording as it ran, each remedy, each of `COMPARED_SETTINGS`, and the release policies under the
     setting that keeps the least idle (what "the best setting plus remedies" reaches). The recording's
     uncapped replay and its repetition ends are made once for all of them, and the rewrites and replays
-    they share with each other and with the what-ifs once (`shared`: a `remedy.model.Shared`)."""
+    they share with each other and with the what-ifs once (`shared`: a `remedy.model.Shared`). `progress`
+    counts the remedy groups, then the table, as steps of their own."""
     from dataclasses import replace
     from functools import partial
 
     from alloctune.explain import utilization as ut
     from alloctune.remedy.model import Shared, activity_of, recorded_conf, workspace_floor
-    from alloctune.remedy.registry import no_grad_candidate, release_remedies, simulated_remedies
+    from alloctune.remedy.registry import REMEDY_GROUPS, no_grad_candidate, release_remedies, simulated_remedies
     from alloctune.remedy.release import repetition_ends
 
     trace = an.trace
@@ -117,7 +118,10 @@ def with_remedies(an: Any, ex: Explanation, shared: Shared | None = None) -> Exp
     run = shared.run(trace, conf)
     ends = repetition_ends(an) if len(an.repeats.starts) >= 2 else None
     base = ex.min_budget if ex.min_budget is not None else shared.min_budget(trace, conf)
-    remedies = simulated_remedies(an, base, conf, base_run=run, ends=ends, shared=shared)
+    steps = len(REMEDY_GROUPS) + 1
+    remedies = simulated_remedies(an, base, conf, base_run=run, ends=ends, shared=shared, progress=progress,
+                                  steps=steps)
+    progress("simulating remedies: the utilization table", steps - 1, steps)
     ng = no_grad_candidate(trace)
     if ng is not None:
         remedies.append(ng)

@@ -11,6 +11,7 @@ import shlex
 from typing import TYPE_CHECKING, Sequence
 
 from alloctune.analysis.core import Analysis
+from alloctune.progress import Progress, no_progress
 from alloctune.remedy.janitor import janitor_plan, janitor_remedies
 from alloctune.remedy.model import (
     UNCONFIRMED,
@@ -31,23 +32,34 @@ if TYPE_CHECKING:
     from alloctune.sim.replay import SimResult
 
 
+# The groups `simulated_remedies` works through, in order (its progress steps).
+REMEDY_GROUPS = ("release policies", "workspace caps", "training remedies")
+
+
 def simulated_remedies(an: Analysis, base_min_budget: int | None, conf: str | None = None,
                        command: str = "CMD", base_run: SimResult | None = None,
-                       ends: list[int] | None = None, shared: Shared | None = None) -> list[Remedy]:
+                       ends: list[int] | None = None, shared: Shared | None = None,
+                       progress: Progress = no_progress, steps: int = len(REMEDY_GROUPS)) -> list[Remedy]:
     """Every remedy the recording alone can answer: release points, the Janitor's policies, the
     workspace caps that apply (the latter also without repetitions), and for a training recording
     activation checkpointing, the optimizer-state changes and the leak (`remedy.training`).
     `base_run`: the recording's `uncapped_run` under `conf` (each remedy compares with it) and `ends`:
     its `release.repetition_ends`, when the caller has them (else made here); `shared`: the work the
-    recording's what-ifs and other remedies share (`remedy.model.Shared`)."""
+    recording's what-ifs and other remedies share (`remedy.model.Shared`). `progress` hears each group
+    of `REMEDY_GROUPS` as it starts, counted of `steps` (a caller with steps of its own after these
+    passes more)."""
     conf = recorded_conf(an.trace) if conf is None else conf
     with collector_paused():
+        progress(f"simulating remedies: {REMEDY_GROUPS[0]}", 0, steps)
         if base_run is None and len(an.repeats.starts) >= 2:  # the release policies need it: made once for all
             base_run = uncapped_run(an.trace, conf, an.trace)
         base_act = None if base_run is None else activity_of(base_run)
         out = release_remedies(an, base_min_budget, conf, base_run, ends, shared)
+        progress(f"simulating remedies: {REMEDY_GROUPS[1]}", 1, steps)
         out += workspace_remedies(an.trace, base_min_budget, conf, command=command, base_act=base_act)
+        progress(f"simulating remedies: {REMEDY_GROUPS[2]}", 2, steps)
         return out + training_remedies(an, base_min_budget, conf, base_act, shared)
+
 
 
 def release_remedies(an: Analysis, base_min_budget: int | None, conf: str,
