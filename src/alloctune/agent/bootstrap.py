@@ -14,7 +14,9 @@ What it does, in order:
    it runs exactly when CUDA is initialised (first CUDA op), never earlier: the budget is
    applied (`set_per_process_memory_fraction(budget / total_memory)`), allocator history is
    recorded if asked (`--record`: full history; `--on-oom snapshot`: a bounded ring dumped
-   when an OOM happens), the OOM observer is attached, and the live sampler starts.
+   when an OOM happens), the OOM observer is attached, and the live sampler starts. A trial started
+   ahead (`gate` set) is held at its first CUDA call until the runner releases it with its
+   setting, budget and what to record (`gate.py`, `run/warm.py`).
 3. At exit (normal, exception, OOM, `sys.exit`, SIGTERM) it writes `report.<pid>.json`
    (`report.rank<R>.<pid>.json` in a rank of a multi-process job)
    into the report directory (schema `REPORT_SCHEMA`, see `build_report`).
