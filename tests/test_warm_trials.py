@@ -247,3 +247,47 @@ def test_on_the_gpu_a_trial_started_ahead_is_the_cold_trial(tmp_path):
         assert split.allocator_settings["max_split_size"] == 64 << 20
     finally:
         ev.close_ahead()
+
+
+DRIVER = """
+    import json, sys, time
+    from alloctune.run.runner import TrialEvaluator
+    cmd, work = json.loads(sys.argv[1]), sys.argv[2]
+    ev = TrialEvaluator(cmd, work)
+    ev.start_ahead(2)
+    ev("", None, record=True)
+    while len(ev.ahead.pool.held) < 2:
+        time.sleep(0.05)
+    print(json.dumps([t.proc.pid for t in ev.ahead.pool.held]), flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("portable", ["0", "1"], ids=["posix", "portable"])
+def test_held_processes_never_outlive_a_killed_alloctune(tmp_path, setup, portable):
+    """kill -9 of the process that holds them (the tune): the held processes end too (their watchdog; on
+    Linux also the parent-death signal of the thread that started them)."""
+    import json
+    import signal
+    import subprocess
+
+    env, cmd, _ = setup
+    import alloctune
+
+    src = os.path.dirname(os.path.dirname(alloctune.__file__))
+    env = dict(env, PYTHONPATH=os.pathsep.join([env["PYTHONPATH"], src]), ALLOCTUNE_PORTABLE_PROCESS=portable)
+    driver = tmp_path / "driver.py"
+    driver.write_text(textwrap.dedent(DRIVER))
+    p = subprocess.Popen([PY, str(driver), json.dumps(cmd), str(tmp_path / "w")], stdout=subprocess.PIPE,
+                         text=True, env=env)
+    try:
+        held = json.loads(p.stdout.readline())
+        procs = [psutil.Process(pid) for pid in held]
+        assert all(pr.is_running() for pr in procs)
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=10)
+        gone, alive = psutil.wait_procs(procs, timeout=10)
+        assert not alive
+    finally:
+        if p.poll() is None:
+            p.kill()
