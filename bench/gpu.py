@@ -16,19 +16,8 @@ appended to `ROOT/jobs.tsv`. Raw device output never goes into git: copy what a 
 `bench/results/` as a summary.
 
 Jobs take their parameters from the environment (`JOBS=3 TRIAL_TIMEOUT=300 python bench/gpu.py
-tune-real`); each job's text (`--dry-run`) says which. The numbered batches of earlier rounds
-were these jobs:
-
-    batch 13: --parallel tune-real:550 (JOBS=3 TRIAL_TIMEOUT=300) truth:550 (JOBS=5 DEADLINE=530
-              WORKLOADS=hubert,rvc,diffusion SETTINGS=max_split_256,max_split_512 SKIP_DONE=...)
-              scale:300 (SCALE_SKIP=context,search,tune_cli,multi) ranks-tune:240 pytest-gpu:300
-    batch 14: ranks-tune:150 (LIMIT=150 LINES=25) tune-real:170 (ONLY=timm,diffusion TRIAL_TIMEOUT=110)
-    batch 15: driver-cost:120 tune-real:450 (TRIAL_TIMEOUT=150; ONLY=... to choose)
-    batch 16: tune-real:150 (ONLY=rvc TRIAL_TIMEOUT=140) roundup-check:200 pytest-gpu:200
-    batch 17: a: tune-real:560 (TRIAL_TIMEOUT=150); b: ranks-tune (LIMIT=200) throughput-measure:250
-    batch 18: ranks-tune (LIMIT=120 LINES=12) pytest-gpu:110
-    batch A:  recordings:520 (JOBS=12 DEADLINE=500), then bisections:560 (SIDECARS=<recordings>/a JOBS=14 DEADLINE=540)
-    gpu_all.sh AREA:SECONDS ...: the same names (config, demo, diagnose, guard, ...) with this driver
+tune-real`); each job's text (`--dry-run`) says which. The numbered batches older result pages name are
+listed as jobs in bench/README.md.
 """
 
 from __future__ import annotations

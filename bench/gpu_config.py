@@ -16,11 +16,17 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from alloctune.config import AllocatorConfig, parse_torch_version
-from alloctune.config.checks import effective_setting
 from alloctune.config.parse import ConfigSyntaxError
+from alloctune.config.values import ENV_VARS
 from alloctune.config.versions import format_version
 
 CUDA, ALLOC = "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"
+
+
+def read_setting(environ: dict[str, str], torch: str) -> tuple[str | None, str]:
+    """The variable torch reads and its text: up to 2.9 the first only, from 2.10 the first one set."""
+    found = [v for v in ENV_VARS[:2 if parse_torch_version(torch) >= (2, 10) else 1] if v in environ]
+    return (found[0], environ[found[0]]) if found else (None, "")
 
 # (name, env, known deviation or None). A known deviation is where alloctune is stricter than torch on
 # purpose (torch ≥2.10 does not check separators; negative numbers wrap around in C++).
@@ -119,6 +125,7 @@ def run_case(env_extra: dict[str, str]) -> dict:
             res = json.loads(line[len("@@RESULT@@"):])
     res["rc"] = proc.returncode
     res["stderr_tail"] = " ".join(proc.stderr.split())[-600:]
+    res["stderr_head"] = " ".join(proc.stderr.split())[:600]  # an abort's message comes first, its frames after
     res["wall_s"] = round(time.time() - t0, 1)
     if proc.returncode < 0 or (proc.returncode != 0 and "error" not in res):
         res["aborted"] = True
@@ -132,7 +139,7 @@ def recorded_values(settings: dict) -> dict:
     for k, v in (settings.get("roundup_power2_divisions") or {}).items():
         table[min(int(k).bit_length() - 1, 15)] = int(v)
     out = {
-        "max_split_size": None if mss is None or mss < 0 else mss,
+        "max_split_size": None if mss is None or mss == -1 else mss % (1 << 64),  # int64 of a size_t: -1 = no limit
         "garbage_collection_threshold": float(settings.get("garbage_collection_threshold") or 0.0),
         "expandable_segments": bool(settings.get("expandable_segments")),
         "roundup_table": table,
@@ -173,7 +180,7 @@ def main() -> int:
     rows, report = [], []
     counts = {"match": 0, "MISMATCH": 0, "known-deviation": 0, "no-cuda": 0}
     for (name, env, deviation), got in zip(CASES, results):
-        var, text = effective_setting(env, version)
+        var, text = read_setting(env, version)
         try:
             config = AllocatorConfig.parse(text, version)
             ours = {"ok": True, "string": config.format()}
@@ -200,7 +207,7 @@ def main() -> int:
                 verdict = "MISMATCH" if diffs else "match"
                 detail = json.dumps(diffs) if diffs else f"recorded string {settings.get('PYTORCH_CUDA_ALLOC_CONF')!r}"
         elif not got.get("ok") and config is None:
-            theirs = got.get("error", "")
+            theirs = got.get("error", "") + " " + got.get("stderr_head", "")
             mine = (ours.get("torch_message") or "").strip()
             agree = bool(mine) and mine in theirs
             agree = agree or bool(got.get("aborted") and "Index out of bounds" in mine)

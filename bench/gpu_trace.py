@@ -1,5 +1,4 @@
-"""Allocator histories recorded on the GPU whose truth is known, for the loader and the simulator (jobs `trace`,
-`simulate` of bench/gpu.py).
+"""Allocator histories recorded on the GPU with known truth, for the loader and the simulator (jobs `trace`, `simulate`).
 
     python3 bench/gpu_trace.py record SCENARIO OUTDIR   # on the GPU, one fresh process per scenario
     python3 bench/gpu_trace.py check OUTDIR             # anywhere: load each snapshot, compare, print a table
@@ -12,11 +11,11 @@ failed) and `torch.cuda.memory_stats()` counters, so `check` can test the loader
 
 synth: fresh traces for the simulator's fidelity check (traces it was not tuned on). A seeded random
 workload (tensor sizes drawn from a fixed palette of "shapes", so that blocks are reused and equal-size
-ties are frequent, plus odd sizes; ~10 % of the tensors on a side stream; an occasional `empty_cache()`;
-OOMs caught and skipped, as a server would) runs once per allocator setting (SYNTH), each in a fresh
-process, with memory history on; capped runs use a cap below the default run's peak reserved, like the
-shared traces. Writes NAME.pickle.xz and NAME.json (conf, cap, total_memory, torch, outcome, stats) per run
-in the layout of ../shared/traces, so that `bench/fidelity.py --traces DIR --workloads synth` checks them.
+ties are frequent, plus odd sizes; ~10 % of the tensors on a side stream; an occasional `empty_cache()`,
+marked; OOMs caught and skipped) runs once per allocator setting (SYNTH), each in a fresh process, with
+memory history on; capped runs use a cap below the default run's peak reserved, like the shared traces.
+Writes NAME.pickle.xz and NAME.json (conf, cap, total_memory, torch, outcome, stats) per run in the layout
+of ../shared/traces, so that `bench/fidelity.py --traces DIR --workloads synth` checks them.
 """
 
 from __future__ import annotations
@@ -168,6 +167,8 @@ def check(out: Path) -> int:
         ok = failed == want_failed and len(failed) == st["num_ooms"]
         if name == "ec_bigger":
             ok = ok and inferred == calls - 1  # documented: counted as the allocator's retry
+        elif name == "gc_cap":  # documented: GC on, the cap unknown, an allocation after each call
+            ok = ok and inferred == 0
         else:
             ok = ok and inferred == calls
         if name == "record_stream":
@@ -179,8 +180,8 @@ def check(out: Path) -> int:
     widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
     for r in [head] + rows:
         print("  ".join(str(v).ljust(w) for v, w in zip(r, widths)))
-    print("ec_bigger: an empty_cache() directly followed by a segment larger than any held before is read as the "
-          "allocator's release-and-retry (see trace/stream.py); 'ok' means it behaved as documented")
+    print("'ok': as trace/stream.py documents (ec_bigger: a release before a segment above the peak is the "
+          "allocator's; gc_cap: with GC on and the cap unknown, a release before an allocation is GC's)")
     for r in rows:
         log_result(f"{r[0]}: empty_cache() {r[1]}, inferred {r[2]}, failed/ooms {r[4]}, streams/lagging frees {r[5]}: "
                    f"{r[6]}", folder=os.environ.get("OUT") or out)
@@ -218,6 +219,7 @@ def synth_child(args: argparse.Namespace) -> None:
         + [rng.randint(10 << 20, 300 << 20) for _ in range(8)]
     )
     side = torch.cuda.Stream()
+    marks: list[list[int]] = []  # each empty_cache() call's interval, as alloctune's agent writes them
     live: list = []
     live_bytes = 0
     ooms = 0
@@ -226,7 +228,9 @@ def synth_child(args: argparse.Namespace) -> None:
     for _ in range(args.steps):
         r = rng.random()
         if r < 0.003:
+            marks.append([time.time_ns() // 1000])  # the snapshot's time_us clock
             torch.cuda.empty_cache()
+            marks[-1].append(time.time_ns() // 1000)
             continue
         if (r < 0.55 and live_bytes < limit) or not live:
             size = rng.choice(palette) if rng.random() < 0.85 else rng.randint(1, 200 << 20)
@@ -247,6 +251,7 @@ def synth_child(args: argparse.Namespace) -> None:
     stats = torch.cuda.memory_stats()
     out = Path(args.out)
     snap = torch.cuda.memory._snapshot()
+    snap["alloctune_empty_cache_calls"] = marks  # as the agent marks them: a call releasing nothing leaves no event
     (out / f"{args.name}.pickle.xz").write_bytes(lzma.compress(pickle.dumps(snap), preset=6))
     meta = {
         "workload": "synth",
@@ -256,6 +261,7 @@ def synth_child(args: argparse.Namespace) -> None:
         "torch": torch.__version__,
         "outcome": "ok",
         "ooms_caught": ooms,
+        "empty_cache_calls": len(marks),
         "steps": args.steps,
         "seed": args.seed,
         "wall_s": time.time() - t0,
@@ -274,8 +280,7 @@ def synth(args: argparse.Namespace) -> None:
             if peak is None:
                 raise SystemExit("the default run must come first")
             cap = int(peak * frac)
-        env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=conf)
-        env.pop("PYTORCH_ALLOC_CONF", None)
+        env = {**{k: v for k, v in os.environ.items() if k != "PYTORCH_ALLOC_CONF"}, "PYTORCH_CUDA_ALLOC_CONF": conf}
         cmd = [sys.executable, __file__, "synth", "--child", "--name", name, "--out", str(out), "--steps", str(args.steps),
                "--seed", str(args.seed), "--cap", str(cap)]
         t0 = time.time()
@@ -286,7 +291,6 @@ def synth(args: argparse.Namespace) -> None:
         print(f"recorded {name:22s} conf={conf!r:58s} cap={cap:>12d} peak_reserved="
               f"{meta['stats']['reserved_bytes.all.peak']:>12d} ooms={meta['ooms_caught']:4d} {time.time() - t0:5.1f}s",
               flush=True)
-
 
 
 def main(argv: list[str]) -> int:

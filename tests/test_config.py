@@ -708,3 +708,21 @@ def test_windows_check_does_not_set_what_it_says_is_ignored(capsys):
     # on linux nothing changes
     data = json.loads(run_cli(capsys, "config", "check", "expandable_segments:True", "--json")[1])
     assert set(data["env"].values()) == {"expandable_segments:True"} and data["not_set"] == []
+
+
+def test_an_unknown_last_key_is_what_torch_2_11_aborts_on():
+    """On the H100 (bench/gpu_config.py, case bad_equals), torch 2.11 aborts on `max_split_size_mb=128` with
+    "Index out of bounds in ConfigTokenizer": its generic pass skips an unknown key past its ':' and runs out
+    of tokens before the CUDA pass names the key. With a value after it, the CUDA pass names it."""
+    from alloctune.config.parse import ConfigSyntaxError
+
+    with pytest.raises(ConfigSyntaxError) as last:
+        AllocatorConfig.parse("max_split_size_mb=128", "2.11")
+    assert last.value.torch_message == "Index out of bounds in ConfigTokenizer"
+    assert "use ':' between a key and its value" in str(last.value)
+    with pytest.raises(ConfigSyntaxError) as named:
+        AllocatorConfig.parse("foo:1", "2.11")
+    assert named.value.torch_message == "Unrecognized key 'foo' in CUDA allocator config."
+    with pytest.raises(ConfigSyntaxError) as old:
+        AllocatorConfig.parse("max_split_size_mb=128", "2.8")
+    assert old.value.torch_message == "Unrecognized CachingAllocator option: max_split_size_mb=128"

@@ -7,6 +7,6 @@ mkdir -p "$OUT" "$work/synth"
 python3 bench/gpu_trace.py synth --out "$work/synth" --steps "${STEPS:-20000}" --seed "${SEED:-1}" | tee "$OUT/record.txt"
 python3 bench/fidelity.py --traces "$work" --workloads synth \
   --runs default,max_split_64,expandable,roundup4,default_cap90,expandable_cap90,gc06_split64_cap100 \
-  --no-append | tee "$OUT/fidelity.txt"
+  --out "$OUT/fidelity.md" | tee "$OUT/fidelity.txt"
 tar cf "$OUT/synth_traces.tar" -C "$work" synth
 ls -la "$OUT"

@@ -19,7 +19,7 @@ for f in "$out"/traces/*/*.pickle.xz; do
   python3 -m alloctune trace convert "$f" "$out/atrace/${n}_${c}.atrace" > /dev/null || echo "convert failed: $f"
 done
 python3 bench/fidelity.py --traces "$out/traces" --workloads rvc,diffusion,llm,train \
-  --runs default,expandable,max_split_128 --no-append 2>&1 | tee "$out/fidelity.txt"
+  --runs default,expandable,max_split_128 --out "$out/fidelity.md" 2>&1 | tee "$out/fidelity.txt"
 if python3 -c "import pytest" 2>/dev/null; then
   timeout -k 5 45 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_workloads.py tests/test_workloads_record.py \
     > "$out/pytest_gpu.txt" 2>&1
