@@ -263,6 +263,7 @@ DRIVER = """
 """
 
 
+@pytest.mark.skipif(os.name == "nt", reason="kill -9 is POSIX; Windows ends the tree through psutil (test_portable_process)")
 @pytest.mark.parametrize("portable", ["0", "1"], ids=["posix", "portable"])
 def test_held_processes_never_outlive_a_killed_alloctune(tmp_path, setup, portable):
     """kill -9 of the process that holds them (the tune): the held processes end too (their watchdog; on
