@@ -92,6 +92,10 @@ class WarmTrial:
                 self.proc: subprocess.Popen = _start_child(self.argv, child_env, cwd, out, False, self.watch_r)
             with _RUNNING_LOCK:
                 _RUNNING.add(self.proc)  # Ctrl-C and `terminate_running` reach it while it waits
+        except BaseException:
+            os.close(self.watch_w)
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
         finally:
             signals.restore()
             os.close(self.watch_r)
