@@ -45,7 +45,7 @@ bench/gpu_trace.sh checks them against programs whose calls are known):
   comes after its search of the cache found no block for the request (`get_free_block`), so
   where the recording's own layout just before the burst shows a cached block the request
   could take (same stream and pool, at least its size, within the split rules of
-  `max_split_size_mb`: `_CacheView`), the burst is the program's `empty_cache()` too.
+  `max_split_size_mb`: `held.Held`), the burst is the program's `empty_cache()` too.
   Otherwise (a new segment beyond the limit, no such block) the burst stays with the
   allocator: an `empty_cache()` there is indistinguishable from release-and-retry. (With
   expandable segments under a cap the cap test uses the rounded segment size, not the
@@ -78,11 +78,11 @@ rounded request, rid = -1). `event_index` points into the raw `device_traces` li
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence, cast
 
 from alloctune.errors import TraceError
+from alloctune.trace.held import SMALL_SEGMENT, Held, block_rules
 from alloctune.trace.model import (
     ALLOC,
     EMPTY_CACHE,
@@ -105,7 +105,6 @@ GROW_ACTIONS = frozenset({"segment_alloc", "segment_map"})
 SEGMENT_ACTIONS = RELEASE_ACTIONS | GROW_ACTIONS
 # Events that end a malloc slow path: the burst before them belongs to that malloc.
 _MALLOC_CONTINUATION = GROW_ACTIONS | {"oom"}
-SMALL_SEGMENT = 2 << 20  # the small pool's segments (requests up to 1 MiB); large-pool segments are never this size
 # Snapshot key under which the agent writes the program's empty_cache() calls ([t0_us, t1_us] each).
 EMPTY_CACHE_MARKS_KEY = "alloctune_empty_cache_calls"
 # The agent's run record inside the snapshots it writes (cap, total memory, setting, command):
@@ -245,18 +244,14 @@ def build_stream(
     error (`load_trace`) or accept a partial history.
     """
     settings = allocator_settings or {}
-    gc_threshold = float(settings.get("garbage_collection_threshold") or 0.0)
-    limit = limit or Limit()
-    limit_bytes = limit.bytes
+    judge = _BurstJudge(float(settings.get("garbage_collection_threshold") or 0.0), limit or Limit(),
+                        Held(block_rules(settings) if marks is None else None))
+    held = judge.held
     out, marked = _start_build(events, marks, keep_addresses)
     req, addrs = out.requests, out.addresses
 
     live: dict[tuple[int, int], int] = {}  # (addr, stream) -> rid
     segments: set[int] = set()  # addresses of cudaMalloc'd segments (not expandable ranges)
-    # What the cache held, for the ambiguous burst (`_cached_block_served`): live request sizes and the
-    # segments' sizes and streams, kept only where the rule applies (no split limit, no expandable segments)
-    rules = _block_rules(settings) if marks is None else None
-    cache = _CacheView(*rules) if rules is not None else None
     next_rid = 0
     reserved = 0
     peak_reserved = 0
@@ -279,16 +274,14 @@ def build_stream(
                     "the trace is inconsistent (was it edited or merged from several runs?)"
                 )
             live[key] = next_rid
-            if cache is not None:
-                cache.live[key] = ev["size"]
+            held.alloc(key, ev["size"])
             append(ALLOC, ev["size"], next_rid, ev["stream"], i)
             if addrs is not None:
                 addrs.append(ev["addr"])
             next_rid += 1
         elif action == "free_completed":
             rid = live.pop((ev["addr"], ev["stream"]), None)
-            if cache is not None:
-                cache.live.pop((ev["addr"], ev["stream"]), None)
+            held.free((ev["addr"], ev["stream"]))
             if rid is None:
                 out.unmatched_frees += 1
                 if out.first_unmatched_index < 0:
@@ -300,34 +293,21 @@ def build_stream(
         elif action in RELEASE_ACTIONS:
             # A maximal burst of releases: decide whose it is from what follows.
             j = _burst_end(events, i, n)
-            nxt = events[j] if j < n else None
-            if marked is not None:
-                # the marks decide the ambiguous case; a burst no malloc follows cannot be the
-                # allocator's even if the program reached empty_cache some unwrapped way
-                program = marked.get(i) == _BURST or (nxt is None or nxt.get("action") not in _MALLOC_CONTINUATION)
-            else:
-                small = any(events[k]["size"] == SMALL_SEGMENT for k in range(i, j))
-                program = _is_program_empty_cache(nxt, reserved, peak_reserved, gc_threshold, limit, limit_bytes,
-                                                  small)
-                if not program and cache is not None:
-                    program = cache.served(events, j)
+            program = judge.program(events, i, j, reserved, peak_reserved, marked)
             if program:
                 _program_call(out, ev["stream"], i, marked=marked is not None and marked.get(i) == _BURST)
                 owner = len(req) - 1
             else:
                 owner = len(req)  # the request whose malloc comes next
             reserved = _release_segments(events, i, j, owner, out, segments, reserved)
-            if cache is not None:
-                for k in range(i, j):
-                    cache.segments.pop(events[k]["addr"], None)
+            held.release(events, i, j)
             i = j
             continue
         elif action in GROW_ACTIONS:
             seg_append(SegmentEvent(action, ev["addr"], ev["size"], ev["stream"], i, len(req)))
             if action == "segment_alloc":
                 segments.add(ev["addr"])
-                if cache is not None:
-                    cache.segments[ev["addr"]] = (ev["size"], ev["stream"])
+            held.grow(ev)
             reserved += ev["size"]
             if reserved > peak_reserved:
                 peak_reserved = reserved
@@ -534,6 +514,27 @@ def _place_marks(events: Sequence[dict[str, Any]], marks: Sequence[Sequence[int]
     return placed
 
 
+class _BurstJudge:
+    """Whose a release burst is (module doc): the agent's marks where the recording has them, else the
+    rules of `_is_program_empty_cache`, then the recording's own layout (`held.Held`) for the ambiguous case."""
+
+    def __init__(self, gc_threshold: float, limit: Limit, held: Held) -> None:
+        self.gc_threshold, self.limit, self.held = gc_threshold, limit, held
+
+    def program(self, events: Sequence[dict[str, Any]], i: int, j: int, reserved: int, peak_reserved: int,
+                marked: dict[int, int] | None) -> bool:
+        """Whether the burst `events[i:j]` is the program's `empty_cache()`; `reserved` before it."""
+        nxt = events[j] if j < len(events) else None
+        if marked is not None:
+            # the marks decide the ambiguous case; a burst no malloc follows cannot be the
+            # allocator's even if the program reached empty_cache some unwrapped way
+            return marked.get(i) == _BURST or (nxt is None or nxt.get("action") not in _MALLOC_CONTINUATION)
+        small = any(events[k]["size"] == SMALL_SEGMENT for k in range(i, j))
+        return (_is_program_empty_cache(nxt, reserved, peak_reserved, self.gc_threshold, self.limit,
+                                        self.limit.bytes, small)
+                or self.held.served(events, j))
+
+
 def _is_program_empty_cache(
     nxt: dict[str, Any] | None, reserved: int, peak_reserved: int, gc_threshold: float, limit: Limit,
     limit_bytes: int | None, releases_small: bool = False,
@@ -555,83 +556,6 @@ def _is_program_empty_cache(
     # failed, which cannot happen within the limit nor below a level the run already held.
     size: int = nxt["size"]
     return reserved + size <= max(peak_reserved, limit_bytes or 0)
-
-
-# How much a gap between recorded allocations may exceed the free block in it: an allocation's event gives its
-# requested size, and its block also holds the rounding (< 512 B) and, in the large pool, an unsplit tail (< 1 MiB;
-# with a split limit, up to the non-split rounding for an allocation at or above the limit).
-_LARGE_SLACK = (1 << 20) + 512
-_SMALL_SLACK = 512
-
-
-def _block_rules(settings: dict[str, Any]) -> tuple[int | None, int] | None:
-    """Which cached block the allocator may give a request (`get_free_block`): with no split limit any
-    block at least its size; with `max_split_size`, a request below it no block at or above it, a request
-    at or above it only a block under its size + the non-split rounding (20 MiB unless the setting names
-    it). Returns (split limit or None, rounding), or None where the settings are unknown (an old snapshot)
-    or segments expand (blocks are not whole gaps there): then nothing is proven from the layout."""
-    if "max_split_size" not in settings or settings.get("expandable_segments"):
-        return None
-    text = str(settings.get("PYTORCH_CUDA_ALLOC_CONF") or "")
-    if "max_non_split_rounding_mb" in text or "large_segment_size_mb" in text:
-        return None
-    split = settings["max_split_size"]
-    return (None if split < 0 or split >= 1 << 62 else int(split)), LARGE_BUFFER_BYTES
-
-
-LARGE_BUFFER_BYTES = 20 << 20  # kLargeBuffer: the default non-split rounding
-
-
-class _CacheView:
-    """The cached blocks at a moment of the recording, from its own events: segments (address -> size,
-    stream) and live allocations ((address, stream) -> requested size); `split`, `rounding`: the
-    allocator's rules for which block a request may take (`_block_rules`)."""
-
-    def __init__(self, split: int | None, rounding: int) -> None:
-        self.segments: dict[int, tuple[int, int]] = {}
-        self.live: dict[tuple[int, int], int] = {}
-        self.split = split
-        self.rounding = rounding
-
-    def served(self, events: Sequence[dict[str, Any]], j: int) -> bool:
-        """Whether the request that follows a release burst ending at `j` (a new segment, then its alloc)
-        could have been served by a cached block of its stream and pool as the burst began. The allocator
-        releases cached segments only after no cached block fits a request (`get_free_block` fails first),
-        so then the burst is the program's `empty_cache()`, not the allocator's release-and-retry."""
-        nxt = events[j] if j < len(events) else None
-        if nxt is None or nxt.get("action") != "segment_alloc":
-            return False
-        seg_start, seg_end = nxt["addr"], nxt["addr"] + nxt["size"]
-        req = next((e for e in events[j + 1:j + 4] if e.get("action") == "alloc"
-                    and seg_start <= e["addr"] < seg_end), None)
-        if req is None:
-            return False
-        size, stream = -(-req["size"] // 512) * 512, req["stream"]
-        small = size <= 1 << 20
-        # an allocation at or above the split limit takes its whole block, up to the rounding more than it asked
-        slack = _SMALL_SLACK if small else _LARGE_SLACK + (0 if self.split is None else self.rounding)
-        # a gap proves a block the request may take when the block in it (its size less the slack at most)
-        # is at least the request and under the limit the split rules set; the block `get_free_block` picks,
-        # the smallest at least the request, is then under that limit too
-        below = (1 << 63 if self.split is None else self.split if size < self.split else size + self.rounding)
-        starts = sorted(a for a, (s, st) in self.segments.items()
-                        if st == stream and (s == SMALL_SEGMENT) == small and s >= size)
-        if not starts:
-            return False
-        used: dict[int, list[tuple[int, int]]] = {a: [] for a in starts}
-        for (addr, _), n in self.live.items():
-            k = bisect.bisect_right(starts, addr) - 1
-            if k >= 0 and addr < starts[k] + self.segments[starts[k]][0]:
-                used[starts[k]].append((addr, n))
-        for a in starts:
-            at = a
-            for addr, n in sorted(used[a]) + [(a + self.segments[a][0], 0)]:
-                # a gap at the segment's start is its free block exactly; after an allocation, that
-                # allocation's block may reach into it by the slack
-                if size + (slack if at > a else 0) <= addr - at < below:
-                    return True
-                at = max(at, addr + n)
-        return False
 
 
 def requested_live_peak(requests: RequestStream) -> int:
