@@ -79,7 +79,7 @@ def test_the_run_after_the_recording_starts_beside_it(setup):
                         'torch.cuda.fake_alloc(400 << 20)\n'
                         'conf = torch.cuda.memory._snapshot()["allocator_settings"]["PYTORCH_CUDA_ALLOC_CONF"]\n')
     assert work != WORK
-    (tmp_path / "w.py").write_text(work + "import time\ntime.sleep(0.5)\n")
+    (tmp_path / "w.py").write_text(work + "import time\ntime.sleep(2.0)  # the recording runs long enough to start the next run beside it\n")
     p = tune(tmp_path, env, "--json")
     assert p.returncode == 0, p.stderr
     data = json.loads(p.stdout)

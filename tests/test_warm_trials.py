@@ -154,7 +154,7 @@ READS_SETTING = """
     torch.cuda.fake_alloc(200 << 20)
     if "expandable_segments:True" not in conf:
         torch.cuda.fake_alloc(300 << 20)
-    time.sleep(0.3)
+    time.sleep(1.5)  # the recording runs long enough to start the next runs beside it
 """
 
 
