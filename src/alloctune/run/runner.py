@@ -2,7 +2,8 @@
 
 The parent never touches CUDA (a context in the parent would hold GPU memory through the
 whole sweep); everything measured comes from the agent inside the child, which writes
-`report.<pid>.json` files into a fresh trial folder. The runner
+`report.<pid>.json` files into a fresh trial folder. The runner (its pieces in `child.py`, shared
+with the trials `warm.py` starts ahead)
 
 1. validates the command (missing → `EnvironmentProblem`, exit 2),
 2. builds the child's environment: the allocator string in `PYTORCH_CUDA_ALLOC_CONF` and
