@@ -292,3 +292,38 @@ def test_held_processes_never_outlive_a_killed_alloctune(tmp_path, setup, portab
     finally:
         if p.poll() is None:
             p.kill()
+
+
+def test_tune_through_the_side_by_side_executor_takes_the_runs_started_ahead(tmp_path, setup, monkeypatch):
+    """The GPU default: the confirm flow's runs side by side on one GPU (LocalExecutor over SpecRunner, the
+    runner `tune` uses when NVML reads the free memory). The opening pair takes the two processes started
+    beside the recording, and the answer is the one the program's memory gives."""
+    from alloctune.tune.executors.factory import executor_for_sweep
+    from alloctune.tune.session import prepare
+
+    env, _, _ = setup
+    prog = tmp_path / "w.py"
+    prog.write_text(textwrap.dedent("""
+        import time, torch
+        time.sleep(0.5)
+        torch.cuda.fake_alloc(400 << 20)
+        conf = torch.cuda.memory._snapshot()["allocator_settings"]["PYTORCH_CUDA_ALLOC_CONF"]
+        torch.cuda.fake_alloc(200 << 20)
+        if "expandable_segments:True" not in conf:
+            torch.cuda.fake_alloc(300 << 20)
+        time.sleep(2.0)
+    """))
+    for name in ("PYTHONPATH", "ALLOCTUNE_STATE_DIR"):
+        monkeypatch.setenv(name, env[name])
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    cmd = [PY, str(prog)]
+    executor = executor_for_sweep("local", cmd, tmp_path / "store.d", jobs=2, memory=8 << 30, live=False)
+    outcome = prepare(cmd, budget=800 * MiB, knobs=["expandable"], store=tmp_path / "store.jsonl",
+                      executor=executor).run()
+    trials = [t.result for t in outcome.result.trials]
+    assert trials[0].started_ahead_s is None
+    ahead = [t for t in trials[1:] if t.started_ahead_s is not None]
+    assert len(ahead) == 2 and all(t.started_ahead_s > 0 for t in ahead)
+    assert outcome.recommendation is not None and outcome.recommendation.conf == "expandable_segments:True"
+    best = outcome.result.ranking.best
+    assert best.infeasible_below < 600 * MiB <= best.min_budget
