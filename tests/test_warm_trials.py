@@ -64,7 +64,7 @@ def test_the_runs_after_the_recording_start_beside_it_and_equal_cold_runs(tmp_pa
         # both did their work before CUDA, and wait there: no CUDA was started, no report written
         _wait(lambda: all((marks / f"pre-{pid}").exists() for pid in held))
         time.sleep(0.3)
-        assert all(t.alive() and not list(t.reports.iterdir()) for t in pool.held)
+        assert all(t.alive() and not list(t.folder.reports.iterdir()) for t in pool.held)
 
         warm = ev("expandable_segments:True", 400 * MiB)
         cold = run_trial(cmd, conf="expandable_segments:True", budget=400 * MiB, env=env,
@@ -97,7 +97,7 @@ def test_a_remedy_run_starts_cold_and_close_ends_every_held_process(tmp_path, se
         pool = ev.ahead.pool
         _wait(lambda: len(pool.held) == 2)
         procs = [psutil.Process(t.proc.pid) for t in pool.held]
-        dirs = [t.dir for t in pool.held]
+        dirs = [t.folder.path for t in pool.held]
         remedy = ev("", 600 * MiB, no_grad=True)
         assert remedy.started_ahead_s is None and remedy.no_grad
         assert len(pool.held) == 2

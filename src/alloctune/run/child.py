@@ -11,18 +11,76 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
+import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from alloctune.agent import BOOTSTRAP
+from alloctune.agent import BOOTSTRAP, make_site_dir
 from alloctune.agent.bootstrap import ENV_VAR
 from alloctune.errors import EnvironmentProblem, InputError
 from alloctune.run.ports import trial_port_env
-from alloctune.run.process import _RUNNING, _RUNNING_LOCK, _ExitSignals, _kill_group, _stderr_fd, child_start_options
+from alloctune.run.process import (
+    _RUNNING,
+    _RUNNING_LOCK,
+    OWNER_FILE,
+    TRIAL_PREFIX,
+    _ExitSignals,
+    _kill_group,
+    _stderr_fd,
+    child_start_options,
+)
 from alloctune.run.ranks import summarize_ranks
 from alloctune.run.reports import _last_line, _tail, classify, memory_fields, parse_throughput, settings_mismatch
 from alloctune.run.trial import TrialResult
 from alloctune.units import format_size
+
+
+class TrialFolder:
+    """A trial's fresh folder and the watchdog pipe of its child: `owner.json` (so a later run removes
+    the folder of a dead owner, `process.sweep_stale_trial_dirs`), the agent's site folder (`site`) and
+    report folder (`reports`). The child's agents read the pipe; only this process holds its write end.
+    `close` ends both, on every way out of the trial."""
+
+    def __init__(self, conf: str | None) -> None:
+        self.path = Path(tempfile.mkdtemp(prefix=TRIAL_PREFIX))
+        self.owner: dict[str, Any] = {"runner_pid": os.getpid(), "pgid": None, "conf": conf, "started": time.time()}
+        self.watch_r = self.watch_w = -1
+        try:
+            self.write_owner()
+            self.watch_r, self.watch_w = os.pipe()
+            self.site = make_site_dir(self.path / "site")
+            self.reports = self.path / "reports"
+            self.reports.mkdir()
+        except BaseException:
+            self.close()
+            raise
+
+    def write_owner(self, pid_file: str | os.PathLike | None = None) -> None:
+        """`owner.json`, and the same in `pid_file` (read by `check_previous_trial` on resume) when given."""
+        text = json.dumps(self.owner)
+        (self.path / OWNER_FILE).write_text(text)
+        if pid_file is not None:
+            Path(pid_file).write_text(text)
+
+    def started(self, pid: int, pid_file: str | os.PathLike | None = None) -> None:
+        """The child runs: the read end is its own now, and the owner names its process group."""
+        self.close_read()
+        self.owner["pgid"] = pid
+        self.write_owner(pid_file)
+
+    def close_read(self) -> None:
+        if self.watch_r >= 0:
+            os.close(self.watch_r)
+            self.watch_r = -1
+
+    def close(self) -> None:
+        self.close_read()
+        if self.watch_w >= 0:
+            os.close(self.watch_w)
+            self.watch_w = -1
+        shutil.rmtree(self.path, ignore_errors=True)
+
 
 CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 KILL_GRACE_S = 5.0

@@ -25,22 +25,19 @@ with the trials `warm.py` starts ahead)
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from alloctune.agent import make_site_dir
 from alloctune.run.child import (  # noqa: F401 (re-exported: the runner's public face)
     CONF_VARS,
     KILL_GRACE_S,
     MULTICAST_OFF,
     STACKS,
+    TrialFolder,
     _agent_settings,
     _check_trial_arguments,
     _result,
@@ -132,23 +129,15 @@ def run_trial(
     conf = applied_conf(conf, torch_version)
     _check_trial_arguments(on_oom, record_max_entries, device, stacks)
     sweep_stale_trial_dirs()
-    trial_dir = Path(tempfile.mkdtemp(prefix=TRIAL_PREFIX))
-    watch_r = watch_w = -1
+    folder = TrialFolder(conf)
     exit_signals = _ExitSignals()
     proc: subprocess.Popen | None = None
     try:
-        owner = {"runner_pid": os.getpid(), "pgid": None, "conf": conf, "started": time.time()}
-        (trial_dir / OWNER_FILE).write_text(json.dumps(owner))
-        # The watchdog pipe: the child's agents read it; only this process holds the write end.
-        watch_r, watch_w = os.pipe()
-        site = make_site_dir(trial_dir / "site")
-        reports_dir = trial_dir / "reports"
-        reports_dir.mkdir()
-        agent = _agent_settings(reports_dir, conf=conf, budget=budget, ensure_cap=ensure_cap, record=record,
+        agent = _agent_settings(folder.reports, conf=conf, budget=budget, ensure_cap=ensure_cap, record=record,
                                 record_max_entries=record_max_entries, on_oom=on_oom, oom_dir=oom_dir,
-                                device=device, watch_r=watch_r, stacks=stacks, no_grad=no_grad,
+                                device=device, watch_r=folder.watch_r, stacks=stacks, no_grad=no_grad,
                                 cudnn_benchmark=cudnn_benchmark, checkpointing=checkpointing)
-        child_env = build_env(env if env is not None else os.environ, conf=conf, agent=agent, site_dir=site,
+        child_env = build_env(env if env is not None else os.environ, conf=conf, agent=agent, site_dir=folder.site,
                               torch_version=torch_version, command=argv)
         log_path = Path(capture) if capture else None
         out = open(log_path, "wb") if log_path else None
@@ -157,13 +146,8 @@ def run_trial(
         exit_signals.install()
         try:
             with exit_signals.deferred():
-                proc = _start_child(argv, child_env, cwd, out, stdout_to_stderr, watch_r)
-            os.close(watch_r)
-            watch_r = -1
-            owner["pgid"] = proc.pid
-            (trial_dir / OWNER_FILE).write_text(json.dumps(owner))
-            if pid_file is not None:
-                Path(pid_file).write_text(json.dumps(owner))
+                proc = _start_child(argv, child_env, cwd, out, stdout_to_stderr, folder.watch_r)
+            folder.started(proc.pid, pid_file)
             timed_out = _wait_for_child(proc, timeout, kill_grace, exit_signals)
         finally:
             if proc is not None:
@@ -172,15 +156,12 @@ def run_trial(
             if out:
                 out.close()
         wall = time.monotonic() - t0
-        reports = read_reports(reports_dir)
+        reports = read_reports(folder.reports)
         return _result(argv, conf, budget, proc.returncode, timed_out, wall, reports, log_path, repeat)
     finally:
-        for fd in (watch_r, watch_w):
-            if fd >= 0:
-                os.close(fd)
+        folder.close()
         if pid_file is not None:
             Path(pid_file).unlink(missing_ok=True)
-        shutil.rmtree(trial_dir, ignore_errors=True)
 
 
 class TrialEvaluator:

@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 import threading
 import time
 from dataclasses import replace
@@ -29,12 +28,12 @@ from typing import Callable, Mapping, Sequence
 
 import psutil
 
-from alloctune.agent import make_site_dir
 from alloctune.agent.gate import EXIT_READ_SETTING
 from alloctune.agent.settings import STATE_DIR_VAR, default_state_dir
 from alloctune.run.child import (
     CONF_VARS,
     KILL_GRACE_S,
+    TrialFolder,
     _agent_settings,
     _result,
     _start_child,
@@ -47,8 +46,6 @@ from alloctune.run.child import (
 from alloctune.run.process import (
     _RUNNING,
     _RUNNING_LOCK,
-    OWNER_FILE,
-    TRIAL_PREFIX,
     _ExitSignals,
     _reap_group,
 )
@@ -69,38 +66,28 @@ class WarmTrial:
     def __init__(self, command: Sequence[str], *, env: Mapping[str, str] | None, torch_version: str | None,
                  cwd: str | os.PathLike | None = None):
         self.argv = resolve_command(command)
-        self.dir = Path(tempfile.mkdtemp(prefix=TRIAL_PREFIX))
-        self.log = self.dir / "out.log"
-        self.reports = self.dir / "reports"
-        self.reports.mkdir()
-        self.owner: dict[str, object] = {"runner_pid": os.getpid(), "pgid": None, "conf": None,
-                                         "started": time.time()}
-        (self.dir / OWNER_FILE).write_text(json.dumps(self.owner))
-        self.watch_r, self.watch_w = os.pipe()
-        agent = _agent_settings(self.reports, conf=None, budget=None, ensure_cap=False, record=None,
+        self.folder = TrialFolder(None)
+        self.log = self.folder.path / "out.log"
+        agent = _agent_settings(self.folder.reports, conf=None, budget=None, ensure_cap=False, record=None,
                                 record_max_entries=None, on_oom=None, oom_dir=None, device=None,
-                                watch_r=self.watch_r)
-        agent["gate"] = str(self.dir / RELEASE_FILE)
+                                watch_r=self.folder.watch_r)
+        agent["gate"] = str(self.folder.path / RELEASE_FILE)
         agent["gate_env"] = list(CONF_VARS)
-        child_env = build_env(env if env is not None else os.environ, conf="", agent=agent,
-                              site_dir=make_site_dir(self.dir / "site"), torch_version=torch_version,
-                              command=self.argv)
+        child_env = build_env(env if env is not None else os.environ, conf="", agent=agent, site_dir=self.folder.site,
+                              torch_version=torch_version, command=self.argv)
         self.started = time.monotonic()
         signals = _ExitSignals().install()
         try:
             with open(self.log, "wb") as out, signals.deferred():
-                self.proc: subprocess.Popen = _start_child(self.argv, child_env, cwd, out, False, self.watch_r)
+                self.proc: subprocess.Popen = _start_child(self.argv, child_env, cwd, out, False, self.folder.watch_r)
             with _RUNNING_LOCK:
                 _RUNNING.add(self.proc)  # Ctrl-C and `terminate_running` reach it while it waits
         except BaseException:
-            os.close(self.watch_w)
-            shutil.rmtree(self.dir, ignore_errors=True)
+            self.folder.close()
             raise
         finally:
             signals.restore()
-            os.close(self.watch_r)
-        self.owner["pgid"] = self.proc.pid
-        (self.dir / OWNER_FILE).write_text(json.dumps(self.owner))
+        self.folder.started(self.proc.pid)
         signals.raise_missed()
 
     def alive(self) -> bool:
@@ -113,23 +100,22 @@ class WarmTrial:
         None where the program read the setting's variables before CUDA (`gate.EXIT_READ_SETTING`): it
         chose without the setting, so the trial must start cold."""
         conf = applied_conf(conf, torch_version)
-        agent = _agent_settings(self.reports, conf=conf, budget=budget, ensure_cap=ensure_cap, record=record,
-                                record_max_entries=None, on_oom=None, oom_dir=None, device=None, watch_r=self.watch_w)
+        agent = _agent_settings(self.folder.reports, conf=conf, budget=budget, ensure_cap=ensure_cap, record=record,
+                                record_max_entries=None, on_oom=None, oom_dir=None, device=None,
+                                watch_r=self.folder.watch_w)
         for key in ("watch_fd", "watch_ino", "runner_pid", "bootstrap", "report_dir"):
             agent.pop(key)  # the held process keeps the ones it started with
-        self.owner["conf"] = conf
-        (self.dir / OWNER_FILE).write_text(json.dumps(self.owner))
-        if pid_file is not None:
-            Path(pid_file).write_text(json.dumps(self.owner))
-        tmp = self.dir / (RELEASE_FILE + ".tmp")
+        self.folder.owner["conf"] = conf
+        self.folder.write_owner(pid_file)
+        tmp = self.folder.path / (RELEASE_FILE + ".tmp")
         tmp.write_text(json.dumps({"agent": agent, "env": conf_env(conf, torch_version)}))
         signals = _ExitSignals().install()
         t0 = time.monotonic()
         try:
-            os.replace(tmp, self.dir / RELEASE_FILE)
+            os.replace(tmp, self.folder.path / RELEASE_FILE)
             timed_out = _wait_for_child(self.proc, timeout, KILL_GRACE_S, signals)
             wall = time.monotonic() - t0
-            reports = read_reports(self.reports)
+            reports = read_reports(self.folder.reports)
             if self.proc.returncode == EXIT_READ_SETTING and not reports:
                 return None
             shutil.copyfile(self.log, capture)
@@ -152,10 +138,7 @@ class WarmTrial:
         except (subprocess.TimeoutExpired, OSError):
             pass
         finally:
-            if self.watch_w >= 0:
-                os.close(self.watch_w)
-                self.watch_w = -1
-            shutil.rmtree(self.dir, ignore_errors=True)
+            self.folder.close()
 
 
 def _warm_result(result: TrialResult, held_s: float) -> TrialResult:
