@@ -32,7 +32,7 @@ from alloctune.run.process import (
 )
 from alloctune.run.ranks import summarize_ranks
 from alloctune.run.reports import _last_line, _tail, classify, memory_fields, parse_throughput, settings_mismatch
-from alloctune.run.trial import TrialResult
+from alloctune.run.trial import TrialResult, remedy_switches
 from alloctune.units import format_size
 
 
@@ -207,12 +207,7 @@ def _agent_settings(reports_dir: Path, *, conf: str | None, budget: int | None, 
         agent["record_max_entries"] = int(record_max_entries)
     if stacks is not None:
         agent["stacks"] = stacks
-    if no_grad:
-        agent["no_grad"] = True
-    if cudnn_benchmark is not None:
-        agent["cudnn_benchmark"] = bool(cudnn_benchmark)
-    if checkpointing:
-        agent["checkpointing"] = True
+    agent.update(remedy_switches(no_grad, cudnn_benchmark, checkpointing))
     agent.update(watch_fd=watch_r, watch_ino=os.fstat(watch_r).st_ino, runner_pid=os.getpid())
     return agent
 

@@ -18,6 +18,20 @@ RESULT_SCHEMA = 1
 OUTCOMES = ("ok", "oom", "crash", "timeout", "no-cuda", "budget-too-large")
 
 
+def remedy_switches(no_grad: bool = False, cudnn_benchmark: bool | None = None,
+                    checkpointing: bool = False) -> dict[str, Any]:
+    """The remedy switches that are set, by name; unset ones are absent, so the agent's settings, the
+    evaluator's keywords and the store's trial keys of runs without them stay as they were."""
+    out: dict[str, Any] = {}
+    if no_grad:
+        out["no_grad"] = True
+    if cudnn_benchmark is not None:
+        out["cudnn_benchmark"] = bool(cudnn_benchmark)
+    if checkpointing:
+        out["checkpointing"] = True
+    return out
+
+
 @dataclass(frozen=True)
 class TrialRequest:
     """One trial the sweep wants: the workload under `conf` with a per-process cap of `budget` bytes."""
@@ -41,14 +55,8 @@ class TrialRequest:
     def call_options(self) -> dict[str, Any]:
         """The evaluator's keyword arguments; the remedy switches only when set, so evaluators that
         never confirm a remedy need not take them."""
-        out: dict[str, Any] = dict(repeat=self.repeat, record=self.record, ensure_cap=self.ensure_cap)
-        if self.no_grad:
-            out["no_grad"] = True
-        if self.cudnn_benchmark is not None:
-            out["cudnn_benchmark"] = self.cudnn_benchmark
-        if self.checkpointing:
-            out["checkpointing"] = True
-        return out
+        return dict(repeat=self.repeat, record=self.record, ensure_cap=self.ensure_cap,
+                    **remedy_switches(self.no_grad, self.cudnn_benchmark, self.checkpointing))
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from alloctune.errors import InputError
-from alloctune.run.trial import TrialResult
+from alloctune.run.trial import TrialResult, remedy_switches
 
 STORE_SCHEMA = 1
 # Only these outcomes count as finished for --resume; a crash or timeout is tried again
@@ -44,13 +44,8 @@ def trial_key(command: Sequence[str], conf: str, budget: int | None, repeat: int
               *, no_grad: bool = False, cudnn_benchmark: bool | None = None, checkpointing: bool = False) -> str:
     """The identity of a trial, as a canonical JSON string (hashable, stable across runs; the remedy
     switches appear only when set, so the keys of earlier stores still match)."""
-    key: dict = {"command": list(command), "conf": conf, "budget": budget, "repeat": repeat, "record": record}
-    if no_grad:
-        key["no_grad"] = True
-    if cudnn_benchmark is not None:
-        key["cudnn_benchmark"] = bool(cudnn_benchmark)
-    if checkpointing:
-        key["checkpointing"] = True
+    key = {"command": list(command), "conf": conf, "budget": budget, "repeat": repeat, "record": record,
+           **remedy_switches(no_grad, cudnn_benchmark, checkpointing)}
     return json.dumps(key, sort_keys=True)
 
 
