@@ -63,8 +63,7 @@ CUDA_START_POLL_S = 0.1
 class WarmTrial:
     """One process of `command`, started now and held at its first CUDA call until `release`."""
 
-    def __init__(self, command: Sequence[str], *, env: Mapping[str, str] | None, torch_version: str | None,
-                 cwd: str | os.PathLike | None = None):
+    def __init__(self, command: Sequence[str], *, env: Mapping[str, str] | None):
         self.argv = resolve_command(command)
         self.folder = TrialFolder(None)
         self.log = self.folder.path / "out.log"
@@ -74,12 +73,12 @@ class WarmTrial:
         agent["gate"] = str(self.folder.path / RELEASE_FILE)
         agent["gate_env"] = list(CONF_VARS)
         child_env = build_env(env if env is not None else os.environ, conf="", agent=agent, site_dir=self.folder.site,
-                              torch_version=torch_version, command=self.argv)
+                              command=self.argv)  # no setting yet: both of its variables removed
         self.started = time.monotonic()
         signals = _ExitSignals().install()
         try:
             with open(self.log, "wb") as out, signals.deferred():
-                self.proc: subprocess.Popen = _start_child(self.argv, child_env, cwd, out, False, self.folder.watch_r)
+                self.proc: subprocess.Popen = _start_child(self.argv, child_env, None, out, False, self.folder.watch_r)
             with _RUNNING_LOCK:
                 _RUNNING.add(self.proc)  # Ctrl-C and `terminate_running` reach it while it waits
         except BaseException:
@@ -149,25 +148,21 @@ class WarmPool:
     """Held processes for the trials a tune runs next (see the module doc). Thread-safe: executors
     call `take` from their worker threads."""
 
-    def __init__(self, command: Sequence[str], *, env: Mapping[str, str] | None, cwd: str | os.PathLike | None = None):
+    def __init__(self, command: Sequence[str], *, env: Mapping[str, str] | None):
         self.command = list(command)
         self.env = env
-        self.cwd = cwd
         self.held: list[WarmTrial] = []
-        self.torch_version: str | None = None
         self.note: str | None = None  # why none were started, when none were
         self._lock = threading.Lock()
         self._closed = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def start_beside(self, pid_file: Path, count: int) -> None:
         """Start `count` held processes once the trial that writes `pid_file` has initialised CUDA
         (its agent's first live sample), if the host's free memory holds them at that trial's size."""
         if count < 1:
             return
-        self._thread = threading.Thread(target=self._start_when_ready, args=(pid_file, count),
-                                        name="alloctune-warm", daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._start_when_ready, args=(pid_file, count), name="alloctune-warm",
+                         daemon=True).start()
 
     def _start_when_ready(self, pid_file: Path, count: int) -> None:
         self._start(pid_file, count)
@@ -201,8 +196,7 @@ class WarmPool:
                 if self._closed.is_set():
                     return
                 try:
-                    self.held.append(WarmTrial(self.command, env=self.env, torch_version=self.torch_version,
-                                               cwd=self.cwd))
+                    self.held.append(WarmTrial(self.command, env=self.env))
                 except Exception as exc:  # a trial that cannot start ahead starts cold
                     self.note = f"next runs not started ahead: {exc}"
                     return
@@ -267,7 +261,6 @@ class Ahead:
             self.pool.close()  # the others read it too: the rest of the sweep starts cold
             return cold()
         if record_to is not None and budget is None and self.count:
-            self.pool.torch_version = torch_version
             self.pool.start_beside(pid_file, self.count)
             self.count = 0
         return cold()
