@@ -4,14 +4,13 @@ Why: `stream.build_stream` must decide whose a release burst is when a new segme
 (the program's `empty_cache()` or the allocator's release-and-retry). The allocator releases
 only after its search of the cache found no block for the request, so a cached block the
 request could have taken, seen in the recording's layout just before the burst, proves the
-burst was the program's. `Held` keeps that layout: the segments (address -> size, stream) and
-the live allocations ((address, stream) -> requested size).
+burst was the program's. `Held` reads that layout where such a burst comes.
 """
 
 from __future__ import annotations
 
 import bisect
-from typing import Any, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 SMALL_SEGMENT = 2 << 20  # the small pool's segments (requests up to 1 MiB); large-pool segments are never this size
 LARGE_BUFFER_BYTES = 20 << 20  # kLargeBuffer: the default non-split rounding
@@ -38,35 +37,17 @@ def block_rules(settings: dict[str, Any]) -> tuple[int | None, int] | None:
 
 
 class Held:
-    """The cached blocks at a moment of the recording, from its own events: segments (address -> size,
-    stream) and live allocations ((address, stream) -> requested size), kept as the stream builder
-    reads the events (`alloc`, `free`, `grow`, `release`). `rules`: the allocator's rules for which
-    block a request may take (`block_rules`); None keeps nothing and proves nothing."""
+    """Whether a release burst before a new segment is proven the program's from the recording's own layout:
+    the segments (address -> size, stream) and the live allocations (address, requested size) that
+    `stream.build_stream` keeps as it reads the events, read here only at such a burst. `rules`: the
+    allocator's rules for which block a request may take (`block_rules`); None proves nothing."""
 
     def __init__(self, rules: tuple[int | None, int] | None) -> None:
-        self.segments: dict[int, tuple[int, int]] = {}
-        self.live: dict[tuple[int, int], int] = {}
         self.on = rules is not None
         self.split, self.rounding = rules if rules is not None else (None, 0)
 
-    def alloc(self, key: tuple[int, int], size: int) -> None:
-        if self.on:
-            self.live[key] = size
-
-    def free(self, key: tuple[int, int]) -> None:
-        if self.on:
-            self.live.pop(key, None)
-
-    def grow(self, ev: dict[str, Any]) -> None:
-        if self.on and ev["action"] == "segment_alloc":
-            self.segments[ev["addr"]] = (ev["size"], ev["stream"])
-
-    def release(self, events: Sequence[dict[str, Any]], i: int, j: int) -> None:
-        if self.on:
-            for k in range(i, j):
-                self.segments.pop(events[k]["addr"], None)
-
-    def served(self, events: Sequence[dict[str, Any]], j: int) -> bool:
+    def served(self, events: Sequence[dict[str, Any]], j: int, segments: Mapping[int, tuple[int, int]],
+               live: Iterable[tuple[int, int]]) -> bool:
         """Whether the request that follows a release burst ending at `j` (a new segment, then its alloc)
         could have been served by a cached block of its stream and pool as the burst began. The allocator
         releases cached segments only after no cached block fits a request (`get_free_block` fails first),
@@ -87,18 +68,18 @@ class Held:
         # is at least the request and under the limit the split rules set; the block `get_free_block` picks,
         # the smallest at least the request, is then under that limit too
         below = (1 << 63 if self.split is None else self.split if size < self.split else size + self.rounding)
-        starts = sorted(a for a, (s, st) in self.segments.items()
+        starts = sorted(a for a, (s, st) in segments.items()
                         if st == stream and (s == SMALL_SEGMENT) == small and s >= size)
         if not starts:
             return False
         used: dict[int, list[tuple[int, int]]] = {a: [] for a in starts}
-        for (addr, _), n in self.live.items():
+        for addr, n in live:
             k = bisect.bisect_right(starts, addr) - 1
-            if k >= 0 and addr < starts[k] + self.segments[starts[k]][0]:
+            if k >= 0 and addr < starts[k] + segments[starts[k]][0]:
                 used[starts[k]].append((addr, n))
         for a in starts:
             at = a
-            for addr, n in sorted(used[a]) + [(a + self.segments[a][0], 0)]:
+            for addr, n in sorted(used[a]) + [(a + segments[a][0], 0)]:
                 # a gap at the segment's start is its free block exactly; after an allocation, that
                 # allocation's block may reach into it by the slack
                 if size + (slack if at > a else 0) <= addr - at < below:

@@ -246,12 +246,11 @@ def build_stream(
     settings = allocator_settings or {}
     judge = _BurstJudge(float(settings.get("garbage_collection_threshold") or 0.0), limit or Limit(),
                         Held(block_rules(settings) if marks is None else None))
-    held = judge.held
     out, marked = _start_build(events, marks, keep_addresses)
     req, addrs = out.requests, out.addresses
 
-    live: dict[tuple[int, int], int] = {}  # (addr, stream) -> rid
-    segments: set[int] = set()  # addresses of cudaMalloc'd segments (not expandable ranges)
+    live: dict[tuple[int, int], int] = {}  # (addr, stream) -> index of its ALLOC request
+    segments: dict[int, tuple[int, int]] = {}  # cudaMalloc'd segments (not expandable ranges): addr -> size, stream
     next_rid = 0
     reserved = 0
     peak_reserved = 0
@@ -259,6 +258,7 @@ def build_stream(
     # Local aliases: this loop runs ~1M times for the llm traces.
     append = req.append
     seg_append = out.segment_events.append
+    ops, rids = req.ops, req.rids  # len(ops): the next request's index
 
     i = 0
     while i < n:
@@ -273,41 +273,37 @@ def build_stream(
                     f"{source}: event {i}: a second alloc at address {ev['addr']:#x} before the first was freed; "
                     "the trace is inconsistent (was it edited or merged from several runs?)"
                 )
-            live[key] = next_rid
-            held.alloc(key, ev["size"])
+            live[key] = len(ops)
             append(ALLOC, ev["size"], next_rid, ev["stream"], i)
             if addrs is not None:
                 addrs.append(ev["addr"])
             next_rid += 1
         elif action == "free_completed":
-            rid = live.pop((ev["addr"], ev["stream"]), None)
-            held.free((ev["addr"], ev["stream"]))
-            if rid is None:
+            at = live.pop((ev["addr"], ev["stream"]), None)
+            if at is None:
                 out.unmatched_frees += 1
                 if out.first_unmatched_index < 0:
                     out.first_unmatched_index = i
             else:
-                append(FREE, ev["size"], rid, ev["stream"], i)
+                append(FREE, ev["size"], rids[at], ev["stream"], i)
                 if addrs is not None:
                     addrs.append(ev["addr"])
         elif action in RELEASE_ACTIONS:
             # A maximal burst of releases: decide whose it is from what follows.
             j = _burst_end(events, i, n)
-            program = judge.program(events, i, j, reserved, peak_reserved, marked)
+            program = judge.program(events, i, j, reserved, peak_reserved, marked, segments, live, req.sizes)
             if program:
                 _program_call(out, ev["stream"], i, marked=marked is not None and marked.get(i) == _BURST)
                 owner = len(req) - 1
             else:
                 owner = len(req)  # the request whose malloc comes next
             reserved = _release_segments(events, i, j, owner, out, segments, reserved)
-            held.release(events, i, j)
             i = j
             continue
         elif action in GROW_ACTIONS:
             seg_append(SegmentEvent(action, ev["addr"], ev["size"], ev["stream"], i, len(req)))
             if action == "segment_alloc":
-                segments.add(ev["addr"])
-            held.grow(ev)
+                segments[ev["addr"]] = (ev["size"], ev["stream"])
             reserved += ev["size"]
             if reserved > peak_reserved:
                 peak_reserved = reserved
@@ -356,7 +352,7 @@ def _burst_end(events: Sequence[dict[str, Any]], i: int, n: int) -> int:
 
 
 def _release_segments(events: Sequence[dict[str, Any]], i: int, j: int, owner: int, out: StreamBuild,
-                      segments: set[int], reserved: int) -> int:
+                      segments: dict[int, tuple[int, int]], reserved: int) -> int:
     """Record the releases `events[i:j]` as segment events of request `owner`, matched against the
     segments the trace allocated; the reserved bytes after them (unmatched ones counted in `out`)."""
     seg_append = out.segment_events.append
@@ -366,9 +362,7 @@ def _release_segments(events: Sequence[dict[str, Any]], i: int, j: int, owner: i
         burst_bytes += e["size"]
         seg_append(SegmentEvent(e["action"], e["addr"], e["size"], e["stream"], k, owner))
         if e["action"] == "segment_free":
-            if e["addr"] in segments:
-                segments.discard(e["addr"])
-            else:
+            if segments.pop(e["addr"], None) is None:
                 out.unmatched_segment_frees += 1
                 if out.first_unmatched_index < 0:
                     out.first_unmatched_index = k
@@ -522,8 +516,10 @@ class _BurstJudge:
         self.gc_threshold, self.limit, self.held = gc_threshold, limit, held
 
     def program(self, events: Sequence[dict[str, Any]], i: int, j: int, reserved: int, peak_reserved: int,
-                marked: dict[int, int] | None) -> bool:
-        """Whether the burst `events[i:j]` is the program's `empty_cache()`; `reserved` before it."""
+                marked: dict[int, int] | None, segments: dict[int, tuple[int, int]],
+                live: dict[tuple[int, int], int], sizes: list[int]) -> bool:
+        """Whether the burst `events[i:j]` is the program's `empty_cache()`; `reserved` before it, and the
+        layout as it began: `segments`, and `live` allocations as indices into the requests' `sizes`."""
         nxt = events[j] if j < len(events) else None
         if marked is not None:
             # the marks decide the ambiguous case; a burst no malloc follows cannot be the
@@ -532,7 +528,7 @@ class _BurstJudge:
         small = any(events[k]["size"] == SMALL_SEGMENT for k in range(i, j))
         return (_is_program_empty_cache(nxt, reserved, peak_reserved, self.gc_threshold, self.limit,
                                         self.limit.bytes, small)
-                or self.held.served(events, j))
+                or self.held.served(events, j, segments, ((a, sizes[k]) for (a, _), k in live.items())))
 
 
 def _is_program_empty_cache(
