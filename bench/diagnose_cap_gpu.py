@@ -1,7 +1,8 @@
-"""GPU evidence for `alloctune diagnose` (jobs `diagnose-cap` and `diagnose` of bench/gpu.py).
+"""GPU evidence for `alloctune diagnose` under a cap (job `diagnose-cap` of bench/gpu.py).
 
-    OUT=/tmp/out python3 bench/diagnose_cap_gpu.py [PROG ...]     # #30.0: snapshots written under a cap
-    OUT=/tmp/out python3 bench/diagnose_cap_gpu.py provoked       # real OOMs of four kinds, and the fix re-run
+    OUT=/tmp/out python3 bench/diagnose_cap_gpu.py [PROG ...]
+
+Real OOMs of four kinds and the recommended fix re-run are tests/test_diagnose_gpu.py (job `diagnose`).
 
 Under a cap (#30.0), the user's flow on real library programs (bench/cap_programs.py): `alloctune run --budget
 CAP --on-oom snapshot -- python prog.py` dies with an OOM, then `alloctune diagnose --snapshot SNAP --json` with
@@ -12,14 +13,6 @@ program: for `seg`/`convnext` between the simulated min budgets of expandable se
 setting should fix it), for `hubert`/`trainkeep` below every setting's (none should). The real runs are the
 truth, not the choice. Writes $OUT/diagnose_cap.{json,md} and $OUT/cap_snapshots.tar.xz (the OOM snapshots,
 to re-diagnose on a CPU); the table is kept as bench/results/diagnose_cap_gpu.md.
-
-provoked: each scenario in a fresh process (allocator settings are read once per process): `shortage` (one
-400 GiB request), `cap` (fraction 0.02, 256 MiB tensors until OOM), `contention` (a second process holds ~70 %
-of the GPU: the verdict must name its PID), `frag` (1024 MiB then 600 MiB: every segment keeps a 424 MiB hole
--> `fragmentation`), then `frag+fix:<conf>` with each allocator string the `frag` diagnosis recommended (more
-live memory at the OOM: the fix works). For every real message all printed figures must be found in the
-report, and allocated/reserved must match `torch.cuda.memory_stats()` at the OOM within the printed
-precision. Writes $OUT/gpu_diagnose.{json,md}.
 """
 
 from __future__ import annotations
@@ -28,16 +21,14 @@ import concurrent.futures as cf
 import json
 import os
 import pickle
-import re
 import subprocess
 import sys
 import tarfile
 import time
-from decimal import Decimal
 from pathlib import Path
 
 from runlog import log_result, md_table
-from suite import BENCH, child_env
+from suite import BENCH
 from suite import alloctune as run_alloctune
 
 # isort: split
@@ -175,155 +166,7 @@ def verdict_row(r: dict) -> dict:
     }
 
 
-# ---- provoked OOMs ---------------------------------------------------------------------------------
-FIGURE = re.compile(r"(\d+(?:\.\d+)?)\s*(bytes|KiB|MiB|GiB|TiB)(?![A-Za-z])")
-UNIT = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
-
-CHILD = r'''
-import json, os, sys, time, subprocess
-import torch
-mode = sys.argv[1]
-MiB = 2**20
-keep = []
-out = {"mode": mode, "conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), "torch": torch.__version__}
-holder = None
-try:
-    torch.cuda.init()
-    if mode == "shortage":
-        keep.append(torch.empty(256 * MiB, dtype=torch.uint8, device="cuda"))
-        torch.empty(400 * 1024 * MiB, dtype=torch.uint8, device="cuda")
-    elif mode == "cap":
-        torch.cuda.set_per_process_memory_fraction(0.02)
-        while True:
-            keep.append(torch.empty(256 * MiB, dtype=torch.uint8, device="cuda"))
-    elif mode == "contention":
-        free, total = torch.cuda.mem_get_info()
-        code = ("import torch,sys,time; x=torch.empty(int(sys.argv[1]),dtype=torch.uint8,device='cuda'); "
-                "torch.cuda.synchronize(); print('held', flush=True); time.sleep(120)")
-        holder = subprocess.Popen([sys.executable, "-c", code, str(int(total * 0.7))], stdout=subprocess.PIPE, text=True)
-        assert holder.stdout.readline().strip() == "held"
-        out["holder_pid"] = holder.pid
-        while True:
-            keep.append(torch.empty(2048 * MiB, dtype=torch.uint8, device="cuda"))
-    elif mode == "frag":
-        while True:
-            big = torch.empty(1024 * MiB, dtype=torch.uint8, device="cuda")
-            del big
-            keep.append(torch.empty(600 * MiB, dtype=torch.uint8, device="cuda"))
-    raise SystemExit("no OOM happened")
-except torch.OutOfMemoryError as exc:
-    st = torch.cuda.memory_stats()
-    out.update(message=str(exc), allocated=st["allocated_bytes.all.current"], reserved=st["reserved_bytes.all.current"],
-               live_tensors=len(keep), live_bytes=sum(t.numel() for t in keep),
-               free_after=torch.cuda.mem_get_info()[0], num_alloc_retries=st["num_alloc_retries"])
-finally:
-    if holder is not None:
-        holder.kill()
-print("RESULT " + json.dumps(out))
-'''
-
-
-def run_child(mode: str, conf: str | None = None) -> dict:
-    env = child_env(conf)
-    t0 = time.time()
-    res = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, env=env, timeout=170)
-    line = next((ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    if line is None:
-        return {"mode": mode, "conf": conf or "", "error": (res.stderr or res.stdout)[-800:]}
-    data = json.loads(line[7:])
-    data["wall_s"] = round(time.time() - t0, 2)
-    return data
-
-
-def close(num: str, unit: str, value: int) -> bool:
-    exact = Decimal(num) * UNIT[unit]
-    dec = len(num.split(".")[1]) if "." in num else 0
-    slack = Decimal(UNIT[unit]) / (2 * 10**dec) if unit != "bytes" else Decimal(0)
-    return abs(Decimal(value) - exact) <= slack + 1
-
-
-def check(result: dict) -> dict:
-    from alloctune.diagnose import diagnose_all
-
-    msg = result.get("message")
-    if not msg:
-        return {"ok": False, "why": result.get("error", "no message")}
-    diags = diagnose_all(msg)
-    d = diags[-1]
-    r = d.report
-    figs = list(r.figures().values())
-    missing = [f"{n} {u}" for n, u in FIGURE.findall(r.text) if not any(close(n, u, v) for v in figs)]
-    stats_ok = True
-    notes = []
-    for name in ("allocated", "reserved"):
-        val = getattr(r, name)
-        if val is None:
-            continue
-        # the message prints format_size(): compare within its rounding
-        from alloctune.diagnose.verdict import tol
-
-        if abs(val - result[name]) > tol(result[name]) + 1:
-            stats_ok = False
-            notes.append(f"{name}: parsed {val} vs memory_stats {result[name]}")
-    return {
-        "ok": not missing and stats_ok and len(diags) == 1,
-        "verdict": d.verdict,
-        "shortfall": d.shortfall,
-        "missing_figures": missing,
-        "notes": notes,
-        "format": r.format,
-        "torch_hint": r.torch_hint,
-        "fix_confs": [f.conf for f in d.working_fixes if f.conf],
-        "pids": [pid for pid, _ in r.other_processes],
-        "diagnosis": d.to_dict(),
-    }
-
-
-def provoked() -> int:
-    OUT.mkdir(parents=True, exist_ok=True)
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            print("no CUDA device: nothing to measure (run this on the GPU machine)")
-            return 0
-    except ImportError:
-        print("torch not installed")
-        return 0
-    # a CUDA memory fraction is answered within it (docs/usage/diagnose.md): a shortage, the cap contributing
-    expected = {"shortage": "shortage", "cap": "shortage", "contention": "contention", "frag": "fragmentation"}
-    rows = []
-    for mode, want in expected.items():
-        res = run_child(mode)
-        chk = check(res)
-        if mode == "contention" and chk.get("verdict") == "contention":
-            chk["ok"] = chk["ok"] and res.get("holder_pid") in chk["pids"]
-        chk["ok"] = chk["ok"] and (mode != "cap" or "cap" in (chk.get("diagnosis") or {}).get("contributing", ()))
-        rows.append({"scenario": mode, "expect": want, **res, **chk, "pass": chk.get("ok") and chk.get("verdict") == want})
-    frag = next(r for r in rows if r["scenario"] == "frag")
-    for conf in frag.get("fix_confs", []):
-        res = run_child("frag", conf)
-        chk = check(res)
-        better = res.get("live_bytes", 0) > frag.get("live_bytes", 0)
-        rows.append({"scenario": f"frag+fix:{conf}", "expect": "more live memory", **res, **chk, "pass": bool(better)})
-    (OUT / "gpu_diagnose.json").write_text(json.dumps(rows, indent=2, default=str))
-    table = md_table(("scenario", "expect", "verdict", "live at OOM", "parse ok", "pass"), [
-        (r["scenario"], r["expect"], r.get("verdict", r.get("error", "?"))[:40],
-         f"{r.get('live_bytes', 0) / 2**30:.1f} GiB" if "live_bytes" in r else "-", r.get("ok"), r["pass"]) for r in rows])
-    (OUT / "gpu_diagnose.md").write_text(table + "\n")
-    print(table)
-    for r in rows:
-        if r.get("message"):
-            print(f"\n[{r['scenario']}] {r['message'][:400]}")
-    for r in rows:
-        log_result(f"{r['scenario']}: verdict {r.get('verdict')}, expected {r['expect']}, pass {r['pass']}", folder=OUT)
-    return 0 if all(r["pass"] for r in rows) else 1
-
-
-
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["provoked"]:
-        return provoked()
     names = [a for a in argv if not a.startswith("--")] or ["seg", "convnext", "hubert", "trainkeep"]
     OUT.mkdir(parents=True, exist_ok=True)
     WORK.mkdir(parents=True, exist_ok=True)

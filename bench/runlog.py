@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LOG = ROOT / "bench" / "results" / "LOG.md"
 # Environment variables that change what a bench measures: kept in the logged command.
-KNOWN_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "SCALE_SKIP", "ALLOCTUNE_NATIVE", "OUT")
+KNOWN_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "ALLOCTUNE_NATIVE", "OUT")
 
 
 def command(argv: list[str] | None = None) -> str:

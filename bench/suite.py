@@ -1,7 +1,7 @@
 """The helpers every bench script shares: paths, a child's environment, alloctune's CLI as one call, and
 the process pool of the GPU jobs with its two bisections. Results go through `runlog.py`.
 
-    from suite import ROOT, alloctune_json, pool_options, open_pool   # scripts run as `python bench/NAME.py`
+    from suite import ROOT, child_env, pool_options, open_pool   # scripts run as `python bench/NAME.py`
 
 Importing it puts the repository's `src/` first on the path, so a script imports `alloctune` from this
 checkout whatever is installed.
@@ -52,16 +52,6 @@ def alloctune(*args: str, cwd: Path | str = ROOT, env: dict[str, str] | None = N
     """`python -m alloctune ARGS` in a fresh process of this checkout; output captured as text."""
     return subprocess.run([sys.executable, "-m", "alloctune", *args], cwd=cwd, env=env or child_env(),
                           capture_output=True, text=True, timeout=timeout)
-
-
-def alloctune_json(*args: str, **kw) -> dict:
-    """The JSON answer of `alloctune ARGS --json`-style calls (`run` exits with the program's own code, an
-    OOM's too: the JSON is the answer); RuntimeError with the end of stderr when there is none."""
-    r = alloctune(*args, **kw)
-    try:
-        return json.loads(r.stdout)
-    except ValueError:
-        raise RuntimeError(f"alloctune {' '.join(args[:3])} failed ({r.returncode}): {r.stderr[-2000:]}") from None
 
 
 class Pool:

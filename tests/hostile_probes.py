@@ -1,4 +1,4 @@
-"""Hostile and damaged inputs, built in code (no binary fixtures), for tests/test_hostile_*.py and bench/hostile.py.
+"""Hostile and damaged inputs, built in code (no binary fixtures), for tests/test_hostile_*.py.
 
 Each builder returns bytes; `run_cli` runs the real console entry point in a child process under
 an address-space limit (RLIMIT_AS) and a wall-clock limit, and `verdict` classifies what happened

@@ -711,7 +711,7 @@ def test_windows_check_does_not_set_what_it_says_is_ignored(capsys):
 
 
 def test_an_unknown_last_key_is_what_torch_2_11_aborts_on():
-    """On the H100 (bench/gpu_config.py, case bad_equals), torch 2.11 aborts on `max_split_size_mb=128` with
+    """On the H100 (tests/test_config_gpu.py, case bad_equals), torch 2.11 aborts on `max_split_size_mb=128` with
     "Index out of bounds in ConfigTokenizer": its generic pass skips an unknown key past its ':' and runs out
     of tokens before the CUDA pass names the key. With a value after it, the CUDA pass names it."""
     from alloctune.config.parse import ConfigSyntaxError

@@ -1,5 +1,5 @@
 """`diagnose` on big logs: linear time, bounded memory, the same answers as before; FIFOs and stdin
-(issue #19, item 6). Throughput floors here are loose (a shared CI core); bench/hostile.py measures."""
+(issue #19, item 6). Throughput floors here are loose (a shared CI core); the hostile.py experiment (commit c7fa572) measured."""
 
 from __future__ import annotations
 

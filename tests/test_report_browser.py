@@ -10,7 +10,9 @@ Chromium and a missing browser is a failure.
 from __future__ import annotations
 
 import io
+import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -107,3 +109,39 @@ def test_the_fetch_check_sees_a_remote_image(browser, tmp_path):
         browser.events = [e for e in browser.events if e.get("method") != "Network.requestWillBeSent"
                           or e["params"]["request"]["url"] == url]
     assert url in browser.requested_urls()
+    browser.open("about:blank")  # leave the fetch behind: the next page starts clean
+    browser.events.clear()
+
+
+def test_the_report_page_renders_its_figures_and_fetches_nothing(browser, traces_dir, tmp_path):
+    """`alloctune report` of three real recordings and a tune store: self-contained HTML (no script, no link, no
+    remote reference, one embedded image per figure) that draws its reserved/allocated figures on screen."""
+    from PIL import Image
+
+    from alloctune.report import build_report, write_report
+    from alloctune.report.style import ALLOCATED, RESERVED
+
+    gib = 1 << 30
+    store = tmp_path / "store.jsonl"
+    store.write_text("".join(json.dumps(r) + "\n" for r in (
+        {"config": "", "budget": 2 * gib, "outcome": "ok", "peak_reserved": 1918894080, "peak_allocated": 1498742272},
+        {"config": "expandable_segments:True", "budget": 1631059968, "outcome": "ok", "peak_reserved": 1535115264,
+         "peak_allocated": 1422531072})))
+    inputs = [traces_dir / "rvc_ec1" / f"{n}.pickle.xz" for n in ("default", "max_split_128", "default_cap85")]
+    written = write_report(build_report([*inputs, store], title="render check"), tmp_path / "report")
+    html = Path(written.html).read_text()
+    assert re.findall(r"""(?:src|href)\s*=\s*["']?\s*((?:https?:)?//[^"'\s>]+)""", html, re.I) == []
+    assert "<script" not in html.lower() and "<link" not in html.lower()
+    assert len(re.findall(r'src="data:image/png;base64,', html)) == len(written.figures) > 0
+
+    page = Path(written.html).resolve().as_uri()
+    browser.events.clear()  # what earlier pages reported
+    browser.open(page)
+    assert browser.errors() == []
+    assert [u for u in browser.requested_urls() if not u.startswith("data:image/png;")] == [page]  # embedded only
+    img = Image.open(io.BytesIO(browser.screenshot(full_page=True))).convert("RGB")
+    colors = dict((rgb, n) for n, rgb in img.getcolors(maxcolors=1 << 20) or [])
+    for hex_color in (RESERVED, ALLOCATED):
+        want = tuple(int(hex_color[i:i + 2], 16) for i in (1, 3, 5))
+        near = sum(n for rgb, n in colors.items() if sum(abs(a - b) for a, b in zip(rgb, want)) <= 24)
+        assert near > 2000, f"{hex_color} hardly on screen ({near} px)"

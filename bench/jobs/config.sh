@@ -1,8 +1,5 @@
-# the allocator-config model: ~50 settings, each in a fresh process; torch's accept/reject + message and the
-# allocator_settings it ran with vs alloctune's prediction ($OUT/config_probe.{json,md}, 1-2 min)
+# the allocator-config model against real torch: ~50 settings, each in a fresh process; torch's accept/reject +
+# message and the allocator_settings it ran with vs alloctune's prediction (tests/test_config_gpu.py, 1-2 min)
 # limit: 180 s
-set -u
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-export OUT="${OUT:-/tmp/out}"
-mkdir -p "$OUT"
-python3 bench/gpu_config.py
+python3 -m pytest -q -rsx -m gpu -p no:cacheprovider -o addopts="" tests/test_config_gpu.py 2>&1 | tee "$OUT/config_check.txt"

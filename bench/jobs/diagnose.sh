@@ -1,4 +1,5 @@
 # `alloctune diagnose` on real OOMs (shortage, cap, contention, fragmentation), and the recommended fix re-run on the
-# fragmentation workload (bench/diagnose_cap_gpu.py provoked: $OUT/gpu_diagnose.{json,md}, ~1 min)
+# fragmentation workload (tests/test_diagnose_gpu.py, ~1 min)
 # limit: 150 s
-python3 bench/diagnose_cap_gpu.py provoked
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+python3 -m pytest -q -rs -m gpu -p no:cacheprovider -o addopts="" tests/test_diagnose_gpu.py 2>&1 | tee "$OUT/diagnose_check.txt"

@@ -1,9 +1,8 @@
-"""GPU evidence for `alloctune.config`: does real torch accept/reject each setting as we predict,
-and does the allocator run with the values we compute (max_split_size, GC threshold, expandable
-segments, the 16-bucket roundup table, inert knobs), read back from `torch.cuda.memory._snapshot()`?
-
-Each case runs in a fresh Python process (the allocator reads its environment once). Run from the
-repo root with `PYTHONPATH=$PWD/src`; writes $OUT/config_probe.json and $OUT/config_probe.md.
+"""alloctune.config against real torch (skipped without a device): does torch accept or reject each allocator
+string as alloctune predicts (the same message where it rejects), and does the allocator run with the values
+alloctune computes (max_split_size, GC threshold, expandable segments, the 16-bucket roundup table, inert
+knobs), read back from `torch.cuda.memory._snapshot()`? Each case runs in a fresh Python process (the allocator
+reads its environment once); the cases run side by side.
 """
 
 from __future__ import annotations
@@ -15,10 +14,14 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from alloctune.config import AllocatorConfig, parse_torch_version
 from alloctune.config.parse import ConfigSyntaxError
 from alloctune.config.values import ENV_VARS
 from alloctune.config.versions import format_version
+
+pytestmark = pytest.mark.gpu
 
 CUDA, ALLOC = "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"
 
@@ -167,79 +170,46 @@ def predicted_values(config: AllocatorConfig, version: str, recorded: dict) -> d
     return out
 
 
-def main() -> int:
-    import torch  # only to learn the version and whether CUDA is there; cases run in children
 
-    out_dir = os.environ.get("OUT", "/tmp/out")
-    os.makedirs(out_dir, exist_ok=True)
-    version = format_version(parse_torch_version(torch.__version__))
-    cuda = torch.cuda.is_available()
-    print(f"torch {torch.__version__} (rules {version}), cuda available: {cuda}", flush=True)
+@pytest.fixture(scope="module")
+def torch_runs() -> dict[str, dict]:
+    """Every case's child, side by side, once for the module."""
     with ThreadPoolExecutor(max_workers=8) as pool:
-        results = list(pool.map(lambda case: run_case(case[1]), CASES))
-    rows, report = [], []
-    counts = {"match": 0, "MISMATCH": 0, "known-deviation": 0, "no-cuda": 0}
-    for (name, env, deviation), got in zip(CASES, results):
-        var, text = read_setting(env, version)
-        try:
-            config = AllocatorConfig.parse(text, version)
-            ours = {"ok": True, "string": config.format()}
-        except ConfigSyntaxError as exc:
-            config = None
-            ours = {"ok": False, "message": str(exc), "torch_message": exc.torch_message}
-        detail = ""
-        if not cuda:
-            verdict = "no-cuda"
-            detail = f"child: {str(got.get('error', ''))[:80]}"
-        elif got.get("ok") and config is not None:
-            settings = got.get("settings")
-            if settings is None:
-                verdict = "match" if config.backend == "cudaMallocAsync" else "MISMATCH"
-                detail = got.get("snapshot_error", "no allocator_settings in snapshot")
-            else:
-                rec = recorded_values(settings)
-                pred = predicted_values(config, version, rec)
-                if got.get("fraction") is not None:
-                    rec["per_process_memory_fraction"] = got["fraction"]
-                    pred["per_process_memory_fraction"] = (
-                        1.0 if config.per_process_memory_fraction is None else config.per_process_memory_fraction)
-                diffs = {k: (pred.get(k), rec[k]) for k in rec if pred.get(k) != rec[k]}
-                verdict = "MISMATCH" if diffs else "match"
-                detail = json.dumps(diffs) if diffs else f"recorded string {settings.get('PYTORCH_CUDA_ALLOC_CONF')!r}"
-        elif not got.get("ok") and config is None:
-            theirs = got.get("error", "") + " " + got.get("stderr_head", "")
-            mine = (ours.get("torch_message") or "").strip()
-            agree = bool(mine) and mine in theirs
-            agree = agree or bool(got.get("aborted") and "Index out of bounds" in mine)
-            verdict = "match" if agree else ("known-deviation" if deviation else "MISMATCH")
-            detail = f"torch: {theirs[:160]}"
-        elif deviation:
-            verdict = "known-deviation"
-            detail = f"{deviation}: torch ok={got.get('ok')}, ours ok={ours['ok']}"
-        else:
-            verdict = "MISMATCH"
-            detail = f"torch ok={got.get('ok')} ({got.get('error', '')[:120]}), ours ok={ours['ok']} {ours.get('message', '')}"
-        counts[verdict] += 1
-        rows.append((name, "ok" if got.get("ok") else ("abort" if got.get("aborted") else "error"),
-                     "ok" if ours["ok"] else "error", verdict, detail))
-        report.append({"case": name, "env": env, "effective_var": var, "torch": got, "ours": ours,
-                       "verdict": verdict, "detail": detail})
-    with open(os.path.join(out_dir, "config_probe.json"), "w") as fh:
-        json.dump({"schema": 1, "torch": torch.__version__, "counts": counts, "cases": report}, fh, indent=1)
-    lines = ["| case | torch | alloctune | verdict | detail |", "|---|---|---|---|---|"]
-    lines += [f"| {a} | {b} | {c} | {d} | {e.replace('|', '/')} |" for a, b, c, d, e in rows]
-    with open(os.path.join(out_dir, "config_probe.md"), "w") as fh:
-        fh.write("\n".join(lines) + "\n")
-    width = max(len(r[0]) for r in rows)
-    for name, t, o, verdict, detail in rows:
-        print(f"{name:<{width}}  torch={t:<5} ours={o:<5} {verdict:<15} {detail[:90]}")
-    print("summary:", json.dumps(counts))
-    from runlog import log_result  # bench/ is on the path: the script's own folder
-
-    log_result(f"{len(rows)} allocator strings on torch {torch.__version__}: "
-               + ", ".join(f"{k} {v}" for k, v in counts.items()), folder=out_dir)
-    return 1 if counts["MISMATCH"] else 0
+        return dict(zip((c[0] for c in CASES), pool.map(lambda case: run_case(case[1]), CASES)))
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+@pytest.fixture(scope="module")
+def version() -> str:
+    import torch
+
+    return format_version(parse_torch_version(torch.__version__))
+
+
+@pytest.mark.parametrize("name, env, deviation", CASES, ids=[c[0] for c in CASES])
+def test_torch_agrees_with_the_prediction(torch_runs, version, name, env, deviation):
+    got = torch_runs[name]
+    _, text = read_setting(env, version)
+    try:
+        config: AllocatorConfig | None = AllocatorConfig.parse(text, version)
+        mine = ""
+    except ConfigSyntaxError as exc:
+        config, mine = None, (exc.torch_message or "").strip()
+    if deviation is not None and (got.get("ok") != (config is not None)):
+        pytest.xfail(f"known deviation ({deviation}): alloctune is stricter than torch on purpose")
+    if config is None:
+        theirs = got.get("error", "") + " " + got.get("stderr_head", "")
+        assert not got.get("ok"), f"torch accepted {text!r}, alloctune rejects it"
+        assert (mine and mine in theirs) or (got.get("aborted") and "Index out of bounds" in mine), (mine, theirs)
+        return
+    assert got.get("ok"), f"torch rejected {text!r} ({got.get('error', '')[:200]}), alloctune accepts it"
+    settings = got.get("settings")
+    if settings is None:
+        assert config.backend == "cudaMallocAsync", got.get("snapshot_error", "no allocator_settings in snapshot")
+        return
+    recorded = recorded_values(settings)
+    predicted = predicted_values(config, version, recorded)
+    if got.get("fraction") is not None:
+        recorded["per_process_memory_fraction"] = got["fraction"]
+        frac = config.per_process_memory_fraction
+        predicted["per_process_memory_fraction"] = 1.0 if frac is None else frac
+    assert {k: predicted.get(k) for k in recorded} == recorded
