@@ -40,11 +40,11 @@ def test_runlog_appends_one_line_per_result_with_the_exact_command(tmp_path, mon
     runlog = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(runlog)
     monkeypatch.delenv("BENCH_LOG", raising=False)
-    monkeypatch.setenv("SCALE_SKIP", "tune_cli")
+    monkeypatch.setenv("ALLOCTUNE_NATIVE", "0")
     argv = [str(ROOT / "bench" / "sim_speed.py"), "--out", "/tmp/a b.md"]
     runlog.log_results(["- replay **3/3 exact**", "", "- min budget 2/2 agree"], argv=argv, folder=tmp_path)
     lines = (tmp_path / "LOG.md").read_text().splitlines()
     results = [line for line in lines if line.startswith("- ")]
     assert len(results) == 2
     assert " · sim_speed · replay 3/3 exact · " in results[0]
-    assert results[0].endswith("`SCALE_SKIP=tune_cli python bench/sim_speed.py --out '/tmp/a b.md'`")
+    assert results[0].endswith("`ALLOCTUNE_NATIVE=0 python bench/sim_speed.py --out '/tmp/a b.md'`")

@@ -27,16 +27,27 @@ from alloctune.sim.simulate import simulate
 from alloctune.trace.service import convert_trace, trace_info
 
 if TYPE_CHECKING:  # the result types, named without importing their packages at run time
+    from alloctune.diagnose.diagnosis import Diagnosis
     from alloctune.diagnose.snapshot_model import SnapshotDiagnosis
-    from alloctune.diagnose.verdict import Diagnosis
     from alloctune.explain.model import Comparison, Explanation, RankImbalance
-    from alloctune.plan.answer import PlanResult
+    from alloctune.plan.result import PlanResult
     from alloctune.run.record import Recording
     from alloctune.tune.session import TuneOutcome
 
 __all__ = [
-    "ApiUnavailable", "check_setting", "convert_trace", "diagnose", "diagnose_all", "diagnose_snapshot", "explain",
-    "installed_versions", "plan", "record", "simulate", "trace_info", "tune",
+    "ApiUnavailable",
+    "check_setting",
+    "convert_trace",
+    "diagnose",
+    "diagnose_all",
+    "diagnose_snapshot",
+    "explain",
+    "installed_versions",
+    "plan",
+    "record",
+    "simulate",
+    "trace_info",
+    "tune",
 ]
 
 # name -> (module, function) of the entry points other packages provide
@@ -78,8 +89,9 @@ def diagnose_all(text_or_exception: object, platform: str | None = None) -> list
     return _diagnose_all(text_or_exception, platform)
 
 
-def diagnose_snapshot(snapshot: Any, *, budget: int | str | None = None, device: int = 0, oom: int = -1,
-                      what_if: bool = True) -> SnapshotDiagnosis:
+def diagnose_snapshot(
+    snapshot: Any, *, budget: int | str | None = None, device: int = 0, oom: int = -1, what_if: bool = True
+) -> SnapshotDiagnosis:
     """The `SnapshotDiagnosis` of the OOM recorded in a snapshot file (`alloctune diagnose --snapshot`)."""
     from alloctune.diagnose.service import explain_snapshot
 

@@ -82,8 +82,9 @@ def _parse(text: str | int, suffixes: dict[str, int]) -> int:
     number, unit = m.groups()
     mult = suffixes.get(unit.lower())
     if mult is None:
-        raise SizeError(f"unknown unit {unit!r} in size {text!r}: use bytes, KiB, MiB, GiB or TiB "
-                        "(or the decimal kB, MB, GB, TB)")
+        raise SizeError(
+            f"unknown unit {unit!r} in size {text!r}: use bytes, KiB, MiB, GiB or TiB (or the decimal kB, MB, GB, TB)"
+        )
     value = float(number) * mult
     if not math.isfinite(value):
         raise SizeError(f"size {text!r} is too large")
@@ -156,8 +157,7 @@ def parse_user_size(text: str | int, option: str = "size") -> int:
         raise SizeError(f"{option}: cannot read size {raw!r}: expected a number with a unit, e.g. 6GiB, 512MiB")
     if not m.group(2):
         if float(m.group(1)) >= 1 << 20:  # nobody means a million GiB: a count of bytes
-            raise SizeError(f"{option} {raw}: give a unit: did you mean {raw}B (bytes, "
-                            f"{format_size(int(float(m.group(1))))})?")
+            raise SizeError(f"{option} {raw}: give a unit: did you mean {raw}B (bytes, {format_size(int(float(m.group(1))))})?")
         raise SizeError(f"{option} {raw}: give a unit: did you mean {raw}GiB? ({raw}MiB, or {raw}B for bytes)")
     value = parse_size(raw)
     if value <= 0:

@@ -230,8 +230,9 @@ class Agent(_outputs.AgentOutputs):
                 return
             touched = self._env_watch.stop() if self._env_watch is not None else []
             if touched:  # the program chose with no setting in place: a cold start is the faithful run
-                sys.stderr.write(f"alloctune agent: the program read {', '.join(touched)} before CUDA; "
-                                 "this run starts again cold\n")
+                sys.stderr.write(
+                    f"alloctune agent: the program read {', '.join(touched)} before CUDA; this run starts again cold\n"
+                )
                 sys.stderr.flush()
                 os._exit(_gate.EXIT_READ_SETTING)
             release = _gate.wait_for_release(str(self.config["gate"]))
@@ -275,8 +276,9 @@ class Agent(_outputs.AgentOutputs):
             sys.stderr.flush()
             os._exit(EXIT_BUDGET_TOO_LARGE)
         if budget is not None or cfg.get("ensure_cap"):
-            self.fraction = fraction_for(int(budget if budget is not None else self.total_memory),
-                                         self.total_memory, bool(cfg.get("ensure_cap")))
+            self.fraction = fraction_for(
+                int(budget if budget is not None else self.total_memory), self.total_memory, bool(cfg.get("ensure_cap"))
+            )
             torch.cuda.set_per_process_memory_fraction(self.fraction, device)
         # Everything below only observes: a failure is noted in the report, never raised into
         # the program (an exception here would surface at the program's first CUDA call).
@@ -307,8 +309,7 @@ class Agent(_outputs.AgentOutputs):
         if stacks == "none":
             memory._record_memory_history(max_entries=max_entries, context=None, stacks="python")
         else:
-            memory._record_memory_history(max_entries=max_entries, context="alloc",
-                                          stacks="all" if stacks == "all" else "python")
+            memory._record_memory_history(max_entries=max_entries, context="alloc", stacks="all" if stacks == "all" else "python")
 
     def _on_oom(self, device: int, alloc_size: int, limit: int, free: int) -> None:
         """Called by the allocator after its retries failed, just before it raises.
@@ -318,8 +319,7 @@ class Agent(_outputs.AgentOutputs):
         OOM ends the program (see `_excepthook`).
         """
         try:
-            self.ooms.append({"device": int(device), "alloc_size": int(alloc_size), "limit": int(limit),
-                              "free": int(free)})
+            self.ooms.append({"device": int(device), "alloc_size": int(alloc_size), "limit": int(limit), "free": int(free)})
             if self.config.get("on_oom") == "snapshot" and len(self.ooms) == 1:
                 self._dump_oom_snapshot()
         except Exception as exc:  # never let the observer raise into the allocator

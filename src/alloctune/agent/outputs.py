@@ -95,8 +95,9 @@ class AgentOutputs:
             "cap": cap,
             "total_memory": int(self.total_memory or 0),
             "torch": str(getattr(self.torch, "__version__", "") or ""),
-            "conf": str(self.config.get("conf") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
-                        or os.environ.get("PYTORCH_ALLOC_CONF") or ""),
+            "conf": str(
+                self.config.get("conf") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF") or ""
+            ),
             "device": int(self.device or 0),
             "cmd": [str(a) for a in sys.argv],
         }

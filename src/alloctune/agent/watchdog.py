@@ -182,8 +182,9 @@ class Watchdog:
 
     `root`: the trial's root (pid, creation time) in portable mode; None with POSIX groups."""
 
-    def __init__(self, fd: int | None, runner: int, runner_born: float | None = None,
-                 root: tuple[int, float | None] | None = None) -> None:
+    def __init__(
+        self, fd: int | None, runner: int, runner_born: float | None = None, root: tuple[int, float | None] | None = None
+    ) -> None:
         self._stopping = threading.Event()
         # A thread still blocked in select() while the interpreter finalizes can crash the process
         # at exit (seen: SIGSEGV); a wake-up pipe lets `stop` end it first.

@@ -90,8 +90,9 @@ class Analysis:
             self.kept = list(self.outlived)
 
 
-def analyse(trace: Trace, group: str = "line", repeat_marks: Sequence[int] | None = None,
-            site_labels: Sequence[str] | None = None) -> Analysis:
+def analyse(
+    trace: Trace, group: str = "line", repeat_marks: Sequence[int] | None = None, site_labels: Sequence[str] | None = None
+) -> Analysis:
     """Lifetimes, repetitions, sites and growth of a whole recording (independent of the moment).
 
     `site_labels`: one label per allocation (in order) that replaces the recording's own sites
@@ -101,8 +102,10 @@ def analyse(trace: Trace, group: str = "line", repeat_marks: Sequence[int] | Non
     req = trace.requests
     table = req.stack_table
     if table is not None and table.dropped:
-        raise TraceError(f"{trace.source}: the recording's Python stacks are unusable ({table.dropped}); "
-                         "explain needs them to name sites (re-record, or drop the frames)")
+        raise TraceError(
+            f"{trace.source}: the recording's Python stacks are unusable ({table.dropped}); "
+            "explain needs them to name sites (re-record, or drop the frames)"
+        )
     life = lifetimes(trace)
     lb = live_before(req)
     rep = from_marks(req, repeat_marks) if repeat_marks else find_repeats(req, lb)
@@ -112,8 +115,11 @@ def analyse(trace: Trace, group: str = "line", repeat_marks: Sequence[int] | Non
     labels: list[str] = []
     site_of: list[int] = []
     lib_of: list[str | None] = []
-    model_labels = ([sitemod.model_label(table.frames[i.model]) if 0 <= i.model != i.user else None for i in infos]
-                    if table is not None else [])
+    model_labels = (
+        [sitemod.model_label(table.frames[i.model]) if 0 <= i.model != i.user else None for i in infos]
+        if table is not None
+        else []
+    )
     model_of = [model_labels[sid] if sid >= 0 and model_labels else None for sid in life.stack]
     phase_of = allocation_phases(req)
     layers = _layers(life, rep, [p == FORWARD for p in phase_of]) if group == "layer" and table is not None else None
@@ -137,12 +143,41 @@ def analyse(trace: Trace, group: str = "line", repeat_marks: Sequence[int] | Non
         i = label_id.get(label)
         if i is None:
             if len(labels) >= MAX_SITES:
-                raise TraceError(f"{trace.source}: more than {MAX_SITES} distinct sites; the recording is not one "
-                                 "program's (explain keeps its memory bounded)")
+                raise TraceError(
+                    f"{trace.source}: more than {MAX_SITES} distinct sites; the recording is not one "
+                    "program's (explain keeps its memory bounded)"
+                )
             i = label_id[label] = len(labels)
             labels.append(label)
         site_of.append(i)
         lib_of.append(lib)
+    outlived = _outlived(life, rep)
+    kept = _without_first_time(life, rep, site_of, outlived)
+    growth = _growth(life, rep, site_of, kept)
+    if rep.starts:
+        _keep_in_last_repetition(life, rep.starts[-1], site_of, growth, kept, outlived)
+    return Analysis(
+        trace,
+        life,
+        lb,
+        rep,
+        site_of,
+        labels,
+        [None] * len(labels),
+        lib_of,
+        "none" if table is None else "python",
+        outlived,
+        growth,
+        infos,
+        group,
+        kept=kept,
+        phase_of=phase_of,
+        model_of=model_of,
+    )
+
+
+def _outlived(life: Lifetimes, rep: Repeats) -> list[bool]:
+    """Per allocation: whether it outlived its repetition (with fewer than two repetitions, none did)."""
     outlived = [False] * len(life.alloc)
     starts = rep.starts
     if len(starts) >= 2:
@@ -156,31 +191,38 @@ def analyse(trace: Trace, group: str = "line", repeat_marks: Sequence[int] | Non
             period = (end if j + 1 < len(starts) else starts[j]) - starts[j if j + 1 < len(starts) else j - 1]
             if life.free[k] > end and life.free[k] > a + period or (j + 1 == len(starts) and life.free[k] > a + period):
                 outlived[k] = True
-    kept = _without_first_time(life, rep, site_of, outlived)
-    growth = _growth(life, rep, site_of, kept)
-    if starts:
-        # the last repetition has no successor to outlive: a block a growing site made there is kept
-        # like its predecessors when blocks like it (same stack and size) were kept before and it is
-        # freed with them -- never, or in the same burst of the tear-down (a list dropped at the end
-        # frees its items one after the other) -- not by the step itself, as a temporary of the same
-        # shape is
-        grow = {s for s, (g, _) in growth.items() if g}
-        frees: dict[tuple[int, int, int], list[int]] = defaultdict(list)
-        for k in range(len(kept)):
-            if kept[k]:
-                frees[(site_of[k], life.stack[k], life.size[k])].append(life.free[k])
-        for k, a in enumerate(life.alloc):
-            key = (site_of[k], life.stack[k], life.size[k])
-            if a < starts[-1] or site_of[k] not in grow or key not in frees:
-                continue
-            fs = frees[key]
-            lo, hi = min(fs), max(fs)
-            slack = (hi - lo) // len(fs) + 2  # the burst's own spacing, and a neighbour's free
-            if life.free[k] >= life.n and hi >= life.n or lo - slack <= life.free[k] <= hi + slack:
-                outlived[k] = kept[k] = True
-    return Analysis(trace, life, lb, rep, site_of, labels, [None] * len(labels), lib_of,
-                    "none" if table is None else "python", outlived, growth, infos, group, kept=kept,
-                    phase_of=phase_of, model_of=model_of)
+    return outlived
+
+
+def _keep_in_last_repetition(
+    life: Lifetimes,
+    last_start: int,
+    site_of: list[int],
+    growth: dict[int, tuple[bool, int]],
+    kept: list[bool],
+    outlived: list[bool],
+) -> None:
+    """Mark kept (in `kept` and `outlived`) the last repetition's blocks that are kept like their predecessors.
+
+    The last repetition has no successor to outlive: a block a growing site made there is kept
+    like its predecessors when blocks like it (same stack and size) were kept before and it is
+    freed with them -- never, or in the same burst of the tear-down (a list dropped at the end
+    frees its items one after the other) -- not by the step itself, as a temporary of the same
+    shape is."""
+    grow = {s for s, (g, _) in growth.items() if g}
+    frees: dict[tuple[int, int, int], list[int]] = defaultdict(list)
+    for k in range(len(kept)):
+        if kept[k]:
+            frees[(site_of[k], life.stack[k], life.size[k])].append(life.free[k])
+    for k, a in enumerate(life.alloc):
+        key = (site_of[k], life.stack[k], life.size[k])
+        if a < last_start or site_of[k] not in grow or key not in frees:
+            continue
+        fs = frees[key]
+        lo, hi = min(fs), max(fs)
+        slack = (hi - lo) // len(fs) + 2  # the burst's own spacing, and a neighbour's free
+        if life.free[k] >= life.n and hi >= life.n or lo - slack <= life.free[k] <= hi + slack:
+            outlived[k] = kept[k] = True
 
 
 def _layers(life: Lifetimes, rep: Repeats, forward: Sequence[bool]) -> list[tuple[int, int] | None]:

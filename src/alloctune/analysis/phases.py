@@ -74,8 +74,11 @@ def stack_phases(table: StackTable) -> list[str]:
                 phase = p
                 break
         if phase is None:
-            forward = any(frames[fid][0].replace("\\", "/").endswith("torch/nn/modules/module.py")
-                          and frames[fid][2] in ("_call_impl", "_wrapped_call_impl") for fid in st)
+            forward = any(
+                frames[fid][0].replace("\\", "/").endswith("torch/nn/modules/module.py")
+                and frames[fid][2] in ("_call_impl", "_wrapped_call_impl")
+                for fid in st
+            )
             phase = FORWARD if forward else OTHER
         out.append(phase)
     return out
@@ -84,8 +87,9 @@ def stack_phases(table: StackTable) -> list[str]:
 def _annotation_index(annotations: Sequence[Annotation], n: int) -> list[str | None]:
     """Per request: the phase of the innermost (latest started, still open) phase-naming range around
     it, None where there is none. One sweep: O(requests + ranges), whatever the ranges' nesting."""
-    ranges = sorted(((a.start, a.end, p) for a in annotations if (p := annotation_phase(a.name)) is not None),
-                    key=lambda x: (x[0], -x[1]))
+    ranges = sorted(
+        ((a.start, a.end, p) for a in annotations if (p := annotation_phase(a.name)) is not None), key=lambda x: (x[0], -x[1])
+    )
     out: list[str | None] = [None] * n
     open_ranges: list[tuple[int, int, str]] = []
     k = 0
@@ -147,5 +151,3 @@ def phase_at(req: RequestStream, phases: Sequence[str], request: int) -> str:
             last = allocs
             allocs += 1
     return phases[last] if 0 <= last < len(phases) else OTHER
-
-

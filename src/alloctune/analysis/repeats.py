@@ -170,8 +170,12 @@ def _valleys(req: RequestStream, live: Sequence[int]) -> Repeats:
             i += 1
     if len(starts) < MIN_REPEATS:
         return Repeats((), total, NONE.how)
-    return Repeats(tuple(starts), total, f"live bytes return to the program's floor {len(starts)} times "
-                   "(no allocation recurs at a steady rhythm)", "floor of live bytes")
+    return Repeats(
+        tuple(starts),
+        total,
+        f"live bytes return to the program's floor {len(starts)} times (no allocation recurs at a steady rhythm)",
+        "floor of live bytes",
+    )
 
 
 def from_marks(req: RequestStream, marks: Sequence[int]) -> Repeats:
@@ -233,8 +237,7 @@ def _lines_in(table: Any, ids: Sequence[int], allocs: Sequence[int], code: tuple
         s = ids[r]
         ln = line_of.get(s, -1)
         if ln == -1:
-            ln = next((table.frames[f][1] for f in table.stacks[s]
-                       if (table.frames[f][0], table.frames[f][2]) == code), None)
+            ln = next((table.frames[f][1] for f in table.stacks[s] if (table.frames[f][0], table.frames[f][2]) == code), None)
             line_of[s] = ln
         if ln is None:
             return None

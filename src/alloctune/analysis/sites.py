@@ -84,7 +84,7 @@ def _read_defs(filename: str) -> list[tuple[int, str | None]]:
             scopes.pop()
         for kind, prefix in (("class", "class "), ("def", "def "), ("def", "async def ")):
             if stripped.startswith(prefix):
-                name = stripped[len(prefix):].split("(")[0].split(":")[0].strip()
+                name = stripped[len(prefix) :].split("(")[0].split(":")[0].strip()
                 if kind == "def":
                     owner = scopes[-1] if scopes else None
                     out.append((number, owner[2] if owner is not None and owner[1] == "class" else None))
@@ -125,10 +125,10 @@ def short_path(filename: str) -> str:
     for m in ("/site-packages/", "/dist-packages/"):
         k = f.rfind(m)
         if k >= 0:
-            return f[k + len(m):]
+            return f[k + len(m) :]
     hit = _TORCH.search(f)
     if hit:
-        return f[hit.start() + (1 if f[hit.start()] == "/" else 0):]
+        return f[hit.start() + (1 if f[hit.start()] == "/" else 0) :]
     return f
 
 
@@ -159,9 +159,25 @@ class SiteInfo:
     construction: bool  # module construction / .to() / .cuda() / parameter init
 
 
-_CONSTRUCT_FUNCS = frozenset({"_apply", "to", "cuda", "__init__", "reset_parameters", "_load_from_state_dict",
-                              "load_state_dict", "register_buffer", "register_parameter", "from_config",
-                              "_init_weights", "init_weights", "post_init", "_materialize", "to_empty"})
+_CONSTRUCT_FUNCS = frozenset(
+    {
+        "_apply",
+        "to",
+        "cuda",
+        "__init__",
+        "reset_parameters",
+        "_load_from_state_dict",
+        "load_state_dict",
+        "register_buffer",
+        "register_parameter",
+        "from_config",
+        "_init_weights",
+        "init_weights",
+        "post_init",
+        "_materialize",
+        "to_empty",
+    }
+)
 
 
 def site_infos(table: StackTable) -> list[SiteInfo]:
@@ -178,7 +194,8 @@ def site_infos(table: StackTable) -> list[SiteInfo]:
         optimizer = any("torch/optim/" in norm[fid] for fid in st)
         construction = any(
             ("torch/nn/modules/module.py" in norm[fid] and frames[fid][2] in _CONSTRUCT_FUNCS)
-            or "torch/nn/init.py" in norm[fid] or "torch/nn/parameter.py" in norm[fid]
+            or "torch/nn/init.py" in norm[fid]
+            or "torch/nn/parameter.py" in norm[fid]
             or (frames[fid][2] in _CONSTRUCT_FUNCS and lib[fid] and frames[fid][2] != "to")
             for fid in st
         )

@@ -38,8 +38,7 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(
-        False, "--version", is_eager=True, callback=_print_version, help="Print the version and exit."),
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version, help="Print the version and exit."),
 ) -> None:
     """alloctune: diagnose OOMs, simulate the caching allocator, run and tune workloads."""
 
@@ -79,7 +78,8 @@ def _type_label(param: Any) -> str | None:
     """What help shows after an option instead of typer's Python type names (`<bool>`, `<list[str]>`):
     nothing for flags and arguments (their name says it), the metavar, else a plain word."""
     if param.param_type_name == "argument" or any(
-            getattr(param, a, None) for a in ("is_flag", "count", "secondary_opts")):  # --x/--no-x too
+        getattr(param, a, None) for a in ("is_flag", "count", "secondary_opts")
+    ):  # --x/--no-x too
         return None
     if param.metavar:
         return param.metavar

@@ -20,32 +20,38 @@ def register(app: typer.Typer) -> None:
     def check_cmd(
         setting: str = typer.Argument(..., help='The allocator string, e.g. "expandable_segments:True" ("" = defaults).'),
         torch: str = typer.Option("2.11", "--torch", help="Target torch release (2.0–2.15), e.g. 2.11 or 2.11.0+cu130."),
-        platform: str = typer.Option("linux", "--platform", help="linux, windows, wsl (checked as linux) or macos "
-                                     "(no CUDA: no setting applies)."),
+        platform: str = typer.Option(
+            "linux", "--platform", help="linux, windows, wsl (checked as linux) or macos (no CUDA: no setting applies)."
+        ),
         fraction: Optional[float] = typer.Option(
-            None, "--fraction", help="Per-process memory fraction the program sets (0–1), if any."),
+            None, "--fraction", help="Per-process memory fraction the program sets (0–1), if any."
+        ),
         card: Optional[str] = typer.Option(None, "--card", help="Device memory, e.g. 80GiB (enables size checks)."),
         largest_segment: Optional[str] = typer.Option(
-            None, "--largest-segment", help="Largest segment the workload makes, e.g. 2GiB (from `trace info`)."),
+            None, "--largest-segment", help="Largest segment the workload makes, e.g. 2GiB (from `trace info`)."
+        ),
         var: Optional[str] = typer.Option(
-            None, "--var", help="The variable the setting goes in (PYTORCH_CUDA_ALLOC_CONF or PYTORCH_ALLOC_CONF)."),
+            None, "--var", help="The variable the setting goes in (PYTORCH_CUDA_ALLOC_CONF or PYTORCH_ALLOC_CONF)."
+        ),
         shell: str = typer.Option("bash", "--shell", help="Shell for the env lines: bash, powershell, cmd, python."),
         json_out: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
     ) -> None:
         """Validate SETTING like torch would, show the effective values, inert knobs and the env lines."""
+        from alloctune.cli.config_view import render_check
         from alloctune.config.effective import check_setting
         from alloctune.errors import InputError
 
         if shell not in _SHELLS:
             raise InputError(f"unknown shell {shell!r}: use one of {', '.join(_SHELLS)}")
-        result = check_setting(setting, torch, platform=platform, fraction=fraction, card=card,
-                               largest_segment=largest_segment, env_var=var)
+        result = check_setting(
+            setting, torch, platform=platform, fraction=fraction, card=card, largest_segment=largest_segment, env_var=var
+        )
         if json_out:
             from alloctune.cli.common import print_json
 
             print_json(result)
             return
-        _render_check(result, shell)
+        render_check(result, shell)
 
     @config_app.command("knobs")
     def knobs_cmd(
@@ -53,6 +59,7 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
     ) -> None:
         """Every allocator knob of torch 2.0–2.15: meaning, default, versions, backend, effect on allocation."""
+        from alloctune.cli.config_view import render_knobs
         from alloctune.config.knobs import knobs_for
         from alloctune.config.versions import parse_torch_version
 
@@ -64,54 +71,4 @@ def register(app: typer.Typer) -> None:
 
             print_json(with_schema("config-knobs", {"torch": torch, "knobs": [k.to_dict() for k in knobs]}))
             return
-        from alloctune.cli.render import Col, FitTable, console
-
-        table = FitTable(Col("knob"), Col("default"), Col("torch", nowrap=True), Col("honoured\nby"),
-                         Col("affects\nallocation"), Col("meaning"),
-                         title="Allocator knobs" + (f" accepted by torch {torch}" if torch else " (torch 2.0–2.15)"))
-        for k in knobs:
-            name = k.name + "".join(f"\n(alias {a})" for a in k.aliases)
-            table.add_row(name, k.default, k.versions(), k.honoured_by, "yes" if k.affects_allocation else "no",
-                          k.meaning)
-        console.print(table)
-
-
-def _render_check(result, shell: str) -> None:
-    from rich.markup import escape
-
-    from alloctune.cli.render import Col, FitTable, console
-    from alloctune.config.effective import describe_roundup
-    from alloctune.units import format_size
-
-    console.print(f"[green]valid[/green] for torch {result.torch}: {result.input!r}", markup=True, soft_wrap=True)
-    console.print(f"normalized: {result.normalized.format() or '(empty: all defaults)'}", markup=False, soft_wrap=True)
-
-    def show(key, value):
-        if value is None:
-            return "unlimited" if key == "max_split_size" else "-"
-        if key == "roundup_power2_divisions":
-            return describe_roundup(value)
-        if isinstance(value, int) and not isinstance(value, bool) and key in (
-                "max_split_size", "max_non_split_rounding", "large_segment_size"):
-            return format_size(value)
-        return str(value)
-
-    table = FitTable(Col("setting"), Col("value"), title="effective values")
-    for key, value in result.effective.items():
-        table.add_row(key, show(key, value))
-    for key, value in result.config.other:
-        if key != "throw_on_cudamalloc_oom":
-            table.add_row(key, value)
-    console.print(table)
-    for w in result.warnings:
-        color = {"error": "red", "warning": "yellow"}.get(w.severity, "cyan")
-        console.print(f"[{color}]{w.severity}[/{color}] {escape(f'[{w.code}] {w.message}')}")
-    if not result.warnings:
-        console.print("no warnings")
-    for knob in result.not_set:
-        console.print(f"not setting {knob}: ignored on {result.platform}", markup=False)
-    if result.shells:
-        console.print(f"set it ({shell}):" if not result.not_set else f"set the rest ({shell}):")
-        console.print(result.shells[shell], markup=False, soft_wrap=True)
-    elif not result.not_set:
-        console.print("nothing to set: unset PYTORCH_CUDA_ALLOC_CONF and PYTORCH_ALLOC_CONF for the defaults")
+        render_knobs(knobs, torch)

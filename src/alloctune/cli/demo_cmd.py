@@ -16,12 +16,15 @@ def register(app: typer.Typer) -> None:
     @app.command("demo")
     def demo(
         trace: Optional[str] = typer.Option(
-            None, "--trace", help="Trace file, or the name of a shipped trace (see --list); default: the shipped RVC trace."),
+            None, "--trace", help="Trace file, or the name of a shipped trace (see --list); default: the shipped RVC trace."
+        ),
         budget: Optional[str] = typer.Option(
-            None, "--budget", help="Also say whether each setting fits this per-process budget, e.g. 1.6GiB."),
+            None, "--budget", help="Also say whether each setting fits this per-process budget, e.g. 1.6GiB."
+        ),
         gpu: Optional[bool] = typer.Option(
-            None, "--gpu/--no-gpu",
-            help="Tune the RVC workload on the GPU (default: when one is present); --gpu without one exits 2."
+            None,
+            "--gpu/--no-gpu",
+            help="Tune the RVC workload on the GPU (default: when one is present); --gpu without one exits 2.",
         ),
         json_out: bool = typer.Option(False, "--json", help="Print machine-readable output."),
         list_traces: bool = typer.Option(False, "--list", help="List the shipped traces and exit."),
@@ -45,12 +48,14 @@ def register(app: typer.Typer) -> None:
         if gpu and not use_gpu:
             raise EnvironmentProblem(
                 "--gpu: no CUDA GPU is visible to torch here, so the GPU part cannot run; "
-                "drop --gpu for the simulated demo (it needs no GPU)")
+                "drop --gpu for the simulated demo (it needs no GPU)"
+            )
         if use_gpu:
             cmd = core.gpu_demo_command(json_out, cap)
             if not json_out:
-                console.print(f"GPU found: tuning the RVC workload under {core.demo_budget_arg(cap)}"
-                              + ("" if cap else " (a 6 GiB card)"))
+                console.print(
+                    f"GPU found: tuning the RVC workload under {core.demo_budget_arg(cap)}" + ("" if cap else " (a 6 GiB card)")
+                )
                 console.print(f"$ {' '.join(cmd[2:])}", soft_wrap=True, markup=False)
             raise typer.Exit(subprocess.call(cmd, env=os.environ.copy()))
 

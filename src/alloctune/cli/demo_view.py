@@ -27,7 +27,8 @@ def render_demo(result: Any) -> None:
         + f"{result.requests:,} allocator requests"
         + (f", recorded with torch {result.recorded_with}" if result.recorded_with else "")
         + ")\n",
-        markup=False, highlight=False,
+        markup=False,
+        highlight=False,
     )
     cols = [
         Col("setting"),
@@ -102,8 +103,9 @@ def render_trace_list(rows: list[dict[str, str]]) -> None:
     from alloctune.cli.render import FitTable
 
     torches = ", ".join(sorted({r["torch"].split("+")[0] for r in rows if r["torch"]}))
-    table = FitTable("name", "workload", "recorded under",
-                     title=f"shipped H200 traces (torch {torches}); use one with --trace NAME")
+    table = FitTable(
+        "name", "workload", "recorded under", title=f"shipped H200 traces (torch {torches}); use one with --trace NAME"
+    )
     for r in rows:
         table.add_row(r["name"], short_workload(r["workload"]), r["setting"])
     console.print(table)

@@ -17,10 +17,10 @@ from rich.markup import escape
 from alloctune.cli.common import console, print_json
 
 if TYPE_CHECKING:
+    from alloctune.diagnose.diagnosis import Diagnosis
     from alloctune.diagnose.fixes import Fix
     from alloctune.diagnose.groups import Group, LogSummary
     from alloctune.diagnose.scan import Found
-    from alloctune.diagnose.verdict import Diagnosis
 
 _VERDICT_STYLE = {
     "fragmentation": "bold yellow",
@@ -34,6 +34,7 @@ _VERDICT_STYLE = {
 # Groups a terminal shows (the largest): a multi-rank log can hold a thousand, which nobody reads
 # there (and rendering them took longer than reading the log); --json and --all give every group.
 SHOWN = 40
+
 
 def message_sink(show_all: bool, json_out: bool) -> Callable[[Found, Diagnosis], None] | None:
     """How `--all` writes each message as the log is read: a JSON line each with --json, else one
@@ -84,12 +85,19 @@ def render_diagnosis(d: Diagnosis, index: int, count: int) -> None:
     from alloctune.cli.render import kv_table
 
     r = d.report
-    where = [f"{r.vendor.upper()} {r.backend}", f"format {r.format}" + (f" (torch {r.torch_hint})" if r.torch_hint else ""),
-             f"platform {d.platform}" if d.platform else "", f"seen {d.occurrences}x" if d.occurrences > 1 else "",
-             "truncated" if r.truncated else ""]
-    head = Text.assemble((d.verdict.upper(), _VERDICT_STYLE.get(d.verdict, "bold")),
-                         f" (+ {', '.join(d.contributing)})" if d.contributing else "", f": {d.reason}\n",
-                         (", ".join(x for x in where if x), "dim"))
+    where = [
+        f"{r.vendor.upper()} {r.backend}",
+        f"format {r.format}" + (f" (torch {r.torch_hint})" if r.torch_hint else ""),
+        f"platform {d.platform}" if d.platform else "",
+        f"seen {d.occurrences}x" if d.occurrences > 1 else "",
+        "truncated" if r.truncated else "",
+    ]
+    head = Text.assemble(
+        (d.verdict.upper(), _VERDICT_STYLE.get(d.verdict, "bold")),
+        f" (+ {', '.join(d.contributing)})" if d.contributing else "",
+        f": {d.reason}\n",
+        (", ".join(x for x in where if x), "dim"),
+    )
     console.print(Panel(head, title=f"OOM {index}/{count}" if count > 1 else "OOM", title_align="left"))
     if d.evidence:
         console.print(kv_table(((str(i), line) for i, line in enumerate(d.evidence, 1)), title="Evidence"))
@@ -119,19 +127,35 @@ def render_summary(summary: LogSummary, every: bool = False) -> None:
 
     groups = summary.groups
     shown = groups if every else groups[:SHOWN]
-    console.print(f"[bold]{summary.messages:,} out-of-memory messages[/bold] in {len(groups)} group(s) "
-                  "(verdict, device/rank, request size); every message: --all")
-    console.print(table(Col("#", justify="right", nowrap=True), "verdict", "where", Col("requests", nowrap=True),
-                        Col("count", justify="right", nowrap=True), Col("lines", nowrap=True), "worst case",
-                        "fix", rows=[_group_row(i, g) for i, g in enumerate(shown, 1)]))
+    console.print(
+        f"[bold]{summary.messages:,} out-of-memory messages[/bold] in {len(groups)} group(s) "
+        "(verdict, device/rank, request size); every message: --all"
+    )
+    console.print(
+        table(
+            Col("#", justify="right", nowrap=True),
+            "verdict",
+            "where",
+            Col("requests", nowrap=True),
+            Col("count", justify="right", nowrap=True),
+            Col("lines", nowrap=True),
+            "worst case",
+            "fix",
+            rows=[_group_row(i, g) for i, g in enumerate(shown, 1)],
+        )
+    )
     if len(shown) < len(groups):
-        rest = groups[len(shown):]
-        console.print(f"{len(rest):,} smaller group(s) with {sum(g.count for g in rest):,} message(s) not shown: "
-                      "--json or --all lists every group")
+        rest = groups[len(shown) :]
+        console.print(
+            f"{len(rest):,} smaller group(s) with {sum(g.count for g in rest):,} message(s) not shown: "
+            "--json or --all lists every group"
+        )
     for shared in shared_fixes(groups):
         fix = shared.fix
-        console.print(f"[bold]{escape(fix.title)}[/bold] [dim](group {', '.join(map(str, shared.groups))}; "
-                      f"from the message at line {shared.line})[/dim]")
+        console.print(
+            f"[bold]{escape(fix.title)}[/bold] [dim](group {', '.join(map(str, shared.groups))}; "
+            f"from the message at line {shared.line})[/dim]"
+        )
         console.print(Padding(Text(fix.why), (0, 0, 0, 3)))
         _print_fix_lines(fix)
     console.print()
@@ -148,11 +172,22 @@ def _group_row(position: int, g: Group) -> tuple[Any, ...]:
     if w is not None and w.shortfall:
         worst += f", {format_size(w.shortfall)} short"
     fix, _, covers = g.fix
-    where = " ".join(x for x in (f"GPU {g.device}" if g.device is not None else "",
-                                 f"rank {g.rank}" if g.rank is not None else "") if x) or "-"
-    return (str(position), Text(g.verdict.upper(), style=_VERDICT_STYLE.get(g.verdict, "bold")), where,
-            g.requests_text, f"{g.count:,}", f"{g.first_line:,}-{g.last_line:,}", worst,
-            (fix.title + ("" if covers == g.count else f" ({covers:,} of {g.count:,})")) if fix else "-")
+    where = (
+        " ".join(
+            x for x in (f"GPU {g.device}" if g.device is not None else "", f"rank {g.rank}" if g.rank is not None else "") if x
+        )
+        or "-"
+    )
+    return (
+        str(position),
+        Text(g.verdict.upper(), style=_VERDICT_STYLE.get(g.verdict, "bold")),
+        where,
+        g.requests_text,
+        f"{g.count:,}",
+        f"{g.first_line:,}-{g.last_line:,}",
+        worst,
+        (fix.title + ("" if covers == g.count else f" ({covers:,} of {g.count:,})")) if fix else "-",
+    )
 
 
 def _print_fix_lines(fix: Fix) -> None:

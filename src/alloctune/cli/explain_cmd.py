@@ -2,44 +2,31 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import List, Optional
-
 import typer
+
+from alloctune.cli import options
 
 
 def register(app: typer.Typer) -> None:
     @app.command("explain")
     def explain(
-        recordings: List[Path] = typer.Argument(
-            ..., metavar="RECORDING...",
-            help="Snapshot (.pickle[.gz|.xz]), compact trace or a shipped trace's name (alloctune demo --list); "
-            "several: the ranks of one job (NAME.rankN.pickle)."),
-        against: Optional[Path] = typer.Option(
-            None, "--against", metavar="RECORDING",
-            help="Split the gap in peak reserved to this recording by site and category."),
-        at: Optional[str] = typer.Option(
-            None, "--at", metavar="EVENT|SECONDSs", help="Event index, or a time like 12.5s (default: OOM, else peak reserved)."),
-        group: str = typer.Option("line", "--group", metavar="line|function|file|module|model|layer",
-                                  help="How sites are grouped (model: the model's own code; layer: also layer k of N)."),
-        top: int = typer.Option(20, "--top", metavar="N", help="Sites listed (the rest are summed in one row)."),
-        what_if: bool = typer.Option(True, "--what-if/--no-what-if", help="Simulate the min budget with each kept site freed."),
-        what_if_dir: Optional[Path] = typer.Option(
-            None, "--what-if-dir", metavar="DIR", help="Write each what-if's rewritten recording here (for alloctune simulate)."),
-        device: Optional[int] = typer.Option(
-            None, "--device", "-d", metavar="N", help="Device index (needed if several recorded)."),
-        json_out: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
-        calibration: Optional[List[Path]] = typer.Option(
-            None, "--calibration", metavar="FILE",
-            help="A recording of the same program and input run under a cap (alloctune run --budget ... --record): "
-            "the fallbacks it shows (cuDNN giving workspaces up) make the min budgets those of a capped run."),
-        html_out: Optional[Path] = typer.Option(
-            None, "--html", metavar="FILE", help="Also write one self-contained HTML page (over time, map, what-ifs)."),
+        recordings: options.ExplainRecordings,
+        against: options.ExplainAgainst = None,
+        at: options.ExplainAt = None,
+        group: options.ExplainGroup = "line",
+        top: options.ExplainTop = 20,
+        what_if: options.ExplainWhatIf = True,
+        what_if_dir: options.ExplainWhatIfDir = None,
+        device: options.RecordedDevice = None,
+        json_out: options.Json = False,
+        calibration: options.ExplainCalibration = None,
+        html_out: options.ExplainHtml = None,
     ) -> None:
         """Where the memory goes: categories that sum exactly to reserved memory, sites, growth, simulated what-ifs.
 
         A site is your line and the library frame under it; growth is per repetition."""
         from alloctune import api
+        from alloctune.cli.common import print_json
         from alloctune.cli.explain_view import render, render_against, render_ranks
         from alloctune.cli.render import err_console
         from alloctune.errors import InputError
@@ -52,8 +39,6 @@ def register(app: typer.Typer) -> None:
                 raise InputError("--against and --at take one recording; several recordings are the ranks of one job")
             imb = api.explain(recordings, group=group, top=top)
             if json_out:
-                from alloctune.cli.common import print_json
-
                 print_json(imb.to_dict())
             else:
                 render_ranks(imb)
@@ -67,14 +52,10 @@ def register(app: typer.Typer) -> None:
             except ValueError:
                 raise InputError(f"--at {at!r}: expected an event index or a time like 12.5s") from None
         if against is not None and html_out is not None:
-            from alloctune.errors import InputError
-
             raise InputError("--html writes the page of one recording; drop --against or --html")
         if against is not None:
             cmp = api.explain(recording, against=against, group=group, top=top, device=device)
             if json_out:
-                from alloctune.cli.common import print_json
-
                 print_json(cmp.to_dict())
             else:
                 render_against(cmp)
@@ -83,17 +64,32 @@ def register(app: typer.Typer) -> None:
             from alloctune.report.explain_html import write_explain_html
 
             with progress_on_stderr(quiet=json_out, console=err_console) as progress:
-                ex = write_explain_html(recording, html_out, at=at_value, group=group, top=top, what_if=what_if,
-                                        what_if_dir=what_if_dir, device=device, progress=progress,
-                                        calibrations=list(calibration or []))
+                ex = write_explain_html(
+                    recording,
+                    html_out,
+                    at=at_value,
+                    group=group,
+                    top=top,
+                    what_if=what_if,
+                    what_if_dir=what_if_dir,
+                    device=device,
+                    progress=progress,
+                    calibrations=list(calibration or []),
+                )
         else:
             with progress_on_stderr(quiet=json_out, console=err_console) as progress:
-                ex = api.explain(recording, at=at_value, group=group, top=top, what_if=what_if,
-                                 what_if_dir=what_if_dir, device=device, progress=progress,
-                                 calibrations=list(calibration or []))
+                ex = api.explain(
+                    recording,
+                    at=at_value,
+                    group=group,
+                    top=top,
+                    what_if=what_if,
+                    what_if_dir=what_if_dir,
+                    device=device,
+                    progress=progress,
+                    calibrations=list(calibration or []),
+                )
         if json_out:
-            from alloctune.cli.common import print_json
-
             print_json(ex.to_dict())
         else:
             render(ex)

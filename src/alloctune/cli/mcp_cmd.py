@@ -15,8 +15,14 @@ def _tool_rows() -> list[dict[str, object]]:
     """Name, first docstring line and whether confirm is needed, for each tool."""
     from alloctune.mcp.tools import GPU_TOOLS, TOOLS
 
-    return [{"name": t.__name__, "summary": (inspect.getdoc(t) or "").split("\n\n")[0].replace("\n", " "),
-             "needs_confirm": t.__name__ in GPU_TOOLS} for t in TOOLS]
+    return [
+        {
+            "name": t.__name__,
+            "summary": (inspect.getdoc(t) or "").split("\n\n")[0].replace("\n", " "),
+            "needs_confirm": t.__name__ in GPU_TOOLS,
+        }
+        for t in TOOLS
+    ]
 
 
 def register(app: typer.Typer) -> None:
@@ -51,8 +57,9 @@ def register(app: typer.Typer) -> None:
             return
         from alloctune.cli.render import Col, FitTable, console
 
-        table = FitTable(Col("tool", nowrap=True), Col("confirm", nowrap=True), Col("what it answers"),
-                         title="MCP tools (alloctune mcp)")
+        table = FitTable(
+            Col("tool", nowrap=True), Col("confirm", nowrap=True), Col("what it answers"), title="MCP tools (alloctune mcp)"
+        )
         for row in rows:
             table.add_row(str(row["name"]), "yes" if row["needs_confirm"] else "-", str(row["summary"]))
         console.print(table)

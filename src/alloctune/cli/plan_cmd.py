@@ -7,10 +7,11 @@ traces; `FILE` alone when its sidecar names the size; a directory from `record -
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any
 
 import typer
+
+from alloctune.cli import options
 
 # The cards answered for when nothing else is asked (no --card, --budget, --size, --save, --png or --json)
 DEFAULT_CARDS = ("4GiB", "8GiB", "16GiB", "24GiB")
@@ -19,44 +20,28 @@ DEFAULT_CARDS = ("4GiB", "8GiB", "16GiB", "24GiB")
 def register(app: typer.Typer) -> None:
     @app.command("plan")
     def plan_cmd(
-        inputs: List[str] = typer.Argument(..., metavar="INPUTS...", help="TRACESET.atraceset, or FILE:SIZE ... "
-                                           "(two or more sizes), or a directory written by record --size"),
-        card: Optional[List[str]] = typer.Option(None, "--card", help="card memory, e.g. 6GiB (repeatable, or 4GiB,8GiB)"),
-        budget: Optional[List[str]] = typer.Option(None, "--budget", "-b", help="per-process budget on the "
-                                                   "recording's device (set_per_process_memory_fraction), e.g. "
-                                                   "3GiB; repeatable, or 2GiB,3GiB"),
-        cap: Optional[List[str]] = typer.Option(None, "--cap", hidden=True, help="the old name of --budget"),
-        conf: Optional[List[str]] = typer.Option(None, "--conf", "-c", help="allocator setting (repeatable); "
-                                                 "default: unset"),
-        size: Optional[str] = typer.Option(None, "--size", help="answer for this input size: peak reserved, "
-                                           "completes per card/budget, min budget, smallest card"),
-        step: Optional[str] = typer.Option(None, "--step", help="size grid of the search (default 1 for whole sizes)"),
-        max_size: Optional[str] = typer.Option(None, "--max-size", help="top of the search (default: open-ended, "
-                                               "doubling until the size fails, at most 16x the largest recorded size)"),
-        curve: Optional[str] = typer.Option(None, "--curve", help="sizes for the min-budget table, e.g. 8,16,32"),
-        save: Optional[Path] = typer.Option(None, "--save", help="write the size-parametric trace set here "
-                                            "(.atraceset)"),
-        hold_back: Optional[str] = typer.Option(None, "--hold-back", help="check the fit on the recording at this "
-                                                "size: fit on the others, compare peak reserved"),
-        export: Optional[str] = typer.Option(None, "--export", help="write the stream generated at SIZE as an "
-                                             "alloctune trace: SIZE:FILE (then alloctune simulate FILE)"),
-        png: Optional[Path] = typer.Option(None, "--png", help="min budget vs size figure (needs matplotlib)"),
-        rvc: bool = typer.Option(False, "--rvc", help="set the answers against RVC's chunk presets (sizes = audio "
-                                 "seconds of one unsplit file)"),
-        rvc_pad: float = typer.Option(3.0, "--rvc-pad", help="x_pad (s) the RVC recordings were made with"),
-        context: str = typer.Option("518MiB", "--context", help="CUDA context on a card, not available to the "
-                                    "allocator"),
-        torch_version: Optional[str] = typer.Option(None, "--torch", help="PyTorch release whose rules to apply"),
-        confirm: Optional[str] = typer.Option(None, "--confirm", help="run this program (quoted, {size} where the "
-                                              "input size goes) at each predicted largest size under the target's "
-                                              "budget; on a failure step down by the bound and run once more"),
-        confirm_runs: int = typer.Option(2, "--confirm-runs", help="runs per answer for --confirm, at most"),
-        calibration: Optional[List[str]] = typer.Option(None, "--calibration", help="a capped run of the program "
-                                                        "whose workspaces fell back, FILE[:SIZE] (repeatable): "
-                                                        "which requests it gives up, so each answer is one number"),
-        store: Optional[Path] = typer.Option(None, "--store", help="a tune store of the same program: its capped "
-                                             "recorded runs teach the fallbacks, as --calibration does"),
-        json_out: bool = typer.Option(False, "--json", help="print machine-readable JSON"),
+        inputs: options.PlanInputs,
+        card: options.PlanCard = None,
+        budget: options.PlanBudget = None,
+        cap: options.PlanCap = None,
+        conf: options.PlanConf = None,
+        size: options.PlanSize = None,
+        step: options.PlanStep = None,
+        max_size: options.PlanMaxSize = None,
+        curve: options.PlanCurve = None,
+        save: options.PlanSave = None,
+        hold_back: options.PlanHoldBack = None,
+        export: options.PlanExport = None,
+        png: options.PlanPng = None,
+        rvc: options.PlanRvc = False,
+        rvc_pad: options.PlanRvcPad = 3.0,
+        context: options.PlanContext = "518MiB",
+        torch_version: options.PlanTorch = None,
+        confirm: options.PlanConfirm = None,
+        confirm_runs: options.PlanConfirmRuns = 2,
+        calibration: options.PlanCalibration = None,
+        store: options.PlanStore = None,
+        json_out: options.PlanJson = False,
     ) -> None:
         """Largest input size per card/budget and setting, min budget vs size, and the card one size needs.
 
@@ -84,11 +69,27 @@ def register(app: typer.Typer) -> None:
             from alloctune.run.runner import run_trial as runner
         with progress_on_stderr(quiet=json_out, console=err_console) as progress:
             report = run(
-                inputs, save=save, hold_back=hold_back, export=export, png=png, rvc=rvc, rvc_pad=rvc_pad,
-                confs=list(conf or [""]), cards=parse_sizes(card, "--card"), caps=caps, size=size,
-                step=step, max_size=max_size, curve=[c for c in curve.split(",") if c.strip()] if curve else None,
-                torch=torch_version, context=parse_user_size(context, "--context"), progress=progress,
-                confirm=command_words(confirm), confirm_runs=confirm_runs, runner=runner,
-                calibrations=list(calibration or []), store=store,
+                inputs,
+                save=save,
+                hold_back=hold_back,
+                export=export,
+                png=png,
+                rvc=rvc,
+                rvc_pad=rvc_pad,
+                confs=list(conf or [""]),
+                cards=parse_sizes(card, "--card"),
+                caps=caps,
+                size=size,
+                step=step,
+                max_size=max_size,
+                curve=[c for c in curve.split(",") if c.strip()] if curve else None,
+                torch=torch_version,
+                context=parse_user_size(context, "--context"),
+                progress=progress,
+                confirm=command_words(confirm),
+                confirm_runs=confirm_runs,
+                runner=runner,
+                calibrations=list(calibration or []),
+                store=store,
             )
         render_report(report, json_out=json_out, torch=torch_version)

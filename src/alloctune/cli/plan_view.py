@@ -44,8 +44,7 @@ def _simulate_command(path: str, confs: list[str], torch: str | None) -> str:
     import shlex
 
     settings = "" if confs == [""] else "".join(f" --conf {shlex.quote(c)}" for c in confs)
-    return (f"alloctune simulate {shlex.quote(path)}{settings}" + (f" --torch {torch}" if torch else "")
-            + " --min-budget")
+    return f"alloctune simulate {shlex.quote(path)}{settings}" + (f" --torch {torch}" if torch else "") + " --min-budget"
 
 
 def _header(report: Any, torch: str | None = None) -> None:
@@ -65,10 +64,13 @@ def _header(report: Any, torch: str | None = None) -> None:
     if report.saved:
         console.print(f"trace set saved to [bold]{report.saved}[/bold] ({report.saved_bytes / 1024:.1f} KiB)")
     if report.exported:
-        console.print(f"generated stream written to [bold]{report.exported}[/bold]; each setting's min budget at "
-                      "its size, as plan answers it:")
-        console.print("  " + _simulate_command(report.exported, [s.conf for s in res.settings], torch),
-                      soft_wrap=True, markup=False)
+        console.print(
+            f"generated stream written to [bold]{report.exported}[/bold]; each setting's min budget at "
+            "its size, as plan answers it:"
+        )
+        console.print(
+            "  " + _simulate_command(report.exported, [s.conf for s in res.settings], torch), soft_wrap=True, markup=False
+        )
     if report.holdout:
         h = report.holdout
         real = f", {h.error_vs_real:+.2%} vs the GPU's peak" if h.error_vs_real is not None else ""
@@ -103,8 +105,11 @@ def _largest_table(res: Any, confs: list[str]) -> None:
     from alloctune.cli.common import console
     from alloctune.cli.render import Col, FitTable
 
-    t = FitTable("target", *(Col(c, "right") for c in confs),
-                 title=f"largest size that completes (search {res.search[0]}..{res.search[1]}, step {res.step})")
+    t = FitTable(
+        "target",
+        *(Col(c, "right") for c in confs),
+        title=f"largest size that completes (search {res.search[0]}..{res.search[1]}, step {res.step})",
+    )
     for k, item in enumerate(res.settings[0].largest):
         t.add_row(item.target.label, *[_largest_cell(s.largest[k], str(res.search[1])) for s in res.settings])
     console.print(t)
@@ -118,8 +123,10 @@ def _fallible_line(f: dict[str, Any]) -> None:
     if not f:
         return
     if f["decided_by"] not in ("none", "recorded fallbacks"):
-        console.print(f"one number per answer: {f['requests']} workspace request(s) decided by "
-                      f"{f['decided_by']} (" + "; ".join(e["text"] for e in f["evidence"]) + ")")
+        console.print(
+            f"one number per answer: {f['requests']} workspace request(s) decided by "
+            f"{f['decided_by']} (" + "; ".join(e["text"] for e in f["evidence"]) + ")"
+        )
     elif f.get("range") and f.get("record"):  # it names the command to run: one line, whatever the width
         from rich.text import Text
 
@@ -131,8 +138,9 @@ def _curve_table(res: Any, confs: list[str]) -> None:
     from alloctune.cli.render import Col, FitTable
     from alloctune.units import format_size
 
-    t = FitTable(Col("size", "right", True), *(Col(c, "right") for c in confs),
-                 title="min budget (peak reserved uncapped) by size")
+    t = FitTable(
+        Col("size", "right", True), *(Col(c, "right") for c in confs), title="min budget (peak reserved uncapped) by size"
+    )
     for k, p in enumerate(res.settings[0].curve if res.settings else ()):
         cells = []
         for s in res.settings:
@@ -149,13 +157,21 @@ def _at_size_table(res: Any, confs: list[str]) -> None:
     from alloctune.units import format_size
 
     a0 = res.settings[0].at_size
-    t = FitTable("setting", *(Col(col, "right", True) for col in ("peak reserved", "min budget", "smallest card")),
-                 *(Col(col, "right") for col in a0.completes), title=f"size {a0.size}")
+    t = FitTable(
+        "setting",
+        *(Col(col, "right", True) for col in ("peak reserved", "min budget", "smallest card")),
+        *(Col(col, "right") for col in a0.completes),
+        title=f"size {a0.size}",
+    )
     for s, c in zip(res.settings, confs):
         a = s.at_size
-        t.add_row(c, format_size(a.peak_reserved), format_size(a.min_budget) if a.min_budget else "n/a",
-                  format_size(a.smallest_card) if a.smallest_card else "n/a",
-                  *["yes" if ok else "OOM" for ok in a.completes.values()])
+        t.add_row(
+            c,
+            format_size(a.peak_reserved),
+            format_size(a.min_budget) if a.min_budget else "n/a",
+            format_size(a.smallest_card) if a.smallest_card else "n/a",
+            *["yes" if ok else "OOM" for ok in a.completes.values()],
+        )
     console.print(t)
     for n in a0.notes:
         warn(n)
@@ -165,12 +181,26 @@ def _rvc_table(rows: Any) -> None:
     from alloctune.cli.common import console
     from alloctune.cli.render import FitTable
 
-    t = FitTable("setting", "card", "preset", "preset chunk s", "fits audio s", "fits chunk s", "verdict",
-                 title="RVC: the chunk that fits vs RVC's preset")
+    t = FitTable(
+        "setting",
+        "card",
+        "preset",
+        "preset chunk s",
+        "fits audio s",
+        "fits chunk s",
+        "verdict",
+        title="RVC: the chunk that fits vs RVC's preset",
+    )
     for r in rows:
-        t.add_row(setting_label(r.conf), r.target, r.preset, f"{r.preset_chunk_s:g}",
-                  f"{r.fits_audio_s:g}" if r.fits_audio_s is not None else "-",
-                  f"{r.fits_chunk_s:g}" if r.fits_chunk_s is not None else "-", r.verdict)
+        t.add_row(
+            setting_label(r.conf),
+            r.target,
+            r.preset,
+            f"{r.preset_chunk_s:g}",
+            f"{r.fits_audio_s:g}" if r.fits_audio_s is not None else "-",
+            f"{r.fits_chunk_s:g}" if r.fits_chunk_s is not None else "-",
+            r.verdict,
+        )
     console.print(t)
 
 
@@ -178,11 +208,22 @@ def _confirm_table(confirmations: Any) -> None:
     from alloctune.cli.common import console
     from alloctune.cli.render import FitTable
 
-    t = FitTable("setting", "target", "predicted", "confirmed", "runs (size: outcome)",
-                 title="--confirm: predicted vs confirmed on the GPU")
+    t = FitTable(
+        "setting",
+        "target",
+        "predicted",
+        "confirmed",
+        "runs (size: outcome)",
+        title="--confirm: predicted vs confirmed on the GPU",
+    )
     for c in confirmations:
-        t.add_row(setting_label(c.conf), c.target, c.predicted or "-", c.confirmed or "none",
-                  ", ".join(f"{r.size}: {r.outcome}" for r in c.runs) or "-")
+        t.add_row(
+            setting_label(c.conf),
+            c.target,
+            c.predicted or "-",
+            c.confirmed or "none",
+            ", ".join(f"{r.size}: {r.outcome}" for r in c.runs) or "-",
+        )
     console.print(t)
     for c in confirmations:
         console.print(f"{setting_label(c.conf)} on {c.target}: {c.note}")
@@ -197,15 +238,16 @@ def _footer(report: Any) -> None:
         console.print(f"figure written to [bold]{report.figure}[/bold]")
     elif report.figure_skipped:
         warn(report.figure_skipped)
-    console.print("* outside the recorded sizes (extrapolated); A .. B: conservative .. optimistic (workspaces "
-                  "fallible); † not monotone: a larger size completes again (see --json completes_again); "
-                  "(every size ≤ N): sizes between N and the answer fail in the simulation; "
-                  "±N%: the memory error bound the answer leaves room for; ‡ the search stopped where an "
-                  "extrapolation means nothing (16x the largest recording, or the bound past 25 %): record a larger size")
+    console.print(
+        "* outside the recorded sizes (extrapolated); A .. B: conservative .. optimistic (workspaces "
+        "fallible); † not monotone: a larger size completes again (see --json completes_again); "
+        "(every size ≤ N): sizes between N and the answer fail in the simulation; "
+        "±N%: the memory error bound the answer leaves room for; ‡ the search stopped where an "
+        "extrapolation means nothing (16x the largest recording, or the bound past 25 %): record a larger size"
+    )
     for n in res.notes:
         console.print(f"note: {n}")
-    console.print(f"plan took {report.wall_s:.2f} s in all: {res.wall_s:.2f} s answering, "
-                  f"{res.replays} simulated replays")
+    console.print(f"plan took {report.wall_s:.2f} s in all: {res.wall_s:.2f} s answering, {res.replays} simulated replays")
 
 
 def _short(name: str | None, width: int = 48) -> str:

@@ -34,21 +34,24 @@ def register(app: typer.Typer) -> None:
         ),
         out: Path = typer.Option(Path(DEFAULT_OUT), "--out", "-o", help="trace file (.pickle, .pickle.gz, .pickle.xz)"),
         size: Optional[str] = typer.Option(  # noqa: UP007
-            None, "--size", help="record once per input size (7,14,28): {size} in CMD is replaced, "
-            "ALLOCTUNE_SIZE is set; files get -SIZE before the suffix (or fill {size} in --out)"
+            None,
+            "--size",
+            help="record once per input size (7,14,28): {size} in CMD is replaced, "
+            "ALLOCTUNE_SIZE is set; files get -SIZE before the suffix (or fill {size} in --out)",
         ),
         conf: Optional[str] = typer.Option(None, "--conf", "-c", help="allocator setting to record under"),  # noqa: UP007
-        max_entries: int = typer.Option(
-            DEFAULT_MAX_ENTRIES, "--max-entries", help="allocator events kept (oldest dropped)"
-        ),
+        max_entries: int = typer.Option(DEFAULT_MAX_ENTRIES, "--max-entries", help="allocator events kept (oldest dropped)"),
         device: Optional[int] = typer.Option(  # noqa: UP007
             None, "--device", help="CUDA device the run is measured on (default: current); the trace holds every device"
         ),
         workload: Optional[str] = typer.Option(None, "--workload", help="name in the sidecar (default: file name)"),  # noqa: UP007
         stacks: str = typer.Option(
-            "python", "--stacks", metavar="python|all|none",
+            "python",
+            "--stacks",
+            metavar="python|all|none",
             help="frames kept with each allocation: python (where the memory goes: alloctune explain), "
-            "all (with C++ frames), none (smallest file)"),
+            "all (with C++ frames), none (smallest file)",
+        ),
         json_out: bool = typer.Option(False, "--json", help="print the result as JSON"),
     ) -> None:
         """Run CMD with allocator history on and write the trace (a `_dump_snapshot` pickle) and NAME.json.
@@ -76,8 +79,7 @@ def register(app: typer.Typer) -> None:
                 print_json(payload)
             else:
                 console.print(
-                    f"trace written to [bold]{rec.out}[/bold] ({rec.bytes / 2**20:.2f} MiB, "
-                    f"command ran {rec.wall_s:.1f} s)"
+                    f"trace written to [bold]{rec.out}[/bold] ({rec.bytes / 2**20:.2f} MiB, command ran {rec.wall_s:.1f} s)"
                 )
             if rec.exit_code != 0:
                 if not json_out:
@@ -97,9 +99,9 @@ def register(app: typer.Typer) -> None:
 
         recs = core.record_sizes(command, out, sizes, progress=show, **kwargs)
         if json_out:
-            print_json({"schema": SCHEMA, "max_entries": max_entries, "device": device,
-                        "recordings": [r.to_dict() for r in recs]})
+            print_json(
+                {"schema": SCHEMA, "max_entries": max_entries, "device": device, "recordings": [r.to_dict() for r in recs]}
+            )
         failed = [r.size for r in recs if r.exit_code != 0]
         if failed:
             raise WorkloadFailed(f"the command failed at size(s) {', '.join(map(str, failed))} (traces kept)")
-

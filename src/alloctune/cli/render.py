@@ -41,7 +41,7 @@ Cell = Union[str, Text, None]
 console = Console(highlight=False, emoji=False)
 err_console = Console(stderr=True, highlight=False, emoji=False)
 
-_SOFT_BREAK = re.compile(r"(?<=[,;])")           # fold a long value after a comma first
+_SOFT_BREAK = re.compile(r"(?<=[,;])")  # fold a long value after a comma first
 # then after the other separators of settings and paths, and after a `.`/`+` that joins names
 # (`torch.cuda.x`, `native+cudaMallocAsync`) but never inside a number (`1.08`, `1e+10`)
 _HARD_BREAK = re.compile(r"(?<=[,;:=/|])|(?<=[.+])(?=[A-Za-z_])")
@@ -114,7 +114,7 @@ def _fold(text: str, start: int, end: int, width: int) -> list[tuple[int, int]]:
         parts = [soft] if len(soft) <= width else _pieces(soft, _HARD_BREAK)
         for part in parts:
             for i in range(0, len(part), width):  # last resort: a piece wider than the table
-                chunk = part[i:i + width]
+                chunk = part[i : i + width]
                 out.append((pos, pos + len(chunk)))
                 pos += len(chunk)
     return out
@@ -178,12 +178,19 @@ class FitTable:
             yield from self._stacked(options.max_width)
             return
         table = Table(
-            title=self.title, show_header=self.show_header, box=box.SIMPLE_HEAD, show_edge=False,
-            pad_edge=False, padding=(0, 1, 0, 0), title_justify="left", header_style="bold",
+            title=self.title,
+            show_header=self.show_header,
+            box=box.SIMPLE_HEAD,
+            show_edge=False,
+            pad_edge=False,
+            padding=(0, 1, 0, 0),
+            title_justify="left",
+            header_style="bold",
         )
         for col, w in zip(self.columns, widths):
-            table.add_column(wrap_text(col.header, w), justify=col.justify, style=col.style, width=w,
-                             no_wrap=True, overflow="fold")
+            table.add_column(
+                wrap_text(col.header, w), justify=col.justify, style=col.style, width=w, no_wrap=True, overflow="fold"
+            )
         for row in self.rows:
             table.add_row(*(wrap_text(cell, w) for cell, w in zip(row, widths)))
         yield table

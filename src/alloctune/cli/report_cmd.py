@@ -21,8 +21,10 @@ def register(app: typer.Typer) -> None:
             False, "--what-if", help="For snapshots with an OOM, replay the standard settings in the simulator."
         ),
         explain: Optional[bool] = typer.Option(
-            None, "--explain/--no-explain",
-            help="Add `alloctune explain` for each recording (default: for recordings made with Python stacks)."),
+            None,
+            "--explain/--no-explain",
+            help="Add `alloctune explain` for each recording (default: for recordings made with Python stacks).",
+        ),
         json_out: bool = typer.Option(False, "--json", help="Print the written paths and the data as JSON."),
     ) -> None:
         """Write figures and one self-contained HTML page from results, stores and snapshots.
@@ -66,8 +68,9 @@ def settings_table(header, cells):
 
     keep = [i for i, h in enumerate(header) if h != "config" or any(r[1] != "(default)" and r[1] not in r[0] for r in cells)]
     numeric = {"budget", "peak reserved", "peak allocated", "utilization", "retries", "OOMs", "min_budget"}
-    table = FitTable(*(Col(header[i], "right" if header[i] in numeric else "left", header[i] in numeric)
-                       for i in keep), title="Settings")
+    table = FitTable(
+        *(Col(header[i], "right" if header[i] in numeric else "left", header[i] in numeric) for i in keep), title="Settings"
+    )
     for r in cells:
         table.add_row(*(r[i] for i in keep))
     return table

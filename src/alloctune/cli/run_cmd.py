@@ -43,19 +43,27 @@ def register(app: typer.Typer) -> None:
             None, "--on-oom", help="'snapshot': keep a bounded history and dump it when the allocator runs out."
         ),
         timeout: Optional[float] = typer.Option(
-            None, "--timeout", metavar="SECONDS", help="Kill the command (its whole group) after S s."),
+            None, "--timeout", metavar="SECONDS", help="Kill the command (its whole group) after S s."
+        ),
         no_grad: bool = typer.Option(
-            False, "--no-grad",
+            False,
+            "--no-grad",
             help="Run the program with autograd off (measures what torch.no_grad() would save an inference "
-            "program; a program that trains will fail)."),
+            "program; a program that trains will fail).",
+        ),
         cudnn_benchmark: Optional[str] = typer.Option(
-            None, "--cudnn-benchmark", metavar="on|off",
+            None,
+            "--cudnn-benchmark",
+            metavar="on|off",
             help="Set torch.backends.cudnn.benchmark at torch import (measures what the cuDNN switch changes; "
-            "a program that sets it itself keeps its own)."),
+            "a program that sets it itself keeps its own).",
+        ),
         checkpointing: bool = typer.Option(
-            False, "--checkpointing",
+            False,
+            "--checkpointing",
             help="Switch activation checkpointing on in the first model the program trains (transformers, timm, "
-            "or torch.utils.checkpoint around repeated blocks): measures what checkpointing would save."),
+            "or torch.utils.checkpoint around repeated blocks): measures what checkpointing would save.",
+        ),
         json_out: bool = typer.Option(False, "--json", help="Print the trial as JSON (the command's stdout goes to stderr)."),
     ) -> None:
         """Run a command with the agent inside: budget, optional history, a report of what the allocator did.

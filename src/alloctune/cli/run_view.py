@@ -55,8 +55,11 @@ def render_trial(result: TrialResult) -> None:
     t.add_row("peak allocated", _fmt(result.peak_allocated))
     if result.utilization is not None:
         t.add_row("utilization", f"{format_percent(result.utilization)} (peak allocated / peak reserved)")
-    t.add_row("alloc retries / OOMs", f"{result.num_alloc_retries if result.num_alloc_retries is not None else '-'} / "
-              f"{result.num_ooms if result.num_ooms is not None else '-'}")
+    t.add_row(
+        "alloc retries / OOMs",
+        f"{result.num_alloc_retries if result.num_alloc_retries is not None else '-'} / "
+        f"{result.num_ooms if result.num_ooms is not None else '-'}",
+    )
     t.add_row("wall time", f"{result.wall_s:.1f} s")
     if result.throughput is not None:
         t.add_row("throughput", f"{result.throughput:g} {result.throughput_unit or ''}".rstrip())
@@ -73,8 +76,11 @@ def render_trial(result: TrialResult) -> None:
         t.add_row("autograd", autograd)
     if result.cudnn_benchmark_set is not None:
         held = result.cudnn_benchmark == result.cudnn_benchmark_set
-        t.add_row("cudnn.benchmark", f"set to {result.cudnn_benchmark_set} by the agent (--cudnn-benchmark)"
-                  + ("" if held else f"; the program set it back to {result.cudnn_benchmark} itself"))
+        t.add_row(
+            "cudnn.benchmark",
+            f"set to {result.cudnn_benchmark_set} by the agent (--cudnn-benchmark)"
+            + ("" if held else f"; the program set it back to {result.cudnn_benchmark} itself"),
+        )
     if result.processes > 1:
         t.add_row("processes", f"{result.processes} (figures from the one with the highest peak reserved)")
     err_console.print(t)
@@ -84,8 +90,9 @@ def render_trial(result: TrialResult) -> None:
         # the command to copy, outside the table (a cell would wrap it); the snapshot carries the budget,
         # so diagnosing it needs no flag
         err_console.print("[bold]next:[/bold]")
-        err_console.print(f"  alloctune diagnose --snapshot {shlex.quote(str(result.oom_snapshot))}", markup=False,
-                          soft_wrap=True)
+        err_console.print(
+            f"  alloctune diagnose --snapshot {shlex.quote(str(result.oom_snapshot))}", markup=False, soft_wrap=True
+        )
 
 
 def _autograd_line(result: TrialResult) -> str | None:
@@ -96,9 +103,13 @@ def _autograd_line(result: TrialResult) -> str | None:
     if result.autograd is None:
         return None
     a = result.autograd
-    line = (f"{a.get('module_calls_with_grad', 0)} module calls with grad, "
-            f"{a.get('module_calls_without_grad', 0)} without, {a.get('backward_calls', 0)} backward")
+    line = (
+        f"{a.get('module_calls_with_grad', 0)} module calls with grad, "
+        f"{a.get('module_calls_without_grad', 0)} without, {a.get('backward_calls', 0)} backward"
+    )
     if result.inference_with_grad:
-        line += ("; nothing ran backward, so the activations autograd kept were never needed: "
-                 "torch.no_grad() would free them (measure it: alloctune run --no-grad ...)")
+        line += (
+            "; nothing ran backward, so the activations autograd kept were never needed: "
+            "torch.no_grad() would free them (measure it: alloctune run --no-grad ...)"
+        )
     return line

@@ -33,9 +33,13 @@ def render_export(written: dict[str, Any]) -> None:
     """Where `--snapshot-out` wrote the simulated run (`sim.export.export_simulated_run`'s answer)."""
     from alloctune.cli.render import err_console
 
-    err_console.print(f"simulated run written to {written['path']} ({written['events']} events"
-                      + (", ends in the OOM" if written["oom"] else "")
-                      + "): open it at pytorch.org/memory_viz", markup=False, soft_wrap=True)
+    err_console.print(
+        f"simulated run written to {written['path']} ({written['events']} events"
+        + (", ends in the OOM" if written["oom"] else "")
+        + "): open it at pytorch.org/memory_viz",
+        markup=False,
+        soft_wrap=True,
+    )
 
 
 def render_tables(sim: Simulation) -> None:
@@ -46,8 +50,14 @@ def render_tables(sim: Simulation) -> None:
 
     rows = sim.rows
     find_min = any(r.find_min for r in rows)
-    cols = [Col("setting"), Col("peak\nreserved", "right", True), Col("peak\nallocated", "right", True),
-            Col("util.", "right", True), Col("re-\ntries", "right", True), Col("OOM at")]
+    cols = [
+        Col("setting"),
+        Col("peak\nreserved", "right", True),
+        Col("peak\nallocated", "right", True),
+        Col("util.", "right", True),
+        Col("re-\ntries", "right", True),
+        Col("OOM at"),
+    ]
     if find_min:
         cols.append(Col("min budget", "right", True))
     table = FitTable(*cols, title="simulated allocator (torch caching allocator model)")
@@ -55,8 +65,14 @@ def render_tables(sim: Simulation) -> None:
         where = "-" if r.oom is None else f"#{r.oom['request_index']}"
         if r.expected_failures:
             where += f" ({r.expected_failures} recorded failure(s) reproduced)"
-        cells = [setting_label(r.conf), format_size(r.peak_reserved), format_size(r.peak_allocated),
-                 format_percent(r.utilization), str(r.num_alloc_retries), where]
+        cells = [
+            setting_label(r.conf),
+            format_size(r.peak_reserved),
+            format_size(r.peak_allocated),
+            format_percent(r.utilization),
+            str(r.num_alloc_retries),
+            where,
+        ]
         if find_min:
             cells.append(format_size(r.min_budget) if r.min_budget else "does not fit")
         table.add_row(*cells)
@@ -68,8 +84,11 @@ def render_tables(sim: Simulation) -> None:
         from alloctune.plan.notes import cap_above_peak_reason
 
         for r in above:
-            console.print(f"note: {setting_label(r.conf)}'s min budget lies above its uncapped peak reserved: "
-                          f"{cap_above_peak_reason(r.conf)}", markup=False)
+            console.print(
+                f"note: {setting_label(r.conf)}'s min budget lies above its uncapped peak reserved: "
+                f"{cap_above_peak_reason(r.conf)}",
+                markup=False,
+            )
     for r in rows:
         if r.oom is not None:
             o = r.oom
@@ -77,7 +96,9 @@ def render_tables(sim: Simulation) -> None:
                 f"{setting_label(r.conf)}: out of memory at request #{o['request_index']} of {format_size(o['size'])} "
                 f"(tried to allocate {format_size(o['alloc_size'])}; {format_size(o['reserved'])} reserved, "
                 f"{format_size(o['allocated'])} allocated, largest free cached block "
-                f"{format_size(o['largest_free_block'])})", markup=False)
+                f"{format_size(o['largest_free_block'])})",
+                markup=False,
+            )
             console.print(f"  PyTorch would raise: {o['message']}", markup=False, soft_wrap=True)
     _render_fidelity(sim)
 
@@ -95,10 +116,11 @@ def _render_fidelity(sim: Simulation) -> None:
         head = "[green]exact[/green]" if fid["exact"] else f"[red]differs[/red]: {escape(fid['verdict'])}"
         where = escape(r.addresses_from.replace("recorded:", "as recorded in ", 1))
         console.print(f"fidelity ({fid['kind']}) of {escape(setting_label(r.conf))} vs recording: {head}", soft_wrap=True)
-        console.print(f"  segment events: {fid['events_simulated']} simulated / {fid['events_recorded']} recorded"
-                      f" (addresses: {where})", soft_wrap=True)
+        console.print(
+            f"  segment events: {fid['events_simulated']} simulated / {fid['events_recorded']} recorded (addresses: {where})",
+            soft_wrap=True,
+        )
         for k, v in fid["stats"].items():
-            console.print(f"  {k}: {v['simulated']} {'=' if v['recorded'] == v['simulated'] else '!='} "
-                          f"{v['recorded']} recorded")
+            console.print(f"  {k}: {v['simulated']} {'=' if v['recorded'] == v['simulated'] else '!='} {v['recorded']} recorded")
         if fid["context"]:
             console.print("  first difference:\n    " + fid["context"].replace("\n", "\n    "), markup=False)

@@ -17,8 +17,10 @@ def register(app: typer.Typer) -> None:
 
     @trace_app.command("info")
     def info(
-        file: Path = typer.Argument(..., help="Snapshot (.pickle, .pickle.gz, .pickle.xz), compact trace, "
-                                               "or a shipped trace's name (alloctune demo --list)."),
+        file: Path = typer.Argument(
+            ...,
+            help="Snapshot (.pickle, .pickle.gz, .pickle.xz), compact trace, or a shipped trace's name (alloctune demo --list).",
+        ),
         device: Optional[int] = typer.Option(None, "--device", "-d", help="Device index (needed if several recorded)."),
         partial: bool = typer.Option(False, "--partial", help="Accept a history whose beginning is missing."),
         json_out: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
@@ -57,8 +59,11 @@ def register(app: typer.Typer) -> None:
         if json_out:
             print_json(done)
             return
-        console.print(f"wrote {done.output}: {done.requests} requests, {done.segment_events} segment events, "
-                      f"{format_size(done.output_bytes)} (input {format_size(done.input_bytes)})", markup=False)
+        console.print(
+            f"wrote {done.output}: {done.requests} requests, {done.segment_events} segment events, "
+            f"{format_size(done.output_bytes)} (input {format_size(done.input_bytes)})",
+            markup=False,
+        )
 
 
 def _render_info(s) -> None:  # s: TraceSummary

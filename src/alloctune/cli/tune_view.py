@@ -47,9 +47,16 @@ def render_trials(trials: Any, title: str = "trials") -> None:
     from alloctune.cli.common import console
     from alloctune.cli.render import Col, FitTable
 
-    t = FitTable(Col("#", justify="right", nowrap=True), "setting", Col("budget", nowrap=True), "outcome",
-                 Col("peak\nreserved", justify="right", nowrap=True), Col("OOMs", justify="right", nowrap=True),
-                 "why", title=title)
+    t = FitTable(
+        Col("#", justify="right", nowrap=True),
+        "setting",
+        Col("budget", nowrap=True),
+        "outcome",
+        Col("peak\nreserved", justify="right", nowrap=True),
+        Col("OOMs", justify="right", nowrap=True),
+        "why",
+        title=title,
+    )
     mismatched = []
     for i, rec in enumerate(trials, 1):
         r = rec.result
@@ -90,9 +97,15 @@ def render_result(result: Any, rec: Any, store: Path, elapsed: float) -> None:
     from alloctune.cli.render import Col, FitTable
 
     render_trials(result.trials)
-    t = FitTable("setting", Col("simulated", nowrap=True), Col("measured", nowrap=True), "verified",
-                 "throughput", Col("runs", justify="right", nowrap=True),
-                 title=f"candidates at the budget {_fmt(result.budget)}")
+    t = FitTable(
+        "setting",
+        Col("simulated", nowrap=True),
+        Col("measured", nowrap=True),
+        "verified",
+        "throughput",
+        Col("runs", justify="right", nowrap=True),
+        title=f"candidates at the budget {_fmt(result.budget)}",
+    )
     best = result.ranking.best
     why = []
     for s in result.ranking.order:
@@ -107,8 +120,10 @@ def render_result(result: Any, rec: Any, store: Path, elapsed: float) -> None:
             str(s.trials),
         )
     console.print(t)
-    console.print("[dim]simulated / measured: smallest working budget (measured = a tested pass; "
-                  "verified = a tested failure just below it: within 2 % or 4 MiB, exhaustive 1 % or 16 MiB)[/dim]")
+    console.print(
+        "[dim]simulated / measured: smallest working budget (measured = a tested pass; "
+        "verified = a tested failure just below it: within 2 % or 4 MiB, exhaustive 1 % or 16 MiB)[/dim]"
+    )
     for label, text, chosen in why:
         console.print(Text.assemble(("→ " if chosen else "- ", "bold green" if chosen else ""), f"{label}: {text}"))
     for note in result.notes:
@@ -150,8 +165,7 @@ def render_remedies(result: Any) -> None:
             bound = f", at best {_fmt(r.bound)} (simulated bound)" if r.bound is not None else ""
             head = f"{r.name}: {r.method}{bound}"
         else:
-            change = "no change" if not r.saving else (f"saves {_fmt(r.saving)}" if r.saving > 0
-                                                         else f"costs {_fmt(-r.saving)}")
+            change = "no change" if not r.saving else (f"saves {_fmt(r.saving)}" if r.saving > 0 else f"costs {_fmt(-r.saving)}")
             head = f"{r.name}: min budget {_fmt(r.min_budget)} ({change}, {r.method})"
         console.print(f"  {mark}{head} -- {r.how_to}", markup=False, soft_wrap=True)  # how_to is code to copy
         if r.method != "simulated" and r.notes:

@@ -33,11 +33,21 @@ def snapshot_view(d: Any) -> list[Any]:
         elif key == "confirm on the GPU":  # a command alone: on a line of its own under its label
             out += [Text(f"{key}:", style="bold"), CopyLine(f"  {value}")]
     if d.pinned:
-        t = FitTable(Col("segment"), *(Col(h, "right", True) for h in ("size", "live", "free", "largest\nfree")),
-                     Col("live\nblocks", "right"), title="Segments pinned by live blocks (most free first)")
+        t = FitTable(
+            Col("segment"),
+            *(Col(h, "right", True) for h in ("size", "live", "free", "largest\nfree")),
+            Col("live\nblocks", "right"),
+            title="Segments pinned by live blocks (most free first)",
+        )
         for p in d.pinned:
-            t.add_row(f"{p.addr:#x}", format_size(p.size), format_size(p.allocated), format_size(p.free),
-                      format_size(p.largest_free), str(p.live_blocks))
+            t.add_row(
+                f"{p.addr:#x}",
+                format_size(p.size),
+                format_size(p.allocated),
+                format_size(p.free),
+                format_size(p.largest_free),
+                str(p.live_blocks),
+            )
         out.append(t)
     return out
 
@@ -54,8 +64,7 @@ def utilization_lines(t: UtilizationTable, width: int | None = None) -> list[str
         return "-" if n is None else format_size(n)
 
     heads = ("min budget", "peak reserved", "peak alloc", "util.")
-    figures = [(size(r.min_budget), size(r.peak_reserved), size(r.peak_allocated), format_percent(r.utilization))
-               for r in t.rows]
+    figures = [(size(r.min_budget), size(r.peak_reserved), size(r.peak_allocated), format_percent(r.utilization)) for r in t.rows]
     widths = [max([len(h)] + [len(f[i]) for f in figures]) for i, h in enumerate(heads)]
     method_w = max([len("method")] + [len(r.method) for r in t.rows])
 

@@ -15,8 +15,9 @@ def register(app: typer.Typer) -> None:
         count: Optional[int] = typer.Option(None, "--count", "-n", help="Stop after N samples (default: until Ctrl-C)."),
         csv: Optional[Path] = typer.Option(None, "--csv", help="Append every sample to this CSV file."),
         state_dir: Optional[Path] = typer.Option(
-            None, "--state-dir", help="Where `alloctune run` jobs publish live stats (default $ALLOCTUNE_STATE_DIR "
-            "or ~/.cache/alloctune/live)."
+            None,
+            "--state-dir",
+            help="Where `alloctune run` jobs publish live stats (default $ALLOCTUNE_STATE_DIR or ~/.cache/alloctune/live).",
         ),
         json_out: bool = typer.Option(False, "--json", help="Print each sample as one JSON line instead of the view."),
     ) -> None:

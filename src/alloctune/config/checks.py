@@ -18,7 +18,7 @@ from alloctune.config.versions import DEFAULT_TORCH, TorchVersion, format_versio
 from alloctune.errors import ConfigError, InputError
 from alloctune.units import format_size
 
-ERROR = "error"      # torch will refuse this at CUDA init
+ERROR = "error"  # torch will refuse this at CUDA init
 WARNING = "warning"  # accepted, but does nothing (or not what was meant)
 INFO = "info"
 
@@ -89,10 +89,15 @@ def _text_findings(text: str, version: TorchVersion) -> tuple[AllocatorConfig, l
     out = [ConfigWarning(n.code, WARNING, n.message, n.key) for n in result.notes]
     for key, n in Counter(result.keys).items():
         if n > 1:
-            out.append(ConfigWarning(
-                "repeated-key", WARNING,
-                f"{key} is given {n} times; PyTorch uses the last one"
-                + (" (roundup lists accumulate)" if key == "roundup_power2_divisions" else ""), key))
+            out.append(
+                ConfigWarning(
+                    "repeated-key",
+                    WARNING,
+                    f"{key} is given {n} times; PyTorch uses the last one"
+                    + (" (roundup lists accumulate)" if key == "roundup_power2_divisions" else ""),
+                    key,
+                )
+            )
     return result.config, out
 
 
@@ -104,14 +109,24 @@ def _release_findings(config: AllocatorConfig, version: TorchVersion) -> list[Co
     for key in unknown:
         knob = KNOB_BY_NAME[key]
         if key == "expandable_segments":
-            out.append(ConfigWarning(
-                "expandable-unsupported", ERROR,
-                f"expandable_segments needs torch 2.1 or newer; torch {v} rejects the whole setting", key))
+            out.append(
+                ConfigWarning(
+                    "expandable-unsupported",
+                    ERROR,
+                    f"expandable_segments needs torch 2.1 or newer; torch {v} rejects the whole setting",
+                    key,
+                )
+            )
         else:
-            out.append(ConfigWarning(
-                "unknown-key", ERROR,
-                f"{key} is unknown to torch {v} (it exists in torch {knob.versions()}); "
-                "torch refuses the whole setting at CUDA init", key))
+            out.append(
+                ConfigWarning(
+                    "unknown-key",
+                    ERROR,
+                    f"{key} is unknown to torch {v} (it exists in torch {knob.versions()}); "
+                    "torch refuses the whole setting at CUDA init",
+                    key,
+                )
+            )
     if not unknown:
         try:
             parse_config(config.format(), version)
@@ -125,10 +140,13 @@ def _env_var_findings(env_var: str, version: TorchVersion) -> list[ConfigWarning
     if env_var not in ENV_VARS:
         raise InputError(f"unknown variable {env_var!r}: use {' or '.join(ENV_VARS)}")
     if env_var == "PYTORCH_ALLOC_CONF" and version < (2, 10):
-        return [ConfigWarning(
-            "alloc-conf-ignored", WARNING,
-            f"torch {format_version(version)} ignores PYTORCH_ALLOC_CONF (read from 2.10 on); "
-            "set PYTORCH_CUDA_ALLOC_CONF")]
+        return [
+            ConfigWarning(
+                "alloc-conf-ignored",
+                WARNING,
+                f"torch {format_version(version)} ignores PYTORCH_ALLOC_CONF (read from 2.10 on); set PYTORCH_CUDA_ALLOC_CONF",
+            )
+        ]
     return []
 
 
@@ -139,49 +157,73 @@ def _cap_fraction(config: AllocatorConfig, fraction: float | None, version: Torc
     return fraction
 
 
-def _inert_findings(config: AllocatorConfig, version: TorchVersion, platform: str,
-                    cap_fraction: float | None) -> list[ConfigWarning]:
+def _inert_findings(
+    config: AllocatorConfig, version: TorchVersion, platform: str, cap_fraction: float | None
+) -> list[ConfigWarning]:
     """Knobs accepted but doing nothing here: native knobs under the async backend, GC without a cap
     (a memory cap is what GC measures against), a zero fraction, expandable segments on Windows, any
     setting on macOS."""
     out: list[ConfigWarning] = []
     native_set = _native_knobs_set(config)
     if config.backend == "cudaMallocAsync" and native_set:
-        out.append(ConfigWarning(
-            "inert-under-async", WARNING,
-            f"backend:cudaMallocAsync ignores {', '.join(native_set)}: the CUDA driver does the caching"))
+        out.append(
+            ConfigWarning(
+                "inert-under-async",
+                WARNING,
+                f"backend:cudaMallocAsync ignores {', '.join(native_set)}: the CUDA driver does the caching",
+            )
+        )
 
     has_cap = cap_fraction is not None and (cap_fraction < 1.0 or version <= (2, 9))
     if config.garbage_collection_threshold > 0 and not has_cap and config.backend == "native":
-        why = ("set_per_process_memory_fraction(f) with f < 1" if version >= (2, 10)
-               else "set_per_process_memory_fraction(f)")
+        why = "set_per_process_memory_fraction(f) with f < 1" if version >= (2, 10) else "set_per_process_memory_fraction(f)"
         if version >= (2, 10):
             why += " or per_process_memory_fraction:F"
-        out.append(ConfigWarning(
-            "gc-without-cap", WARNING,
-            "garbage_collection_threshold does nothing without a per-process memory cap "
-            f"({why}); use empty_cache() or expandable_segments instead", "garbage_collection_threshold"))
+        out.append(
+            ConfigWarning(
+                "gc-without-cap",
+                WARNING,
+                "garbage_collection_threshold does nothing without a per-process memory cap "
+                f"({why}); use empty_cache() or expandable_segments instead",
+                "garbage_collection_threshold",
+            )
+        )
 
     if config.per_process_memory_fraction == 0.0:
-        out.append(ConfigWarning(
-            "fraction-zero", WARNING,
-            "per_process_memory_fraction:0 makes every allocation fail", "per_process_memory_fraction"))
+        out.append(
+            ConfigWarning(
+                "fraction-zero",
+                WARNING,
+                "per_process_memory_fraction:0 makes every allocation fail",
+                "per_process_memory_fraction",
+            )
+        )
 
     if config.expandable_segments and platform == "windows":
-        out.append(ConfigWarning(
-            "expandable-windows", WARNING,
-            "expandable_segments is not supported on Windows: PyTorch warns "
-            "'expandable_segments not supported on this platform' and keeps it off", "expandable_segments"))
+        out.append(
+            ConfigWarning(
+                "expandable-windows",
+                WARNING,
+                "expandable_segments is not supported on Windows: PyTorch warns "
+                "'expandable_segments not supported on this platform' and keeps it off",
+                "expandable_segments",
+            )
+        )
     if platform == "macos" and config.items():
-        out.append(ConfigWarning(
-            "no-cuda-macos", WARNING,
-            "macOS has no CUDA: the CUDA caching allocator and this setting do nothing there "
-            "(MPS has its own PYTORCH_MPS_* variables)"))
+        out.append(
+            ConfigWarning(
+                "no-cuda-macos",
+                WARNING,
+                "macOS has no CUDA: the CUDA caching allocator and this setting do nothing there "
+                "(MPS has its own PYTORCH_MPS_* variables)",
+            )
+        )
     return out
 
 
-def _max_split_findings(config: AllocatorConfig, card: int | None, cap_fraction: float | None,
-                        largest_segment: int | None) -> list[ConfigWarning]:
+def _max_split_findings(
+    config: AllocatorConfig, card: int | None, cap_fraction: float | None, largest_segment: int | None
+) -> list[ConfigWarning]:
     """`max_split_size_mb` no block can reach (the card, the cap, the workload's largest segment), and
     `max_non_split_rounding_mb` without it."""
     out: list[ConfigWarning] = []
@@ -193,21 +235,34 @@ def _max_split_findings(config: AllocatorConfig, card: int | None, cap_fraction:
             if cap_fraction is not None and cap_fraction < 1:
                 limit, what = int(card * cap_fraction), f"the memory cap ({format_size(int(card * cap_fraction))})"
         if limit is not None and mss >= limit:
-            out.append(ConfigWarning(
-                "max-split-above-card", WARNING,
-                f"max_split_size_mb:{mss >> 20} is at or above {what}: no block can reach it, so it is a no-op",
-                "max_split_size_mb"))
+            out.append(
+                ConfigWarning(
+                    "max-split-above-card",
+                    WARNING,
+                    f"max_split_size_mb:{mss >> 20} is at or above {what}: no block can reach it, so it is a no-op",
+                    "max_split_size_mb",
+                )
+            )
         elif largest_segment is not None and mss > largest_segment:
-            out.append(ConfigWarning(
-                "max-split-no-op", WARNING,
-                f"max_split_size_mb:{mss >> 20} is above every segment this workload makes "
-                f"(largest {format_size(largest_segment)}): it is a no-op; try a value below that",
-                "max_split_size_mb"))
+            out.append(
+                ConfigWarning(
+                    "max-split-no-op",
+                    WARNING,
+                    f"max_split_size_mb:{mss >> 20} is above every segment this workload makes "
+                    f"(largest {format_size(largest_segment)}): it is a no-op; try a value below that",
+                    "max_split_size_mb",
+                )
+            )
     if mss is None and config.max_non_split_rounding is not None and config.backend == "native":
-        out.append(ConfigWarning(
-            "nsr-without-max-split", WARNING,
-            "max_non_split_rounding_mb only matters for blocks at or above max_split_size_mb, "
-            "which is not set: it is a no-op", "max_non_split_rounding_mb"))
+        out.append(
+            ConfigWarning(
+                "nsr-without-max-split",
+                WARNING,
+                "max_non_split_rounding_mb only matters for blocks at or above max_split_size_mb, "
+                "which is not set: it is a no-op",
+                "max_non_split_rounding_mb",
+            )
+        )
     return out
 
 

@@ -32,7 +32,8 @@ def effective_values(config: AllocatorConfig, version: TorchVersion) -> dict[str
         out["max_non_split_rounding"] = config.effective_max_non_split_rounding(version)
     if version >= (2, 10):
         out["per_process_memory_fraction"] = (
-            1.0 if config.per_process_memory_fraction is None else config.per_process_memory_fraction)
+            1.0 if config.per_process_memory_fraction is None else config.per_process_memory_fraction
+        )
     if version >= (2, 11):
         out["large_segment_size"] = config.effective_large_segment_size(version)
     if version >= (2, 12):
@@ -63,8 +64,9 @@ def describe_roundup(table: list[int] | tuple[int, ...]) -> str:
 IGNORED_ON_PLATFORM = {"expandable-windows": "expandable_segments"}
 
 
-def without_ignored(config: AllocatorConfig, warnings: tuple[ConfigWarning, ...] | list[ConfigWarning]
-                    ) -> tuple[AllocatorConfig, tuple[str, ...]]:
+def without_ignored(
+    config: AllocatorConfig, warnings: tuple[ConfigWarning, ...] | list[ConfigWarning]
+) -> tuple[AllocatorConfig, tuple[str, ...]]:
     """`config` with the knobs the platform ignores back at their defaults, and their names."""
     defaults = {f.name: f.default for f in fields(AllocatorConfig)}
     dropped = {IGNORED_ON_PLATFORM[w.code]: w.key for w in warnings if w.code in IGNORED_ON_PLATFORM}
@@ -85,8 +87,8 @@ class SettingCheck:
     normalized: AllocatorConfig
     effective: dict[str, Any]
     warnings: tuple[ConfigWarning, ...]
-    env: dict[str, str]        # variable -> value to set ({} for the defaults)
-    shells: dict[str, str]     # shell -> the lines that set `env`
+    env: dict[str, str]  # variable -> value to set ({} for the defaults)
+    shells: dict[str, str]  # shell -> the lines that set `env`
     not_set: tuple[str, ...] = ()  # knobs left out of `env`: the platform ignores them
 
     def to_dict(self) -> dict[str, Any]:
@@ -133,14 +135,22 @@ def check_setting(
     card_bytes = parse_user_size(card, "--card") if card is not None else None
     largest = parse_user_size(largest_segment, "--largest-segment") if largest_segment is not None else None
     config = AllocatorConfig.parse(setting, version)
-    warnings = check(setting, version, platform=platform, fraction=fraction, card=card_bytes,
-                     largest_segment=largest, env_var=env_var)
+    warnings = check(
+        setting, version, platform=platform, fraction=fraction, card=card_bytes, largest_segment=largest, env_var=env_var
+    )
     normalized = config.normalized()
     in_effect, not_set = without_ignored(config, warnings)  # what the allocator there really uses
     text = in_effect.normalized().format()
     env = shells.env_assignments(text, version) if text else {}
     return SettingCheck(
-        input=setting, torch=format_version(version), platform=platform, config=config, normalized=normalized,
-        effective=effective_values(in_effect, version), warnings=tuple(warnings), env=dict(env),
-        shells=shells.render_all(env) if env else {}, not_set=not_set,
+        input=setting,
+        torch=format_version(version),
+        platform=platform,
+        config=config,
+        normalized=normalized,
+        effective=effective_values(in_effect, version),
+        warnings=tuple(warnings),
+        env=dict(env),
+        shells=shells.render_all(env) if env else {},
+        not_set=not_set,
     )

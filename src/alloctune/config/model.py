@@ -44,6 +44,7 @@ from alloctune.units import MiB
 SCHEMA = schema_id("allocator-config")
 _OLD_SCHEMAS = (1,)  # written before the shared `alloctune.<kind>/<n>` form; same fields
 
+
 def _canonical_roundup(value: Any) -> Roundup:
     if value is None:
         return None
@@ -104,13 +105,13 @@ class AllocatorConfig:
     """
 
     backend: str = "native"
-    max_split_size: int | None = None           # bytes; None = unlimited
-    max_non_split_rounding: int | None = None   # bytes; None = the release's default
-    garbage_collection_threshold: float = 0.0   # 0.0 = off
+    max_split_size: int | None = None  # bytes; None = unlimited
+    max_non_split_rounding: int | None = None  # bytes; None = the release's default
+    garbage_collection_threshold: float = 0.0  # 0.0 = off
     expandable_segments: bool = False
-    large_segment_size: int | None = None       # bytes (2.11+); None = 20 MiB
+    large_segment_size: int | None = None  # bytes (2.11+); None = 20 MiB
     per_process_memory_fraction: float | None = None  # 2.10+
-    roundup_power2_divisions: Roundup = None    # single N, list items as given, or None
+    roundup_power2_divisions: Roundup = None  # single N, list items as given, or None
     other: tuple[tuple[str, str], ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -150,9 +151,7 @@ class AllocatorConfig:
         return parse_config(text, torch)
 
     @classmethod
-    def from_allocator_settings(
-        cls, settings: Mapping[str, Any], torch: str | TorchVersion = DEFAULT_TORCH
-    ) -> "AllocatorConfig":
+    def from_allocator_settings(cls, settings: Mapping[str, Any], torch: str | TorchVersion = DEFAULT_TORCH) -> "AllocatorConfig":
         """The config a recorded run really used, from a snapshot's `allocator_settings`."""
         return config_from_allocator_settings(settings, torch)
 
@@ -327,9 +326,7 @@ def parse_config(text: str | None, torch: str | TorchVersion = DEFAULT_TORCH) ->
     return parse_detailed(text, torch).config
 
 
-def config_from_allocator_settings(
-    settings: Mapping[str, Any], torch: str | TorchVersion = DEFAULT_TORCH
-) -> AllocatorConfig:
+def config_from_allocator_settings(settings: Mapping[str, Any], torch: str | TorchVersion = DEFAULT_TORCH) -> AllocatorConfig:
     """Rebuild the config a recorded run used from a snapshot's `allocator_settings`.
 
     The recorded values are what the allocator really ran with, so they win; the recorded

@@ -7,7 +7,7 @@ Written from PyTorch's parsers, `c10/cuda/CUDAAllocatorConfig.cpp` (≤2.9) and
 way C++ `stoi`/`stoull`/`stod` read them: leading digits count, trailing text is ignored
 (as in PyTorch; `check` points it out). Separators are checked as ≤2.9 checks them: the 2.10+
 tokenizer only bounds-checks `:`/`,` and may misread a malformed string, which we refuse.
-Verified against the real 2.13 parser in the tests (generic keys) and on a GPU (bench/gpu_config.py).
+Verified against the real 2.13 parser in the tests (generic keys) and on a GPU (tests/test_config_gpu.py).
 """
 
 from __future__ import annotations
@@ -95,9 +95,7 @@ _FLOAT_PREFIX = re.compile(
     re.IGNORECASE,
 )
 # strtod also reads C99 hex floats (`0x0.8p0` = 0.5).
-_HEX_FLOAT_PREFIX = re.compile(
-    r"[ \t\n\v\f\r]*([+-]?0[xX](?:[0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)(?:[pP][+-]?[0-9]+)?)"
-)
+_HEX_FLOAT_PREFIX = re.compile(r"[ \t\n\v\f\r]*([+-]?0[xX](?:[0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)(?:[pP][+-]?[0-9]+)?)")
 
 
 class _Parser:
@@ -111,8 +109,9 @@ class _Parser:
 
     # ---- errors -----------------------------------------------------------------------
 
-    def fail(self, problem: str, torch_message: str | None = None, key: str | None = None,
-             note: str | None = None) -> ConfigSyntaxError:
+    def fail(
+        self, problem: str, torch_message: str | None = None, key: str | None = None, note: str | None = None
+    ) -> ConfigSyntaxError:
         """The error to raise: our wording, then torch's own message (quoted) or a note about torch."""
         msg = problem
         if torch_message:
@@ -127,7 +126,8 @@ class _Parser:
             if tok == ":":
                 raise self.fail(
                     f"'{key}' has no value: write {key}:VALUE",
-                    "Index out of bounds in ConfigTokenizer" if self.new
+                    "Index out of bounds in ConfigTokenizer"
+                    if self.new
                     else f"Error parsing CachingAllocator settings, expected {tok}",
                     key,
                     note="an internal assert that aborts the process at import" if self.new else None,
@@ -144,10 +144,15 @@ class _Parser:
             # ≤2.9 checks separators; the 2.10+ tokenizer only bounds-checks them and reads on,
             # so torch may misread such a string instead of refusing it — refuse it here.
             if self.new:
-                raise self.fail(f"expected '{tok}' {where}, got '{got}'{hint}", None, key,
-                                note="does not check this separator and may misread the setting")
-            raise self.fail(f"expected '{tok}' {where}, got '{got}'{hint}",
-                            f"Error parsing CachingAllocator settings, expected {tok}", key)
+                raise self.fail(
+                    f"expected '{tok}' {where}, got '{got}'{hint}",
+                    None,
+                    key,
+                    note="does not check this separator and may misread the setting",
+                )
+            raise self.fail(
+                f"expected '{tok}' {where}, got '{got}'{hint}", f"Error parsing CachingAllocator settings, expected {tok}", key
+            )
 
     def value_token(self, i: int, key: str) -> str:
         if i >= len(self.tokens):
@@ -174,12 +179,14 @@ class _Parser:
             raise self.fail(f"{key} value '{token}' is out of range", func, key)
         if sign == "-" and value:
             # C++ would wrap this to a huge unsigned number; nobody means that.
-            raise self.fail(f"{key} must not be negative, got '{token}' (PyTorch would wrap it around to a huge number)",
-                            None, key)
-        rest = token[m.end():]
+            raise self.fail(
+                f"{key} must not be negative, got '{token}' (PyTorch would wrap it around to a huge number)", None, key
+            )
+        rest = token[m.end() :]
         if rest:
-            self.notes.append(Note("ignored-suffix", key,
-                                   f"{key}:{token} is read by PyTorch as {value}; the trailing '{rest}' is ignored"))
+            self.notes.append(
+                Note("ignored-suffix", key, f"{key}:{token} is read by PyTorch as {value}; the trailing '{rest}' is ignored")
+            )
         return value
 
     def c_double(self, token: str, key: str) -> float:
@@ -194,10 +201,11 @@ class _Parser:
             value = float(m.group(1))
         if math.isinf(value) and "inf" not in m.group(1).lower():
             raise self.fail(f"{key} value '{token}' is out of range", "stod", key)
-        rest = token[m.end():]
+        rest = token[m.end() :]
         if rest:
-            self.notes.append(Note("ignored-suffix", key,
-                                   f"{key}:{token} is read by PyTorch as {value!r}; the trailing '{rest}' is ignored"))
+            self.notes.append(
+                Note("ignored-suffix", key, f"{key}:{token} is read by PyTorch as {value!r}; the trailing '{rest}' is ignored")
+            )
         return value
 
     def boolean(self, token: str, index: int, knob: Knob) -> bool:
@@ -215,7 +223,7 @@ class _Parser:
     def unknown(self, key: str, last: bool = False) -> ConfigSyntaxError:
         """An unknown key; `last`: nothing follows it, where the newer parser's generic pass, which skips a
         key it does not know past its ':', runs out of tokens before the CUDA pass names the key
-        (torch 2.11 on the GPU aborts with that message: bench/gpu_config.py, case bad_equals)."""
+        (torch 2.11 on the GPU aborts with that message: tests/test_config_gpu.py, case bad_equals)."""
         torch_msg = (
             ("Index out of bounds in ConfigTokenizer" if last else f"Unrecognized key '{key}' in CUDA allocator config.")
             if self.new
@@ -226,8 +234,7 @@ class _Parser:
         problem = f"unknown key '{key}'"
         knob = KNOB_BY_SPELLING.get(key)
         if knob is not None:
-            problem = (f"'{key}' is not accepted by torch {format_version(self.v)} "
-                       f"(it exists in torch {knob.versions()})")
+            problem = f"'{key}' is not accepted by torch {format_version(self.v)} (it exists in torch {knob.versions()})"
         else:
             base = key.split("=", 1)[0]
             if "=" in key and base in KNOB_BY_SPELLING:
@@ -255,7 +262,7 @@ class _Parser:
         values: dict[str, Any] = {}
         if large_segment is not None:
             values["large_segment_size_mb"] = large_segment
-        table: list[int] | None = None      # roundup state while parsing
+        table: list[int] | None = None  # roundup state while parsing
         roundup_setting: Any = None
         roundup_count = 0
         i = 0
@@ -285,8 +292,11 @@ class _Parser:
                 values[knob.name] = self.float_value(tok, knob)
             elif knob.kind == BACKEND:
                 if tok not in ("native", "cudaMallocAsync"):
-                    raise self.fail(f"backend must be native or cudaMallocAsync, got '{tok}'",
-                                    "Unknown allocator backend, options are native and cudaMallocAsync", key)
+                    raise self.fail(
+                        f"backend must be native or cudaMallocAsync, got '{tok}'",
+                        "Unknown allocator backend, options are native and cudaMallocAsync",
+                        key,
+                    )
                 values["backend"] = tok
             elif knob.kind == INT:
                 values[knob.name] = self.int_value(tok, knob)
@@ -301,8 +311,9 @@ class _Parser:
             roundup_setting = setting_from_table(table or [0] * 16)
             if roundup_setting is None:
                 roundup_setting = ()
-        other = {k: ("True" if v is True else "False" if v is False else str(v))
-                 for k, v in values.items() if k not in TYPED_KNOBS}
+        other = {
+            k: ("True" if v is True else "False" if v is False else str(v)) for k, v in values.items() if k not in TYPED_KNOBS
+        }
         fields = dict(
             backend=values.get("backend", "native"),
             max_split_size=values.get("max_split_size_mb"),
@@ -322,18 +333,27 @@ class _Parser:
         name = knob.name
         if name == "large_segment_size_mb":
             if mb <= 10:
-                raise self.fail(f"{name}:{mb} is too small: it must be more than 10",
-                                "CachingAllocator option large_segment_size_mb must be > 10 MB", name)
+                raise self.fail(
+                    f"{name}:{mb} is too small: it must be more than 10",
+                    "CachingAllocator option large_segment_size_mb must be > 10 MB",
+                    name,
+                )
         elif self.v <= (2, 9):
             if mb <= 20:
-                raise self.fail(f"{name}:{mb} is too small: torch {format_version(self.v)} needs more than 20",
-                                f"CachingAllocator option {name} too small, must be > 20", name)
+                raise self.fail(
+                    f"{name}:{mb} is too small: torch {format_version(self.v)} needs more than 20",
+                    f"CachingAllocator option {name} too small, must be > 20",
+                    name,
+                )
         else:
             assert minimum_mb is not None
             if mb < minimum_mb:
                 why = "" if minimum_mb == 20 else " (large_segment_size_mb)"
-                raise self.fail(f"{name}:{mb} is too small: it must be at least {minimum_mb}{why}",
-                                f"CachingAllocator option {name} too small, must be >= {minimum_mb}", name)
+                raise self.fail(
+                    f"{name}:{mb} is too small: it must be at least {minimum_mb}{why}",
+                    f"CachingAllocator option {name} too small, must be >= {minimum_mb}",
+                    name,
+                )
         return min(mb, MAX_MB) * MiB
 
     def float_value(self, tok: str, knob: Knob) -> float:
@@ -341,32 +361,53 @@ class _Parser:
         if knob.name == "garbage_collection_threshold":
             if self.new:
                 if not (0 < x < 1):
-                    raise self.fail(f"garbage_collection_threshold must be between 0 and 1 (exclusive), got {tok}",
-                                    "garbage_collect_threshold is invalid, set it in (0.0, 1.0)", knob.name)
+                    raise self.fail(
+                        f"garbage_collection_threshold must be between 0 and 1 (exclusive), got {tok}",
+                        "garbage_collect_threshold is invalid, set it in (0.0, 1.0)",
+                        knob.name,
+                    )
             elif not x > 0:
-                raise self.fail(f"garbage_collection_threshold must be more than 0, got {tok}",
-                                "garbage_collect_threshold too small, set it 0.0~1.0", knob.name)
+                raise self.fail(
+                    f"garbage_collection_threshold must be more than 0, got {tok}",
+                    "garbage_collect_threshold too small, set it 0.0~1.0",
+                    knob.name,
+                )
             elif not x < 1:
-                raise self.fail(f"garbage_collection_threshold must be less than 1, got {tok}",
-                                "garbage_collect_threshold too big, set it 0.0~1.0", knob.name)
+                raise self.fail(
+                    f"garbage_collection_threshold must be less than 1, got {tok}",
+                    "garbage_collect_threshold too big, set it 0.0~1.0",
+                    knob.name,
+                )
         else:  # per_process_memory_fraction
             if not (0 <= x <= 1):
-                raise self.fail(f"per_process_memory_fraction must be between 0 and 1, got {tok}",
-                                "per_process_memory_fraction is invalid, set it in [0.0, 1.0]", knob.name)
+                raise self.fail(
+                    f"per_process_memory_fraction must be between 0 and 1, got {tok}",
+                    "per_process_memory_fraction is invalid, set it in [0.0, 1.0]",
+                    knob.name,
+                )
         return x
 
     def int_value(self, tok: str, knob: Knob) -> int:
         n = self.c_uint(tok, knob.name)
         if knob.name == "pinned_num_register_threads":
             if not _is_pow2(n):
-                raise self.fail(f"pinned_num_register_threads must be a power of 2, got {n}",
-                                "Number of register threads has to be power of 2", knob.name)
+                raise self.fail(
+                    f"pinned_num_register_threads must be a power of 2, got {n}",
+                    "Number of register threads has to be power of 2",
+                    knob.name,
+                )
             if n > 128:
-                raise self.fail(f"pinned_num_register_threads must be at most 128, got {n}",
-                                "Number of register threads should be less than or equal to 128", knob.name)
+                raise self.fail(
+                    f"pinned_num_register_threads must be at most 128, got {n}",
+                    "Number of register threads should be less than or equal to 128",
+                    knob.name,
+                )
         elif knob.name == "pinned_reserve_segment_size_mb" and n <= 0:
-            raise self.fail("pinned_reserve_segment_size_mb must be more than 0",
-                            "Pinned reserve segment size has to be greater than 0", knob.name)
+            raise self.fail(
+                "pinned_reserve_segment_size_mb must be more than 0",
+                "Pinned reserve segment size has to be greater than 0",
+                knob.name,
+            )
         return n
 
     def roundup(self, i: int, knob: Knob) -> tuple[Any, int]:
@@ -377,17 +418,22 @@ class _Parser:
         if tok != "[":
             n = self.c_uint(tok, name)
             if not _is_pow2(n):
-                raise self.fail(f"roundup_power2_divisions:{tok}: the number of divisions must be a power of 2",
-                                f"For roundups, the {spelled} has to be power of 2", name)
+                raise self.fail(
+                    f"roundup_power2_divisions:{tok}: the number of divisions must be a power of 2",
+                    f"For roundups, the {spelled} has to be power of 2",
+                    name,
+                )
             return n, i
         items: list[RoundupItem] = []
         zero_ok = self.v >= (2, 4)
         while True:
             i += 1
             if i >= len(self.tokens):
-                raise self.fail("roundup_power2_divisions list has no closing ']'",
-                                "Expected closing bracket ']' in ConfigTokenizer but reached end of config"
-                                if self.new else None, name)
+                raise self.fail(
+                    "roundup_power2_divisions list has no closing ']'",
+                    "Expected closing bracket ']' in ConfigTokenizer but reached end of config" if self.new else None,
+                    name,
+                )
             key = self.tokens[i]
             if key == "]":
                 return tuple(items), i
@@ -396,23 +442,31 @@ class _Parser:
             vtok = self.value_token(i, name)
             value = self.c_uint(vtok, name)
             if not (_is_pow2(value) or (zero_ok and value == 0)):
-                wording = (f"For roundups, the {spelled} has to be power of 2 or 0 to disable roundup"
-                           if zero_ok else f"For roundups, the {spelled} has to be power of 2")
+                wording = (
+                    f"For roundups, the {spelled} has to be power of 2 or 0 to disable roundup"
+                    if zero_ok
+                    else f"For roundups, the {spelled} has to be power of 2"
+                )
                 allowed = "a power of 2 or 0" if zero_ok else "a power of 2"
-                raise self.fail(f"roundup_power2_divisions item {key}:{vtok}: divisions must be {allowed}",
-                                wording, name)
+                raise self.fail(f"roundup_power2_divisions item {key}:{vtok}: divisions must be {allowed}", wording, name)
             if key == ">":
                 items.append((">", value))
             else:
                 interval = self.c_uint(key, name, "stoull" if self.new else "stoul")
                 if not _is_pow2(interval):
-                    raise self.fail(f"roundup_power2_divisions interval '{key}' must be a power of 2 (in MB)",
-                                    "For roundups, the intervals have to be power of 2", name)
+                    raise self.fail(
+                        f"roundup_power2_divisions interval '{key}' must be a power of 2 (in MB)",
+                        "For roundups, the intervals have to be power of 2",
+                        name,
+                    )
                 items.append((str(interval), value))
             if i + 1 >= len(self.tokens):
-                raise self.fail("roundup_power2_divisions list has no closing ']'",
-                                "Index out of bounds in ConfigTokenizer" if self.new else None, name,
-                                note="an internal assert that aborts the process at import" if self.new else None)
+                raise self.fail(
+                    "roundup_power2_divisions list has no closing ']'",
+                    "Index out of bounds in ConfigTokenizer" if self.new else None,
+                    name,
+                    note="an internal assert that aborts the process at import" if self.new else None,
+                )
             if self.tokens[i + 1] != "]":
                 self.expect(i + 1, ",", f"{name} item '{key}'")
                 i += 1

@@ -48,6 +48,7 @@ _SHELL_ALIASES = {
     "py": "python",
 }
 
+
 def parse_torch_version(torch: str | Sequence[int] | None) -> tuple[int, int] | None:
     """`"2.10.0+cu130"`, `"2.11"`, `(2, 9)` -> `(major, minor)`; `None` or unreadable -> `None`.
 
@@ -82,9 +83,7 @@ def env_assignments(conf: str, torch: str | Sequence[int] | None = None, *, vend
     if vendor == "npu":
         return {NPU_VAR: conf}
     if vendor not in ("cuda", "hip"):
-        raise InputError(
-            f"vendor {vendor!r} has no PyTorch allocator-config variable (only cuda, hip and npu do)"
-        )
+        raise InputError(f"vendor {vendor!r} has no PyTorch allocator-config variable (only cuda, hip and npu do)")
     version = parse_torch_version(torch)
     out = {CUDA_VAR: conf}
     if vendor == "hip":
@@ -111,7 +110,7 @@ def quote_bash(word: str) -> str:
 
 def _ps_literal(word: str) -> str:
     # PowerShell also treats the typographic single quotes as quote characters: double them all.
-    return "'" + re.sub("([\'\u2018\u2019\u201a\u201b])", r"\1\1", word) + "'"
+    return "'" + re.sub("(['\u2018\u2019\u201a\u201b])", r"\1\1", word) + "'"
 
 
 def quote_powershell(word: str) -> str:
@@ -128,7 +127,7 @@ def quote_cmd(word: str) -> str:
     either cannot be written reliably: refused with an `InputError` rather than rendered wrong.
     """
     if any(c in word for c in '"%\r\n'):
-        raise InputError(f"{word!r} cannot be written safely for cmd.exe (contains \" or %); use PowerShell")
+        raise InputError(f'{word!r} cannot be written safely for cmd.exe (contains " or %); use PowerShell')
     if word and _CMD_SAFE.match(word):
         return word
     return f'"{word}"'

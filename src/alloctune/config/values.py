@@ -16,7 +16,7 @@ BACKENDS = ("native", "cudaMallocAsync")
 # PyTorch caps MB values at SIZE_MAX / 1 MiB (64-bit size_t); larger inputs are clamped.
 MAX_MB = (2**64 - 1) // MiB
 LARGE_BUFFER = 20 * MiB  # kLargeBuffer: default large segment size and MB-knob minimum
-N_INTERVALS = 16         # kRoundUpPowerOfTwoIntervals: buckets 1 MiB … ≥32 GiB
+N_INTERVALS = 16  # kRoundUpPowerOfTwoIntervals: buckets 1 MiB … ≥32 GiB
 
 ENV_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 

@@ -59,9 +59,21 @@ def gpu_demo_command(json_out: bool = False, budget: int | None = None) -> list[
     import sys
 
     return [
-        sys.executable, "-m", "alloctune", "tune", "--budget", demo_budget_arg(budget),
+        sys.executable,
+        "-m",
+        "alloctune",
+        "tune",
+        "--budget",
+        demo_budget_arg(budget),
         *(["--json"] if json_out else []),
-        "--", sys.executable, "-m", "alloctune.workloads.rvc", "--device", "cuda", "--count", str(GPU_DEMO_FILES),
+        "--",
+        sys.executable,
+        "-m",
+        "alloctune.workloads.rvc",
+        "--device",
+        "cuda",
+        "--count",
+        str(GPU_DEMO_FILES),
     ]
 
 
@@ -91,13 +103,15 @@ def shipped_trace_info() -> list[dict[str, str]]:
         meta = head.get("meta") or {}
         settings = head.get("allocator_settings") or {}
         conf = meta.get("conf") or settings.get("PYTORCH_CUDA_ALLOC_CONF") or ""
-        rows.append({
-            "name": name,
-            "workload": str(meta.get("workload", "")),
-            "setting": conf or "(default)",
-            "torch": str(meta.get("torch", "")),
-            "recorded_by": str(meta.get("recorded_by", "")),
-        })
+        rows.append(
+            {
+                "name": name,
+                "workload": str(meta.get("workload", "")),
+                "setting": conf or "(default)",
+                "torch": str(meta.get("torch", "")),
+                "recorded_by": str(meta.get("recorded_by", "")),
+            }
+        )
     return rows
 
 
@@ -116,8 +130,9 @@ def shipped_trace_path(name: str = DEFAULT_TRACE) -> Path:
 
     path = shipped_path(name)
     if path is None or not path.is_file():
-        raise InputError(f"no shipped trace named {name!r}; available: {', '.join(shipped_names()) or 'none'} "
-                         "(or give a trace file)")
+        raise InputError(
+            f"no shipped trace named {name!r}; available: {', '.join(shipped_names()) or 'none'} (or give a trace file)"
+        )
     return path
 
 
@@ -266,14 +281,20 @@ def why_not_smaller(best: DemoRow, rows: tuple[DemoRow, ...], tolerance: int) ->
         return None
     alt = min(cheaper, key=lambda r: r.min_budget)
     if best.peak_reserved < alt.peak_reserved:
-        reason = (f"without a cap it holds {format_size(alt.peak_reserved - best.peak_reserved)} less "
-                  f"({format_size(best.peak_reserved)} vs {format_size(alt.peak_reserved)}), left to the rest of the card")
+        reason = (
+            f"without a cap it holds {format_size(alt.peak_reserved - best.peak_reserved)} less "
+            f"({format_size(best.peak_reserved)} vs {format_size(alt.peak_reserved)}), left to the rest of the card"
+        )
     else:  # the rank key only lets a larger budget win on the peak or on retries
-        reason = (f"it needs {alt.retries - best.retries} fewer allocator retries without a cap "
-                  "(each flushes the cache and stalls the run)")
-    return (f"{best.label} is recommended over {alt.label}, which needs "
-            f"{format_size(best.min_budget - alt.min_budget)} less ({format_size(alt.min_budget)}): "
-            f"that is within the simulator's resolution ({format_size(tolerance)}), and {reason}.")
+        reason = (
+            f"it needs {alt.retries - best.retries} fewer allocator retries without a cap "
+            "(each flushes the cache and stalls the run)"
+        )
+    return (
+        f"{best.label} is recommended over {alt.label}, which needs "
+        f"{format_size(best.min_budget - alt.min_budget)} less ({format_size(alt.min_budget)}): "
+        f"that is within the simulator's resolution ({format_size(tolerance)}), and {reason}."
+    )
 
 
 def run_demo(trace_path: str | Path | None = None, budget: int | None = None) -> DemoResult:
@@ -294,7 +315,7 @@ def run_demo(trace_path: str | Path | None = None, budget: int | None = None) ->
     result = sweep(trace, STANDARD_CONFS + FOLKLORE_CANDIDATES, budget=budget)
     every = tuple(demo_row(trace, r) for r in result.rows)
     every = mark_no_effect(trace, every[0], every)
-    rows, folklore = tuple(every[: len(STANDARD_CONFS)]), tuple(every[len(STANDARD_CONFS):])
+    rows, folklore = tuple(every[: len(STANDARD_CONFS)]), tuple(every[len(STANDARD_CONFS) :])
     found = [r.min_budget for r in rows if r.min_budget]
     tolerance = step(min(found)) if found else ABS_TOL  # the bisection's resolution
     best = min(rows, key=lambda r: _rank_key(r, tolerance))
@@ -312,10 +333,12 @@ def run_demo(trace_path: str | Path | None = None, budget: int | None = None) ->
     same = [r.conf for r in rows if r.no_effect]
     if same:
         splits = [c.partition(":")[2] for c in same if c.startswith("max_split_size_mb:") and "," not in c]
-        because = (f"; no segment it made reaches {min(map(int, splits))} MiB, so the split rule never applies"
-                   if segs and len(splits) == len(same) else "")
-        notes.append(f"{', '.join(same)}: no effect on this run (the same segments, peaks and budgets "
-                     f"as the default){because}.")
+        because = (
+            f"; no segment it made reaches {min(map(int, splits))} MiB, so the split rule never applies"
+            if segs and len(splits) == len(same)
+            else ""
+        )
+        notes.append(f"{', '.join(same)}: no effect on this run (the same segments, peaks and budgets as the default){because}.")
     if default.min_budget and best.min_budget and best is not default:
         saved = 1 - best.min_budget / default.min_budget
         notes.append(f"{best.label} lowers the smallest working budget by {saved:.0%} against the default.")

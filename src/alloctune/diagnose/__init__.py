@@ -18,19 +18,22 @@ import traceback
 import types
 
 from alloctune.config.checks import PLATFORMS  # one set of platform names for every command
+from alloctune.diagnose.diagnosis import VERDICTS, Diagnosis
 from alloctune.diagnose.find import find_reports, iter_reports
 from alloctune.diagnose.fixes import Fix
 from alloctune.diagnose.report import OOMReport
 from alloctune.diagnose.text import decode_log
-from alloctune.diagnose.verdict import VERDICTS, Diagnosis, diagnose_report
+from alloctune.diagnose.verdict import diagnose_report
 from alloctune.errors import InputError, NoOOMFound
 
 
 def as_text(text_or_exception: object) -> str:
     """Text to search: a string as is, bytes decoded, an exception as its message (plus chained causes)."""
     if isinstance(text_or_exception, BaseException):
-        return "".join(traceback.format_exception_only(type(text_or_exception), text_or_exception)) + "\n" + "\n".join(
-            str(e) for e in _chain(text_or_exception)
+        return (
+            "".join(traceback.format_exception_only(type(text_or_exception), text_or_exception))
+            + "\n"
+            + "\n".join(str(e) for e in _chain(text_or_exception))
         )
     if isinstance(text_or_exception, (bytes, bytearray)):
         return decode_log(bytes(text_or_exception))
@@ -74,8 +77,9 @@ def diagnose_all(text_or_exception: object, platform: str | None = None, *, dedu
         if dedupe and rep.text in index:
             i = index[rep.text]
             d = out[i]
-            out[i] = Diagnosis(d.report, d.verdict, d.reason, d.evidence, d.fixes, d.contributing, d.shortfall,
-                               d.platform, d.occurrences + 1)
+            out[i] = Diagnosis(
+                d.report, d.verdict, d.reason, d.evidence, d.fixes, d.contributing, d.shortfall, d.platform, d.occurrences + 1
+            )
             continue
         index[rep.text] = len(out)
         out.append(diagnose_report(rep, platform))

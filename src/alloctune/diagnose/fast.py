@@ -47,8 +47,20 @@ _MAX = 1024  # templates kept (a log has a few shapes; the memory stays bounded 
 _KEY_RAW, _KEY = 200, 120
 _MULT = grammar._MULT
 # What a template reads: report fields (`find.with_figures` sets them by name) and a process's pid and memory.
-_FIGURES = ("device", "requested", "total", "free", "allocated", "active", "reserved", "reserved_unallocated",
-            "private_pools", "cap", "process_in_use", "other_allocations")
+_FIGURES = (
+    "device",
+    "requested",
+    "total",
+    "free",
+    "allocated",
+    "active",
+    "reserved",
+    "reserved_unallocated",
+    "private_pools",
+    "cap",
+    "process_in_use",
+    "other_allocations",
+)
 _set = object.__setattr__  # a report's fields set at once (the class is frozen)
 _READ = frozenset((*_FIGURES, "pid", "mem"))
 
@@ -57,8 +69,21 @@ class Template:
     """One message shape: the regex that matches its raw text and the report of the message it was
     learnt from (everything but the figures is the same)."""
 
-    __slots__ = ("pattern", "_rx", "prog", "proto", "reads", "targets", "base", "derive", "has_procs",
-                 "ints", "sized", "nums", "units")
+    __slots__ = (
+        "pattern",
+        "_rx",
+        "prog",
+        "proto",
+        "reads",
+        "targets",
+        "base",
+        "derive",
+        "has_procs",
+        "ints",
+        "sized",
+        "nums",
+        "units",
+    )
 
     def __init__(self, proto: OOMReport, norm_text: str, parsed: grammar.Parsed) -> None:
         parts, pos, reads, k = [], 0, [], 1
@@ -71,8 +96,8 @@ class Template:
             reads.append((target, k, whole))
             k += 1 if whole else 2
             pos = b
-        parts.append(_literal(norm_text[pos:parsed.end]))
-        words.append(norm_text[pos:parsed.end])
+        parts.append(_literal(norm_text[pos : parsed.end]))
+        words.append(norm_text[pos : parsed.end])
         self.pattern = "".join(parts)
         self._rx: re.Pattern[str] | None = None  # compiled when first needed (C reads most logs alone)
         native = _native()
@@ -122,8 +147,7 @@ class Template:
             self._figures(g, d)
         else:
             try:  # int(round(float(num) * unit)) for every size, as the grammar reads it
-                d.update(zip(self.sized, map(round, map(_mul, map(float, self.nums(g)),
-                                                        map(_MULT.__getitem__, self.units(g))))))
+                d.update(zip(self.sized, map(round, map(_mul, map(float, self.nums(g)), map(_MULT.__getitem__, self.units(g))))))
             except KeyError:  # a unit without a multiplier here (PB): every figure the general way
                 self._figures(g, d)
             for k, target in self.ints:
@@ -131,8 +155,7 @@ class Template:
         raw = text[s:e]
         return self._finish(d, raw, collapse(raw), s, e, text, platform, index, base)
 
-    def build_native(self, hit: tuple[int, tuple, str], text: str, s: int, platform: str | None, index,
-                     base: int) -> OOMReport:
+    def build_native(self, hit: tuple[int, tuple, str], text: str, s: int, platform: str | None, index, base: int) -> OOMReport:
         """`build` of a native match, `hit` = (end, the numbers in order, the normalised text)."""
         e, values, norm = hit
         d = self.base.copy()
@@ -147,8 +170,9 @@ class Template:
         # bytes a worker sends back for the reports its groups keep.
         return self._finish(d, raw, raw if raw == norm else norm, s, e, text, platform, index, base)
 
-    def _finish(self, d: dict, raw: str, norm: str, s: int, e: int, text: str, platform: str | None, index,
-                base: int) -> OOMReport:
+    def _finish(
+        self, d: dict, raw: str, norm: str, s: int, e: int, text: str, platform: str | None, index, base: int
+    ) -> OOMReport:
         """The derived figure, the texts, the span and the platform clue into `d`: the report."""
         if self.derive == 1:
             d["reserved"] = d["allocated"] + d["reserved_unallocated"]
@@ -220,9 +244,14 @@ class FastReader:
     def learn(self, report: OOMReport, norm_text: str, parsed: grammar.Parsed) -> None:
         """Keep the shape of a message the grammar read, if it is clean enough to template."""
         raw_msg = report.raw
-        if (not parsed.clauses or parsed.head in ("thc", "cuda-error") or _CLEAN.fullmatch(raw_msg) is None
-                or any(t[0] not in _READ for t in parsed.numbers)
-                or norm_text[:parsed.end] != collapse(raw_msg) or report.text != norm_text[:parsed.end]):
+        if (
+            not parsed.clauses
+            or parsed.head in ("thc", "cuda-error")
+            or _CLEAN.fullmatch(raw_msg) is None
+            or any(t[0] not in _READ for t in parsed.numbers)
+            or norm_text[: parsed.end] != collapse(raw_msg)
+            or report.text != norm_text[: parsed.end]
+        ):
             return
         if self.count >= _MAX:
             self.templates.clear()
@@ -253,6 +282,7 @@ class FastReader:
                 return t, hit, end
             # else: the grammar would read on: a longer shape of the same beginning may fit
         return None
+
 
 def _program(words: list[str | bool]) -> list[tuple] | None:
     """The C program of a template, from its literal texts and, between them, whether each
@@ -367,7 +397,7 @@ def _clause_starts() -> tuple[tuple[str, frozenset[str] | None], ...]:
         import sre_parse as sre  # type: ignore[no-redef]
     out = []
     for _key, rx, _rep in grammar._CLAUSES:
-        items = list(sre.parse(rx.pattern[len(grammar._SEP):]))
+        items = list(sre.parse(rx.pattern[len(grammar._SEP) :]))
         lit = []
         for op, av in items:
             if op is not sre.LITERAL:

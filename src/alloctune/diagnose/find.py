@@ -3,20 +3,19 @@
 Users paste messages wrapped in tracebacks, log prefixes (`[rank0]:`, vLLM's `ERROR 03-13 ...
 [core.py:330]`, Ray's `(Worker pid=1)`), JSON strings with `\\n` escapes, HTML tables, Markdown
 quotes, re-wrapped lines and CRLF. Rather than teaching the grammar all of that, each candidate
-region is first *normalised* into single-spaced plain text while remembering, for every
+region is first *normalised* (`normalize.py`) into single-spaced plain text while remembering, for every
 normalised character, where it came from; the grammar (`parse`) then reads clean text, and spans
 map back to the exact slice of the input.
 """
 
 from __future__ import annotations
 
-import html
 import re
-from bisect import bisect_right
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from alloctune.diagnose import parse as grammar
+from alloctune.diagnose.normalize import Normalized
 from alloctune.diagnose.parse import _LINE_PREFIX
 from alloctune.diagnose.platform import _CONTEXT, BIG_TEXT, PlatformIndex, platform_hint  # noqa: F401
 from alloctune.diagnose.report import OOMReport
@@ -27,122 +26,6 @@ if TYPE_CHECKING:
 # A message is at most a few hundred characters; with per-line log prefixes and escapes it can
 # span more. Normalising a bounded window per candidate keeps the scan linear in the input size.
 WINDOWS = (1000, 2500, 20000)
-
-
-_FULLWIDTH = str.maketrans({"；": ";", "：": ":", "（": "(", "）": ")", "，": ","})
-_HAS_FULLWIDTH = re.compile("[；：（），]")  # translate() looks up every character: only where needed
-
-
-# The characters normalisation changes; everything between two of them is copied as one chunk
-# (C speed), so a window costs a few steps per line instead of a few per word. Candidates are
-# found with a character class (rare characters) and `str.find("  ")` (runs of spaces), both
-# fast scans; `_SPECIAL` is then matched only there.
-_SPECIAL = re.compile(
-    r"(?P<entity>&(?:#\d+|#x[0-9A-Fa-f]+|[A-Za-z]+);)"
-    r"|(?P<esc>\\[nrt])"
-    r"|(?P<escq>\\[\"'\\/])"
-    r"|(?P<uesc>\\u[0-9A-Fa-f]{4})"  # JSON's \u escapes (Python's json.dumps writes non-ASCII so)
-    r"|(?P<br><br\s*/?>)"
-    r"|(?P<nl>\r\n|\r|\n)"
-    r"|(?P<ws>[\t\f\v\u00a0\u3000][ \t\f\v\u00a0\u3000]*| [ \t\f\v\u00a0\u3000]+)",
-    re.S,
-)
-_RARE = re.compile(r"[&\\<\r\n\t\f\v\u00a0\u3000]")
-
-
-class Normalized:
-    """Single-spaced, un-escaped text plus the map back to the raw input (`raw_span`).
-
-    The map is a table of pieces (normalised start, raw start, copied?): a copied chunk maps
-    character by character, a replaced token (entity, escape, line break) maps every
-    character it produced to the token's first raw character.
-    """
-
-    def __init__(self, raw: str, start: int, end: int, joins: frozenset[int] = frozenset()) -> None:
-        """`joins`: raw positions of line breaks that split a word or a line (a terminal's hard
-        wrap, a log collector's partial line): they vanish instead of becoming a space."""
-        parts: list[str] = []
-        ns: list[int] = []
-        rs: list[int] = []
-        cp: list[bool] = []
-        length = 0
-        last_space = True  # at the start a space is dropped, as after a space
-        pos = start
-        match, rare, find = _SPECIAL.match, _RARE.search, raw.find
-        wide = _HAS_FULLWIDTH.search(raw, start, end) is not None
-        next_rare = next_spaces = -1  # cached positions of the next candidates (recomputed when passed)
-        while pos < end:
-            m = None
-            q = pos
-            while True:
-                if next_rare < q:
-                    r = rare(raw, q, end)
-                    next_rare = r.start() if r else end
-                if next_spaces < q:
-                    d = find("  ", q, end)
-                    next_spaces = d if d >= 0 else end
-                c = next_rare if next_rare < next_spaces else next_spaces
-                if c >= end:
-                    break
-                m = match(raw, c, end)
-                if m is not None:
-                    break
-                q = c + 1
-            stop = m.start() if m else end
-            if stop > pos:
-                a = pos + 1 if last_space and raw[pos] == " " else pos
-                if a < stop:
-                    chunk = raw[a:stop].translate(_FULLWIDTH) if wide else raw[a:stop]
-                    ns.append(length)
-                    rs.append(a)
-                    cp.append(True)
-                    parts.append(chunk)
-                    length += len(chunk)
-                    last_space = chunk[-1] == " "
-            if m is None:
-                break
-            kind = m.lastgroup
-            at = m.start()
-            if kind == "entity":
-                out = html.unescape(m.group())
-            elif kind == "escq":
-                out = m.group()[1]
-            elif kind == "uesc":
-                out = chr(int(m.group()[2:], 16)).translate(_FULLWIDTH)
-                out = " " if out.isspace() else out
-            elif kind == "nl" and at in joins:
-                out = ""
-            else:
-                out = " "
-            for c in out:
-                if c == " " and last_space:
-                    continue
-                ns.append(length)
-                rs.append(at)
-                cp.append(False)
-                parts.append(c)
-                length += 1
-                last_space = c == " "
-            pos = m.end()
-            if kind == "nl":
-                while True:  # strip stacked prefixes such as "(Worker pid=1) ERROR ... ]"
-                    pm = _LINE_PREFIX.match(raw, pos, end)
-                    if not pm or pm.end() == pos:
-                        break
-                    pos = pm.end()
-        self.text = "".join(parts)
-        self._ns, self._rs, self._cp = ns, rs, cp
-        self.raw_end = end
-
-    def _src(self, i: int) -> int:
-        k = bisect_right(self._ns, i) - 1
-        return self._rs[k] + (i - self._ns[k]) if self._cp[k] else self._rs[k]
-
-    def raw_span(self, i: int, j: int) -> tuple[int, int]:
-        """Raw [start, end) covering normalised characters [i, j)."""
-        if j <= i:
-            return (self._src(i), self._src(i))
-        return (self._src(i), self._src(j - 1) + 1)
 
 
 # ---- from parsed clauses to an OOMReport ---------------------------------------------------
@@ -220,12 +103,36 @@ def _derive(v: dict, backend: str, vendor: str) -> tuple[int | None, int | None,
 
 
 # The figures a template reads (each `OOMReport` field of that name), all unknown.
-_NO_FIGURES = dict.fromkeys(("device", "requested", "total", "free", "allocated", "active", "reserved",
-                             "reserved_unallocated", "private_pools", "cap", "process_in_use", "other_allocations"))
+_NO_FIGURES = dict.fromkeys(
+    (
+        "device",
+        "requested",
+        "total",
+        "free",
+        "allocated",
+        "active",
+        "reserved",
+        "reserved_unallocated",
+        "private_pools",
+        "cap",
+        "process_in_use",
+        "other_allocations",
+    )
+)
 
 
-def with_figures(proto: OOMReport, v: dict, processes: list[tuple[int, int]], text: str, raw: str, start: int,
-                 end: int, platform: str | None, index: PlatformIndex | None, base: int = 0) -> OOMReport:
+def with_figures(
+    proto: OOMReport,
+    v: dict,
+    processes: list[tuple[int, int]],
+    text: str,
+    raw: str,
+    start: int,
+    end: int,
+    platform: str | None,
+    index: PlatformIndex | None,
+    base: int = 0,
+) -> OOMReport:
     """The report of a message of `proto`'s shape (same clauses, same words) with figures `v` (keyed
     by field name): what `build_report` gives for it, without working out the shape again (span
     moved by `base`)."""
@@ -233,9 +140,17 @@ def with_figures(proto: OOMReport, v: dict, processes: list[tuple[int, int]], te
     plat, evidence = (platform, "given") if platform else platform_hint(raw, start, end, proto.vendor, index)
     new = dict(_NO_FIGURES)
     new.update(v)
-    new.update(text=text, raw=raw[start:end], span=(start + base, end + base), reserved=reserved,
-               reserved_unallocated=unalloc, other_processes=tuple(processes), derived=tuple(derived),
-               platform=plat, platform_evidence=evidence)
+    new.update(
+        text=text,
+        raw=raw[start:end],
+        span=(start + base, end + base),
+        reserved=reserved,
+        reserved_unallocated=unalloc,
+        other_processes=tuple(processes),
+        derived=tuple(derived),
+        platform=plat,
+        platform_evidence=evidence,
+    )
     if not hasattr(proto, "__dict__"):
         from dataclasses import replace
 
@@ -246,8 +161,9 @@ def with_figures(proto: OOMReport, v: dict, processes: list[tuple[int, int]], te
     return out
 
 
-def build_report(p: grammar.Parsed, norm: Normalized, i: int, raw: str, platform: str | None = None,
-                 index: PlatformIndex | None = None) -> OOMReport:
+def build_report(
+    p: grammar.Parsed, norm: Normalized, i: int, raw: str, platform: str | None = None, index: PlatformIndex | None = None
+) -> OOMReport:
     """Assemble the frozen report: vendor, backend, derived figures, hints, span."""
     v = dict(p.values)
     devkind = v.get("devkind")
@@ -263,8 +179,7 @@ def build_report(p: grammar.Parsed, norm: Normalized, i: int, raw: str, platform
     reserved, unalloc, derived = _derive(v, backend, vendor)
 
     # Truncated: the message stops before the figures its format always carries.
-    ends = {"close", "docs", "url", "hint", "hint-legacy", "xpu-hint", "mps-hint", "async-cap", "preemptive-size",
-            "tried-1eb"}
+    ends = {"close", "docs", "url", "hint", "hint-legacy", "xpu-hint", "mps-hint", "async-cap", "preemptive-size", "tried-1eb"}
     truncated = False
     if fmt in ("thc", "cuda-error"):
         truncated = False
@@ -315,8 +230,10 @@ def build_report(p: grammar.Parsed, norm: Normalized, i: int, raw: str, platform
 _EXC_BEFORE = re.compile(r"(?:Error|Exception|error|exception|[:>*\-!\]])[\s*]*$")
 # Only an exception's own message stands after these: whatever a GUI or logger appends after the
 # short form ("torch.OutOfMemoryError: Allocation on device  (node 12)") does not make it prose.
-_STRONG_BEFORE = re.compile(r"(?:OutOfMemoryError|[Ee]rror|[Ee]xception)\s*:[\s*]*$|!!![\s*]*$"
-                            r"|\b(?:ERROR|CRITICAL|FATAL)\b[\]\s:|-]*$")
+_STRONG_BEFORE = re.compile(
+    r"(?:OutOfMemoryError|[Ee]rror|[Ee]xception)\s*:[\s*]*$|!!![\s*]*$"
+    r"|\b(?:ERROR|CRITICAL|FATAL)\b[\]\s:|-]*$"
+)
 _JSON_VALUE_BEFORE = re.compile(r'"[\w.-]+"\s*:\s*"$')  # {"log": "...  (Docker, JSON loggers)
 _LINE_END = re.compile(r'\n|\\[nr]|"|<')  # a line, a JSON-escaped line, a JSON string, an HTML cell
 _LOOKBACK = 3000  # how far back the start of a line is looked for (and platform clues before a message)
@@ -425,8 +342,7 @@ class ReportFinder:
     is exact: neither normalisation nor the line-prefix rules look behind their start.
     """
 
-    def __init__(self, platform: str | None = None, *, fast: bool | FastReader = True, index_after: int = _INDEX_AFTER
-                 ) -> None:
+    def __init__(self, platform: str | None = None, *, fast: bool | FastReader = True, index_after: int = _INDEX_AFTER) -> None:
         """`fast=False`: every message through the grammar (the reference the templates are tested against);
         `index_after`: messages read before a big text's clues are indexed (0: a chunk of a big log)."""
         self.platform = platform
@@ -484,8 +400,11 @@ class ReportFinder:
                 if index is None and big and self.found + 1 == self.index_after and self.platform is None:
                     index = PlatformIndex.of(text)
                 try:
-                    report = (t.build(x, text, self.platform, index, base) if type(x) is not tuple
-                              else t.build_native(x, text, s, self.platform, index, base))
+                    report = (
+                        t.build(x, text, self.platform, index, base)
+                        if type(x) is not tuple
+                        else t.build_native(x, text, s, self.platform, index, base)
+                    )
                 except grammar.UNREADABLE:  # a figure beyond a double or int(): the grammar refuses its clause
                     report = None
                 if report is not None:
@@ -501,8 +420,7 @@ class ReportFinder:
                 if parsed is None or e >= n or parsed.end < len(norm.text) - 200:
                     break
             if parsed is None or (
-                not parsed.clauses and parsed.head not in ("thc", "cuda-error")
-                and not _plausible_bare_head(text, m, parsed)
+                not parsed.clauses and parsed.head not in ("thc", "cuda-error") and not _plausible_bare_head(text, m, parsed)
             ):
                 pos = self.pos = m.end()
                 continue
@@ -516,14 +434,14 @@ class ReportFinder:
                 if report.span[0] == s and self.fast is not None:
                     self.fast.learn(report, norm.text, parsed)
             else:
-                report = _repeat(first[1], first[1].span[0] - first[0] + s, first[1].span[1] - first[0] + s,
-                                 text, self.platform, index)
+                report = _repeat(
+                    first[1], first[1].span[0] - first[0] + s, first[1].span[1] - first[0] + s, text, self.platform, index
+                )
             pos = self.pos = max(report.span[1], m.end())
             if _echo(text, report.span[0], report.span[1]):
                 continue
             if base:
-                report = moved(report, report.span[0] + base, report.span[1] + base, report.platform,
-                               report.platform_evidence)
+                report = moved(report, report.span[0] + base, report.span[1] + base, report.platform, report.platform_evidence)
             yield report
         self.pos = max(self.pos, min(pos, stop))
 
@@ -549,8 +467,7 @@ def iter_reports(text: str, platform: str | None = None) -> Iterator[OOMReport]:
 _MISSING = object()
 
 
-def _repeat(first: OOMReport, start: int, end: int, text: str, platform: str | None,
-            index: PlatformIndex | None) -> OOMReport:
+def _repeat(first: OOMReport, start: int, end: int, text: str, platform: str | None, index: PlatformIndex | None) -> OOMReport:
     """The report of a message whose raw window equals an earlier one's: same figures and text
     (shared, not copied), its own span and platform clue."""
     if platform:

@@ -98,22 +98,24 @@ def expandable_segments(r: OOMReport, platform: str | None, reachable: int | Non
     works, why_not, requires = knobs.expandable_segments_support(r, platform)
     conf = "expandable_segments:True"
     if not works:
-        return Fix("expandable_segments", "Enable expandable segments", why_not or "", conf=conf, works=False,
-                   requires=requires)
+        return Fix("expandable_segments", "Enable expandable segments", why_not or "", conf=conf, works=False, requires=requires)
     X, U = r.requested or 0, r.reserved_unallocated or 0
     if enough is None:
         enough = reachable is not None and reachable >= X
     if enough:
-        why = (f"{_fs(U)} is cached but unallocated, split inside segments that still hold live tensors; "
-               f"with expandable segments PyTorch grows one segment per stream page by page and unmaps free pages "
-               f"on OOM, so those bytes plus the device's free memory ({_fs(reachable)} together) can serve "
-               f"the {_fs(X)} request.")
+        why = (
+            f"{_fs(U)} is cached but unallocated, split inside segments that still hold live tensors; "
+            f"with expandable segments PyTorch grows one segment per stream page by page and unmaps free pages "
+            f"on OOM, so those bytes plus the device's free memory ({_fs(reachable)} together) can serve "
+            f"the {_fs(X)} request."
+        )
     else:
-        why = (f"Stops new fragmentation (one growing segment instead of many fixed ones), but even all "
-               f"{_fs(reachable or 0)} the process could reach is short of the {_fs(X)} request: combine it with "
-               f"a smaller workload.")
-    return Fix("expandable_segments", "Enable expandable segments", why, conf=conf, env=_env(r, conf),
-               requires=requires)
+        why = (
+            f"Stops new fragmentation (one growing segment instead of many fixed ones), but even all "
+            f"{_fs(reachable or 0)} the process could reach is short of the {_fs(X)} request: combine it with "
+            f"a smaller workload."
+        )
+    return Fix("expandable_segments", "Enable expandable segments", why, conf=conf, env=_env(r, conf), requires=requires)
 
 
 def max_split_size(r: OOMReport, platform: str | None) -> Fix:
@@ -125,18 +127,28 @@ def max_split_size(r: OOMReport, platform: str | None) -> Fix:
     if not works:
         return Fix("max_split_size_mb", title, why_not or "", works=False, requires=requires)
     if X <= 2 * MiB:
-        return Fix("max_split_size_mb", title,
-                   f"Will not help: the request ({_fs(X)}) is served by the small pool (<= 1 MiB, 2 MiB segments); "
-                   f"max_split_size_mb only changes how large-pool blocks are split.", works=False)
+        return Fix(
+            "max_split_size_mb",
+            title,
+            f"Will not help: the request ({_fs(X)}) is served by the small pool (<= 1 MiB, 2 MiB segments); "
+            f"max_split_size_mb only changes how large-pool blocks are split.",
+            works=False,
+        )
     if value < minimum:
-        return Fix("max_split_size_mb", title,
-                   f"Will not help: it only protects blocks of at least {minimum} MiB (the smallest accepted "
-                   f"value), and the failing request is {_fs(X)}.", works=False)
+        return Fix(
+            "max_split_size_mb",
+            title,
+            f"Will not help: it only protects blocks of at least {minimum} MiB (the smallest accepted "
+            f"value), and the failing request is {_fs(X)}.",
+            works=False,
+        )
     conf = f"max_split_size_mb:{value}"
-    why = (f"Blocks of {value} MiB or more (the request is {_fs(X)}) are then never split by smaller tensors, so a "
-           f"freed block that fits the request stays whole, and on OOM such idle blocks are released first. "
-           f"It cannot undo the {_fs(r.reserved_unallocated or 0)} already split; requests under {value} MiB no "
-           f"longer use those blocks, so reserved memory may grow.")
+    why = (
+        f"Blocks of {value} MiB or more (the request is {_fs(X)}) are then never split by smaller tensors, so a "
+        f"freed block that fits the request stays whole, and on OOM such idle blocks are released first. "
+        f"It cannot undo the {_fs(r.reserved_unallocated or 0)} already split; requests under {value} MiB no "
+        f"longer use those blocks, so reserved memory may grow."
+    )
     return Fix("max_split_size_mb", title, why, conf=conf, env=_env(r, conf), requires=requires)
 
 
@@ -144,21 +156,28 @@ def gc_threshold(r: OOMReport) -> Fix:
     """Never a fix for the OOM itself: it is listed so users learn why."""
     title = "garbage_collection_threshold"
     if r.cap is None or r.cap >= (r.total or 1 << 62):
-        why = ("Does nothing here: it only runs when a per-process memory fraction is set "
-               "(torch.cuda.set_per_process_memory_fraction, or per_process_memory_fraction on torch >= 2.10), "
-               "and none was.")
+        why = (
+            "Does nothing here: it only runs when a per-process memory fraction is set "
+            "(torch.cuda.set_per_process_memory_fraction, or per_process_memory_fraction on torch >= 2.10), "
+            "and none was."
+        )
     else:
-        why = (f"Will not prevent this OOM: before raising, the allocator already released every idle cached "
-               f"segment; the garbage collector frees the same kind of memory, only earlier (fewer full flushes "
-               f"under the {_fs(r.cap)} limit).")
+        why = (
+            f"Will not prevent this OOM: before raising, the allocator already released every idle cached "
+            f"segment; the garbage collector frees the same kind of memory, only earlier (fewer full flushes "
+            f"under the {_fs(r.cap)} limit)."
+        )
     return Fix("garbage_collection_threshold", title, why, works=False)
 
 
 def empty_cache_note(r: OOMReport) -> Fix:
-    return Fix("empty_cache", "torch.cuda.empty_cache()",
-               "Will not help: PyTorch already returned every idle cached segment to the device before raising; "
-               f"the {_fs(r.reserved_unallocated or 0)} still reserved sits in segments that hold live tensors.",
-               works=False)
+    return Fix(
+        "empty_cache",
+        "torch.cuda.empty_cache()",
+        "Will not help: PyTorch already returned every idle cached segment to the device before raising; "
+        f"the {_fs(r.reserved_unallocated or 0)} still reserved sits in segments that hold live tensors.",
+        works=False,
+    )
 
 
 # ---- workload-side and environment fixes ---------------------------------------------------
@@ -182,17 +201,26 @@ def reduce_work(r: OOMReport, shortfall: int, base: int) -> Fix:
     if pieces is not None:
         # a single allocation bigger than all the process can get: split that one operation
         avail = max(X - shortfall, 1)
-        why = (f"A single {_fs(X)} allocation cannot fit in the {_fs(avail)} available; compute it in at least "
-               f"{pieces} chunks (each <= {_fs(avail)}), or reduce the tensor's size.")
-        return Fix("split_operation", f"Split the operation into >= {pieces} chunks", why,
-                   extra=(("shortfall", shortfall), ("chunks", pieces)))
+        why = (
+            f"A single {_fs(X)} allocation cannot fit in the {_fs(avail)} available; compute it in at least "
+            f"{pieces} chunks (each <= {_fs(avail)}), or reduce the tensor's size."
+        )
+        return Fix(
+            "split_operation",
+            f"Split the operation into >= {pieces} chunks",
+            why,
+            extra=(("shortfall", shortfall), ("chunks", pieces)),
+        )
     pct = _reduce_percent(shortfall, base)
-    why = (f"The peak must drop by at least {_fs(shortfall)}, i.e. {pct}% of the {_fs(base)} this process "
-           f"needed at the failure (live tensors + the request). If memory grows with the batch, use a batch or "
-           f"chunk at most {100 - pct}% of the current one (activation checkpointing, lower precision or "
-           f"offloading are alternatives).")
-    return Fix("reduce_batch", f"Reduce the batch/chunk by >= {pct}%", why,
-               extra=(("shortfall", shortfall), ("reduce_percent", pct)))
+    why = (
+        f"The peak must drop by at least {_fs(shortfall)}, i.e. {pct}% of the {_fs(base)} this process "
+        f"needed at the failure (live tensors + the request). If memory grows with the batch, use a batch or "
+        f"chunk at most {100 - pct}% of the current one (activation checkpointing, lower precision or "
+        f"offloading are alternatives)."
+    )
+    return Fix(
+        "reduce_batch", f"Reduce the batch/chunk by >= {pct}%", why, extra=(("shortfall", shortfall), ("reduce_percent", pct))
+    )
 
 
 def split_below_allocation_limit(r: OOMReport) -> Fix:
@@ -200,11 +228,17 @@ def split_below_allocation_limit(r: OOMReport) -> Fix:
     X = r.requested or 0
     limit = 4 * 1024**3  # Intel Arc / Level Zero maxMemAllocSize is just under 4 GiB by default
     pieces = X // limit + 1
-    why = (f"A single {_fs(X)} tensor was refused although the device was not full. Intel GPU drivers limit one "
-           f"allocation to just under 4 GiB by default, so build it from at least {pieces} pieces (or process it "
-           f"in {pieces}+ chunks).")
-    return Fix("split_operation", f"Keep single tensors below the per-allocation limit ({pieces}+ pieces)", why,
-               extra=(("chunks", pieces),))
+    why = (
+        f"A single {_fs(X)} tensor was refused although the device was not full. Intel GPU drivers limit one "
+        f"allocation to just under 4 GiB by default, so build it from at least {pieces} pieces (or process it "
+        f"in {pieces}+ chunks)."
+    )
+    return Fix(
+        "split_operation",
+        f"Keep single tensors below the per-allocation limit ({pieces}+ pieces)",
+        why,
+        extra=(("chunks", pieces),),
+    )
 
 
 def free_processes(r: OOMReport, shortfall: int, exclude: int | None = None) -> Fix:
@@ -217,35 +251,57 @@ def free_processes(r: OOMReport, shortfall: int, exclude: int | None = None) -> 
         got += size
     listing = ", ".join(f"PID {pid} ({_fs(size)})" for pid, size in chosen)
     total = sum(size for _, size in procs)
-    why = (f"Other processes hold {_fs(total)} of this GPU; stopping {listing} frees "
-           f"{_fs(got)} >= the {_fs(shortfall)} missing. Or run this job on another GPU (CUDA_VISIBLE_DEVICES).")
-    return Fix("free_other_processes", "Stop or move the other processes on this GPU", why,
-               command="nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv",
-               extra=(("pids", [pid for pid, _ in chosen]),))
+    why = (
+        f"Other processes hold {_fs(total)} of this GPU; stopping {listing} frees "
+        f"{_fs(got)} >= the {_fs(shortfall)} missing. Or run this job on another GPU (CUDA_VISIBLE_DEVICES)."
+    )
+    return Fix(
+        "free_other_processes",
+        "Stop or move the other processes on this GPU",
+        why,
+        command="nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv",
+        extra=(("pids", [pid for pid, _ in chosen]),),
+    )
 
 
 def check_unlisted_users(r: OOMReport, outside: int, shortfall: int) -> Fix:
-    why = (f"{_fs(outside)} of the device is used outside this process's PyTorch allocator (other processes, "
-           f"the display, or this process's CUDA context and libraries); the message does not say which. "
-           f"If other processes show up, freeing {_fs(shortfall)} of theirs is enough.")
-    return Fix("check_other_processes", "Check what else uses the GPU", why,
-               command="nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv")
+    why = (
+        f"{_fs(outside)} of the device is used outside this process's PyTorch allocator (other processes, "
+        f"the display, or this process's CUDA context and libraries); the message does not say which. "
+        f"If other processes show up, freeing {_fs(shortfall)} of theirs is enough."
+    )
+    return Fix(
+        "check_other_processes",
+        "Check what else uses the GPU",
+        why,
+        command="nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv",
+    )
 
 
 def raise_fraction(r: OOMReport, need: int) -> Fix:
     T = r.total or 0
     frac = math.ceil(100 * need / T) / 100 if T else None
     if frac is None or frac > 1:
-        return Fix("raise_memory_fraction", "Raise the per-process memory limit",
-                   f"Even the whole device ({_fs(T)}) is smaller than the {_fs(need)} needed: raising the limit "
-                   f"cannot help.", works=False)
+        return Fix(
+            "raise_memory_fraction",
+            "Raise the per-process memory limit",
+            f"Even the whole device ({_fs(T)}) is smaller than the {_fs(need)} needed: raising the limit cannot help.",
+            works=False,
+        )
     code = f"torch.cuda.set_per_process_memory_fraction({frac:.2f})  # was {(r.cap or 0) / T:.4f} ({_fs(r.cap or 0)})"
-    why = (f"The limit is {_fs(r.cap or 0)} but reserved + request = {_fs(need)}; a fraction of {frac:.2f} of "
-           f"{_fs(T)} ({_fs(int(frac * T))}) covers it, and the device had {_fs(r.free or 0)} free. With torch "
-           f">= 2.10 the same limit can come from per_process_memory_fraction:{frac:.2f} in the allocator "
-           f"variable if that is where it was set.")
-    return Fix("raise_memory_fraction", f"Raise the per-process memory fraction to {frac:.2f}", why, code=code,
-               extra=(("fraction", frac),))
+    why = (
+        f"The limit is {_fs(r.cap or 0)} but reserved + request = {_fs(need)}; a fraction of {frac:.2f} of "
+        f"{_fs(T)} ({_fs(int(frac * T))}) covers it, and the device had {_fs(r.free or 0)} free. With torch "
+        f">= 2.10 the same limit can come from per_process_memory_fraction:{frac:.2f} in the allocator "
+        f"variable if that is where it was set."
+    )
+    return Fix(
+        "raise_memory_fraction",
+        f"Raise the per-process memory fraction to {frac:.2f}",
+        why,
+        code=code,
+        extra=(("fraction", frac),),
+    )
 
 
 def mps_watermark(r: OOMReport, need: int, slack: int = 0) -> Fix:
@@ -255,31 +311,40 @@ def mps_watermark(r: OOMReport, need: int, slack: int = 0) -> Fix:
     default_ratio = 1.7
     cap = r.cap or 1
     ratio = max(math.ceil(100 * default_ratio * (need + slack) / cap) / 100, round(default_ratio + 0.01, 2))
-    why = (f"'max allowed' ({_fs(cap)}) is the MPS high watermark; the process needed {_fs(need)} "
-           f"(allocated + other allocations + request; the printed figures are rounded, so up to {_fs(need + slack)}). "
-           f"Assuming the default ratio {default_ratio} was in effect, a ratio of {ratio:.2f} raises the limit to "
-           f"cover it; 0.0 removes the limit but can make macOS swap or freeze.")
+    why = (
+        f"'max allowed' ({_fs(cap)}) is the MPS high watermark; the process needed {_fs(need)} "
+        f"(allocated + other allocations + request; the printed figures are rounded, so up to {_fs(need + slack)}). "
+        f"Assuming the default ratio {default_ratio} was in effect, a ratio of {ratio:.2f} raises the limit to "
+        f"cover it; 0.0 removes the limit but can make macOS swap or freeze."
+    )
     env = (("PYTORCH_MPS_HIGH_WATERMARK_RATIO", f"{ratio:.2f}"),)
-    return Fix("mps_high_watermark", f"Raise PYTORCH_MPS_HIGH_WATERMARK_RATIO to {ratio:.2f}", why, env=env,
-               extra=(("ratio", ratio),))
+    return Fix(
+        "mps_high_watermark", f"Raise PYTORCH_MPS_HIGH_WATERMARK_RATIO to {ratio:.2f}", why, env=env, extra=(("ratio", ratio),)
+    )
 
 
 def native_backend(r: OOMReport) -> Fix:
-    why = ("This process runs PyTorch's cudaMallocAsync backend, which ignores expandable_segments, "
-           "max_split_size_mb and garbage_collection_threshold and prints no reserved/unallocated figures. "
-           "Switch to the native caching allocator to use those knobs and get a diagnosable message "
-           "(ComfyUI selects cudaMallocAsync itself: start it with --disable-cuda-malloc).")
+    why = (
+        "This process runs PyTorch's cudaMallocAsync backend, which ignores expandable_segments, "
+        "max_split_size_mb and garbage_collection_threshold and prints no reserved/unallocated figures. "
+        "Switch to the native caching allocator to use those knobs and get a diagnosable message "
+        "(ComfyUI selects cudaMallocAsync itself: start it with --disable-cuda-malloc)."
+    )
     conf = "backend:native"
     return Fix("native_backend", "Use the native caching allocator", why, conf=conf, env=_env(r, conf))
 
 
 def capture_full_message(r: OOMReport, missing: str) -> Fix:
     """What to run when the pasted text lacks figures: the agent keeps the exception's whole text."""
-    code = ("alloctune run --json -- python main.py ...   > trial.json   # your usual command after --\n"
-            "alloctune diagnose trial.json                             # reads the full message it kept")
-    why = (f"The pasted text has no {missing}. Paste the whole message (the lines after the first one; ComfyUI's "
-           "console and comfyui.log keep them), or run the workload once through alloctune, which keeps the "
-           "exception's full text, and diagnose that.")
+    code = (
+        "alloctune run --json -- python main.py ...   > trial.json   # your usual command after --\n"
+        "alloctune diagnose trial.json                             # reads the full message it kept"
+    )
+    why = (
+        f"The pasted text has no {missing}. Paste the whole message (the lines after the first one; ComfyUI's "
+        "console and comfyui.log keep them), or run the workload once through alloctune, which keeps the "
+        "exception's full text, and diagnose that."
+    )
     return Fix("capture_full_message", "Get the full out-of-memory message", why, code=code)
 
 
@@ -294,8 +359,10 @@ def record_snapshot(r: OOMReport) -> Fix:
         f"    torch.cuda.memory._dump_snapshot('oom_snapshot_gpu{dev}.pickle')\n"
         "    raise"
     )
-    why = ("The message alone cannot show which tensors filled the memory; a memory snapshot can "
-           "(open it at https://pytorch.org/memory_viz or feed it to alloctune's simulator).")
+    why = (
+        "The message alone cannot show which tensors filled the memory; a memory snapshot can "
+        "(open it at https://pytorch.org/memory_viz or feed it to alloctune's simulator)."
+    )
     return Fix("record_snapshot", "Record a memory snapshot at the OOM", why, code=code)
 
 
@@ -314,14 +381,16 @@ def _probe_reduce_work(r: OOMReport, shortfall: int, base: int) -> tuple[bool, s
     return True, "reduce_batch", float(_reduce_percent(shortfall, base))
 
 
-def _probe_expandable(r: OOMReport, platform: str | None, reachable: int | None,
-                      enough: bool | None = None) -> tuple[bool, str, float]:
+def _probe_expandable(
+    r: OOMReport, platform: str | None, reachable: int | None, enough: bool | None = None
+) -> tuple[bool, str, float]:
     return knobs.expandable_segments_support(r, platform)[0], "expandable_segments", 0.0
 
 
 def _always(fix_id: str) -> Any:
     def probe(*args: Any, **kw: Any) -> tuple[bool, str, float]:
         return True, fix_id, 0.0
+
     return probe
 
 

@@ -13,10 +13,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from alloctune.diagnose.diagnosis import Diagnosis, FirstFix, Verdict
 from alloctune.diagnose.fixes import Fix
 from alloctune.diagnose.report import OOMReport
 from alloctune.diagnose.scan import Found
-from alloctune.diagnose.verdict import Diagnosis, FirstFix, Verdict, diagnose_report, verdict_only
+from alloctune.diagnose.verdict import diagnose_report, verdict_only
 from alloctune.units import format_size
 
 SCHEMA_MESSAGE = "alloctune.diagnose-message/1"
@@ -144,9 +145,12 @@ class Group:
             "count": self.count,
             "first_line": self.first_line,
             "last_line": self.last_line,
-            "worst": {"line": self.worst_line,
-                      "requested": self.worst_report.requested if self.worst_report else None,
-                      "shortfall": self.worst_shortfall, "reason": self.worst.reason if self.worst else None},
+            "worst": {
+                "line": self.worst_line,
+                "requested": self.worst_report.requested if self.worst_report else None,
+                "shortfall": self.worst_shortfall,
+                "reason": self.worst.reason if self.worst else None,
+            },
             "fix": ({"line": fix_line, "covers": covers, **fix.to_dict()} if fix is not None else None),
         }
 
@@ -187,8 +191,9 @@ class Partial:
     platform: str | None = None
 
 
-def summarise_found(found: Iterable[Found], platform: str | None = None,
-                    on_message: Callable[[Found, Diagnosis], None] | None = None) -> Partial:
+def summarise_found(
+    found: Iterable[Found], platform: str | None = None, on_message: Callable[[Found, Diagnosis], None] | None = None
+) -> Partial:
     """Judge every message and fold it into its group; `on_message` sees each one's full
     diagnosis as it comes (`--all`). Without it only the verdict is worked out per message
     (`verdict_only`: the same branches without the text), the full diagnosis only for the few
@@ -231,21 +236,20 @@ def summarise_found(found: Iterable[Found], platform: str | None = None,
     return Partial(groups, count, first_text, single, first, platform)
 
 
-def finish(groups: dict[tuple, Group], count: int, single: OOMReport | None,
-           platform: str | None = None) -> LogSummary:
+def finish(groups: dict[tuple, Group], count: int, single: OOMReport | None, platform: str | None = None) -> LogSummary:
     """The summary: groups with most messages first; `single` (the one distinct message's first
     report) is diagnosed in full, with the count as its occurrences."""
     ordered = sorted(groups.values(), key=lambda g: (-g.count, g.first_line))
     one = None
     if single is not None:
         d = diagnose_report(single, platform)
-        one = Diagnosis(d.report, d.verdict, d.reason, d.evidence, d.fixes, d.contributing, d.shortfall, d.platform,
-                        count)
+        one = Diagnosis(d.report, d.verdict, d.reason, d.evidence, d.fixes, d.contributing, d.shortfall, d.platform, count)
     return LogSummary(count, ordered, one)
 
 
-def summarise(found: Iterable[Found], platform: str | None = None,
-              on_message: Callable[[Found, Diagnosis], None] | None = None) -> LogSummary:
+def summarise(
+    found: Iterable[Found], platform: str | None = None, on_message: Callable[[Found, Diagnosis], None] | None = None
+) -> LogSummary:
     """The `LogSummary` of the messages, in one pass (see `summarise_found`)."""
     part = summarise_found(found, platform, on_message)
     return finish(part.groups, part.count, part.first if part.same else None, platform)
@@ -253,14 +257,12 @@ def summarise(found: Iterable[Found], platform: str | None = None,
 
 def _with_report(d: Diagnosis, r: Any) -> Diagnosis:
     """A memoised diagnosis for a repeat of its message: the same verdict, this occurrence's report."""
-    return Diagnosis(r, d.verdict, d.reason, d.evidence, d.fixes, d.contributing, d.shortfall, d.platform,
-                     d.occurrences)
+    return Diagnosis(r, d.verdict, d.reason, d.evidence, d.fixes, d.contributing, d.shortfall, d.platform, d.occurrences)
 
 
 def message_record(f: Found, d: Diagnosis) -> dict[str, Any]:
     """One message for `--all --json` (a JSON line each)."""
-    return {"schema": SCHEMA_MESSAGE, "line": f.line, "rank": f.rank, **{k: v for k, v in d.to_dict().items()
-                                                                          if k != "schema"}}
+    return {"schema": SCHEMA_MESSAGE, "line": f.line, "rank": f.rank, **{k: v for k, v in d.to_dict().items() if k != "schema"}}
 
 
 @dataclass(frozen=True)

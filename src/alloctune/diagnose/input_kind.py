@@ -59,14 +59,16 @@ class _Decompressing:
         try:
             data = self.inner.read(n)
         except (lzma.LZMAError, EOFError, OSError, zlib.error, ValueError) as exc:
-            raise self.error(f"{self.path}: the {self.kind} stream is truncated or corrupt "
-                             f"({exc or type(exc).__name__}); copy the file again") from None
+            raise self.error(
+                f"{self.path}: the {self.kind} stream is truncated or corrupt ({exc or type(exc).__name__}); copy the file again"
+            ) from None
         self.done += len(data)
         if self.done > self.limit:
             from alloctune.trace.limits import hint
 
-            raise self.error(f"{self.path}: decompresses to more than {self.limit} bytes (a decompression bomb?); "
-                             f"{hint(self.which)}")
+            raise self.error(
+                f"{self.path}: decompresses to more than {self.limit} bytes (a decompression bomb?); {hint(self.which)}"
+            )
         return data
 
     def close(self) -> None:

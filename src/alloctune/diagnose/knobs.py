@@ -56,13 +56,19 @@ def expandable_segments_support(report: OOMReport, platform: str | None) -> tupl
     if report.vendor in ("mps", "xpu"):
         return False, f"{report.vendor.upper()} has no expandable segments (a CUDA/ROCm caching-allocator option)", None
     if platform == "windows":
-        return (False, "not supported on Windows: PyTorch warns 'expandable_segments not supported on this platform' "
-                "and ignores it", None)
+        return (
+            False,
+            "not supported on Windows: PyTorch warns 'expandable_segments not supported on this platform' and ignores it",
+            None,
+        )
     if report.vendor == "hip":
         # ROCm support landed upstream in 2026 (pytorch#173330, relanded as #177974; ROCm's own 2.11 builds carry it).
         if hi is not None and hi < (2, 11):
-            return (False, f"ROCm builds before torch 2.11 ignore it (this message is from {report.torch_hint})",
-                    "torch>=2.12 (ROCm)")
+            return (
+                False,
+                f"ROCm builds before torch 2.11 ignore it (this message is from {report.torch_hint})",
+                "torch>=2.12 (ROCm)",
+            )
         return True, None, "torch>=2.12 on ROCm (2.11 in AMD's ROCm builds); older ROCm builds ignore it"
     if report.vendor == "npu":
         return True, None, None  # torch_npu reads it from PYTORCH_NPU_ALLOC_CONF

@@ -74,8 +74,7 @@ def _running_elsewhere() -> int | None:
     return None
 
 
-def _found(text: str, begin: int, stop: int, base: int, line: int, platform: str | None,
-           out: dict[str, int]) -> Iterator[Found]:
+def _found(text: str, begin: int, stop: int, base: int, line: int, platform: str | None, out: dict[str, int]) -> Iterator[Found]:
     """The messages starting in text[begin:stop] (text[0] is at `base` in the log, text[begin] on
     `line`); `out["pos"]` is where one pass would go on reading afterwards."""
     global _FAST
@@ -102,8 +101,7 @@ def _chunk(text: str, begin: int, stop: int, base: int, line: int, platform: str
     mid = min(stop, begin + HEAD)
     head = summarise_found(_found(text, begin, mid, base, line, platform, out), platform)
     at = max(out["pos"], mid)
-    tail = summarise_found(_found(text, at, max(stop, at), base, line + text.count("\n", begin, at), platform, out),
-                           platform)
+    tail = summarise_found(_found(text, at, max(stop, at), base, line + text.count("\n", begin, at), platform, out), platform)
     return head, at, tail, out["pos"]
 
 
@@ -160,8 +158,14 @@ def _chunks(pieces: Iterable[str], size: int | Callable[[], int]) -> Iterator[tu
                 buf, base, start = buf[drop:], base + drop, start - drop
 
 
-def summarise_parallel(pieces: Iterable[str], platform: str | None = None, n: int | None = None,
-                       size: int = CHUNK, small: int = SMALL, first: int = FIRST) -> LogSummary:
+def summarise_parallel(
+    pieces: Iterable[str],
+    platform: str | None = None,
+    n: int | None = None,
+    size: int = CHUNK,
+    small: int = SMALL,
+    first: int = FIRST,
+) -> LogSummary:
     """`groups.summarise` over the log on `n` processes: this one and n - 1 workers. This one reads
     the first chunk, then hands a chunk of `size` to each idle worker and reads chunks of `small`
     itself in between; workers start only when there is a second chunk. Memory: at most 4n chunks
@@ -275,8 +279,12 @@ class Merged:
 
     def finish(self) -> LogSummary:
         first = self.first
-        return finish(self.groups, self.total, first.first if first is not None and self.same else None,
-                      first.platform if first is not None else None)
+        return finish(
+            self.groups,
+            self.total,
+            first.first if first is not None and self.same else None,
+            first.platform if first is not None else None,
+        )
 
 
 def merge(parts: list[Any]) -> LogSummary:

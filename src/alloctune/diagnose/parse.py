@@ -69,29 +69,60 @@ _CLAUSES: tuple[tuple[str, re.Pattern[str], bool], ...] = tuple(
         ("tried-1eb", r"Tried to allocate more than 1EB memory\.?", False),
         ("tried", r"Tried to allocate " + _sz("requested") + r"(?: on (?P<request_pool>private|shared) pool)?\.?", False),
         ("paren", r"\(\s*(?P<devkind>GPU|NPU|XPU) ?(?P<device>\d+)\s*[;,]", False),
-        ("item", _sz("v") + r"\s*(?P<label>total capacity|already allocated|current active|free|allowed"
-         r"|reserved in total by PyTorch|cached)", True),
+        (
+            "item",
+            _sz("v") + r"\s*(?P<label>total capacity|already allocated|current active|free|allowed"
+            r"|reserved in total by PyTorch|cached)",
+            True,
+        ),
         ("close", r"\)", False),
-        ("gpu-has", r"(?P<devkind>GPU|XPU|NPU) (?P<device>\d+) has a total (?P<capacty>capacity|capacty) of "
-         + _sz("total") + r"\.?", False),
+        (
+            "gpu-has",
+            r"(?P<devkind>GPU|XPU|NPU) (?P<device>\d+) has a total (?P<capacty>capacity|capacty) of " + _sz("total") + r"\.?",
+            False,
+        ),
         ("of-which", r"of which " + _sz("free") + r" is free\.?", False),
         ("process", r"Process (?P<pid>\d+) has " + _sz("mem") + r" memory in use\.?", True),
-        ("this-process", r"Including non-PyTorch memory, this process has " + _sz("process_in_use")
-         + r" memory in use\.?", False),
+        (
+            "this-process",
+            r"Including non-PyTorch memory, this process has " + _sz("process_in_use") + r" memory in use\.?",
+            False,
+        ),
         ("of-allocated", r"Of the allocated memory " + _sz("allocated") + r" is allocated by PyTorch", False),
         ("private", r"with " + _sz("private_pools") + r" allocated in private pools \(e\.g\., \w+ Graphs\)", False),
         ("unallocated", r"and " + _sz("reserved_unallocated") + r" is reserved by PyTorch but unallocated\.?", False),
-        ("hint-legacy", r"If reserved memory is >> allocated memory try setting (?P<hint>max_split_size_mb) to avoid"
-         r" fragmentation\.?", False),
-        ("hint", r"If reserved but unallocated memory is large try setting (?P<hint>(?:PYTORCH_\w*ALLOC_CONF="
-         r"expandable_segments:True)|max_split_size_mb) to avoid fragmentation\.?", False),
+        (
+            "hint-legacy",
+            r"If reserved memory is >> allocated memory try setting (?P<hint>max_split_size_mb) to avoid"
+            r" fragmentation\.?",
+            False,
+        ),
+        (
+            "hint",
+            r"If reserved but unallocated memory is large try setting (?P<hint>(?:PYTORCH_\w*ALLOC_CONF="
+            r"expandable_segments:True)|max_split_size_mb) to avoid fragmentation\.?",
+            False,
+        ),
         ("docs", r"See documentation for Memory Management(?: and (?P<docvar>PYTORCH_\w*ALLOC_CONF))?\.?", False),
         ("url", r"\(\s*(?P<docs_url>https?://[^\s()]+)\s*\)", False),
         ("xpu-hint", r"Please use `empty_cache` to release all unoccupied cached memory\.?", False),
-        ("mps-figures", r"\(MPS allocated: " + _sz("allocated") + r", other allocations: " + _sz("other_allocations")
-         + r", max allowed: " + _sz("cap") + r"\)", False),
-        ("mps-hint", r"Use PYTORCH_MPS_HIGH_WATERMARK_RATIO=0\.0(?: to disable upper limit for memory allocations"
-         r"(?: \(may cause system failure\))?)?\.?", False),
+        (
+            "mps-figures",
+            r"\(MPS allocated: "
+            + _sz("allocated")
+            + r", other allocations: "
+            + _sz("other_allocations")
+            + r", max allowed: "
+            + _sz("cap")
+            + r"\)",
+            False,
+        ),
+        (
+            "mps-hint",
+            r"Use PYTORCH_MPS_HIGH_WATERMARK_RATIO=0\.0(?: to disable upper limit for memory allocations"
+            r"(?: \(may cause system failure\))?)?\.?",
+            False,
+        ),
         ("async-exceed", r"would exceed allowed memory\.?", False),
         ("async-oom", r"\(out of memory\)", False),
         ("async-allocated", r"Currently allocated\s*: " + _sz("allocated"), False),
@@ -99,8 +130,12 @@ _CLAUSES: tuple[tuple[str, re.Pattern[str], bool], ...] = tuple(
         ("async-limit", r"Device limit\s*: " + _sz("total") + r"\.?", False),
         ("async-free", r"Free \(according to CUDA\)\s*: " + _sz("free"), False),
         ("async-cap", r"PyTorch limit \(set by user-supplied memory fraction\)\s*: " + _sz("cap"), False),
-        ("preemptive", r"Allocation was preemptively rejected because it would exceed per_process_memory_fraction"
-         r" limit\.?", False),
+        (
+            "preemptive",
+            r"Allocation was preemptively rejected because it would exceed per_process_memory_fraction"
+            r" limit\.?",
+            False,
+        ),
         ("preemptive-size", r"Requested size: " + _sz("requested"), False),
     )
 )
@@ -109,8 +144,15 @@ _CLAUSES: tuple[tuple[str, re.Pattern[str], bool], ...] = tuple(
 _REQUIRES = {"close": "paren", "url": "docs"}
 
 _BYTE_GROUPS = {
-    "requested", "total", "free", "allocated", "reserved_unallocated", "private_pools", "process_in_use",
-    "other_allocations", "cap",
+    "requested",
+    "total",
+    "free",
+    "allocated",
+    "reserved_unallocated",
+    "private_pools",
+    "process_in_use",
+    "other_allocations",
+    "cap",
 }
 
 
@@ -129,8 +171,17 @@ class Parsed:
 
 
 # The units `_UNIT` accepts, as `parse_torch_size` reads them (binary: PyTorch prints them so).
-_MULT = {"bytes": 1, "KB": 1 << 10, "KiB": 1 << 10, "MB": 1 << 20, "MiB": 1 << 20, "GB": 1 << 30, "GiB": 1 << 30,
-         "TB": 1 << 40, "TiB": 1 << 40}
+_MULT = {
+    "bytes": 1,
+    "KB": 1 << 10,
+    "KiB": 1 << 10,
+    "MB": 1 << 20,
+    "MiB": 1 << 20,
+    "GB": 1 << 30,
+    "GiB": 1 << 30,
+    "TB": 1 << 40,
+    "TiB": 1 << 40,
+}
 
 
 def _size(text: str) -> int:
@@ -194,10 +245,9 @@ def parse_at(s: str, pos: int = 0) -> Parsed | None:
         g = {k: v for k, v in zip(short, vals) if v is not None}
         if not _accept(parsed, seen, _CLAUSES[i][0], _CLAUSES[i][2], g, m, f"g{i}_"):
             # rejected (a repeat, or out of order): the later clauses, one by one, as the rule says
-            for key, rx, repeatable in _CLAUSES[i + 1:]:
+            for key, rx, repeatable in _CLAUSES[i + 1 :]:
                 m = rx.match(s, parsed.end)
-                if m and _accept(parsed, seen, key, repeatable, {k: v for k, v in m.groupdict().items()
-                                                                 if v is not None}, m, ""):
+                if m and _accept(parsed, seen, key, repeatable, {k: v for k, v in m.groupdict().items() if v is not None}, m, ""):
                     break
             else:
                 break
@@ -208,8 +258,7 @@ def parse_at(s: str, pos: int = 0) -> Parsed | None:
     return parsed
 
 
-def _accept(parsed: Parsed, seen: set[str], key: str, repeatable: bool, g: dict[str, str], m: re.Match[str],
-            pre: str) -> bool:
+def _accept(parsed: Parsed, seen: set[str], key: str, repeatable: bool, g: dict[str, str], m: re.Match[str], pre: str) -> bool:
     """Take clause `key` (its groups `g`, named `pre` + name in the match `m`) into `parsed`, unless
     the rules refuse it."""
     ident = key if key != "item" else f"item:{g['label']}"

@@ -18,13 +18,24 @@ from alloctune.diagnose import native
 # paths rarely appear by accident). The substring test keeps big logs fast.
 _PLATFORM_HINTS: tuple[tuple[str, tuple[str, ...], re.Pattern[str]], ...] = (
     ("wsl", ("WSL", "/mnt/"), re.compile(r"\bWSL2?\b|/mnt/[a-z]/")),
-    ("windows", (":\\", "windows_portable", "Windows", "Win1", "WIN1", ".exe", "nvcuda"), re.compile(
-        r"\b[A-Za-z]:\\{1,2}[\w .()-]+\\|\bPS [A-Z]:\\|windows_portable|\bWin(?:dows)? ?1[01]\b|\bWIN1[01]\b"
-        r"|\bWindows\b|\.exe\b|\bnvcuda\.dll\b")),
-    ("macos", ("macOS", "MacBook", "Darwin", "/Users/", "/opt/homebrew/"), re.compile(
-        r"\bmacOS\b|\bMacBook\b|\bDarwin\b|/Users/[\w.-]+/|/opt/homebrew/")),
-    ("linux", ("/home/", "/usr/", "/opt/conda/", "dist-packages/", "Ubuntu", "Linux"), re.compile(
-        r"/home/[\w.-]+/|/usr/(?:local/)?lib/python|/opt/conda/|dist-packages/|\bUbuntu\b|\bLinux\b")),
+    (
+        "windows",
+        (":\\", "windows_portable", "Windows", "Win1", "WIN1", ".exe", "nvcuda"),
+        re.compile(
+            r"\b[A-Za-z]:\\{1,2}[\w .()-]+\\|\bPS [A-Z]:\\|windows_portable|\bWin(?:dows)? ?1[01]\b|\bWIN1[01]\b"
+            r"|\bWindows\b|\.exe\b|\bnvcuda\.dll\b"
+        ),
+    ),
+    (
+        "macos",
+        ("macOS", "MacBook", "Darwin", "/Users/", "/opt/homebrew/"),
+        re.compile(r"\bmacOS\b|\bMacBook\b|\bDarwin\b|/Users/[\w.-]+/|/opt/homebrew/"),
+    ),
+    (
+        "linux",
+        ("/home/", "/usr/", "/opt/conda/", "dist-packages/", "Ubuntu", "Linux"),
+        re.compile(r"/home/[\w.-]+/|/usr/(?:local/)?lib/python|/opt/conda/|dist-packages/|\bUbuntu\b|\bLinux\b"),
+    ),
 )
 _CONTEXT = 3000
 
@@ -103,8 +114,9 @@ def _find_all(text: str, needle: str, start: int = 0) -> Iterator[int]:
         i = text.find(needle, i + 1)
 
 
-def platform_hint(text: str, start: int, end: int, vendor: str,
-                  index: PlatformIndex | None = None) -> tuple[str | None, str | None]:
+def platform_hint(
+    text: str, start: int, end: int, vendor: str, index: PlatformIndex | None = None
+) -> tuple[str | None, str | None]:
     """Guess the OS from paths and words near the message; `(platform, evidence)`.
 
     MPS means macOS whatever the surroundings say.

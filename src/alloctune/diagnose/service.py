@@ -48,8 +48,10 @@ def diagnose_log(source: str | Path | None, platform: str | None = None, stdin: 
 
 
 _EMPTY = "the input is empty: give an OOM message, a log containing one, or '-' for stdin"
-_NONE = ("no out-of-memory message found in the input (looked for 'CUDA/HIP/XPU/NPU out of memory', "
-         "'MPS backend out of memory', 'Allocation on device', 'Tried to allocate')")
+_NONE = (
+    "no out-of-memory message found in the input (looked for 'CUDA/HIP/XPU/NPU out of memory', "
+    "'MPS backend out of memory', 'Allocation on device', 'Tried to allocate')"
+)
 
 
 def summarise_log(
@@ -128,8 +130,9 @@ def explain_snapshot(
         cap = cap_in_text(log_text)
         source = "the OOM message's 'allowed'"
     progress(f"reading {snapshot}" + (" and replaying the standard settings" if what_if else ""))
-    return diagnose_snapshot(snapshot, device=device, oom=oom, budget=cap, budget_source=source,
-                             candidates=STANDARD_CONFS if what_if else None)
+    return diagnose_snapshot(
+        snapshot, device=device, oom=oom, budget=cap, budget_source=source, candidates=STANDARD_CONFS if what_if else None
+    )
 
 
 def cap_in_text(text: str) -> int | None:
@@ -170,8 +173,10 @@ def _open_log(source: str | Path | None, stdin: BinaryIO | None) -> tuple[Any, i
         fh.close()
         if kind in ("snapshot", "compact"):
             return str(source), None, lambda: None
-        raise InputError(f"{source}: not an OOM log, a memory snapshot or a trace: it looks like "
-                         f"{what}{f' ({compression}-compressed)' if compression else ''}")
+        raise InputError(
+            f"{source}: not an OOM log, a memory snapshot or a trace: it looks like "
+            f"{what}{f' ({compression}-compressed)' if compression else ''}"
+        )
     size = Path(source).stat().st_size if compression is None and Path(source).is_file() else None
     return read, size, fh.close
 
@@ -219,9 +224,15 @@ def diagnose_input(
         raise InputError("--platform applies to logs, not to --snapshot")
     # A log beside the snapshot is read for the cap its OOM message prints (a plain torch snapshot has none).
     text = read_log(source, stdin) if source is not None else None
-    return "snapshot", explain_snapshot(snapshot, budget=budget, device=device or 0,
-                                        oom=-1 if oom is None else oom, what_if=what_if, progress=progress,
-                                        log_text=text)
+    return "snapshot", explain_snapshot(
+        snapshot,
+        budget=budget,
+        device=device or 0,
+        oom=-1 if oom is None else oom,
+        what_if=what_if,
+        progress=progress,
+        log_text=text,
+    )
 
 
 def diagnosis_json(kind: str, result: Any) -> dict[str, Any]:

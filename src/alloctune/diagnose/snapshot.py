@@ -79,6 +79,13 @@ def sidecar_meta(path: str | Path) -> dict[str, Any]:
     return meta if isinstance(meta, dict) else {}
 
 
+def _run_meta(snap: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """What is known of the run: the agent's record inside the snapshot under what lies beside its file (`sidecar_meta`)."""
+    from alloctune.trace.stream import run_record, with_run_record
+
+    return with_run_record(run_record(snap, source), sidecar_meta(source) if source != "<snapshot>" else {})
+
+
 def _positive_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
@@ -103,8 +110,9 @@ class Budget:
     assumed: bool = False  # not known to be the run's (no cap recorded): the replays must bear it out
 
 
-def budget_of_run(given: int | None, meta: Mapping[str, Any], reserved: int, device_free: int | None,
-                  given_source: str = "given") -> Budget:
+def budget_of_run(
+    given: int | None, meta: Mapping[str, Any], reserved: int, device_free: int | None, given_source: str = "given"
+) -> Budget:
     """The budget the run had: given, else the cap recorded in the snapshot (the agent's run record)
     or beside it (sidecar), else -- for a run known to have had no cap -- what the device could give
     it (reserved + free at the OOM); with no record at all that is only an assumption."""
@@ -134,8 +142,15 @@ def _oom_index(events: Sequence[Mapping[str, Any]], oom: int, source: str) -> tu
         raise TraceError(f"{source}: OOM #{oom} requested but the history holds {len(oom_indices)}") from None
 
 
-def _state_at(snap: Mapping[str, Any], events: Sequence[Mapping[str, Any]], oom_i: int, device: int,
-              source: str) -> tuple[MemoryMap, str, bool]:
+def _failed_request(ev: Mapping[str, Any]) -> tuple[int, int, int | None]:
+    """The OOM event's request size and stream, and the device's free bytes at the failure (None: not recorded)."""
+    device_free = ev.get("device_free")
+    return int(ev.get("size", 0)), int(ev.get("stream", 0)), int(device_free) if device_free is not None else None
+
+
+def _state_at(
+    snap: Mapping[str, Any], events: Sequence[Mapping[str, Any]], oom_i: int, device: int, source: str
+) -> tuple[MemoryMap, str, bool]:
     """The memory map at the OOM, how it was obtained, and whether the history ends there."""
     after = [e for e in events[oom_i + 1 :] if e.get("action") not in ("oom", "snapshot", "user_defined")]
     if not after:
@@ -189,76 +204,127 @@ def _judge_by_numbers(allocated: int, request: int, reserved_free: int, largest:
     """What the memory map alone decides (no replays): the bytes either were cached, or cannot fit."""
     fs = format_size
     if budget.bytes is not None and allocated + request > budget.bytes:
-        return _Judgement("shortage", (
-            f"Shortage: the live tensors ({fs(allocated)}) and the {fs(request)} request need "
-            f"{fs(allocated + request)}, more than the {fs(budget.bytes)} budget; no allocator setting can serve it."),
-            needs=allocated + request)
+        return _Judgement(
+            "shortage",
+            (
+                f"Shortage: the live tensors ({fs(allocated)}) and the {fs(request)} request need "
+                f"{fs(allocated + request)}, more than the {fs(budget.bytes)} budget; no allocator setting can serve it."
+            ),
+            needs=allocated + request,
+        )
     if largest < request <= reserved_free:
-        return _Judgement("fragmentation", (
-            f"Fragmentation: {fs(reserved_free)} was reserved but free, enough for the {fs(request)} request, yet "
-            f"no free block was larger than {fs(largest)}."))
-    why = ("the budget is unknown (pass --budget)" if budget.bytes is None else
-           f"the live tensors and the request fit in the {fs(budget.bytes)} budget, but the cached free memory "
-           f"({fs(reserved_free)}) does not cover the request: whether a setting serves it takes the replays")
+        return _Judgement(
+            "fragmentation",
+            (
+                f"Fragmentation: {fs(reserved_free)} was reserved but free, enough for the {fs(request)} request, yet "
+                f"no free block was larger than {fs(largest)}."
+            ),
+        )
+    why = (
+        "the budget is unknown (pass --budget)"
+        if budget.bytes is None
+        else f"the live tensors and the request fit in the {fs(budget.bytes)} budget, but the cached free memory "
+        f"({fs(reserved_free)}) does not cover the request: whether a setting serves it takes the replays"
+    )
     return _Judgement("unknown", f"Undecided from the memory map alone: {why}.", undecided=why)
 
 
-def _judge_by_replays(w: WhatIfs, allocated: int, request: int, budget: Budget, ends_at_oom: bool,
-                      cmd: Sequence[str] | None, meta_hint: str) -> _Judgement:
+def _judge_by_replays(
+    w: WhatIfs, allocated: int, request: int, budget: Budget, ends_at_oom: bool, cmd: Sequence[str] | None, meta_hint: str
+) -> _Judgement:
     """The verdict within the budget, from the exact replays of the history through the failed request."""
     fs = format_size
     assert budget.bytes is not None
     cap = fs(budget.bytes)
     if not w.reproduced:
-        what = ("pass the cap the run had (--budget SIZE), or give its OOM text too (alloctune diagnose LOG "
-                "--snapshot FILE), or record it with alloctune run --budget ... --on-oom snapshot")
+        what = (
+            "pass the cap the run had (--budget SIZE), or give its OOM text too (alloctune diagnose LOG "
+            "--snapshot FILE), or record it with alloctune run --budget ... --on-oom snapshot"
+        )
         why = f"{w.note or 'the replays could not be made'}; {meta_hint}{what}"
         if allocated + request > budget.bytes:
-            return _Judgement("shortage", (
-                f"Shortage: the live tensors ({fs(allocated)}) and the {fs(request)} request exceed the {cap} "
-                f"budget; the simulator does not reproduce this OOM, so no setting is judged."), undecided=why)
-        return _Judgement("unknown", (
-            f"Undecided: under the recorded setting and the {cap} budget the simulator does not reproduce this "
-            "OOM, so the budget (or the history) is not what the run had and no what-if is an answer."),
-            undecided=why)
-    later = ("; the snapshot ends at the OOM, so whether the rest of the run fits is not known -- one run settles it"
-             if ends_at_oom else "")
+            return _Judgement(
+                "shortage",
+                (
+                    f"Shortage: the live tensors ({fs(allocated)}) and the {fs(request)} request exceed the {cap} "
+                    f"budget; the simulator does not reproduce this OOM, so no setting is judged."
+                ),
+                undecided=why,
+            )
+        return _Judgement(
+            "unknown",
+            (
+                f"Undecided: under the recorded setting and the {cap} budget the simulator does not reproduce this "
+                "OOM, so the budget (or the history) is not what the run had and no what-if is an answer."
+            ),
+            undecided=why,
+        )
+    later = (
+        "; the snapshot ends at the OOM, so whether the rest of the run fits is not known -- one run settles it"
+        if ends_at_oom
+        else ""
+    )
     serving = [x for x in w.rows[1:] if x.avoids_oom]
     if serving:
         # the setting that leaves the most room (a row without a peak counts as none left)
-        first = max(serving, key=lambda x: budget.bytes - (x.peak_reserved if x.peak_reserved is not None
-                                                           else budget.bytes))
+        first = max(serving, key=lambda x: budget.bytes - (x.peak_reserved if x.peak_reserved is not None else budget.bytes))
         best = first.config
         margin = None
         spare = ""
         if first.peak_reserved is not None:
             left = budget.bytes - first.peak_reserved
             margin = Margin(left, left / budget.bytes, left < THIN_MARGIN * budget.bytes)
-            spare = (f", with {fs(left)} ({margin.fraction:.1%}) of it to spare so far" if left > 0 else
-                     f", but with no room left ({fs(-left)} over it at the peak so far)")
+            spare = (
+                f", with {fs(left)} ({margin.fraction:.1%}) of it to spare so far"
+                if left > 0
+                else f", but with no room left ({fs(-left)} over it at the peak so far)"
+            )
         if margin is not None and (margin.bytes <= 0 or (ends_at_oom and margin.thin)):
-            return _Judgement("borderline", (
-                f"Borderline within the {cap} budget: replayed exactly, {best or '(default)'} gets the program "
-                f"through the failed {fs(request)} request{spare}; the snapshot ends at the OOM and that margin "
-                "is thin, so the rest of the run very likely needs more than the budget: no setting is recommended "
-                "-- one run settles it."), confirm=confirm_command(best, budget.bytes, cmd), margin=margin)
-        return _Judgement("fragmentation", (
-            f"Fragmentation within the {cap} budget: replayed exactly, {best or '(default)'} serves the program "
-            f"through the failed {fs(request)} request under the same budget{spare}, where the recorded setting "
-            f"fails{later}."), recommendation=best, confirm=confirm_command(best, budget.bytes, cmd), margin=margin)
+            return _Judgement(
+                "borderline",
+                (
+                    f"Borderline within the {cap} budget: replayed exactly, {best or '(default)'} gets the program "
+                    f"through the failed {fs(request)} request{spare}; the snapshot ends at the OOM and that margin "
+                    "is thin, so the rest of the run very likely needs more than the budget: no setting is recommended "
+                    "-- one run settles it."
+                ),
+                confirm=confirm_command(best, budget.bytes, cmd),
+                margin=margin,
+            )
+        return _Judgement(
+            "fragmentation",
+            (
+                f"Fragmentation within the {cap} budget: replayed exactly, {best or '(default)'} serves the program "
+                f"through the failed {fs(request)} request under the same budget{spare}, where the recorded setting "
+                f"fails{later}."
+            ),
+            recommendation=best,
+            confirm=confirm_command(best, budget.bytes, cmd),
+            margin=margin,
+        )
     needs = [(x.min_budget, x.config) for x in w.rows if x.min_budget is not None]
     if needs:
         need, conf = min(needs)
         short = budget.bytes - need
-        return _Judgement("shortage", (
-            f"Shortage within the {cap} budget: no setting gets the program through the failed {fs(request)} "
-            f"request under it; replayed exactly, the run so far needs about {fs(need)} "
-            f"({fs(max(need - budget.bytes, 0))} more), least under {conf or '(default)'}"
-            f"{'; the rest of the run may need more' if ends_at_oom else ''}."),
-            needs=need, needs_setting=conf, margin=Margin(short, short / budget.bytes, True))
-    return _Judgement("shortage", (
-        f"Shortage within the {cap} budget: no setting gets the program through the failed {fs(request)} request, "
-        "not even on the whole device."))
+        return _Judgement(
+            "shortage",
+            (
+                f"Shortage within the {cap} budget: no setting gets the program through the failed {fs(request)} "
+                f"request under it; replayed exactly, the run so far needs about {fs(need)} "
+                f"({fs(max(need - budget.bytes, 0))} more), least under {conf or '(default)'}"
+                f"{'; the rest of the run may need more' if ends_at_oom else ''}."
+            ),
+            needs=need,
+            needs_setting=conf,
+            margin=Margin(short, short / budget.bytes, True),
+        )
+    return _Judgement(
+        "shortage",
+        (
+            f"Shortage within the {cap} budget: no setting gets the program through the failed {fs(request)} request, "
+            "not even on the whole device."
+        ),
+    )
 
 
 def diagnose_snapshot(
@@ -285,11 +351,7 @@ def diagnose_snapshot(
     events: Sequence[Mapping[str, Any]] = traces[device] if device < len(traces) else []
     settings = snap.get("allocator_settings") or {}
     oom_i, oom_count = _oom_index(events, oom, source)
-    ev = events[oom_i]
-    request = int(ev.get("size", 0))
-    stream = int(ev.get("stream", 0))
-    device_free = ev.get("device_free")
-    device_free = int(device_free) if device_free is not None else None
+    request, stream, device_free = _failed_request(events[oom_i])
     mm, state_source, ends_at_oom = _state_at(snap, events, oom_i, device, source)
 
     pool = "small" if request <= SMALL_SIZE else "large"
@@ -300,53 +362,67 @@ def diagnose_snapshot(
     pinned = _pinned_segments(mm, pool, stream)
     pinned_free = sum(p.free for p in pinned)
 
-    from alloctune.trace.stream import run_record, with_run_record
-
-    meta = with_run_record(run_record(snap, source), sidecar_meta(source) if source != "<snapshot>" else {})
+    meta = _run_meta(snap, source)
     torch_version = meta.get("torch") or meta.get("torch_version")
     b = budget_of_run(budget, meta, reserved, device_free, budget_source)
     needed = allocation_size(request, SizeRules.from_settings(settings))
     evidence = _map_evidence(request, needed, pool, reserved, allocated, largest, len(free_sizes), pinned, b)
 
     what_if: tuple[WhatIf, ...] = ()
-    reproduced = None
+    w: WhatIfs | None = None
     if candidates and b.bytes is not None:
         w = what_if_replays(snap, source, device, oom_i, b.bytes, candidates, torch_version)
-        reproduced = w.reproduced
-        if w.reproduced is None:
-            evidence.append(f"no what-if replays: {w.note}")
-            judged = _judge_by_numbers(allocated, request, reserved_free, largest, b)
-            what_if = w.rows
-        else:
-            hint = ""
-            if b.assumed:
-                low, high = _cap_bracket(events, oom_i, reserved, needed)
-                hint = (f"no cap is recorded with this snapshot, and the run's cap, if it had one, lay between "
-                        f"{format_size(low)} (the most it held before) and {format_size(high)} (reserved + the new "
-                        "segment it could not get); ")
-            judged = _judge_by_replays(w, allocated, request, b, ends_at_oom, meta.get("cmd"), hint)
-            # Not reproduced: the other rows answer a question the run never asked; only the recorded one stays.
-            what_if = w.rows if w.reproduced else w.rows[:1]
-            evidence.append("the recorded setting, replayed under this budget, "
-                            + ("reproduces the OOM at the same request" if w.reproduced else f"does not: {w.note}"))
+    reproduced = w.reproduced if w is not None else None
+    if w is not None and w.reproduced is not None:
+        hint = _unrecorded_cap_hint(events, oom_i, reserved, needed) if b.assumed else ""
+        judged = _judge_by_replays(w, allocated, request, b, ends_at_oom, meta.get("cmd"), hint)
+        # Not reproduced: the other rows answer a question the run never asked; only the recorded one stays.
+        what_if = w.rows if w.reproduced else w.rows[:1]
+        evidence.append(
+            "the recorded setting, replayed under this budget, "
+            + ("reproduces the OOM at the same request" if w.reproduced else f"does not: {w.note}")
+        )
     else:
+        if w is not None:  # no replay could be made: the numbers alone decide
+            evidence.append(f"no what-if replays: {w.note}")
+            what_if = w.rows
         judged = _judge_by_numbers(allocated, request, reserved_free, largest, b)
     if judged.confirm:
         evidence.append(f"confirm on the GPU: {judged.confirm}")
     if judged.verdict == "shortage":
-        cmd = meta.get("cmd")
-        steps = shortage_next_steps(shlex.quote(source) if source != "<snapshot>" else "SNAPSHOT", b.bytes,
-                                    ("python " + shlex.join(cmd)) if cmd else "CMD")
-        evidence.extend(f"next: {step}" for step in steps)
+        evidence.extend(f"next: {step}" for step in _shortage_steps(source, b.bytes, meta.get("cmd")))
     return SnapshotDiagnosis(
-        source=source, verdict=judged.verdict, summary=judged.summary, state_source=state_source,
-        oom_event_index=oom_i, oom_count=oom_count, request=request, alloc_size=needed, pool=pool,
-        reserved=reserved, allocated=allocated, reserved_free=reserved_free, largest_free=largest,
-        free_blocks=len(free_sizes), device_free=device_free, budget=b.bytes, budget_source=b.source,
-        pinned=tuple(pinned[:top]), pinned_count=len(pinned), pinned_free=pinned_free, what_if=what_if,
-        recommendation=judged.recommendation, evidence=tuple(evidence), memory_map=mm, reproduced=reproduced,
-        undecided=judged.undecided, needs=judged.needs, needs_setting=judged.needs_setting,
-        ends_at_oom=ends_at_oom, confirm=judged.confirm, margin=judged.margin,
+        source=source,
+        verdict=judged.verdict,
+        summary=judged.summary,
+        state_source=state_source,
+        oom_event_index=oom_i,
+        oom_count=oom_count,
+        request=request,
+        alloc_size=needed,
+        pool=pool,
+        reserved=reserved,
+        allocated=allocated,
+        reserved_free=reserved_free,
+        largest_free=largest,
+        free_blocks=len(free_sizes),
+        device_free=device_free,
+        budget=b.bytes,
+        budget_source=b.source,
+        pinned=tuple(pinned[:top]),
+        pinned_count=len(pinned),
+        pinned_free=pinned_free,
+        what_if=what_if,
+        recommendation=judged.recommendation,
+        evidence=tuple(evidence),
+        memory_map=mm,
+        reproduced=reproduced,
+        undecided=judged.undecided,
+        needs=judged.needs,
+        needs_setting=judged.needs_setting,
+        ends_at_oom=ends_at_oom,
+        confirm=judged.confirm,
+        margin=judged.margin,
     )
 
 
@@ -362,8 +438,28 @@ def _cap_bracket(events: Sequence[Mapping[str, Any]], oom_i: int, reserved: int,
     return max(peak, reserved), reserved + needed
 
 
-def shortage_next_steps(recording: str, budget: int | None, command: str, before: Sequence[str] = (),
-                        training: bool = False) -> list[str]:
+def _unrecorded_cap_hint(events: Sequence[Mapping[str, Any]], oom_i: int, reserved: int, needed: int) -> str:
+    """Where the cap of a run that recorded none must have lain (`_cap_bracket`), as the start of a hint."""
+    low, high = _cap_bracket(events, oom_i, reserved, needed)
+    return (
+        f"no cap is recorded with this snapshot, and the run's cap, if it had one, lay between "
+        f"{format_size(low)} (the most it held before) and {format_size(high)} (reserved + the new "
+        "segment it could not get); "
+    )
+
+
+def _shortage_steps(source: str, budget: int | None, cmd: Sequence[str] | None) -> list[str]:
+    """`shortage_next_steps` for a snapshot: its path quoted for a shell, the run's own command if recorded."""
+    return shortage_next_steps(
+        shlex.quote(source) if source != "<snapshot>" else "SNAPSHOT",
+        budget,
+        ("python " + shlex.join(cmd)) if cmd else "CMD",
+    )
+
+
+def shortage_next_steps(
+    recording: str, budget: int | None, command: str, before: Sequence[str] = (), training: bool = False
+) -> list[str]:
     """What can help when no setting can (#29.4), for `diagnose` and `tune` alike: see what holds the
     memory and what freeing it would buy (`before`: the caller's own steps), then -- last, the command
     to run next -- find the largest input that fits the budget, or, for a service whose inputs come as
@@ -378,17 +474,28 @@ def shortage_next_steps(recording: str, budget: int | None, command: str, before
             f"sizes, no accumulation: alloctune record --size 8,16,32 --out sizes/run.pickle -- {command} (with "
             f"{{size}} where the batch size goes), then alloctune plan sizes/{cap}; on the GPU add --confirm "
             "'<the accumulating program, {size} as its micro-batch>' to run that answer (accumulated gradients and "
-            "each micro-batch's own padding can cost a sample or two)"]
+            "each micro-batch's own padding can cost a sample or two)"
+        ]
     return head + [
         f"the largest input that fits: alloctune record --size S1,S2,S3 --out sizes/run.pickle -- {command} "
         f"(with {{size}} where the input size goes), then alloctune plan sizes/{cap}",
         "or, for a service (inputs of any length): run the model through alloctune.guard.chunked, e.g. "
         "@alloctune.guard.chunked(dim=-1, overlap=N) on the function that calls it: each input is split only "
-        "where it runs out of memory"]
+        "where it runs out of memory",
+    ]
 
 
-def _map_evidence(request: int, needed: int, pool: str, reserved: int, allocated: int, largest: int, nfree: int,
-                  pinned: Sequence[PinnedSegment], b: Budget) -> list[str]:
+def _map_evidence(
+    request: int,
+    needed: int,
+    pool: str,
+    reserved: int,
+    allocated: int,
+    largest: int,
+    nfree: int,
+    pinned: Sequence[PinnedSegment],
+    b: Budget,
+) -> list[str]:
     """The figures of the memory map at the OOM, as sentences."""
     fs = format_size
     out = [
@@ -398,14 +505,17 @@ def _map_evidence(request: int, needed: int, pool: str, reserved: int, allocated
         f"largest free {pool}-pool block: {fs(largest)} ({nfree} free blocks) vs the {fs(request)} request",
     ]
     if pinned:
-        out.append(f"{len(pinned)} segment(s) hold more free than live memory: {fs(sum(p.free for p in pinned))} "
-                   f"free, pinned by {sum(p.live_blocks for p in pinned)} live block(s) of "
-                   f"{fs(sum(p.allocated for p in pinned))} in total")
+        out.append(
+            f"{len(pinned)} segment(s) hold more free than live memory: {fs(sum(p.free for p in pinned))} "
+            f"free, pinned by {sum(p.live_blocks for p in pinned)} live block(s) of "
+            f"{fs(sum(p.allocated for p in pinned))} in total"
+        )
     if b.bytes is not None:
         headroom = max(b.bytes - reserved, 0)
-        out.append(f"budget {fs(b.bytes)} ({b.source}): headroom {fs(headroom)} "
-                   f"{'<' if headroom < needed else '>='} the {fs(needed)} new segment")
+        out.append(
+            f"budget {fs(b.bytes)} ({b.source}): headroom {fs(headroom)} "
+            f"{'<' if headroom < needed else '>='} the {fs(needed)} new segment"
+        )
         fit = "<=" if allocated + request <= b.bytes else ">"
-        out.append(f"allocated {fs(allocated)} + request {fs(request)} = {fs(allocated + request)} {fit} budget "
-                   f"{fs(b.bytes)}")
+        out.append(f"allocated {fs(allocated)} + request {fs(request)} = {fs(allocated + request)} {fit} budget {fs(b.bytes)}")
     return out

@@ -53,8 +53,7 @@ class WhatIf:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "WhatIf":
-        return cls(str(d["config"]), d.get("avoids_oom"), d.get("peak_reserved"), str(d.get("note", "")),
-                   d.get("min_budget"))
+        return cls(str(d["config"]), d.get("avoids_oom"), d.get("peak_reserved"), str(d.get("note", "")), d.get("min_budget"))
 
 
 @dataclass(frozen=True)
@@ -115,8 +114,7 @@ class SnapshotDiagnosis:
     margin: Margin | None = None  # the best setting's headroom (None: the replays could not decide)
 
     def to_dict(self, with_map: bool = True) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in self.__dataclass_fields__
-             if k not in ("pinned", "what_if", "memory_map", "margin")}
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("pinned", "what_if", "memory_map", "margin")}
         d["margin"] = self.margin.to_dict() if self.margin is not None else None
         d["schema"] = SCHEMA
         d["evidence"] = list(self.evidence)

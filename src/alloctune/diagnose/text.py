@@ -16,7 +16,7 @@ from alloctune.trace.content import text_encoding as _encoding
 def decode_log(data: bytes) -> str:
     """The text of a log file's bytes (UTF-8, UTF-8 with BOM, UTF-16 LE/BE with or without BOM)."""
     if data.startswith(codecs.BOM_UTF8):
-        return data[len(codecs.BOM_UTF8):].decode("utf-8", errors="replace")
+        return data[len(codecs.BOM_UTF8) :].decode("utf-8", errors="replace")
     if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
         return data.decode("utf-16", errors="replace")
     sample = data[:4096]

@@ -67,10 +67,8 @@ def what_if_replays(
             refused[cand] = f"{type(exc).__name__}: {exc}"
     modelled = [c for c in order if c not in refused]
     # One replay per setting at the budget (no uncapped replay, no bisection) ...
-    rows = dict(zip(modelled, sweep(prefix, modelled, budget=budget, torch=version, find_min=False,
-                                    uncapped=False).rows))
-    out = [WhatIf(c, None, note=refused[c]) if c in refused else _judge(c, rows[c], target)
-           for c in order]
+    rows = dict(zip(modelled, sweep(prefix, modelled, budget=budget, torch=version, find_min=False, uncapped=False).rows))
+    out = [WhatIf(c, None, note=refused[c]) if c in refused else _judge(c, rows[c], target) for c in order]
     if recorded in refused:
         return WhatIfs(tuple(out), None, f"the recorded setting cannot be simulated: {refused[recorded]}")
     rec = rows[recorded]
@@ -103,13 +101,27 @@ def through_failed_request(trace: Any, oom_index: int) -> Any:
     if target is None or req.ops[target] != FAILED_ALLOC:
         return None
     end = target + 1
-    cut = RequestStream(req.ops[:end], req.sizes[:end], req.rids[:end], req.streams[:end], req.event_index[:end],
-                        {i: f for i, f in req.fallbacks.items() if i < end})
+    cut = RequestStream(
+        req.ops[:end],
+        req.sizes[:end],
+        req.rids[:end],
+        req.streams[:end],
+        req.event_index[:end],
+        {i: f for i, f in req.fallbacks.items() if i < end},
+    )
     cut.ops[target] = ALLOC
     cut.rids[target] = max((r for r in cut.rids if r >= 0), default=0) + 1  # a fresh id, never freed
     events = [e for e in trace.segment_events if e.request_index <= target and e.action != "oom"]
-    return Trace(trace.source, trace.device, cut, events, dict(trace.allocator_settings), events=[],
-                 meta=dict(trace.meta), total_memory=trace.total_memory)
+    return Trace(
+        trace.source,
+        trace.device,
+        cut,
+        events,
+        dict(trace.allocator_settings),
+        events=[],
+        meta=dict(trace.meta),
+        total_memory=trace.total_memory,
+    )
 
 
 def _judge(conf: str, row: Any, target: int) -> WhatIf:

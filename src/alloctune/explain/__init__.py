@@ -14,8 +14,7 @@ from typing import Any
 
 from alloctune.explain.model import CATEGORIES, SCHEMA, Category, Comparison, Explanation, Site, WhatIfResult
 
-__all__ = ["CATEGORIES", "SCHEMA", "Category", "Comparison", "Explanation", "Site", "WhatIfResult", "explain",
-           "explain_against"]
+__all__ = ["CATEGORIES", "SCHEMA", "Category", "Comparison", "Explanation", "Site", "WhatIfResult", "explain", "explain_against"]
 
 
 def explain(*args: Any, **kwargs: Any) -> Explanation:

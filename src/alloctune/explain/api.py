@@ -40,15 +40,18 @@ def with_calibrations(trace: Trace, calibrations: Sequence[str | Path | Trace]) 
         caps.append(m.calibration_cap)
         model = m if model is None else combine(model, m)
     if model is None or not model.ladders:
-        return trace, ("the calibration run(s) taught no fallback: no request of this recording fell back to a "
-                       "smaller one there (min budgets are those of the recording as it ran)")
+        return trace, (
+            "the calibration run(s) taught no fallback: no request of this recording fell back to a "
+            "smaller one there (min budgets are those of the recording as it ran)"
+        )
     general = generalise(model, trace)
     carried = len(general.general) if general.general else 0
     shown = ", ".join(f"{c / 2**20:.0f} MiB" for c in caps if c) or "unknown caps"
     return with_fallbacks(trace, general), (
         f"min budgets with the fallbacks {len(calibrations)} calibration run(s) (capped at {shown}) taught: "
-        f"{len(model.ladders)} request size(s)" + (f", carried over to {carried} more call(s) of the same call site"
-                                                   if carried else ""))
+        f"{len(model.ladders)} request size(s)"
+        + (f", carried over to {carried} more call(s) of the same call site" if carried else "")
+    )
 
 
 def explain(
@@ -85,8 +88,13 @@ def explain(
         # in common is made once, the replays in a thread of their own (`remedy.model.Shared`)
         with collector_paused(), Shared(trace, background=True) as shared:
             progress("simulating what-ifs", 2, 3)
-            ex = what_ifs(an, ex, source_arg=str(recording if not isinstance(recording, Trace) else trace.source),
-                          out_dir=what_if_dir, shared=shared)
+            ex = what_ifs(
+                an,
+                ex,
+                source_arg=str(recording if not isinstance(recording, Trace) else trace.source),
+                out_dir=what_if_dir,
+                shared=shared,
+            )
             ex = with_remedies(an, ex, shared, progress=progress)
     if taught:
         from dataclasses import replace
@@ -96,8 +104,7 @@ def explain(
     return ex
 
 
-def with_remedies(an: Any, ex: Explanation, shared: Shared | None = None,
-                  progress: Progress = no_progress) -> Explanation:
+def with_remedies(an: Any, ex: Explanation, shared: Shared | None = None, progress: Progress = no_progress) -> Explanation:
     """`ex` with the program-level remedies simulated on its recording (`remedy.registry`) and the utilization table:
     the recording as it ran, each remedy, each of `COMPARED_SETTINGS`, and the release policies under the
     setting that keeps the least idle (what "the best setting plus remedies" reaches). The recording's
@@ -119,19 +126,22 @@ def with_remedies(an: Any, ex: Explanation, shared: Shared | None = None,
     ends = repetition_ends(an) if len(an.repeats.starts) >= 2 else None
     base = ex.min_budget if ex.min_budget is not None else shared.min_budget(trace, conf)
     steps = len(REMEDY_GROUPS) + 1
-    remedies = simulated_remedies(an, base, conf, base_run=run, ends=ends, shared=shared, progress=progress,
-                                  steps=steps)
+    remedies = simulated_remedies(an, base, conf, base_run=run, ends=ends, shared=shared, progress=progress, steps=steps)
     progress("simulating remedies: the utilization table", steps - 1, steps)
     ng = no_grad_candidate(trace)
     if ng is not None:
         remedies.append(ng)
     peak, peak_alloc, _, _ = activity_of(run)
     rows = [ut.UtilizationRow("recording", "as it ran", conf, base, peak, peak_alloc, "simulated")]
-    rows += ut.remedy_rows(remedies) + ut.combined_rows(an, rows[0], partial(release_remedies, ends=ends,
-                                                                             shared=shared), shared)
+    rows += ut.remedy_rows(remedies) + ut.combined_rows(an, rows[0], partial(release_remedies, ends=ends, shared=shared), shared)
     table = ut.table(rows, trace)
-    return replace(ex, remedies=tuple(remedies), min_budget=base, utilization=table,
-                   min_budget_floor=workspace_floor(trace, conf, trace, base, run, shared.low_end))
+    return replace(
+        ex,
+        remedies=tuple(remedies),
+        min_budget=base,
+        utilization=table,
+        min_budget_floor=workspace_floor(trace, conf, trace, base, run, shared.low_end),
+    )
 
 
 def aligned_labels(this: Trace, other: Trace, group: str = "line") -> list[str] | None:
@@ -182,8 +192,7 @@ def explain_against(
     cat = {c: b.category(c) - a.category(c) for c in CATEGORIES}
     a_sites = {s.site: s.bytes for s in a.sites}
     rows = [Site(**{**s.__dict__, "delta": s.bytes - a_sites.get(s.site, 0)}) for s in b.sites]
-    only_a = tuple(sorted(((s, -v) for s, v in a_sites.items() if s not in {r.site for r in rows}),
-                          key=lambda x: x[1]))
+    only_a = tuple(sorted(((s, -v) for s, v in a_sites.items() if s not in {r.site for r in rows}), key=lambda x: x[1]))
     total = sum(r.delta or 0 for r in rows) + sum(v for _, v in only_a) + sum(cat[c] for c in OVERHEAD)
     if total != gap or sum(cat.values()) != gap:
         from alloctune.errors import TraceError
@@ -196,9 +205,20 @@ def explain_against(
         cats: Counter = Counter()
         for r in rest:
             cats.update(r.categories)
-        rows.append(Site(f"({len(rest)} other sites)", None, sum(r.bytes for r in rest), sum(r.blocks for r in rest),
-                         sum(r.outlived_bytes for r in rest), False, sum(r.growing_bytes for r in rest), 0, dict(cats),
-                         delta=sum(r.delta or 0 for r in rest)))
+        rows.append(
+            Site(
+                f"({len(rest)} other sites)",
+                None,
+                sum(r.bytes for r in rest),
+                sum(r.blocks for r in rest),
+                sum(r.outlived_bytes for r in rest),
+                False,
+                sum(r.growing_bytes for r in rest),
+                0,
+                dict(cats),
+                delta=sum(r.delta or 0 for r in rest),
+            )
+        )
     b_small = Explanation(**{**b.__dict__, "sites": tuple(rows)})
     return Comparison(b_small, a, gap, cat, tuple(rows), only_a)
 
@@ -211,15 +231,17 @@ def rank_of(path: str | Path, default: int) -> int:
     return int(m.group(1)) if m else default
 
 
-def explain_ranks(recordings: Sequence[str | Path | Trace], *, group: str = "line", top: int = TOP_SITES,
-                  device: int | None = None) -> RankImbalance:
+def explain_ranks(
+    recordings: Sequence[str | Path | Trace], *, group: str = "line", top: int = TOP_SITES, device: int | None = None
+) -> RankImbalance:
     """Each rank of one program explained at its own peak, and the imbalance by category and site."""
     from alloctune.errors import InputError
 
     if len(recordings) < 2:
         raise InputError("explaining ranks needs two recordings or more (one per rank)")
-    ranked = sorted(((rank_of(r if not isinstance(r, Trace) else r.source, i), r)
-                     for i, r in enumerate(recordings)), key=lambda x: x[0])
+    ranked = sorted(
+        ((rank_of(r if not isinstance(r, Trace) else r.source, i), r) for i, r in enumerate(recordings)), key=lambda x: x[0]
+    )
     ranks = tuple(r for r, _ in ranked)
     if len(set(ranks)) != len(ranks):
         raise InputError(f"two recordings name the same rank ({sorted(ranks)}); give one per rank")

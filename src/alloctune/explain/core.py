@@ -38,8 +38,15 @@ from alloctune.trace.model import Trace
 TOP_SITES = 20
 
 
-def explain_trace(trace: Trace, *, at: Any = None, group: str = "line", top: int = TOP_SITES,
-                  repeat_marks: Sequence[int] | None = None, analysis: Analysis | None = None) -> Explanation:
+def explain_trace(
+    trace: Trace,
+    *,
+    at: Any = None,
+    group: str = "line",
+    top: int = TOP_SITES,
+    repeat_marks: Sequence[int] | None = None,
+    analysis: Analysis | None = None,
+) -> Explanation:
     """Categories and sites at the moment (module doc); what-ifs are added by `explain.what_if`."""
     an = analysis or analyse(trace, group, repeat_marks)
     life, rep = an.life, an.repeats
@@ -49,11 +56,15 @@ def explain_trace(trace: Trace, *, at: Any = None, group: str = "line", top: int
     live = [k for k in range(len(life.alloc)) if life.alloc[k] <= m < life.free[k]]
     req_live = sum(life.size[k] for k in live)
     if req_live != tot.requested:
-        raise TraceError(f"{trace.source}: internal check failed: {req_live} live requested bytes in the request stream, "
-                         f"{tot.requested} in the allocator at request {m}")
+        raise TraceError(
+            f"{trace.source}: internal check failed: {req_live} live requested bytes in the request stream, "
+            f"{tot.requested} in the allocator at request {m}"
+        )
     if tot.reserved != moment.reserved:
-        raise TraceError(f"{trace.source}: internal check failed: the allocator holds {tot.reserved} reserved bytes, "
-                         f"the recording {moment.reserved}")
+        raise TraceError(
+            f"{trace.source}: internal check failed: the allocator holds {tot.reserved} reserved bytes, "
+            f"the recording {moment.reserved}"
+        )
     allocated, cached, split = tot.allocated, tot.cached_free, tot.inactive_split
     cats, hows = _categorise(an, live, m)
     by_cat: dict[str, list[int]] = {c: [0, 0] for c in CATEGORIES}
@@ -64,19 +75,34 @@ def explain_trace(trace: Trace, *, at: Any = None, group: str = "line", top: int
     by_cat["rounding"] = [allocated - req_live, 0]
     by_cat["cached_free"] = [cached, 0]
     by_cat["inactive_split"] = [split, 0]
-    hows.setdefault("rounding", "allocated minus requested bytes of the live blocks (512-byte rounding, "
-                                "power-of-two divisions, remainders too small to split)")
-    hows.setdefault("cached_free", "reserved bytes neither allocated nor split remainders: whole free segments "
-                                   "(empty_cache() would release them)")
-    hows.setdefault("inactive_split", "free blocks split off the blocks of their segment (PyTorch's "
-                                      "inactive_split_bytes): remainders that live blocks keep from going back")
+    hows.setdefault(
+        "rounding",
+        "allocated minus requested bytes of the live blocks (512-byte rounding, "
+        "power-of-two divisions, remainders too small to split)",
+    )
+    hows.setdefault(
+        "cached_free",
+        "reserved bytes neither allocated nor split remainders: whole free segments (empty_cache() would release them)",
+    )
+    hows.setdefault(
+        "inactive_split",
+        "free blocks split off the blocks of their segment (PyTorch's "
+        "inactive_split_bytes): remainders that live blocks keep from going back",
+    )
     categories = tuple(Category(c, by_cat[c][0], by_cat[c][1], hows.get(c, "no block at the moment")) for c in CATEGORIES)
     total = sum(c.bytes for c in categories)
     if total != tot.reserved:
         raise TraceError(f"{trace.source}: internal check failed: categories sum to {total}, reserved is {tot.reserved}")
     site_rows = _sites(an, live, m, cats, top)
-    moment_d = {"event": moment.event, "request": moment.after, "time": moment.time_us, "reason": moment.reason,
-                "reserved": tot.reserved, "allocated": allocated, "requested": req_live}
+    moment_d = {
+        "event": moment.event,
+        "request": moment.after,
+        "time": moment.time_us,
+        "reason": moment.reason,
+        "reserved": tot.reserved,
+        "allocated": allocated,
+        "requested": req_live,
+    }
     phase_rows = _phase_bytes(an, live, allocated - req_live)
     if phase_rows:
         moment_d["phase"] = phase_at(trace.requests, an.phase_of or [], m)
@@ -85,15 +111,25 @@ def explain_trace(trace: Trace, *, at: Any = None, group: str = "line", top: int
             moment_d["steps"] = len(rep.starts)
     notes = []
     if an.stacks == "none":
-        notes.append("the recording has no Python stacks: sites are allocation sizes and categories come from "
-                     "lifetimes; record with stacks (_record_memory_history(stacks='python')) to see code lines")
+        notes.append(
+            "the recording has no Python stacks: sites are allocation sizes and categories come from "
+            "lifetimes; record with stacks (_record_memory_history(stacks='python')) to see code lines"
+        )
     if not rep.starts:
         notes.append("no repetitions found: nothing can be called growing")
     return Explanation(
-        source=trace.source, moment=moment_d, categories=categories,
+        source=trace.source,
+        moment=moment_d,
+        categories=categories,
         overhead={"cached_free": cached, "inactive_split": split, "rounding": allocated - req_live},
-        sites=tuple(site_rows), sites_total=len({an.site_of[k] for k in live}), group=an.group,
-        stacks=an.stacks, repeats=rep.to_dict(), map_source=map_source, notes=tuple(notes), phases=tuple(phase_rows),
+        sites=tuple(site_rows),
+        sites_total=len({an.site_of[k] for k in live}),
+        group=an.group,
+        stacks=an.stacks,
+        repeats=rep.to_dict(),
+        map_source=map_source,
+        notes=tuple(notes),
+        phases=tuple(phase_rows),
     )
 
 
@@ -115,8 +151,7 @@ def block_categories(an: Analysis) -> dict[int, str]:
     return _categorise(an, list(range(len(an.life.alloc))), -1, one_per_param=False)[0]
 
 
-def _categorise(an: Analysis, live: list[int], m: int,
-                one_per_param: bool = True) -> tuple[dict[int, str], dict[str, str]]:
+def _categorise(an: Analysis, live: list[int], m: int, one_per_param: bool = True) -> tuple[dict[int, str], dict[str, str]]:
     life, rep = an.life, an.repeats
     n = life.n
     first = rep.starts[0] if rep.starts else n
@@ -127,16 +162,21 @@ def _categorise(an: Analysis, live: list[int], m: int,
     last_alloc = life.alloc[-1] if life.alloc else 0
     held = [life.free[k] > last_alloc for k in range(len(life.alloc))]
     # parameters: with stacks, what module construction made; without, what set-up made and held
-    params = [k for k in range(len(life.alloc)) if life.alloc[k] < first and held[k]
-              and (not has_stacks or (life.stack[k] >= 0 and infos[life.stack[k]].construction))]
+    params = [
+        k
+        for k in range(len(life.alloc))
+        if life.alloc[k] < first and held[k] and (not has_stacks or (life.stack[k] >= 0 and infos[life.stack[k]].construction))
+    ]
     param_sizes = Counter(life.size[k] for k in params)
     param_set = set(param_sizes)
     training = False
     if param_sizes and rep.count >= 2:
         starts, made_at, sizes, stack_of = rep.starts, life.alloc, life.size, life.stack
-        per_rep = Counter(bisect.bisect_right(starts, made_at[k]) - 1 for k in range(len(made_at))  # `rep.index_of`
-                          if made_at[k] >= first and sizes[k] in param_set and not held[k]
-                          and (not has_stacks or stack_of[k] < 0))
+        per_rep = Counter(
+            bisect.bisect_right(starts, made_at[k]) - 1
+            for k in range(len(made_at))  # `rep.index_of`
+            if made_at[k] >= first and sizes[k] in param_set and not held[k] and (not has_stacks or stack_of[k] < 0)
+        )
         counts = sorted(per_rep.get(j, 0) for j in range(rep.count - 1))  # full repetitions only
         training = bool(counts) and counts[len(counts) // 2] >= len(params) // 2
     growing_sites = {s for s, (g, _) in an.growth.items() if g}
@@ -158,22 +198,34 @@ def _categorise(an: Analysis, live: list[int], m: int,
             c, how = "optimizer_state", "stack: torch/optim, held past its repetition"
         elif not has_stacks and life.alloc[k] < first and held[k]:
             c, how = "model_state", "no stacks: made before the first repetition and held to the end"
-        elif (not has_stacks and training and size in param_set and held[k] and first <= life.alloc[k] < last_rep):
-            c, how = "optimizer_state", ("no stacks: parameter-sized, made in a repetition before the last, "
-                                         "held to the end")
-        elif training and size in param_set and (grads_left[size] > 0 or not one_per_param) and (has_stacks and sid < 0 or (
-                not has_stacks and (not held[k] or life.alloc[k] >= last_rep))):
+        elif not has_stacks and training and size in param_set and held[k] and first <= life.alloc[k] < last_rep:
+            c, how = "optimizer_state", ("no stacks: parameter-sized, made in a repetition before the last, held to the end")
+        elif (
+            training
+            and size in param_set
+            and (grads_left[size] > 0 or not one_per_param)
+            and (has_stacks and sid < 0 or (not has_stacks and (not held[k] or life.alloc[k] >= last_rep)))
+        ):
             grads_left[size] -= 1
             c = "gradients"
-            how = ("no Python frames (autograd's backward thread), parameter-sized, one per parameter" if has_stacks
-                   else "no stacks: parameter-sized, made in each repetition, one per parameter")
+            how = (
+                "no Python frames (autograd's backward thread), parameter-sized, one per parameter"
+                if has_stacks
+                else "no stacks: parameter-sized, made in each repetition, one per parameter"
+            )
         elif has_stacks and info is not None and info.optimizer:
             c, how = "activations", "stack: torch/optim temporaries of the step"
         elif has_stacks and sid < 0:
             c, how = "activations", "no Python frames (autograd's backward thread), not parameter-sized"
         else:
-            c, how = "activations", ("every other live block (activations, inputs, temporaries)" if has_stacks
-                                     else "no stacks: every other live block")
+            c, how = (
+                "activations",
+                (
+                    "every other live block (activations, inputs, temporaries)"
+                    if has_stacks
+                    else "no stacks: every other live block"
+                ),
+            )
         cats[k] = c
         hows[c].add(how)
     return cats, {c: "; ".join(sorted(h)) for c, h in hows.items()}
@@ -208,8 +260,9 @@ def _sites(an: Analysis, live: list[int], m: int, cats: dict[int, str], top: int
         # growing bytes: what the category `growing` holds of this site (kept again and again, not a
         # first-time workspace); equal to the site's share of that category by construction
         model = models[s].most_common(1)[0][0] if models[s] else None
-        rows.append(Site(an.labels[s], lib, b, nblocks, outl, grows, kept if grows else 0, per,
-                         dict(per_cat[s]), model_frame=model))
+        rows.append(
+            Site(an.labels[s], lib, b, nblocks, outl, grows, kept if grows else 0, per, dict(per_cat[s]), model_frame=model)
+        )
     if len(rows) > top:
         keep = [r for i, r in enumerate(rows) if i < top or r.growing]
         rest = [r for i, r in enumerate(rows) if not (i < top or r.growing)]
@@ -217,7 +270,17 @@ def _sites(an: Analysis, live: list[int], m: int, cats: dict[int, str], top: int
         cat_sum: Counter = Counter()
         for r in rest:
             cat_sum.update(r.categories)
-        rows.append(Site(f"({len(rest)} other sites)", None, sum(r.bytes for r in rest), sum(r.blocks for r in rest),
-                         sum(r.outlived_bytes for r in rest), False, sum(r.growing_bytes for r in rest), 0,
-                         dict(cat_sum)))
+        rows.append(
+            Site(
+                f"({len(rest)} other sites)",
+                None,
+                sum(r.bytes for r in rest),
+                sum(r.blocks for r in rest),
+                sum(r.outlived_bytes for r in rest),
+                False,
+                sum(r.growing_bytes for r in rest),
+                0,
+                dict(cat_sum),
+            )
+        )
     return rows

@@ -9,8 +9,16 @@ from alloctune.analysis.phases import PhaseBytes
 from alloctune.schema import schema_id
 
 SCHEMA = schema_id("explain", 2)
-CATEGORIES = ("model_state", "gradients", "optimizer_state", "activations", "growing",
-              "cached_free", "inactive_split", "rounding")
+CATEGORIES = (
+    "model_state",
+    "gradients",
+    "optimizer_state",
+    "activations",
+    "growing",
+    "cached_free",
+    "inactive_split",
+    "rounding",
+)
 OVERHEAD = ("cached_free", "inactive_split", "rounding")
 
 
@@ -111,8 +119,7 @@ class Explanation:
             "repeats": dict(self.repeats),
             "map_source": self.map_source,
             "min_budget": self.min_budget,
-            "min_budget_range": ([self.min_budget_floor, self.min_budget] if self.min_budget_floor is not None
-                                 else None),
+            "min_budget_range": ([self.min_budget_floor, self.min_budget] if self.min_budget_floor is not None else None),
             "what_if": [w.to_dict() for w in self.what_if],
             "remedies": [r.to_dict() for r in self.remedies],
             "utilization": self.utilization.to_dict() if self.utilization is not None else None,
@@ -134,8 +141,11 @@ class Comparison:
 
     def to_dict(self) -> dict[str, Any]:
         d = self.this.to_dict()
-        d["against"] = {"source": self.other.source, "moment": dict(self.other.moment),
-                        "categories": [c.to_dict() for c in self.other.categories]}
+        d["against"] = {
+            "source": self.other.source,
+            "moment": dict(self.other.moment),
+            "categories": [c.to_dict() for c in self.other.categories],
+        }
         d["gap"] = self.gap
         d["category_delta"] = dict(self.categories)
         d["sites"] = [s.to_dict() for s in self.sites]

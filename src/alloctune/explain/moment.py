@@ -112,8 +112,9 @@ def _event_of(trace: Trace, at: Any) -> int:
             raise TraceError(f"--at {at!r}: expected an event index or a time like 12.5s") from None
         times = _times(trace)
         if not times:
-            raise TraceError(f"{trace.source}: the recording keeps no event times (a compact trace); "
-                             "give --at an event index instead")
+            raise TraceError(
+                f"{trace.source}: the recording keeps no event times (a compact trace); give --at an event index instead"
+            )
         t = times[0] + int(secs * 1e6)
         return max(0, bisect.bisect_right(times, t) - 1)
     try:

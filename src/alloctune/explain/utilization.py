@@ -65,18 +65,27 @@ class UtilizationTable:
         return b is not None and (b.utilization or 0) >= self.target
 
     def to_dict(self) -> dict[str, Any]:
-        return {"target": self.target, "reachable": self.reachable, "held_back": self.held_back,
-                "rows": [r.to_dict() for r in self.rows]}
+        return {
+            "target": self.target,
+            "reachable": self.reachable,
+            "held_back": self.held_back,
+            "rows": [r.to_dict() for r in self.rows],
+        }
 
 
 def remedy_rows(remedies: Sequence[Any]) -> list[UtilizationRow]:
     """Rows for `remedy.model.Remedy`s (the unconfirmed ones too: their row says so)."""
-    return [UtilizationRow("remedy", r.name, r.conf, r.min_budget, r.peak_reserved, r.peak_allocated, r.method,
-                           getattr(r, "trace", None)) for r in remedies]
+    return [
+        UtilizationRow(
+            "remedy", r.name, r.conf, r.min_budget, r.peak_reserved, r.peak_allocated, r.method, getattr(r, "trace", None)
+        )
+        for r in remedies
+    ]
 
 
-def combined_rows(an: Any, recorded: UtilizationRow, remedies_under: Callable[..., list[Any]],
-                  shared: Shared | None = None) -> list[UtilizationRow]:
+def combined_rows(
+    an: Any, recorded: UtilizationRow, remedies_under: Callable[..., list[Any]], shared: Shared | None = None
+) -> list[UtilizationRow]:
     """A row per `COMPARED_SETTINGS` entry the recording did not run with (its uncapped replay and
     min budget), then, under the one of them that keeps the least idle memory when it beats the
     recording, the release policies simulated again under it (`remedies_under(an, min budget, conf,
@@ -93,8 +102,7 @@ def combined_rows(an: Any, recorded: UtilizationRow, remedies_under: Callable[..
         try:
             run = runs[conf] = shared.run(trace, conf)
             peak, alloc, _, _ = activity_of(run)
-            out.append(UtilizationRow("setting", conf, conf, shared.min_budget(trace, conf), peak, alloc,
-                                      "simulated"))
+            out.append(UtilizationRow("setting", conf, conf, shared.min_budget(trace, conf), peak, alloc, "simulated"))
         except Exception:  # noqa: BLE001 - a setting the simulator cannot replay here: no row
             continue
     known = [r for r in out if r.utilization is not None]
@@ -103,8 +111,18 @@ def combined_rows(an: Any, recorded: UtilizationRow, remedies_under: Callable[..
         return out
     for r in remedies_under(an, best.min_budget, best.conf, runs[best.conf]):
         if r.janitor is not None or r.name.startswith("empty_cache"):  # the release policies: they replay
-            out.append(UtilizationRow("setting + remedy", f"{best.conf} + {r.name}", best.conf, r.min_budget,
-                                      r.peak_reserved, r.peak_allocated, r.method, r.trace))
+            out.append(
+                UtilizationRow(
+                    "setting + remedy",
+                    f"{best.conf} + {r.name}",
+                    best.conf,
+                    r.min_budget,
+                    r.peak_reserved,
+                    r.peak_allocated,
+                    r.method,
+                    r.trace,
+                )
+            )
     return out
 
 
@@ -139,9 +157,13 @@ def peak_split(trace: Trace, conf: str) -> dict[str, int]:
     st = _counters_after(trace, conf, at + 1)
     split = int(st["inactive_split_bytes.all.current"])
     reserved, allocated = int(st["reserved_bytes.all.current"]), int(st["allocated_bytes.all.current"])
-    return {"reserved": reserved, "allocated": allocated, "inactive_split": split,
-            "cached_free": reserved - allocated - split,
-            "rounding": allocated - int(st["requested_bytes.all.current"])}
+    return {
+        "reserved": reserved,
+        "allocated": allocated,
+        "inactive_split": split,
+        "cached_free": reserved - allocated - split,
+        "rounding": allocated - int(st["requested_bytes.all.current"]),
+    }
 
 
 def _counters_after(trace: Trace, conf: str, stop: int) -> dict[str, Any]:
@@ -153,10 +175,22 @@ def _counters_after(trace: Trace, conf: str, stop: int) -> dict[str, Any]:
 
     req = trace.requests
     stop = min(max(stop, 0), len(req))
-    head = RequestStream(req.ops[:stop], req.sizes[:stop], req.rids[:stop], req.streams[:stop],
-                         req.event_index[:stop], {i: v for i, v in req.fallbacks.items() if i < stop})
-    first = Trace(source=trace.source, device=trace.device, requests=head, segment_events=[],
-                  allocator_settings=dict(trace.allocator_settings), total_memory=trace.total_memory)
+    head = RequestStream(
+        req.ops[:stop],
+        req.sizes[:stop],
+        req.rids[:stop],
+        req.streams[:stop],
+        req.event_index[:stop],
+        {i: v for i, v in req.fallbacks.items() if i < stop},
+    )
+    first = Trace(
+        source=trace.source,
+        device=trace.device,
+        requests=head,
+        segment_events=[],
+        allocator_settings=dict(trace.allocator_settings),
+        total_memory=trace.total_memory,
+    )
     return replay(first, conf or None, reference=trace, record_events=False, timeline_points=1).stats
 
 
@@ -164,23 +198,41 @@ def held_back(trace: Trace, conf: str) -> str:
     """What keeps utilization below 1 at the peak of `trace` replayed under `conf` (`peak_split`)."""
     o = peak_split(trace, conf)
     reserved = o["reserved"] or 1
-    rounding = (o["rounding"], "rounding of each request up to its block size (no allocator setting removes it; "
-                "fewer, larger requests do)")
+    rounding = (
+        o["rounding"],
+        "rounding of each request up to its block size (no allocator setting removes it; fewer, larger requests do)",
+    )
     if "expandable_segments:true" in (conf or "").replace(" ", "").lower():
         # one segment per stream and pool, mapped page by page: what is idle is mapped free pages, whichever
         # side of a live block they lie on
-        parts = [(o["inactive_split"] + o["cached_free"], "free pages still mapped in the expandable segments "
-                  "(holes the freed blocks left, too small for the request that grew the segment here; an "
-                  "empty_cache() before this point unmaps every whole free page)"), rounding]
+        parts = [
+            (
+                o["inactive_split"] + o["cached_free"],
+                "free pages still mapped in the expandable segments "
+                "(holes the freed blocks left, too small for the request that grew the segment here; an "
+                "empty_cache() before this point unmaps every whole free page)",
+            ),
+            rounding,
+        ]
     else:
-        parts = [(o["inactive_split"], "free pieces of segments that also hold live blocks (fragmentation: "
-                  "expandable segments or a smaller max_split_size_mb reduce it)"),
-                 (o["cached_free"], "free memory the cache keeps in segments with no live block (a release point "
-                  "before the peak returns it)"), rounding]
+        parts = [
+            (
+                o["inactive_split"],
+                "free pieces of segments that also hold live blocks (fragmentation: "
+                "expandable segments or a smaller max_split_size_mb reduce it)",
+            ),
+            (
+                o["cached_free"],
+                "free memory the cache keeps in segments with no live block (a release point before the peak returns it)",
+            ),
+            rounding,
+        ]
     parts.sort(key=lambda p: -p[0])
     said = "; ".join(f"{format_size(b)} ({100.0 * b / reserved:.1f} %) {what}" for b, what in parts if b > 0)
-    return (f"at the peak under {conf or 'the default'} ({format_size(o['reserved'])} reserved, "
-            f"{format_size(o['allocated'])} allocated): {said or 'nothing idle'}")
+    return (
+        f"at the peak under {conf or 'the default'} ({format_size(o['reserved'])} reserved, "
+        f"{format_size(o['allocated'])} allocated): {said or 'nothing idle'}"
+    )
 
 
 def table(rows: Sequence[UtilizationRow], trace: Trace | None = None) -> UtilizationTable:
@@ -195,6 +247,5 @@ def table(rows: Sequence[UtilizationRow], trace: Trace | None = None) -> Utiliza
         why = held_back(src, best.conf)
     except Exception as exc:  # noqa: BLE001 - the table stands without the reason
         why = f"not explained ({type(exc).__name__}: {exc})"
-    head = (f"{format_percent(TARGET)} utilization is not reached "
-            f"(best {format_percent(best.utilization)}, {best.name}); ")
+    head = f"{format_percent(TARGET)} utilization is not reached (best {format_percent(best.utilization)}, {best.name}); "
     return UtilizationTable(t.rows, t.target, head + why)

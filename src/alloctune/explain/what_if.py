@@ -28,8 +28,15 @@ from alloctune.remedy.release import free_at_repeat_end, freed_key
 MAX_SITE_WHAT_IFS = 5
 
 
-def what_ifs(an: Analysis, ex: Explanation, *, source_arg: str, out_dir: str | Path | None = None,
-             max_sites: int = MAX_SITE_WHAT_IFS, shared: Shared | None = None) -> Explanation:
+def what_ifs(
+    an: Analysis,
+    ex: Explanation,
+    *,
+    source_arg: str,
+    out_dir: str | Path | None = None,
+    max_sites: int = MAX_SITE_WHAT_IFS,
+    shared: Shared | None = None,
+) -> Explanation:
     """`ex` with its recording's min budget, per-site what-ifs (sites holding outlived bytes at the
     moment, most first) and one without any growing site's growth. `shared`: the rewrites and
     replays the recording's remedies share with them (the leak remedy is a what-if's rewrite)."""
@@ -39,8 +46,9 @@ def what_ifs(an: Analysis, ex: Explanation, *, source_arg: str, out_dir: str | P
         return replace(ex, notes=ex.notes + ("no repetitions: no what-ifs (nothing outlives a repetition)",))
     shared = Shared(trace) if shared is None else shared
     label_to_id = {lab: i for i, lab in enumerate(an.labels)}
-    chosen = sorted((s for s in ex.sites if s.outlived_bytes > 0 and s.site in label_to_id),
-                    key=lambda s: (not s.growing, -s.outlived_bytes))[:max_sites]
+    chosen = sorted(
+        (s for s in ex.sites if s.outlived_bytes > 0 and s.site in label_to_id), key=lambda s: (not s.growing, -s.outlived_bytes)
+    )[:max_sites]
     growing = [i for i, (g, _) in an.growth.items() if g]
     # every rewrite made first, each one's replays started (in `shared`'s thread) while the next is made
     shared.prefetch(trace, conf)
@@ -64,8 +72,10 @@ def what_ifs(an: Analysis, ex: Explanation, *, source_arg: str, out_dir: str | P
             Path(out_dir).mkdir(parents=True, exist_ok=True)
             save_compact(t, Path(out_dir) / name)
         where = Path(out_dir) if out_dir is not None else Path("WHATIF_DIR")
-        cmd = (f"alloctune explain {source_arg} --what-if-dir {where}  # writes {where / name}\n"
-               f"alloctune simulate {where / name}{conf_arg} --min-budget")
+        cmd = (
+            f"alloctune explain {source_arg} --what-if-dir {where}  # writes {where / name}\n"
+            f"alloctune simulate {where / name}{conf_arg} --min-budget"
+        )
         results.append(WhatIfResult(what, mb, None if mb is None or base is None else base - mb, cmd))
         return mb, cmd
 

@@ -130,8 +130,13 @@ class Chunker:
     ) -> None:
         if blend not in _BLENDS:
             raise ValueError(f"blend must be one of {_BLENDS}, got {blend!r}")
-        for name, value, low in (("overlap", overlap, 0), ("min_chunk", min_chunk, 1), ("align", align, 1),
-                                 ("grow_after", grow_after, 1), ("inputs", inputs, 1)):
+        for name, value, low in (
+            ("overlap", overlap, 0),
+            ("min_chunk", min_chunk, 1),
+            ("align", align, 1),
+            ("grow_after", grow_after, 1),
+            ("inputs", inputs, 1),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
         if start is not None and (not isinstance(start, int) or start < 1):
@@ -222,15 +227,14 @@ class Chunker:
 
         if len(args) < self.inputs:
             raise TypeError(f"expected {self.inputs} tensor argument(s) to cut, got {len(args)}")
-        tensors, rest = tuple(args[: self.inputs]), tuple(args[self.inputs:])
+        tensors, rest = tuple(args[: self.inputs]), tuple(args[self.inputs :])
         for t in tensors:
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"chunked inputs must be tensors, got {type(t).__name__}")
         length = tensors[0].shape[self.dim]
         for t in tensors[1:]:
             if t.shape[self.dim] != length:
-                raise ValueError(f"all chunked inputs need the same length along dim {self.dim}: "
-                                 f"{length} vs {t.shape[self.dim]}")
+                raise ValueError(f"all chunked inputs need the same length along dim {self.dim}: {length} vs {t.shape[self.dim]}")
         if length % self.align:
             raise ValueError(f"input length {length} along dim {self.dim} is not a multiple of align={self.align}")
         key = self._key(tensors, args, kwargs)
@@ -259,8 +263,9 @@ class Chunker:
                 if half < self.min_chunk:
                     stats.add(ooms=1, give_ups=1)
                     self._remember(key, failed=core)
-                    log.error("OOM (%s) in %s on a piece of %d (minimum %d): giving up",
-                              oom_kind(exc), name, core, self.min_chunk)
+                    log.error(
+                        "OOM (%s) in %s on a piece of %d (minimum %d): giving up", oom_kind(exc), name, core, self.min_chunk
+                    )
                     raise
                 strip_traceback(exc)
                 failed = exc
@@ -286,8 +291,16 @@ class Chunker:
             released += freed
             self._remember(key, failed=core)
             stats.add(ooms=1, halvings=1)
-            log.warning("OOM (%s) in %s on a piece of %d at %d/%d: released %s, halving to %d",
-                        oom_kind(failed), name, core, pos, length, format_size(freed), half)
+            log.warning(
+                "OOM (%s) in %s on a piece of %d at %d/%d: released %s, halving to %d",
+                oom_kind(failed),
+                name,
+                core,
+                pos,
+                length,
+                format_size(freed),
+                half,
+            )
             del failed
             if grown:  # the grown-back size failed again: wait twice as long before the next try
                 need *= 2
@@ -341,13 +354,14 @@ class Chunker:
     def _ramp(self, torch: Any, n: int, like: Any) -> Any:
         return (torch.arange(n, dtype=like.dtype, device=like.device) + 0.5) / n
 
-    def _place(self, y: Any, out: Any, weight: Any, out_dim: int, pos: int, core: int, a: int, b: int,
-               length: int) -> None:
+    def _place(self, y: Any, out: Any, weight: Any, out_dim: int, pos: int, core: int, a: int, b: int, length: int) -> None:
         import torch
 
         if y.shape[out_dim] != self._out_len(b - a):
-            raise ValueError(f"the function returned {y.shape[out_dim]} positions along dim {out_dim} "
-                             f"for a window of {b - a}; expected {self._out_len(b - a)}")
+            raise ValueError(
+                f"the function returned {y.shape[out_dim]} positions along dim {out_dim} "
+                f"for a window of {b - a}; expected {self._out_len(b - a)}"
+            )
         y = y.to(out.device, non_blocking=False)
         if self.blend == "trim":
             src = y.narrow(out_dim, self._out_len(pos - a), self._out_len(core))
@@ -365,7 +379,7 @@ class Chunker:
             w[:k] = self._ramp(torch, ov, w)[:k]
         if b < length:
             k = min(ov, n)
-            w[n - k:] = torch.minimum(w[n - k:], self._ramp(torch, ov, w).flip(0)[ov - k:])
+            w[n - k :] = torch.minimum(w[n - k :], self._ramp(torch, ov, w).flip(0)[ov - k :])
         wshape = [1] * out.ndim
         wshape[out_dim] = n
         w = w.view(wshape)

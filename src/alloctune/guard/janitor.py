@@ -106,8 +106,14 @@ class JanitorTotals(GuardRecord):
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "JanitorTotals":
         need, ratio = data.get("need"), data.get("clean_start_ratio")
-        return cls(int(data["requests"]), int(data["cleanups"]), int(data["bytes_released"]), dict(data["reasons"]),
-                   None if need is None else int(need), None if ratio is None else float(ratio))
+        return cls(
+            int(data["requests"]),
+            int(data["cleanups"]),
+            int(data["bytes_released"]),
+            dict(data["reasons"]),
+            None if need is None else int(need),
+            None if ratio is None else float(ratio),
+        )
 
 
 def _default_stats() -> Mapping[str, Any]:
@@ -174,8 +180,9 @@ class Janitor:
         empty_cache: Callable[[], Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if all(v is None for v in (headroom, max_cached, max_cached_ratio, max_reserved_ratio, max_inactive_ratio,
-                                   every_n, every_s)):
+        if all(
+            v is None for v in (headroom, max_cached, max_cached_ratio, max_reserved_ratio, max_inactive_ratio, every_n, every_s)
+        ):
             headroom = DEFAULT_HEADROOM
         if headroom is not None and not float(headroom) >= 1.0:
             raise ValueError(f"headroom must be >= 1 (a multiple of the learned need), got {headroom!r}")
@@ -280,7 +287,10 @@ class Janitor:
                 "janitor: even from an emptied cache a request reserves %.2f x its peak allocated memory (%s for %s); "
                 "that is fragmentation inside the request, which no clean-up between requests removes. "
                 "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True usually does; measure it with `alloctune tune`.",
-                ratio, format_size(self._need), format_size(peak))
+                ratio,
+                format_size(self._need),
+                format_size(peak),
+            )
 
     def before(self, size: float) -> JanitorStep | None:
         """Call before a request of `size` (frames, tokens x batch: any number that grows with the
@@ -338,8 +348,14 @@ class Janitor:
         self._clean_start = True
         self._largest_served = None
         guard_stats.add(cleanups=1, janitor_cleanups=1, bytes_released=released)
-        log.info("janitor: empty_cache %s (%s): reserved %s -> %s, released %s",
-                 when, why, format_size(reserved), format_size(after), format_size(released))
+        log.info(
+            "janitor: empty_cache %s (%s): reserved %s -> %s, released %s",
+            when,
+            why,
+            format_size(reserved),
+            format_size(after),
+            format_size(released),
+        )
         return after, released
 
     # -- conveniences ---------------------------------------------------------------------------
@@ -347,8 +363,9 @@ class Janitor:
     @property
     def totals(self) -> JanitorTotals:
         with self._lock:
-            return JanitorTotals(self._requests, self._cleanups, self._released, dict(self._reasons), self._need,
-                                 self._clean_start_ratio)
+            return JanitorTotals(
+                self._requests, self._cleanups, self._released, dict(self._reasons), self._need, self._clean_start_ratio
+            )
 
     @property
     def need(self) -> int | None:
@@ -387,5 +404,4 @@ class Janitor:
     def __repr__(self) -> str:
         t = self.totals
         need = "unknown" if t.need is None else format_size(t.need)
-        return (f"Janitor(requests={t.requests}, cleanups={t.cleanups}, released={format_size(t.bytes_released)}, "
-                f"need={need})")
+        return f"Janitor(requests={t.requests}, cleanups={t.cleanups}, released={format_size(t.bytes_released)}, need={need})"

@@ -83,15 +83,19 @@ class _Policy:
         stats.add(ooms=1, retries=1)
         log.warning(
             "OOM (%s) in %s, attempt %d/%d: released %s, retrying: %s",
-            oom_kind(exc), self.name, attempt, self.total, format_size(released), _first_line(exc),
+            oom_kind(exc),
+            self.name,
+            attempt,
+            self.total,
+            format_size(released),
+            _first_line(exc),
         )
         if self.on_oom is not None:
             self.on_oom(exc, attempt)
 
     def give_up(self, exc: BaseException, attempt: int) -> None:
         stats.add(ooms=1, give_ups=1)
-        log.error("OOM (%s) in %s, attempt %d/%d: giving up: %s",
-                  oom_kind(exc), self.name, attempt, self.total, _first_line(exc))
+        log.error("OOM (%s) in %s, attempt %d/%d: giving up: %s", oom_kind(exc), self.name, attempt, self.total, _first_line(exc))
         if self.on_oom is not None:
             self.on_oom(exc, attempt)
 

@@ -20,5 +20,15 @@ from alloctune.integrations.backend import CudaBackend, DeviceLimits, TorchCuda
 from alloctune.integrations.batch_size import BatchSizeResult, NoBatchSizeFits, find_batch_size, fits_batch_size
 from alloctune.integrations.recorder import OOMNote, OOMRecorder, oom_guard
 
-__all__ = ["BatchSizeResult", "CudaBackend", "DeviceLimits", "NoBatchSizeFits", "OOMNote", "OOMRecorder", "TorchCuda",
-           "find_batch_size", "fits_batch_size", "oom_guard"]
+__all__ = [
+    "BatchSizeResult",
+    "CudaBackend",
+    "DeviceLimits",
+    "NoBatchSizeFits",
+    "OOMNote",
+    "OOMRecorder",
+    "TorchCuda",
+    "find_batch_size",
+    "fits_batch_size",
+    "oom_guard",
+]

@@ -54,12 +54,21 @@ from alloctune.trace.model import Trace
 from alloctune.units import format_size, parse_user_size
 
 if TYPE_CHECKING:
-    from alloctune.plan.answer import Largest, PlanResult
     from alloctune.plan.bound import ErrorModel
     from alloctune.plan.confirm import Confirmation, ConfirmRun
+    from alloctune.plan.result import Largest, PlanResult
 
-__all__ = ["BatchSizeResult", "CudaSteps", "FitsBatchSize", "NoBatchSizeFits", "Recording", "StepDevice",
-           "find_batch_size", "fits_batch_size", "step_recording"]
+__all__ = [
+    "BatchSizeResult",
+    "CudaSteps",
+    "FitsBatchSize",
+    "NoBatchSizeFits",
+    "Recording",
+    "StepDevice",
+    "find_batch_size",
+    "fits_batch_size",
+    "step_recording",
+]
 
 SCHEMA = "alloctune.batch_size/1"
 DEFAULT_SIZES = (8, 16, 32)
@@ -85,7 +94,7 @@ class BatchSizeResult:
         first_failing: the smallest batch size the simulation saw fail (None: none up to `searched_to`).
         searched_to: the largest batch size the simulation tried.
         stopped: why the search ended, as `plan` says it (`exceeded`, `extrapolation`, `max-size`,
-            `bound`; `plan.answer.STOPS`): only `exceeded` means a larger size was seen to fail.
+            `bound`; `plan.result.STOPS`): only `exceeded` means a larger size was seen to fail.
         runs: the `verify` steps in order (`plan.confirm.ConfirmRun`; empty without `verify`).
         notes: what a reader needs to trust the answer: the planner's notes and the finder's own.
         added: the batch sizes recorded after the first answer, in the order recorded (also in
@@ -113,20 +122,39 @@ class BatchSizeResult:
         return any(r.passed and int(r.size) == self.largest for r in self.runs)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "largest": self.largest, "budget": self.budget, "recorded": list(self.recorded),
-                "resident": self.resident, "predicted": self.predicted, "first_failing": self.first_failing,
-                "searched_to": self.searched_to, "stopped": self.stopped, "verified": self.verified,
-                "runs": [r.to_dict() for r in self.runs], "notes": list(self.notes), "added": list(self.added),
-                "recording_oom": self.recording_oom}
+        return {
+            "schema": SCHEMA,
+            "largest": self.largest,
+            "budget": self.budget,
+            "recorded": list(self.recorded),
+            "resident": self.resident,
+            "predicted": self.predicted,
+            "first_failing": self.first_failing,
+            "searched_to": self.searched_to,
+            "stopped": self.stopped,
+            "verified": self.verified,
+            "runs": [r.to_dict() for r in self.runs],
+            "notes": list(self.notes),
+            "added": list(self.added),
+            "recording_oom": self.recording_oom,
+        }
 
 
 class NoBatchSizeFits(WorkloadFailed):
     """No batch size could be answered: a recorded size ran out of memory, or none fits the budget."""
 
 
-def find_batch_size(step_fn: StepFn, budget: int | str | None = None, *, sizes: Sequence[int] = DEFAULT_SIZES,
-                    max_size: int | None = None, multiple_of: int = 1, conf: str | None = None,
-                    verify: bool = False, device: StepDevice | None = None) -> BatchSizeResult:
+def find_batch_size(
+    step_fn: StepFn,
+    budget: int | str | None = None,
+    *,
+    sizes: Sequence[int] = DEFAULT_SIZES,
+    max_size: int | None = None,
+    multiple_of: int = 1,
+    conf: str | None = None,
+    verify: bool = False,
+    device: StepDevice | None = None,
+) -> BatchSizeResult:
     """The largest batch size whose `step_fn(batch_size)` completes under `budget` (see the module docstring).
 
     `budget`: bytes, or a size such as "6GiB"; default: what the process's allocator can hold
@@ -152,23 +180,32 @@ def find_batch_size(step_fn: StepFn, budget: int | str | None = None, *, sizes: 
     result, item = found.result, found.item
     resident = max(r.resident for _, r in steps.done)
     if item.largest is None:
-        raise NoBatchSizeFits(f"no batch size fits {format_size(limit)}: the simulated step fails already at "
-                              f"batch size {multiple_of} (the memory held before each step: {format_size(resident)});"
-                              " give a larger budget, or free memory the step does not need")
+        raise NoBatchSizeFits(
+            f"no batch size fits {format_size(limit)}: the simulated step fails already at "
+            f"batch size {multiple_of} (the memory held before each step: {format_size(resident)});"
+            " give a larger budget, or free memory the step does not need"
+        )
     predicted = int(item.largest)
     confirmation = _verified(gpu, step_fn, result) if verify else None
     largest = predicted
     if confirmation is not None:
         if confirmation.confirmed is None:
-            raise NoBatchSizeFits(f"verify: {_run_list(confirmation.runs)} under {format_size(limit)}: "
-                                  f"{confirmation.note}")
+            raise NoBatchSizeFits(f"verify: {_run_list(confirmation.runs)} under {format_size(limit)}: {confirmation.note}")
         largest = int(confirmation.confirmed)
     return BatchSizeResult(
-        largest=largest, budget=limit, recorded=tuple(b for b, _ in steps.done), resident=resident,
-        predicted=predicted, first_failing=_whole(item.first_failing), searched_to=_whole(item.searched_to),
-        stopped=item.stopped, runs=confirmation.runs if confirmation is not None else (),
-        notes=tuple(finder_notes(item, steps, confirmation)) + result.notes, added=tuple(steps.added),
-        recording_oom=steps.failed)
+        largest=largest,
+        budget=limit,
+        recorded=tuple(b for b, _ in steps.done),
+        resident=resident,
+        predicted=predicted,
+        first_failing=_whole(item.first_failing),
+        searched_to=_whole(item.searched_to),
+        stopped=item.stopped,
+        runs=confirmation.runs if confirmation is not None else (),
+        notes=tuple(finder_notes(item, steps, confirmation)) + result.notes,
+        added=tuple(steps.added),
+        recording_oom=steps.failed,
+    )
 
 
 class FitsBatchSize(Generic[R]):
@@ -191,10 +228,17 @@ class FitsBatchSize(Generic[R]):
         return self.train(self.found.largest, *args, **kwargs)
 
 
-def fits_batch_size(step_fn: Callable[..., object], budget: int | str | None = None, *,
-                    sizes: Sequence[int] = DEFAULT_SIZES, max_size: int | None = None, multiple_of: int = 1,
-                    conf: str | None = None, verify: bool = False,
-                    device: StepDevice | None = None) -> Callable[[Callable[..., R]], FitsBatchSize[R]]:
+def fits_batch_size(
+    step_fn: Callable[..., object],
+    budget: int | str | None = None,
+    *,
+    sizes: Sequence[int] = DEFAULT_SIZES,
+    max_size: int | None = None,
+    multiple_of: int = 1,
+    conf: str | None = None,
+    verify: bool = False,
+    device: StepDevice | None = None,
+) -> Callable[[Callable[..., R]], FitsBatchSize[R]]:
     """Decorator in the manner of accelerate's `find_executable_batch_size`, without its crashes:
 
         @fits_batch_size(one_step, budget="6GiB", max_size=4096)
@@ -204,8 +248,15 @@ def fits_batch_size(step_fn: Callable[..., object], budget: int | str | None = N
 
     The batch size is found (`find_batch_size`, same options) at every call, before training starts.
     """
-    options: dict[str, Any] = {"budget": budget, "sizes": sizes, "max_size": max_size, "multiple_of": multiple_of,
-                               "conf": conf, "verify": verify, "device": device}
+    options: dict[str, Any] = {
+        "budget": budget,
+        "sizes": sizes,
+        "max_size": max_size,
+        "multiple_of": multiple_of,
+        "conf": conf,
+        "verify": verify,
+        "device": device,
+    }
     _checked(step_fn, budget, sizes, max_size, multiple_of)  # a bad option fails at the decorator, not mid-run
 
     def decorate(train: Callable[..., R]) -> FitsBatchSize[R]:
@@ -214,8 +265,9 @@ def fits_batch_size(step_fn: Callable[..., object], budget: int | str | None = N
     return decorate
 
 
-def _checked(step_fn: object, budget: int | str | None, sizes: Sequence[int], max_size: int | None,
-             multiple_of: int) -> int | None:
+def _checked(
+    step_fn: object, budget: int | str | None, sizes: Sequence[int], max_size: int | None, multiple_of: int
+) -> int | None:
     """The options, refused with one line each before any GPU work; the budget in bytes (None: the default)."""
     if not callable(step_fn):
         raise InputError(f"step_fn must be a function of the batch size, got {type(step_fn).__name__}")
@@ -226,11 +278,12 @@ def _checked(step_fn: object, budget: int | str | None, sizes: Sequence[int], ma
         raise InputError(f"sizes must be two or more different batch sizes of 1 or more, got {sizes!r}")
     if max_size is not None:
         if not _count(max_size) or max_size < multiple_of:
-            raise InputError(f"max_size must be a whole number of at least multiple_of ({multiple_of}), "
-                             f"got {max_size!r}")
+            raise InputError(f"max_size must be a whole number of at least multiple_of ({multiple_of}), got {max_size!r}")
         if max_size < max(sizes):
-            raise InputError(f"max_size {max_size} is below the largest size to record ({max(sizes)}): "
-                             f"record smaller sizes (e.g. sizes={_smaller(max_size)})")
+            raise InputError(
+                f"max_size {max_size} is below the largest size to record ({max(sizes)}): "
+                f"record smaller sizes (e.g. sizes={_smaller(max_size)})"
+            )
     return asked
 
 
@@ -314,8 +367,7 @@ class _Answer:
         return self.errors.at(Fraction(size)) if self.errors is not None else 0.0
 
 
-def _supported(gpu: StepDevice, step_fn: StepFn, steps: _Steps, answer: Callable[[], _Answer],
-               multiple_of: int) -> _Answer:
+def _supported(gpu: StepDevice, step_fn: StepFn, steps: _Steps, answer: Callable[[], _Answer], multiple_of: int) -> _Answer:
     """`answer()` once it rests on recordings near it (`_next_size`), or after `MAX_ADDED` more recordings:
     until then, one more step is recorded where `_next_size` says and the answer asked again from
     all the recordings."""
@@ -361,9 +413,11 @@ def _next_size(found: _Answer, top: int, multiple_of: int) -> int | None:
 def _recording_oom(batch_size: int, recorded: Sequence[int], exc: BaseException, when: str) -> str:
     first = (str(exc).strip().splitlines() or [""])[0][:200]
     have = ", ".join(map(str, recorded)) or "none"
-    return (f"step_fn ran out of memory at batch size {batch_size} during {when} (recorded: {have}); the sizes to "
-            f"record must fit: give smaller ones (e.g. sizes={_smaller(max(4, batch_size))}) or free GPU memory "
-            f"first [{type(exc).__name__}: {first}]")
+    return (
+        f"step_fn ran out of memory at batch size {batch_size} during {when} (recorded: {have}); the sizes to "
+        f"record must fit: give smaller ones (e.g. sizes={_smaller(max(4, batch_size))}) or free GPU memory "
+        f"first [{type(exc).__name__}: {first}]"
+    )
 
 
 def _plan(steps: _Steps, budget: int, max_size: int | None, multiple_of: int, conf: str | None) -> _Answer:
@@ -386,12 +440,25 @@ def _plan(steps: _Steps, budget: int, max_size: int | None, multiple_of: int, co
         below = ((failed - 1) // multiple_of) * multiple_of
         top = below if top is None else min(top, below)
     if top is not None and top < multiple_of:
-        raise NoBatchSizeFits(f"batch size {failed} ran out of memory while recording and no multiple of "
-                              f"{multiple_of} lies below it")
+        raise NoBatchSizeFits(
+            f"batch size {failed} ran out of memory while recording and no multiple of {multiple_of} lies below it"
+        )
     errors = error_model(recs, None, torch) if len(recs) >= 3 else None
     ts = build(recs, meta={"workload": first.meta.get("workload") or "step_fn"})
-    return _Answer(plan(ts, confs=[own if conf is None else conf], caps=[budget], step=multiple_of, max_size=top,
-                        curve=[], bounds=False, torch=torch, errors=errors), errors)
+    return _Answer(
+        plan(
+            ts,
+            confs=[own if conf is None else conf],
+            caps=[budget],
+            step=multiple_of,
+            max_size=top,
+            curve=[],
+            bounds=False,
+            torch=torch,
+            errors=errors,
+        ),
+        errors,
+    )
 
 
 def _own_conf(trace: Trace) -> str:
@@ -415,8 +482,10 @@ def _check_setting(conf: str | None, verify: bool) -> None:
     wanted = SimSettings.from_config(conf)
     own = allocator_conf()
     if verify and wanted != SimSettings.from_config(own):
-        raise InputError(f"verify runs the step in this process, whose allocator setting is {own!r}, not {conf!r}: "
-                         "drop verify, or start the process with that setting")
+        raise InputError(
+            f"verify runs the step in this process, whose allocator setting is {own!r}, not {conf!r}: "
+            "drop verify, or start the process with that setting"
+        )
 
 
 def _verified(gpu: StepDevice, step_fn: StepFn, result: PlanResult) -> Confirmation:
@@ -466,7 +535,7 @@ def _run_list(runs: Sequence[ConfirmRun]) -> str:
 # Why a search ended without a failing size (`plan.answer.Largest.stopped`), in the finder's words.
 _STOPS = {
     "extrapolation": "the search stops at 16x the largest recorded size, where the fitted sizes rest on nothing "
-                     "recorded: record larger sizes to search further",
+    "recorded: record larger sizes to search further",
     "max-size": "no larger size was asked for (max_size, or a size that ran out of memory while recording)",
     "bound": "further out the error bound of the fit passes 25 %: record larger sizes to search further",
 }
@@ -476,27 +545,41 @@ def finder_notes(item: Largest, steps: _Steps, confirmation: Confirmation | None
     """The finder's own notes (the planner's follow them): the one place they are worded."""
     notes = []
     if item.stopped in _STOPS:
-        notes.append(f"at least {item.largest}: every batch size up to {item.searched_to} fits in the simulation; "
-                     + _STOPS[item.stopped])
+        notes.append(
+            f"at least {item.largest}: every batch size up to {item.searched_to} fits in the simulation; " + _STOPS[item.stopped]
+        )
     if steps.added:
-        notes.append(f"recorded {', '.join(map(str, steps.added))} as well, near the answers the recordings before "
-                     f"gave: an answer more than {REACH}x the largest recorded size, or one that only the error bound "
-                     "decided, rests on laws fitted far from it")
+        notes.append(
+            f"recorded {', '.join(map(str, steps.added))} as well, near the answers the recordings before "
+            f"gave: an answer more than {REACH}x the largest recorded size, or one that only the error bound "
+            "decided, rests on laws fitted far from it"
+        )
     if steps.failed is not None:
         notes.append(f"batch size {steps.failed} ran out of memory while recording: the answer stays below it")
     if item.largest is not None and int(item.largest) > REACH * steps.top:
-        notes.append(f"{item.largest} is still more than {REACH}x the largest recorded size ({steps.top}) after "
-                     f"{steps.tries} more recordings, the most the finder makes: it rests on extrapolation; record "
-                     "larger sizes (up to half of it), or pass verify=True")
+        notes.append(
+            f"{item.largest} is still more than {REACH}x the largest recorded size ({steps.top}) after "
+            f"{steps.tries} more recordings, the most the finder makes: it rests on extrapolation; record "
+            "larger sizes (up to half of it), or pass verify=True"
+        )
     resident = max(r.resident for _, r in steps.done)
     if resident:
         pad = max(r.padding for _, r in steps.done)
-        notes.append(f"each step began with {format_size(resident)} reserved (model, optimizer state), replayed as "
-                     "the blocks it held"
-                     + (f"; the simulator packs them into {format_size(pad)} less, held aside as padding (a step "
-                        "may use part of it on the GPU: answers err small)" if pad > 0 else "")
-                     + (f"; the simulator packs them into {format_size(-pad)} more than the GPU did (answers err "
-                        "small)" if pad < 0 else ""))
+        notes.append(
+            f"each step began with {format_size(resident)} reserved (model, optimizer state), replayed as "
+            "the blocks it held"
+            + (
+                f"; the simulator packs them into {format_size(pad)} less, held aside as padding (a step "
+                "may use part of it on the GPU: answers err small)"
+                if pad > 0
+                else ""
+            )
+            + (
+                f"; the simulator packs them into {format_size(-pad)} more than the GPU did (answers err small)"
+                if pad < 0
+                else ""
+            )
+        )
     if confirmation is not None:
         notes.append(f"verify: {confirmation.note}")
     return notes

@@ -38,11 +38,19 @@ class LightningHooks:
     Arguments as for `alloctune.integrations.transformers.TrainerHooks`.
     """
 
-    def __init__(self, out_dir: str | Path = ".", *, max_entries: int = DEFAULT_MAX_ENTRIES, stacks: str = "python",
-                 backend: CudaBackend | None = None, stream: TextIO | None = None,
-                 command: Sequence[str] | None = None) -> None:
-        self.recorder = OOMRecorder(out_dir, max_entries=max_entries, stacks=stacks, backend=backend, stream=stream,
-                                    command=command)
+    def __init__(
+        self,
+        out_dir: str | Path = ".",
+        *,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+        stacks: str = "python",
+        backend: CudaBackend | None = None,
+        stream: TextIO | None = None,
+        command: Sequence[str] | None = None,
+    ) -> None:
+        self.recorder = OOMRecorder(
+            out_dir, max_entries=max_entries, stacks=stacks, backend=backend, stream=stream, command=command
+        )
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage == "fit":
@@ -64,8 +72,8 @@ def _callback_class() -> type:
 
 
 if TYPE_CHECKING:  # what type checkers see; at run time `__getattr__` builds it on first use
-    class AlloctuneCallback(LightningHooks):
-        ...
+
+    class AlloctuneCallback(LightningHooks): ...
 
 
 def __getattr__(name: str) -> Any:

@@ -28,12 +28,13 @@ def framework_class(modules: Sequence[str], name: str, install: str) -> type:
         if isinstance(found, type):
             return found
         tried.append(f"{module} (its {name} is not a class)")
-    raise EnvironmentProblem(f"{name} needs {' or '.join(modules)}, which cannot be imported: {'; '.join(tried)}; "
-                             f"install it with: pip install {install}")
+    raise EnvironmentProblem(
+        f"{name} needs {' or '.join(modules)}, which cannot be imported: {'; '.join(tried)}; "
+        f"install it with: pip install {install}"
+    )
 
 
-def callback_class(hooks: type, modules: Sequence[str], base_name: str, install: str,
-                   namespace: dict[str, object]) -> type:
+def callback_class(hooks: type, modules: Sequence[str], base_name: str, install: str, namespace: dict[str, object]) -> type:
     """`AlloctuneCallback`: `hooks` on the framework's `base_name` class, put into `namespace` (the hook
     module's globals) so later lookups, and pickle, find it as a plain attribute."""
     base = framework_class(modules, base_name, install)

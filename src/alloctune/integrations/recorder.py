@@ -80,9 +80,16 @@ class OOMRecorder:
     (default `sys.argv`).
     """
 
-    def __init__(self, out_dir: str | Path = ".", *, max_entries: int = DEFAULT_MAX_ENTRIES, stacks: str = "python",
-                 backend: CudaBackend | None = None, stream: TextIO | None = None,
-                 command: Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        out_dir: str | Path = ".",
+        *,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+        stacks: str = "python",
+        backend: CudaBackend | None = None,
+        stream: TextIO | None = None,
+        command: Sequence[str] | None = None,
+    ) -> None:
         if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
             raise InputError(f"max_entries must be a whole number of 1 or more, got {max_entries!r}")
         if stacks not in STACKS:
@@ -153,8 +160,7 @@ class OOMRecorder:
         try:
             diagnosis = diagnose_snapshot(str(path))
         except Exception as problem:  # noqa: BLE001 - e.g. no `oom` entry (a cuBLAS OOM): say so, keep the file
-            return OOMNote(UNDIAGNOSED, f"{type(problem).__name__}: {problem}", path, record.get("cap") or None,
-                           self.command)
+            return OOMNote(UNDIAGNOSED, f"{type(problem).__name__}: {problem}", path, record.get("cap") or None, self.command)
         budget = record.get("cap") or diagnosis.budget
         return OOMNote(diagnosis.verdict, diagnosis.summary, path, budget, self.command)
 

@@ -101,8 +101,11 @@ class CudaSteps:
 
         self.release()
         if not self.recorder.start():
-            why = ("alloctune's agent records this process (ALLOCTUNE_AGENT is set): run it without "
-                   "alloctune run/record/tune" if self.recorder.backend.available() else "no CUDA device here")
+            why = (
+                "alloctune's agent records this process (ALLOCTUNE_AGENT is set): run it without alloctune run/record/tune"
+                if self.recorder.backend.available()
+                else "no CUDA device here"
+            )
             raise EnvironmentProblem(f"find_batch_size records the allocator's history on the GPU: {why}")
         try:
             before = self.recorder.backend.snapshot()
@@ -134,8 +137,7 @@ class CudaSteps:
             torch.cuda.empty_cache()
 
 
-def step_recording(before: dict[str, Any], after: dict[str, Any], *, source: str,
-                   workload: str | None = None) -> Recording:
+def step_recording(before: dict[str, Any], after: dict[str, Any], *, source: str, workload: str | None = None) -> Recording:
     """One step's recording from the snapshot taken as its history began (`before`: the memory held
     then) and the one taken after it (`after`: its history and the run record).
 
@@ -154,8 +156,9 @@ def step_recording(before: dict[str, Any], after: dict[str, Any], *, source: str
 
     run = after.get(RUN_RECORD_KEY) or {}
     device = int(run.get("device", 0))
-    segments = sorted((s for s in before.get("segments") or [] if s.get("device", device) == device),
-                      key=lambda s: int(s["address"]))
+    segments = sorted(
+        (s for s in before.get("segments") or [] if s.get("device", device) == device), key=lambda s: int(s["address"])
+    )
     history = list(after["device_traces"][device]) if device < len(after["device_traces"]) else []
     t0 = int(history[0].get("time_us", 0)) if history else 0
     resident = sum(int(s["total_size"]) for s in segments)
@@ -175,8 +178,9 @@ def step_recording(before: dict[str, Any], after: dict[str, Any], *, source: str
     return Recording(trace, resident, padding)
 
 
-def _layout_events(segments: Sequence[dict[str, Any]], t0: int, settings: Any, total_memory: Any,
-                   resident: int) -> list[dict[str, Any]] | None:
+def _layout_events(
+    segments: Sequence[dict[str, Any]], t0: int, settings: Any, total_memory: Any, resident: int
+) -> list[dict[str, Any]] | None:
     """History events that rebuild `segments` block by block where the GPU had them, or None where
     the simulator would not end with exactly `resident` bytes reserved by them.
 
@@ -203,8 +207,11 @@ def _layout_events(segments: Sequence[dict[str, Any]], t0: int, settings: Any, t
         whole = len(blocks) == 1 and int(blocks[0]["size"]) == total  # one block fills it: its own request
         small = seg.get("segment_type", "large") != "large"
         if not small and not whole:
-            cut += [ev("alloc", addr, total, stream), ev("free_requested", addr, total, stream),
-                    ev("free_completed", addr, total, stream)]
+            cut += [
+                ev("alloc", addr, total, stream),
+                ev("free_requested", addr, total, stream),
+                ev("free_completed", addr, total, stream),
+            ]
         for block in blocks:
             where, size = int(block.get("address", addr)), int(block["size"])
             if str(block.get("state", "")).startswith("active"):
@@ -229,8 +236,12 @@ def _reserved_after(events: list[dict[str, Any]], settings: Any, total_memory: A
     from alloctune.trace.load import trace_from_snapshot
 
     total = total_memory if isinstance(total_memory, int) and total_memory > 0 else None
-    trace = trace_from_snapshot({"device_traces": [events], "allocator_settings": {}}, 0, source="<held segments>",
-                                meta={"total_memory": total} if total else None)
+    trace = trace_from_snapshot(
+        {"device_traces": [events], "allocator_settings": {}},
+        0,
+        source="<held segments>",
+        meta={"total_memory": total} if total else None,
+    )
     # nothing in `events` releases a segment: the peak is what is held at their end
     return int(replay(trace, settings, addresses="model", record_events=False, timeline_points=1).peak_reserved)
 
@@ -241,8 +252,9 @@ def _held_events(segments: Sequence[dict[str, Any]], t0: int) -> list[dict[str, 
     for seg in segments:
         stream = int(seg.get("stream", 0))
         action = "segment_map" if seg.get("is_expandable") else "segment_alloc"
-        events.append({"action": action, "addr": int(seg["address"]), "size": int(seg["total_size"]),
-                       "stream": stream, "time_us": t0})
+        events.append(
+            {"action": action, "addr": int(seg["address"]), "size": int(seg["total_size"]), "stream": stream, "time_us": t0}
+        )
         addr = int(seg["address"])
         for block in seg.get("blocks") or []:
             where = int(block.get("address", addr))
@@ -268,5 +280,7 @@ def _padding_events(padding: int, t0: int) -> list[dict[str, Any]]:
         return []
     grains = -(-padding // _PAD_GRAIN)
     sizes = [grains * _PAD_GRAIN] if grains * _PAD_GRAIN >= _PAD_LARGE else [MiB] * (2 * grains)
-    return [{"action": "alloc", "addr": _PAD_ADDRESS * (k + 1), "size": size, "stream": 0, "time_us": t0}
-            for k, size in enumerate(sizes)]
+    return [
+        {"action": "alloc", "addr": _PAD_ADDRESS * (k + 1), "size": size, "stream": 0, "time_us": t0}
+        for k, size in enumerate(sizes)
+    ]

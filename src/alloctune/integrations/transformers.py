@@ -58,11 +58,19 @@ class TrainerHooks:
     `backend`, `stream`, `command` as for `OOMRecorder`.
     """
 
-    def __init__(self, out_dir: str | Path = ".", *, max_entries: int = DEFAULT_MAX_ENTRIES, stacks: str = "python",
-                 backend: CudaBackend | None = None, stream: TextIO | None = None,
-                 command: Sequence[str] | None = None) -> None:
-        self.recorder = OOMRecorder(out_dir, max_entries=max_entries, stacks=stacks, backend=backend, stream=stream,
-                                    command=command)
+    def __init__(
+        self,
+        out_dir: str | Path = ".",
+        *,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+        stacks: str = "python",
+        backend: CudaBackend | None = None,
+        stream: TextIO | None = None,
+        command: Sequence[str] | None = None,
+    ) -> None:
+        self.recorder = OOMRecorder(
+            out_dir, max_entries=max_entries, stacks=stacks, backend=backend, stream=stream, command=command
+        )
 
     def start(self) -> bool:
         """Record from now on (True when CUDA is there to record); `on_train_begin` calls it."""
@@ -82,8 +90,8 @@ def _callback_class() -> type:
 
 
 if TYPE_CHECKING:  # what type checkers see; at run time `__getattr__` builds it on first use
-    class AlloctuneCallback(TrainerHooks):
-        ...
+
+    class AlloctuneCallback(TrainerHooks): ...
 
 
 def __getattr__(name: str) -> Any:
@@ -109,8 +117,9 @@ def alloctune_oom_guard(trainer: Any, out_dir: str | Path | None = None, **optio
     """
     hooks = [cb for cb in _callbacks_of(trainer) if isinstance(cb, TrainerHooks)]
     if hooks and (out_dir is not None or options):
-        raise InputError("the trainer already has an AlloctuneCallback; give out_dir and options to it, "
-                         "not to alloctune_oom_guard")
+        raise InputError(
+            "the trainer already has an AlloctuneCallback; give out_dir and options to it, not to alloctune_oom_guard"
+        )
     if not hooks:
         callback = _callback_class()("." if out_dir is None else out_dir, **options)
         trainer.add_callback(callback)

@@ -33,9 +33,15 @@ def _require_confirm(tool: str, confirm: bool) -> None:
         raise InputError(f"{tool} runs the command on the GPU: call it again with confirm: true to start it")
 
 
-def diagnose(text: str | None = None, file: str | None = None, platform: str | None = None,
-             budget: str | None = None, device: int | None = None, oom: int | None = None,
-             what_if: bool = True) -> str:
+def diagnose(
+    text: str | None = None,
+    file: str | None = None,
+    platform: str | None = None,
+    budget: str | None = None,
+    device: int | None = None,
+    oom: int | None = None,
+    what_if: bool = True,
+) -> str:
     """Explain a CUDA out-of-memory error from its message, a log or a memory snapshot.
 
     Verdict (fragmentation, cap, contention, shortage), evidence and fixes for bash, PowerShell,
@@ -51,13 +57,18 @@ def diagnose(text: str | None = None, file: str | None = None, platform: str | N
     if (text is None) == (file is None):
         raise InputError("give either text (the OOM message or log) or file (a log, snapshot or trace path)")
     stdin = io.BytesIO(text.encode("utf-8")) if text is not None else None
-    kind, result = diagnose_input(file, stdin=stdin, platform=platform, budget=budget, device=device, oom=oom,
-                                  what_if=what_if)
+    kind, result = diagnose_input(file, stdin=stdin, platform=platform, budget=budget, device=device, oom=oom, what_if=what_if)
     return as_text(diagnosis_json(kind, result))
 
 
-def explain(recording: str, at: int | str | None = None, group: str | None = None, top: int | None = None,
-            what_if: bool = True, device: int | None = None) -> str:
+def explain(
+    recording: str,
+    at: int | str | None = None,
+    group: str | None = None,
+    top: int | None = None,
+    what_if: bool = True,
+    device: int | None = None,
+) -> str:
     """Where the memory goes in a recording, and what freeing each holder would save.
 
     A recording is a torch memory snapshot .pickle[.gz|.xz] or a compact trace. At the OOM, else at
@@ -71,9 +82,15 @@ def explain(recording: str, at: int | str | None = None, group: str | None = Non
     return as_text(api.explain(recording, at=at, what_if=what_if, device=device, **_given(group=group, top=top)).to_dict())
 
 
-def simulate(recording: str, settings: list[str] | None = None, budget: str | None = None,
-             min_budget: bool = False, total_memory: str | None = None, device: int | None = None,
-             torch: str | None = None) -> str:
+def simulate(
+    recording: str,
+    settings: list[str] | None = None,
+    budget: str | None = None,
+    min_budget: bool = False,
+    total_memory: str | None = None,
+    device: int | None = None,
+    torch: str | None = None,
+) -> str:
     """Replay a recorded allocator history on the CPU under other settings and budgets.
 
     Allocator settings (e.g.
@@ -83,13 +100,23 @@ def simulate(recording: str, settings: list[str] | None = None, budget: str | No
     Same JSON as `alloctune simulate RECORDING --conf ... --json`."""
     from alloctune import api
 
-    result = api.simulate(recording, list(settings or [""]), find_min=min_budget,
-                          **_given(budget=budget, total_memory=total_memory, device=device, torch=torch))
+    result = api.simulate(
+        recording,
+        list(settings or [""]),
+        find_min=min_budget,
+        **_given(budget=budget, total_memory=total_memory, device=device, torch=torch),
+    )
     return as_text(result.to_dict())
 
 
-def plan(recordings: list[str], cards: list[str] | None = None, caps: list[str] | None = None,
-         settings: list[str] | None = None, size: str | None = None, torch: str | None = None) -> str:
+def plan(
+    recordings: list[str],
+    cards: list[str] | None = None,
+    caps: list[str] | None = None,
+    settings: list[str] | None = None,
+    size: str | None = None,
+    torch: str | None = None,
+) -> str:
     """Which card or cap fits which input size, from recordings at a few input sizes.
 
     Recordings of one program at two or more input sizes ("FILE:SIZE", or
@@ -100,13 +127,24 @@ def plan(recordings: list[str], cards: list[str] | None = None, caps: list[str] 
     from alloctune.plan.service import run
     from alloctune.units import parse_user_size
 
-    report = run(recordings, confs=list(settings or [""]), cards=[parse_user_size(c, "cards") for c in cards or []],
-                 caps=[parse_user_size(c, "caps") for c in caps or []], **_given(size=size, torch=torch))
+    report = run(
+        recordings,
+        confs=list(settings or [""]),
+        cards=[parse_user_size(c, "cards") for c in cards or []],
+        caps=[parse_user_size(c, "caps") for c in caps or []],
+        **_given(size=size, torch=torch),
+    )
     return as_text(report.to_dict())
 
 
-def config_check(setting: str, torch: str | None = None, platform: str | None = None, fraction: float | None = None,
-                 card: str | None = None, largest_segment: str | None = None) -> str:
+def config_check(
+    setting: str,
+    torch: str | None = None,
+    platform: str | None = None,
+    fraction: float | None = None,
+    card: str | None = None,
+    largest_segment: str | None = None,
+) -> str:
     """Validate an allocator setting string for a torch release and platform.
 
     Checks a PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF string as a torch release would
@@ -114,13 +152,20 @@ def config_check(setting: str, torch: str | None = None, platform: str | None = 
     nothing, and the lines that set it. Same JSON as `alloctune config check SETTING --json`."""
     from alloctune import api
 
-    result = api.check_setting(setting, **_given(torch=torch, platform=platform, fraction=fraction, card=card,
-                                                 largest_segment=largest_segment))
+    result = api.check_setting(
+        setting, **_given(torch=torch, platform=platform, fraction=fraction, card=card, largest_segment=largest_segment)
+    )
     return as_text(result.to_dict())
 
 
-def tune(command: list[str], budget: str | None = None, knobs: list[str] | None = None, strategy: str | None = None,
-         platform: str | None = None, confirm: bool = False) -> str:
+def tune(
+    command: list[str],
+    budget: str | None = None,
+    knobs: list[str] | None = None,
+    strategy: str | None = None,
+    platform: str | None = None,
+    confirm: bool = False,
+) -> str:
     """Find the allocator setting that lets a program fit a memory budget (GPU; needs confirm).
 
     `command` is argv, e.g. ["python", "infer.py"]; `budget` e.g. 6GiB; `knobs` and `strategy`
@@ -136,8 +181,9 @@ def tune(command: list[str], budget: str | None = None, knobs: list[str] | None 
     return as_text(api.tune(command, **_given(budget=cap, knobs=knobs, strategy=strategy, platform=platform)).to_dict())
 
 
-def run(command: list[str], setting: str | None = None, budget: str | None = None, timeout: float | None = None,
-        confirm: bool = False) -> str:
+def run(
+    command: list[str], setting: str | None = None, budget: str | None = None, timeout: float | None = None, confirm: bool = False
+) -> str:
     """Run a program once under an allocator setting and a budget, and measure it (GPU; needs confirm).
 
     Runs `command` (argv) with the agent inside, under an allocator `setting` and a per-process
@@ -150,8 +196,7 @@ def run(command: list[str], setting: str | None = None, budget: str | None = Non
     from alloctune.units import parse_seconds, parse_user_size
 
     cap = parse_user_size(budget, "budget") if budget is not None else None
-    result = run_trial(command, conf=setting, budget=cap, timeout=parse_seconds(timeout, "timeout"),
-                       stdout_to_stderr=True)
+    result = run_trial(command, conf=setting, budget=cap, timeout=parse_seconds(timeout, "timeout"), stdout_to_stderr=True)
     raise_for_environment(result)
     return as_text(trial_json(result))
 

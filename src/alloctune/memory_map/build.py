@@ -55,8 +55,9 @@ class SizeRules:
         return sizes.allocation_size(rounded, self.settings.segment_size_mid)
 
     def should_split(self, pool: str, rounded: int, remaining: int) -> bool:
-        return sizes.should_split(pool == "small", rounded, remaining, self.settings.expandable_segments,
-                                  self.settings.max_split_size)
+        return sizes.should_split(
+            pool == "small", rounded, remaining, self.settings.expandable_segments, self.settings.max_split_size
+        )
 
 
 def allocation_size(rounded: int, size_rules: SizeRules | None = None) -> int:
@@ -248,8 +249,7 @@ def replay_history(
     except (KeyError, TypeError, AttributeError) as exc:
         raise TraceError(f"a history entry is malformed ({type(exc).__name__}: {exc})") from exc
     if built.unmatched_frees or built.unmatched_segment_frees:
-        raise HistoryGap(f"history event {built.first_unmatched_index} frees memory whose allocation is not in "
-                         "the history")
+        raise HistoryGap(f"history event {built.first_unmatched_index} frees memory whose allocation is not in the history")
     size_rules = SizeRules.from_settings(settings)
     rep, tl, maps, ooms = _pass(built, events, size_rules, sorted(set(capture)))
     peak_r = max(tl.reserved, default=0)
@@ -360,8 +360,7 @@ def _settings_and_budget(trace: Any) -> tuple[SimSettings, int | None]:
     meta = getattr(trace, "meta", None) or {}
     torch = meta.get("torch")
     try:
-        settings = SimSettings.from_allocator_settings(trace.allocator_settings or {},
-                                                       torch if isinstance(torch, str) else None)
+        settings = SimSettings.from_allocator_settings(trace.allocator_settings or {}, torch if isinstance(torch, str) else None)
     except (ValueError, TypeError):
         settings = SimSettings.from_allocator_settings(trace.allocator_settings or {})
     cap = meta.get("cap")
@@ -369,8 +368,9 @@ def _settings_and_budget(trace: Any) -> tuple[SimSettings, int | None]:
     return settings, budget
 
 
-def totals_after_request(trace: Any, after: int, recorded_reserved: int | None = None,
-                         event_index: int = -1) -> tuple[MomentTotals, str]:
+def totals_after_request(
+    trace: Any, after: int, recorded_reserved: int | None = None, event_index: int = -1
+) -> tuple[MomentTotals, str]:
     """The allocator's totals after request `after` of a `Trace`, and where they came from.
 
     The exact simulator replays the requests up to and including `after` under the settings the
@@ -386,13 +386,29 @@ def totals_after_request(trace: Any, after: int, recorded_reserved: int | None =
     settings, budget = _settings_and_budget(trace)
     req = trace.requests
     k = after + 1
-    head = RequestStream(req.ops[:k], req.sizes[:k], req.rids[:k], req.streams[:k], req.event_index[:k],
-                         {i: v for i, v in req.fallbacks.items() if i < k})
-    res = replay(_replace(trace, requests=head, events=[]), settings, budget=budget, record_events=False,
-                 timeline_points=1, stop_at_oom=False)
+    head = RequestStream(
+        req.ops[:k],
+        req.sizes[:k],
+        req.rids[:k],
+        req.streams[:k],
+        req.event_index[:k],
+        {i: v for i, v in req.fallbacks.items() if i < k},
+    )
+    res = replay(
+        _replace(trace, requests=head, events=[]),
+        settings,
+        budget=budget,
+        record_events=False,
+        timeline_points=1,
+        stop_at_oom=False,
+    )
     st = res.stats
-    got = MomentTotals(int(st["reserved_bytes.all.current"]), int(st["allocated_bytes.all.current"]),
-                       int(st["requested_bytes.all.current"]), int(st["inactive_split_bytes.all.current"]))
+    got = MomentTotals(
+        int(st["reserved_bytes.all.current"]),
+        int(st["allocated_bytes.all.current"]),
+        int(st["requested_bytes.all.current"]),
+        int(st["inactive_split_bytes.all.current"]),
+    )
     if recorded_reserved is None or got.reserved == recorded_reserved:
         return got, "simulated (exact replay; reserved matches the recording)"
     mm, source = map_after_request(trace, after, recorded_reserved, event_index)
@@ -402,8 +418,9 @@ def totals_after_request(trace: Any, after: int, recorded_reserved: int | None =
     return MomentTotals(mm.reserved, allocated, requested, split), source
 
 
-def map_after_request(trace: Any, after: int, recorded_reserved: int | None = None,
-                      event_index: int = -1) -> tuple[MemoryMap, str]:
+def map_after_request(
+    trace: Any, after: int, recorded_reserved: int | None = None, event_index: int = -1
+) -> tuple[MemoryMap, str]:
     """The memory map after request `after` of a `Trace` (-1: before the first), and its source.
 
     A compact trace keeps no block addresses, so the map comes from the exact simulator replaying
@@ -418,10 +435,12 @@ def map_after_request(trace: Any, after: int, recorded_reserved: int | None = No
     alloc = state_at(trace, settings, after + 1, budget=budget)
     segments = []
     for seg in alloc.segment_table():
-        blocks = tuple(BlockView(b["address"], b["size"], b["state"] == "active_allocated", b["requested_size"])
-                       for b in seg["blocks"])
-        segments.append(SegmentView(seg["address"], seg["total_size"], seg["stream"], seg["segment_type"],
-                                    seg["is_expandable"], blocks))
+        blocks = tuple(
+            BlockView(b["address"], b["size"], b["state"] == "active_allocated", b["requested_size"]) for b in seg["blocks"]
+        )
+        segments.append(
+            SegmentView(seg["address"], seg["total_size"], seg["stream"], seg["segment_type"], seg["is_expandable"], blocks)
+        )
     mm = MemoryMap(event_index, tuple(segments))
     if recorded_reserved is None or mm.reserved == recorded_reserved:
         return mm, "simulated (exact replay; reserved matches the recording)"

@@ -34,7 +34,25 @@ from alloctune.monitor.sample import (
 from alloctune.monitor.view import sample_table, short_size
 
 __all__ = [
-    "CSV_COLUMNS", "LIVE_KIND", "SCHEMA", "STATE_DIR_VAR", "AllocatorSample", "GpuInfo", "GpuSample", "NvmlFacade",
-    "ProcessSample", "PynvmlFacade", "Sample", "SampleLog", "csv_rows", "default_state_dir", "pid_alive",
-    "read_csv_log", "read_live_files", "sample_table", "samples", "short_size", "take_sample",
+    "CSV_COLUMNS",
+    "LIVE_KIND",
+    "SCHEMA",
+    "STATE_DIR_VAR",
+    "AllocatorSample",
+    "GpuInfo",
+    "GpuSample",
+    "NvmlFacade",
+    "ProcessSample",
+    "PynvmlFacade",
+    "Sample",
+    "SampleLog",
+    "csv_rows",
+    "default_state_dir",
+    "pid_alive",
+    "read_csv_log",
+    "read_live_files",
+    "sample_table",
+    "samples",
+    "short_size",
+    "take_sample",
 ]

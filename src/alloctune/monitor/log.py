@@ -34,8 +34,14 @@ def csv_rows(sample: Sample) -> list[dict[str, Any]]:
     """One row per (GPU, process); a GPU without processes gets one row with an empty pid."""
     rows = []
     for g in sample.gpus:
-        base = {"time": f"{sample.time:.3f}", "gpu": g.index, "gpu_name": g.name, "gpu_used": g.used,
-                "gpu_total": g.total, "gpu_util": "" if g.util is None else g.util}
+        base = {
+            "time": f"{sample.time:.3f}",
+            "gpu": g.index,
+            "gpu_name": g.name,
+            "gpu_used": g.used,
+            "gpu_total": g.total,
+            "gpu_util": "" if g.util is None else g.util,
+        }
         if not g.processes:
             rows.append({**{c: "" for c in CSV_COLUMNS}, **base})
             continue

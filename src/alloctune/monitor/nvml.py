@@ -41,9 +41,7 @@ class PynvmlFacade:
         try:
             import pynvml
         except ImportError:
-            raise EnvironmentProblem(
-                "nvidia-ml-py is not installed: pip install 'alloctune[nvml]' (or nvidia-ml-py)"
-            ) from None
+            raise EnvironmentProblem("nvidia-ml-py is not installed: pip install 'alloctune[nvml]' (or nvidia-ml-py)") from None
         self._nv = pynvml
         try:
             pynvml.nvmlInit()

@@ -33,8 +33,6 @@ def default_state_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "alloctune" / "live"
 
 
-
-
 @dataclass(frozen=True)
 class AllocatorSample:
     """One process's allocator numbers from its live file (`memory_stats` names)."""
@@ -92,8 +90,16 @@ class AllocatorSample:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "AllocatorSample":
-        return cls(int(d["pid"]), int(d.get("device") or 0), d.get("rank"), str(d.get("cmd", "")), d.get("conf"),
-                   d.get("budget"), float(d.get("time", 0.0)), dict(d.get("stats") or {}))
+        return cls(
+            int(d["pid"]),
+            int(d.get("device") or 0),
+            d.get("rank"),
+            str(d.get("cmd", "")),
+            d.get("conf"),
+            d.get("budget"),
+            float(d.get("time", 0.0)),
+            dict(d.get("stats") or {}),
+        )
 
 
 @dataclass(frozen=True)
@@ -132,8 +138,14 @@ class GpuSample:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "GpuSample":
-        return cls(int(d["index"]), str(d["name"]), int(d["total"]), int(d["used"]), d.get("util"),
-                   tuple(ProcessSample.from_dict(p) for p in d.get("processes", ())))
+        return cls(
+            int(d["index"]),
+            str(d["name"]),
+            int(d["total"]),
+            int(d["used"]),
+            d.get("util"),
+            tuple(ProcessSample.from_dict(p) for p in d.get("processes", ())),
+        )
 
 
 @dataclass(frozen=True)
@@ -152,10 +164,7 @@ class Sample:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Sample":
-        return cls(float(d["time"]), tuple(GpuSample.from_dict(g) for g in d.get("gpus", ())),
-                   int(d.get("stale_live_files", 0)))
-
-
+        return cls(float(d["time"]), tuple(GpuSample.from_dict(g) for g in d.get("gpus", ())), int(d.get("stale_live_files", 0)))
 
 
 def pid_alive(pid: int) -> bool:
@@ -166,9 +175,7 @@ def pid_alive(pid: int) -> bool:
     return alive(pid)
 
 
-def read_live_files(
-    state_dir: str | Path, is_alive: Callable[[int], bool] = pid_alive
-) -> tuple[dict[int, AllocatorSample], int]:
+def read_live_files(state_dir: str | Path, is_alive: Callable[[int], bool] = pid_alive) -> tuple[dict[int, AllocatorSample], int]:
     """Live allocator samples by pid, and how many files were skipped as stale or unreadable.
 
     A file whose pid no longer runs is left over from a killed process; a file that fails to

@@ -32,12 +32,18 @@ def sample_table(sample: Sample, fmt: Callable[[int], str] = short_size, width: 
     from rich.table import Table
 
     f = fmt
-    table = Table(title=time.strftime("alloctune watch  %H:%M:%S", time.localtime(sample.time)), expand=False,
-                  box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, collapse_padding=True, show_edge=False)
+    table = Table(
+        title=time.strftime("alloctune watch  %H:%M:%S", time.localtime(sample.time)),
+        expand=False,
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+        pad_edge=False,
+        collapse_padding=True,
+        show_edge=False,
+    )
     first = max(10, min(48, width - 74))
     table.add_column("GPU / process", overflow="ellipsis", no_wrap=True, width=first)
-    for name, w in (("used", 9), ("total", 6), ("cap", 6), ("resv", 6), ("alloc", 6), ("split", 6), ("a/r", 6),
-                    ("retry/OOM", 9)):
+    for name, w in (("used", 9), ("total", 6), ("cap", 6), ("resv", 6), ("alloc", 6), ("split", 6), ("a/r", 6), ("retry/OOM", 9)):
         table.add_column(name, justify="right", no_wrap=True, min_width=w)
     for g in sample.gpus:
         pct = f" {g.used / g.total:.0%}" if g.total else ""

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from alloctune.plan.answer import PlanResult
+from alloctune.plan.result import PlanResult
 from alloctune.plan.traceset import TraceSet, build
 
 
-def plan(source: TraceSet | str | Sequence[str], *, calibrations: Sequence[str] = (), store: Any = None,
-         **kwargs: Any) -> PlanResult:
+def plan(
+    source: TraceSet | str | Sequence[str], *, calibrations: Sequence[str] = (), store: Any = None, **kwargs: Any
+) -> PlanResult:
     """Answer the capacity questions for a trace set, a `.atraceset` path, or `FILE:SIZE` specs.
 
     `calibrations` (capped runs or C++-stack recordings, `FILE[:SIZE]`) and `store` (a tune store)

@@ -147,6 +147,7 @@ def _refine(
             regions[-1][1] = e0
         else:
             regions.append([s0, e0])
+
     def settled(s0: int, e0: int) -> bool:
         """Every pair in the region could follow one law and every paired free releases the paired alloc."""
         for i in range(s0, e0):
@@ -173,8 +174,9 @@ def _refine(
             cp[i] = j
 
 
-def _weighted_lcs(ta: Sequence[Any], tb: Sequence[Any], s0: int, e0: int, bs: int, be: int,
-                  plausible: Callable[[int, int], bool]) -> list[tuple[int, int]]:
+def _weighted_lcs(
+    ta: Sequence[Any], tb: Sequence[Any], s0: int, e0: int, bs: int, be: int, plausible: Callable[[int, int], bool]
+) -> list[tuple[int, int]]:
     """Pairs maximising sum of (2 + plausible) over equal tokens: the most matches, then the likeliest."""
     n, m = e0 - s0, be - bs
     score = [[0] * (m + 1) for _ in range(n + 1)]
@@ -190,9 +192,7 @@ def _weighted_lcs(ta: Sequence[Any], tb: Sequence[Any], s0: int, e0: int, bs: in
     out = []
     i = j = 0
     while i < n and j < m:
-        if ta[s0 + i] == tb[bs + j] and score[i][j] == score[i + 1][j + 1] + 2 + (
-            1 if plausible(s0 + i, bs + j) else 0
-        ):
+        if ta[s0 + i] == tb[bs + j] and score[i][j] == score[i + 1][j + 1] + 2 + (1 if plausible(s0 + i, bs + j) else 0):
             out.append((s0 + i, bs + j))
             i += 1
             j += 1

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from fractions import Fraction
 from typing import Any, Callable, Sequence
 
@@ -30,6 +30,18 @@ from alloctune.errors import InputError
 from alloctune.plan.bound import ErrorModel
 from alloctune.plan.edges import SCAN_RATIO, _beyond, _bisect, _optimistic_end, _window
 from alloctune.plan.notes import above_peak_note, plan_notes
+from alloctune.plan.result import (
+    BOUND_LIMIT,
+    EXTRAPOLATION_LIMIT,
+    SCHEMA,
+    STOPS,
+    AtSize,
+    CurvePoint,
+    Largest,
+    PlanResult,
+    SettingPlan,
+    Target,
+)
 from alloctune.plan.traceset import Generated, TraceSet, as_size, size_text, workspaces
 from alloctune.progress import Progress, no_progress
 from alloctune.sim.budget import min_budget
@@ -38,156 +50,23 @@ from alloctune.sim.replay import replay
 from alloctune.sim.settings import SimSettings
 from alloctune.units import MiB
 
-SCHEMA = "alloctune.plan/1"
+# The records are defined in `result.py`; importers of this module find them here too.
+__all__ = [
+    "BOUND_LIMIT",
+    "CARD_TOL",
+    "EXTRAPOLATION_LIMIT",
+    "SCHEMA",
+    "STOPS",
+    "AtSize",
+    "CurvePoint",
+    "Largest",
+    "PlanResult",
+    "SettingPlan",
+    "Target",
+    "plan",
+]
+
 CARD_TOL = 16 * MiB  # smallest-card bisection stops within this
-# Without --max-size the search doubles from 2x the largest recording until the target fails,
-# and gives up at this many times the largest recording: an answer further out rests on laws
-# fitted far away from any size seen, so it is said as "at least", with the size to record next.
-EXTRAPOLATION_LIMIT = 16
-BOUND_LIMIT = 0.25  # a memory error bound past this makes an answer meaningless: the search stops there
-STOPS = {
-    "exceeded": "a size that does not fit was found: the answer is the largest size below it",
-    "extrapolation": f"every size up to {EXTRAPOLATION_LIMIT}x the largest recording fits: further out the "
-                     "extrapolation means nothing (record a larger size to sharpen it)",
-    "max-size": "every size up to --max-size fits",
-    "bound": f"further out the memory error bound passes {BOUND_LIMIT:.0%}: an answer there means nothing "
-             "(record a larger size to sharpen it)",
-    "real-run": "a real run of the program (a calibration given) died at the first failing size under this budget "
-                "or a larger one with this setting: the answer stays below it whatever the simulation says",
-}
-
-
-@dataclass(frozen=True)
-class Target:
-    """Where the program runs: a whole card of `bytes`, or a per-process cap on the recording's device."""
-
-    kind: str  # "card" | "cap"
-    bytes: int
-
-    @property
-    def label(self) -> str:
-        from alloctune.units import format_size
-
-        return f"{self.kind} {format_size(self.bytes)}"
-
-
-@dataclass(frozen=True)
-class Largest:
-    target: Target
-    largest: str | None  # largest completing size on the grid; None: not even the smallest
-    first_failing: str | None  # smallest failing size seen (None: the whole searched range fits)
-    extrapolated: bool  # the answer lies outside the recorded sizes
-    probes: int
-    completes_again: str | None = None  # not monotone: bisection's answer, above a size that fails
-    optimistic: str | None = None  # the same search with every inexact-law request fallible down to nothing
-    stopped: str = "exceeded"  # why the search ended: exceeded | extrapolation | bound | max-size (see `STOPS`)
-    searched_to: str | None = None  # the largest size replayed on the way up
-    bound: float | None = None  # relative memory error bound at the answer (None: nothing checked)
-    # Below the answer, sizes the 2 % scan stepped over fail in the simulation (`_window`): the largest size
-    # below which every size completes (None: none fails). Reported beside the answer, not instead of it, until
-    # real runs at such sizes say whether the simulation is right there (bench/gpu_plan_points.py).
-    strict: str | None = None
-
-    @property
-    def monotone(self) -> bool:
-        return self.completes_again is None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "target": self.target.kind,
-            "bytes": self.target.bytes,
-            "label": self.target.label,
-            "largest": self.largest,
-            "first_failing": self.first_failing,
-            "extrapolated": self.extrapolated,
-            "probes": self.probes,
-            "completes_again": self.completes_again,
-            "optimistic": self.optimistic,
-            "stopped": self.stopped,
-            "stopped_why": STOPS[self.stopped],
-            "searched_to": self.searched_to,
-            "bound": self.bound,
-            "strict": self.strict,
-        }
-
-
-@dataclass(frozen=True)
-class CurvePoint:
-    size: str
-    peak_reserved: int
-    peak_allocated: int
-    min_budget: int | None
-    extrapolated: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-@dataclass(frozen=True)
-class AtSize:
-    size: str
-    peak_reserved: int
-    peak_allocated: int
-    min_budget: int | None
-    smallest_card: int | None
-    completes: dict[str, bool]  # target label -> completes
-    notes: tuple[str, ...]
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dict(self.__dict__)
-        d["notes"] = list(self.notes)
-        return d
-
-
-@dataclass(frozen=True)
-class SettingPlan:
-    conf: str
-    largest: tuple[Largest, ...]
-    curve: tuple[CurvePoint, ...]
-    at_size: AtSize | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "conf": self.conf,
-            "largest": [x.to_dict() for x in self.largest],
-            "curve": [p.to_dict() for p in self.curve],
-            "at_size": self.at_size.to_dict() if self.at_size else None,
-        }
-
-
-@dataclass(frozen=True)
-class PlanResult:
-    workload: str | None
-    recorded_sizes: tuple[str, ...]
-    step: str
-    search: tuple[str, str]
-    settings: tuple[SettingPlan, ...]
-    conservative: bool
-    notes: tuple[str, ...]
-    context_bytes: int  # CUDA context assumed on a card (not available to the allocator)
-    replays: int
-    wall_s: float
-    traceset: dict[str, Any] = field(default_factory=dict)  # TraceSet.summary()
-    errors: dict[str, Any] | None = None  # ErrorModel.to_dict(): what the answers' bounds rest on
-    fallible: dict[str, Any] = field(default_factory=dict)  # `_fallible`: what decided the workspaces / what to record
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema": SCHEMA,
-            "workload": self.workload,
-            "recorded_sizes": list(self.recorded_sizes),
-            "step": self.step,
-            "search": list(self.search),
-            "settings": [s.to_dict() for s in self.settings],
-            "conservative": self.conservative,
-            "notes": list(self.notes),
-            "context_bytes": self.context_bytes,
-            "replays": self.replays,
-            "wall_s": self.wall_s,
-            "traceset": self.traceset,
-            "errors": self.errors,
-            "fallible": self.fallible,
-        }
 
 
 class _Prober:
@@ -281,8 +160,7 @@ def plan(
     probe.failed = tuple(failed)
     inexact = len(workspaces(ts, ts.variants[0]))
     decided = ts.learned is not None and ts.learned.decided_by != "none"
-    upper = (_Prober(ts, torch, context, optimistic=True)
-             if bounds and inexact and not ts.fallbacks and not decided else None)
+    upper = _Prober(ts, torch, context, optimistic=True) if bounds and inexact and not ts.fallbacks and not decided else None
     if upper is not None:
         upper.errors = errors  # the optimistic end leaves the same room
     curve_sizes = sorted({as_size(x) for x in curve} if curve is not None else _default_curve(sizes, grid))
@@ -293,8 +171,10 @@ def plan(
     def say(step: str) -> None:
         progress(step, next(done), steps)
 
-    out = [_plan_setting(text, st, probe, upper, targets, grid, top, limit, sizes, curve_sizes, at, torch, say)
-           for text, st in settings]
+    out = [
+        _plan_setting(text, st, probe, upper, targets, grid, top, limit, sizes, curve_sizes, at, torch, say)
+        for text, st in settings
+    ]
     progress("done", steps, steps)
     summary = ts.summary()
     notes = plan_notes(ts, summary, inexact, upper is not None, bool(card_sizes) or at is not None, context)
@@ -305,8 +185,10 @@ def plan(
     if errors is not None:
         notes.append(f"error bound: {errors.evidence}; every largest size leaves room for it (--json: bound)")
     elif targets:
-        notes.append("no error bound checked (a saved trace set, or fewer than three recorded sizes): the answers are "
-                     "the simulation of the fitted laws as they are")
+        notes.append(
+            "no error bound checked (a saved trace set, or fewer than three recorded sizes): the answers are "
+            "the simulation of the fitted laws as they are"
+        )
     return PlanResult(
         workload=ts.meta.get("workload"),
         recorded_sizes=tuple(size_text(s) for s in sizes),
@@ -328,8 +210,7 @@ def _above_peak(plans: Sequence["SettingPlan"]) -> str | None:
     """The note on min budgets above their uncapped peak reserved, naming the `--size` answer first,
     else the largest excess."""
     answers: list[tuple[str, AtSize | CurvePoint]] = [(s.conf, s.at_size) for s in plans if s.at_size is not None]
-    answers += sorted(((s.conf, p) for s in plans for p in s.curve),
-                      key=lambda c: c[1].peak_reserved - (c[1].min_budget or 0))
+    answers += sorted(((s.conf, p) for s in plans for p in s.curve), key=lambda c: c[1].peak_reserved - (c[1].min_budget or 0))
     above: dict[tuple[str, str], tuple[str, str, int, int]] = {}
     for conf, p in answers:
         if p.min_budget is not None and p.min_budget > p.peak_reserved:
@@ -390,16 +271,20 @@ def _targets(ts: TraceSet, cards: Sequence[int], caps: Sequence[int], context: i
     return targets
 
 
-def _below_real_failure(probe: "_Prober", st: SimSettings, t: Target, grid: Fraction, sizes: Sequence[Fraction],
-                        item: Largest) -> Largest:
+def _below_real_failure(
+    probe: "_Prober", st: SimSettings, t: Target, grid: Fraction, sizes: Sequence[Fraction], item: Largest
+) -> Largest:
     """`item`, searched again below the smallest size a real run died at under this target's budget or a
     larger one with the same setting (`plan(failed=...)`: calibrations that died), when it reached it.
 
     Why: the simulation can under-estimate the program (its laws blind to a rounding between the recorded
     sizes, a workspace its fallback model shrinks too far); a real failure is a fact no answer may pass."""
     usable = t.bytes if t.kind == "cap" else t.bytes - probe.context
-    fails = [as_size(x) for x, cap, expandable in probe.failed
-             if expandable == st.expandable_segments and cap is not None and usable <= cap]
+    fails = [
+        as_size(x)
+        for x, cap, expandable in probe.failed
+        if expandable == st.expandable_segments and cap is not None and usable <= cap
+    ]
     if not fails or item.largest is None or as_size(item.largest) < min(fails):
         return item
     bound = min(fails)
@@ -407,14 +292,30 @@ def _below_real_failure(probe: "_Prober", st: SimSettings, t: Target, grid: Frac
     if below < grid:
         return replace(item, largest=None, first_failing=size_text(bound), stopped="real-run", strict=None)
     again = _largest(probe, st, t, grid, below, sizes)
-    return replace(again, first_failing=size_text(bound) if again.first_failing is None else again.first_failing,
-                   stopped="real-run", searched_to=item.searched_to, probes=item.probes + again.probes)
+    return replace(
+        again,
+        first_failing=size_text(bound) if again.first_failing is None else again.first_failing,
+        stopped="real-run",
+        searched_to=item.searched_to,
+        probes=item.probes + again.probes,
+    )
 
 
-def _plan_setting(text: str, st: SimSettings, probe: "_Prober", upper: "_Prober | None", targets: Sequence[Target],
-                  grid: Fraction, top: Fraction, limit: Fraction | None, sizes: Sequence[Fraction],
-                  curve_sizes: Sequence[Fraction], at: Fraction | None, torch: str | None,
-                  say: Callable[[str], None]) -> SettingPlan:
+def _plan_setting(
+    text: str,
+    st: SimSettings,
+    probe: "_Prober",
+    upper: "_Prober | None",
+    targets: Sequence[Target],
+    grid: Fraction,
+    top: Fraction,
+    limit: Fraction | None,
+    sizes: Sequence[Fraction],
+    curve_sizes: Sequence[Fraction],
+    at: Fraction | None,
+    torch: str | None,
+    say: Callable[[str], None],
+) -> SettingPlan:
     """One setting's answers: the largest size per target, the min-budget curve, the budget at one size."""
     largest = []
     for t in targets:
@@ -433,7 +334,6 @@ def _plan_setting(text: str, st: SimSettings, probe: "_Prober", upper: "_Prober 
         say(f"{setting_label(text)}: min budget and smallest card at size {size_text(at)}")
         at_size = _at_size(probe, st, at, targets, torch, sizes)
     return SettingPlan(text, tuple(largest), tuple(points), at_size)
-
 
 
 def _option_size(value: Any, option: str) -> Fraction:
@@ -463,8 +363,16 @@ def _searched(plans: Sequence[SettingPlan]) -> list[Fraction]:
     return [as_size(x.searched_to) for p in plans for x in p.largest if x.searched_to is not None]
 
 
-def _largest(probe: _Prober, st: SimSettings, t: Target, grid: Fraction, top: Fraction,
-             recorded: Sequence[Fraction], scan: bool = True, limit: Fraction | None = None) -> Largest:
+def _largest(
+    probe: _Prober,
+    st: SimSettings,
+    t: Target,
+    grid: Fraction,
+    top: Fraction,
+    recorded: Sequence[Fraction],
+    scan: bool = True,
+    limit: Fraction | None = None,
+) -> Largest:
     """The largest size on the grid below which every size completes.
 
     The top of the search first: while it completes and lies under `limit`, it doubles (an
@@ -524,10 +432,18 @@ def _largest(probe: _Prober, st: SimSettings, t: Target, grid: Fraction, top: Fr
         stopped = "exceeded"
         if again is None and scan:
             again = _beyond(probe, st, t, grid, fail, limit)
-    return Largest(t, size_text(best) if best is not None else None, size_text(fail) if fail is not None else None,
-                   best is not None and not recorded[0] <= best <= recorded[-1], probe.replays - before,
-                   size_text(again) if again is not None else None, stopped=stopped, searched_to=reached, strict=strict,
-                   bound=errors.at(best) if errors is not None and best is not None else None)
+    return Largest(
+        t,
+        size_text(best) if best is not None else None,
+        size_text(fail) if fail is not None else None,
+        best is not None and not recorded[0] <= best <= recorded[-1],
+        probe.replays - before,
+        size_text(again) if again is not None else None,
+        stopped=stopped,
+        searched_to=reached,
+        strict=strict,
+        bound=errors.at(best) if errors is not None and best is not None else None,
+    )
 
 
 def _scan(start: Fraction, stop: Fraction, grid: Fraction) -> list[Fraction]:
@@ -541,23 +457,29 @@ def _scan(start: Fraction, stop: Fraction, grid: Fraction) -> list[Fraction]:
     return out
 
 
-def _curve_point(probe: _Prober, st: SimSettings, x: Fraction, torch: str | None,
-                 recorded: Sequence[Fraction]) -> CurvePoint:
+def _curve_point(probe: _Prober, st: SimSettings, x: Fraction, torch: str | None, recorded: Sequence[Fraction]) -> CurvePoint:
     g = probe.gen(x)
     base = probe.run(x, st, None)
     mb = min_budget(g.trace, st, torch=torch)
     probe.replays += mb.replays
-    return CurvePoint(size_text(x), base.peak_reserved, base.peak_allocated, mb.budget,
-                      not recorded[0] <= x <= recorded[-1])
+    return CurvePoint(size_text(x), base.peak_reserved, base.peak_allocated, mb.budget, not recorded[0] <= x <= recorded[-1])
 
 
-def _at_size(probe: _Prober, st: SimSettings, x: Fraction, targets: Sequence[Target], torch: str | None,
-             recorded: Sequence[Fraction]) -> AtSize:
+def _at_size(
+    probe: _Prober, st: SimSettings, x: Fraction, targets: Sequence[Target], torch: str | None, recorded: Sequence[Fraction]
+) -> AtSize:
     g = probe.gen(x)
     point = _curve_point(probe, st, x, torch, recorded)
     completes = {t.label: probe.completes(x, st, t) for t in targets}
-    return AtSize(size_text(x), point.peak_reserved, point.peak_allocated, point.min_budget,
-                  _smallest_card(probe, st, x), completes, tuple(g.notes()))
+    return AtSize(
+        size_text(x),
+        point.peak_reserved,
+        point.peak_allocated,
+        point.min_budget,
+        _smallest_card(probe, st, x),
+        completes,
+        tuple(g.notes()),
+    )
 
 
 def _smallest_card(probe: _Prober, st: SimSettings, x: Fraction) -> int | None:

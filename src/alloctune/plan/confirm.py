@@ -50,16 +50,30 @@ class Confirmation:
     note: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "conf": self.conf, "target": self.target, "predicted": self.predicted,
-                "confirmed": self.confirmed, "runs": [r.to_dict() for r in self.runs], "note": self.note}
+        return {
+            "schema": SCHEMA,
+            "conf": self.conf,
+            "target": self.target,
+            "predicted": self.predicted,
+            "confirmed": self.confirmed,
+            "runs": [r.to_dict() for r in self.runs],
+            "note": self.note,
+        }
 
 
 Runner = Callable[..., Any]  # run_trial's shape: (command, conf=, budget=, env=) -> TrialResult
 
 
-def confirm(result: Any, command: Sequence[str], *, runner: Runner | None = None, max_runs: int = 2,
-            size_placeholder: str = "{size}", size_env: str = "ALLOCTUNE_SIZE",
-            base_env: dict[str, str] | None = None) -> list[Confirmation]:
+def confirm(
+    result: Any,
+    command: Sequence[str],
+    *,
+    runner: Runner | None = None,
+    max_runs: int = 2,
+    size_placeholder: str = "{size}",
+    size_env: str = "ALLOCTUNE_SIZE",
+    base_env: dict[str, str] | None = None,
+) -> list[Confirmation]:
     """Confirm every largest-size answer of `result` (a `PlanResult`) with real runs of `command`
     (`{size}` in it is replaced, `ALLOCTUNE_SIZE` set), at most `max_runs` each."""
     import os
@@ -75,13 +89,24 @@ def confirm(result: Any, command: Sequence[str], *, runner: Runner | None = None
     out = []
     for sp in result.settings:
         for item in sp.largest:
-            out.append(_one(sp.conf, item, result.context_bytes, grid, command, runner, max_runs,
-                            size_placeholder, size_env, env0))
+            out.append(
+                _one(sp.conf, item, result.context_bytes, grid, command, runner, max_runs, size_placeholder, size_env, env0)
+            )
     return out
 
 
-def _one(conf: str, item: Any, context: int, grid: Fraction, command: Sequence[str], runner: Runner,
-         max_runs: int, placeholder: str, size_env: str, env0: dict[str, str]) -> Confirmation:
+def _one(
+    conf: str,
+    item: Any,
+    context: int,
+    grid: Fraction,
+    command: Sequence[str],
+    runner: Runner,
+    max_runs: int,
+    placeholder: str,
+    size_env: str,
+    env0: dict[str, str],
+) -> Confirmation:
     t = item.target
     budget = t.bytes if t.kind == "cap" else t.bytes - context  # a card: what the allocator can get on it
     if item.largest is None:
@@ -109,29 +134,44 @@ def _one(conf: str, item: Any, context: int, grid: Fraction, command: Sequence[s
     if up is not None:
         # the answer left room for its bound (or is a range) and held: try the size that room would allow
         text = size_text(up)
-        res = runner([a.replace(placeholder, text) for a in command], conf=conf or None, budget=budget,
-                     env={**env0, size_env: text}, stdout_to_stderr=True)
+        res = runner(
+            [a.replace(placeholder, text) for a in command],
+            conf=conf or None,
+            budget=budget,
+            env={**env0, size_env: text},
+            stdout_to_stderr=True,
+        )
         runs.append(ConfirmRun(text, budget, res.outcome, res.peak_reserved, res.wall_s))
         if res.outcome == "ok":
             confirmed = text
     if runs and runs[-1].outcome not in ("ok", "oom", "timeout") and confirmed is None:
-        note = (f"not confirmed: the run ended with {runs[-1].outcome!r}, not a memory answer (no GPU, a crash): "
-                "run the program by hand at the predicted size to see why")
+        note = (
+            f"not confirmed: the run ended with {runs[-1].outcome!r}, not a memory answer (no GPU, a crash): "
+            "run the program by hand at the predicted size to see why"
+        )
     elif up is not None and confirmed == size_text(up):
-        note = (f"confirmed above the prediction: {pred} and {confirmed} ({why}) completed under {t.label} in "
-                f"{len(runs)} runs: the answer is {confirmed}")
+        note = (
+            f"confirmed above the prediction: {pred} and {confirmed} ({why}) completed under {t.label} in "
+            f"{len(runs)} runs: the answer is {confirmed}"
+        )
     elif up is not None:
-        note = (f"confirmed: size {pred} completed under {t.label}; {size_text(up)}, {why}, did not "
-                f"({runs[-1].outcome}): the answer is {pred} ({len(runs)} runs)")
+        note = (
+            f"confirmed: size {pred} completed under {t.label}; {size_text(up)}, {why}, did not "
+            f"({runs[-1].outcome}): the answer is {pred} ({len(runs)} runs)"
+        )
     elif confirmed == pred:
         note = f"confirmed: size {pred} completed under {t.label} in 1 run"
     elif confirmed is not None:
-        note = (f"the prediction {pred} failed on the GPU ({runs[0].outcome}); {confirmed} completed "
-                f"({len(runs)} runs): the answer is {confirmed}")
+        note = (
+            f"the prediction {pred} failed on the GPU ({runs[0].outcome}); {confirmed} completed "
+            f"({len(runs)} runs): the answer is {confirmed}"
+        )
     else:
         last = runs[-1].outcome if runs else "-"
-        note = (f"not confirmed in {len(runs)} run(s) (last: {last}): the simulation over-promised for this "
-                "program; record at a size near the answer and plan again")
+        note = (
+            f"not confirmed in {len(runs)} run(s) (last: {last}): the simulation over-promised for this "
+            "program; record at a size near the answer and plan again"
+        )
     return Confirmation(conf, t.label, pred, confirmed, tuple(runs), note)
 
 

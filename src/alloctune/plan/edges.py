@@ -17,8 +17,7 @@ BEYOND_STEPS = 12  # then at most this many SCAN_RATIO steps up to where sizes s
 WINDOW = 8  # consecutive grid sizes at and below an answer checked (`Largest.strict`)
 
 
-def _window(probe: Any, st: Any, t: Any, grid: Fraction,
-            best: Fraction) -> tuple[Fraction | None, Fraction | None]:
+def _window(probe: Any, st: Any, t: Any, grid: Fraction, best: Fraction) -> tuple[Fraction | None, Fraction | None]:
     """The answer lowered until the `WINDOW` consecutive grid sizes at and below it all complete, and
     the lowest failing size met on the way (None: the first window was clean).
 
@@ -38,8 +37,7 @@ def _window(probe: Any, st: Any, t: Any, grid: Fraction,
     return best, lowest
 
 
-def _beyond(probe: Any, st: Any, t: Any, grid: Fraction, fail: Fraction,
-            limit: Fraction) -> Fraction | None:
+def _beyond(probe: Any, st: Any, t: Any, grid: Fraction, fail: Fraction, limit: Fraction) -> Fraction | None:
     """The largest size above `fail` that still completes, when one of the few sizes just above it does
     (None: they all fail, the answer is the edge).
 
@@ -49,8 +47,7 @@ def _beyond(probe: Any, st: Any, t: Any, grid: Fraction, fail: Fraction,
     answer stays below it (every size up to the answer completes), and this says how far the sizes
     that complete again go, so a reader sees the edge is not there (and a real run at the failing
     size can check it)."""
-    start = next((x for x in (fail + k * grid for k in range(1, BEYOND + 1)) if x <= limit and probe.completes(x, st, t)),
-                 None)
+    start = next((x for x in (fail + k * grid for k in range(1, BEYOND + 1)) if x <= limit and probe.completes(x, st, t)), None)
     if start is None:
         return None
     ok, bad = start, None
@@ -76,8 +73,6 @@ def _bisect(probe: Any, st: Any, t: Any, grid: Fraction, lo: int, hi: int) -> tu
         else:
             hi = mid
     return lo * grid, hi * grid
-
-
 
 
 def _optimistic_end(item: Any, hi: Any) -> str | None:

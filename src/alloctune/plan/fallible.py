@@ -63,11 +63,14 @@ class Evidence:
     def text(self) -> str:
         at = f" at size {self.size}" if self.size else ""
         cap = f" capped at {format_size(self.cap)}" if self.cap else ""
-        what = {"calibration": "a calibration run", "frames": "C++ frames of a recording",
-                "store": "a tune store's capped runs"}[self.kind]
+        what = {"calibration": "a calibration run", "frames": "C++ frames of a recording", "store": "a tune store's capped runs"}[
+            self.kind
+        ]
         kind = f", {self.same_kind} more of the same shape" if self.same_kind else ""
-        return (f"{what}{at}{cap} ({Path(self.source).name}): {self.learned} fallible request(s), "
-                f"{self.placed} placed on these recordings{kind}")
+        return (
+            f"{what}{at}{cap} ({Path(self.source).name}): {self.learned} fallible request(s), "
+            f"{self.placed} placed on these recordings{kind}"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "text": self.text()}
@@ -183,8 +186,14 @@ def _relative(stream: Trace, ladders: Mapping[int, tuple[int, ...]]) -> dict[int
 
 
 # ---- the three kinds of evidence --------------------------------------------------------------------
-def from_calibration(ts: "TraceSet", capped: Trace, size: Any, uncapped: Trace | None = None,
-                     source: str = "calibration", kind: str = "calibration") -> Learned:
+def from_calibration(
+    ts: "TraceSet",
+    capped: Trace,
+    size: Any,
+    uncapped: Trace | None = None,
+    source: str = "calibration",
+    kind: str = "calibration",
+) -> Learned:
     """What a capped run of the program at input `size` gave up. `uncapped`: the same program
     uncapped at that size (default: the stream the trace set generates there, whose structure
     is one of its own)."""
@@ -205,8 +214,20 @@ def from_calibration(ts: "TraceSet", capped: Trace, size: Any, uncapped: Trace |
         model = learn_from_calibration(uncapped, capped)
     placed = place(ts, uncapped, _relative(uncapped, model.sites))
     sites = tuple(_same_kind(ts, v, p) for v, p in zip(ts.variants, placed))
-    return Learned(sites, (Evidence(kind, source, size_text(x) if x is not None else _text(size), model.calibration_cap,
-                                    len(model.sites), len(placed[0]), len(sites[0]) - len(placed[0])),))
+    return Learned(
+        sites,
+        (
+            Evidence(
+                kind,
+                source,
+                size_text(x) if x is not None else _text(size),
+                model.calibration_cap,
+                len(model.sites),
+                len(placed[0]),
+                len(sites[0]) - len(placed[0]),
+            ),
+        ),
+    )
 
 
 def as_uncapped(capped: Trace) -> Trace:
@@ -248,8 +269,9 @@ def as_uncapped(capped: Trace) -> Trace:
     return trace
 
 
-def died(calibrations: Sequence[tuple[Any, Trace, str]],
-         recordings: Sequence[tuple[Any, Trace]] = ()) -> list[tuple[Any, int | None, bool]]:
+def died(
+    calibrations: Sequence[tuple[Any, Trace, str]], recordings: Sequence[tuple[Any, Trace]] = ()
+) -> list[tuple[Any, int | None, bool]]:
     """The calibrations whose program died: (input size, cap, expandable segments). A real run that died
     is a fact about its size under its cap (`plan.answer._below_real_failure`)."""
     out = []
@@ -280,8 +302,7 @@ def _completed(run: Trace, size: Any, recordings: Sequence[tuple[Any, Trace]]) -
     return last in set(counterpart)
 
 
-def survived(calibrations: Sequence[tuple[Any, Trace, str]], recordings: Sequence[tuple[Any, Trace]]
-             ) -> list[tuple[Any, Trace]]:
+def survived(calibrations: Sequence[tuple[Any, Trace, str]], recordings: Sequence[tuple[Any, Trace]]) -> list[tuple[Any, Trace]]:
     """The calibrations the program survived, as recordings of it at their sizes (`as_uncapped`): a run
     that went to its end (`_completed`) and that the alignment with its own uncapped form explains
     whole, at a size with no recording of its own.
@@ -360,8 +381,7 @@ def from_store(ts: "TraceSet", path: str | Path, load: Any = None) -> Learned:
             capped = load(_snapshot(path, t["snapshot"]))
             part = from_calibration(ts, capped, None, uncapped, source=str(path), kind="store")
             e = part.evidence[0]
-            part = Learned(part.sites, (Evidence("store", str(path), None, int(t["budget"]), e.learned, e.placed,
-                                                 e.same_kind),))
+            part = Learned(part.sites, (Evidence("store", str(path), None, int(t["budget"]), e.learned, e.placed, e.same_kind),))
             out = part.merged(out)
     if not out.evidence:
         raise InputError(f"{path}: the tune store has no capped recorded run that survived an OOM (nothing fell back)")
@@ -405,8 +425,12 @@ def _text(size: Any) -> str | None:
     return size_text(as_size(size)) if size is not None else None
 
 
-def learn(ts: "TraceSet", recordings: Sequence[tuple[Any, Trace]] = (),
-          calibrations: Sequence[tuple[Any, Trace, str]] = (), store: str | Path | None = None) -> Learned | None:
+def learn(
+    ts: "TraceSet",
+    recordings: Sequence[tuple[Any, Trace]] = (),
+    calibrations: Sequence[tuple[Any, Trace, str]] = (),
+    store: str | Path | None = None,
+) -> Learned | None:
     """Every kind of evidence given, merged (None: none taught anything). `recordings`: the trace
     set's own (size, trace) pairs, read for C++ frames; `calibrations`: (size or None, run, source
     name), a capped run whose requests failed (the uncapped counterpart is the recording at that size
@@ -442,8 +466,10 @@ def record_hint(ts: "TraceSet", size: str, budget: int) -> str:
 
     cmd = _command_at(ts, size)
     name = f"calibration-{size}.pickle.xz"
-    return (f"alloctune run --budget {format_size_arg(budget)} --record {name} -- {cmd}, then plan again with "
-            f"--calibration {name}:{size} (or record once at that size with --stacks all)")
+    return (
+        f"alloctune run --budget {format_size_arg(budget)} --record {name} -- {cmd}, then plan again with "
+        f"--calibration {name}:{size} (or record once at that size with --stacks all)"
+    )
 
 
 def _command_at(ts: "TraceSet", size: str) -> str:
@@ -461,6 +487,17 @@ def _command_at(ts: "TraceSet", size: str) -> str:
     return f"<the program at size {size}>"
 
 
-__all__ = ["Evidence", "Learned", "learn", "as_uncapped", "died", "survived", "from_calibration", "from_frames",
-           "from_store", "place", "record_hint",
-           "SMALL"]
+__all__ = [
+    "Evidence",
+    "Learned",
+    "learn",
+    "as_uncapped",
+    "died",
+    "survived",
+    "from_calibration",
+    "from_frames",
+    "from_store",
+    "place",
+    "record_hint",
+    "SMALL",
+]

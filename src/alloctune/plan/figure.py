@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 from alloctune.config.standard import setting_label
-from alloctune.plan.answer import PlanResult
+from alloctune.plan.result import PlanResult
 from alloctune.units import GiB
 
 
@@ -29,8 +29,13 @@ def budget_figure(result: PlanResult, path: str | Path) -> str | None:
         xs = [float(p.size) for p in s.curve if p.min_budget is not None]
         ys = [p.min_budget / GiB for p in s.curve if p.min_budget is not None]
         (line,) = ax.plot(xs, ys, marker="o", label=f"min budget, {setting_label(s.conf)}")
-        ax.plot([float(p.size) for p in s.curve], [p.peak_reserved / GiB for p in s.curve], linestyle=":",
-                color=line.get_color(), label=f"peak reserved uncapped, {setting_label(s.conf)}")
+        ax.plot(
+            [float(p.size) for p in s.curve],
+            [p.peak_reserved / GiB for p in s.curve],
+            linestyle=":",
+            color=line.get_color(),
+            label=f"peak reserved uncapped, {setting_label(s.conf)}",
+        )
     for x in recorded:
         ax.axvline(x, color="0.85", linewidth=0.8, zorder=0)
     if recorded:
@@ -38,9 +43,11 @@ def budget_figure(result: PlanResult, path: str | Path) -> str | None:
     ax.set_xlabel("input size" + (f" ({result.workload})" if result.workload else ""))
     ax.set_ylabel("GiB")
     ax.set_title("Memory needed vs input size — exact allocator simulation", fontsize=10)
-    note = (f"From recordings at sizes {', '.join(result.recorded_sizes)} (grey lines): a request stream generated "
-            "per size from exact size laws, replayed by alloctune's allocator simulator"
-            + ("; conservative (no fallible-request model)." if result.conservative else "."))
+    note = (
+        f"From recordings at sizes {', '.join(result.recorded_sizes)} (grey lines): a request stream generated "
+        "per size from exact size laws, replayed by alloctune's allocator simulator"
+        + ("; conservative (no fallible-request model)." if result.conservative else ".")
+    )
     fig.text(0.01, 0.01, "\n".join(textwrap.wrap(note, 130)), fontsize=7)
     ax.legend(fontsize=7)
     fig.tight_layout(rect=(0, 0.07, 1, 1))

@@ -121,8 +121,7 @@ def _variant_from(d: dict[str, Any], n_laws: int) -> Variant:
     if len(streams) != len(ops):
         raise ValueError("streams and ops differ in length")
     gaps = {k: tuple(Gap(*map(int, g)) for g in gs) for k, gs in (d.get("gaps") or {}).items()}
-    return Variant(tuple(as_size(s) for s in d["sizes"]), ops, tuple(streams), tuple(law), tuple(owner), gaps,
-                   tuple(points))
+    return Variant(tuple(as_size(s) for s in d["sizes"]), ops, tuple(streams), tuple(law), tuple(owner), gaps, tuple(points))
 
 
 def save(ts: TraceSet, path: str | Path) -> int:

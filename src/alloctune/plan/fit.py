@@ -79,9 +79,17 @@ class Law:
             return ["p", self.grain, int(self.verified), den, *[int(c * den) for c in self.coef]]
         if self.kind in ("floor", "floor2"):
             unit, rest, p, q = self.coef
-            return ["f" if self.kind == "floor" else "f2", 1, int(self.verified), int(unit), int(rest), p.numerator,
-                    p.denominator, q.numerator,
-                    q.denominator]
+            return [
+                "f" if self.kind == "floor" else "f2",
+                1,
+                int(self.verified),
+                int(unit),
+                int(rest),
+                p.numerator,
+                p.denominator,
+                q.numerator,
+                q.denominator,
+            ]
         return ["t", self.grain, 0, *[[_num(x), y] for x, y in self.points]]
 
     @classmethod
@@ -92,8 +100,11 @@ class Law:
             return cls("poly", tuple(Fraction(int(c), den) for c in row[4:]), grain=grain, verified=verified)
         if kind in ("f", "f2"):
             unit, rest, pn, pd, qn, qd = (int(v) for v in row[3:9])
-            return cls("floor" if kind == "f" else "floor2", (Fraction(unit), Fraction(rest), Fraction(pn, pd), Fraction(qn, qd)),
-                       verified=verified)
+            return cls(
+                "floor" if kind == "f" else "floor2",
+                (Fraction(unit), Fraction(rest), Fraction(pn, pd), Fraction(qn, qd)),
+                verified=verified,
+            )
         if kind == "t":
             return cls("table", points=tuple((Fraction(str(x)), int(y)) for x, y in row[3:]), grain=grain)
         raise ValueError(f"unknown law kind {kind!r}")
@@ -216,7 +227,7 @@ def _floor_line(ks: list[tuple[Fraction, int]], min_step: int) -> tuple[Fraction
     lo: Fraction | None = None
     hi: Fraction | None = None
     for i, (xi, ki) in enumerate(ks):
-        for xj, kj in ks[i + 1:]:
+        for xj, kj in ks[i + 1 :]:
             span = xj - xi
             a, b = Fraction(kj - ki - 1) / span, Fraction(kj - ki + 1) / span
             lo = a if lo is None or a > lo else lo

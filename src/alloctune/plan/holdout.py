@@ -72,5 +72,13 @@ def holdout(recordings: Sequence[tuple[Any, Trace]], held: Any, torch: str | Non
         exact = sum(1 for i in idx if gr.sizes[i] == rr.sizes[i]) / len(idx) if idx else 1.0
     stats = rec.meta.get("stats") if isinstance(rec.meta, dict) else None
     real = stats.get("reserved_bytes.all.peak") if isinstance(stats, dict) else None
-    return Holdout(size_text(h), tuple(size_text(x) for x, _ in rest), same, exact, a.peak_reserved,
-                   b.peak_reserved, int(real) if isinstance(real, int) else None, gen.extrapolated)
+    return Holdout(
+        size_text(h),
+        tuple(size_text(x) for x, _ in rest),
+        same,
+        exact,
+        a.peak_reserved,
+        b.peak_reserved,
+        int(real) if isinstance(real, int) else None,
+        gen.extrapolated,
+    )

@@ -49,13 +49,17 @@ def expand(specs: Sequence[str]) -> list[tuple[Path, Any]]:
             sides = [(p, read_sidecar(p)) for p in found]
             sides = [(p, side) for p, side in sides if side.get("size") is not None]
             if not sides:
-                raise InputError(f"{path}: no recording with a sidecar 'size' in this directory "
-                                 "(record with alloctune record --size, or give FILE:SIZE)")
+                raise InputError(
+                    f"{path}: no recording with a sidecar 'size' in this directory "
+                    "(record with alloctune record --size, or give FILE:SIZE)"
+                )
             programs = sorted({name for _, side in sides if (name := program_of(side)) is not None})
             if len(programs) > 1:
-                raise InputError(f"{path}: recordings of {len(programs)} different programs ({'; '.join(programs[:3])}"
-                                 f"{'; ...' if len(programs) > 3 else ''}): plan one program's sizes, given as "
-                                 "FILE:SIZE or in a directory of their own")
+                raise InputError(
+                    f"{path}: recordings of {len(programs)} different programs ({'; '.join(programs[:3])}"
+                    f"{'; ...' if len(programs) > 3 else ''}): plan one program's sizes, given as "
+                    "FILE:SIZE or in a directory of their own"
+                )
             out.extend((p, side["size"]) for p, side in sides)
             continue
         if not path.exists():
@@ -77,8 +81,10 @@ def load_recordings(specs: Sequence[str]) -> list[tuple[Any, Trace]]:
         trace = load_trace(path)
         if FAILED_ALLOC in trace.requests.ops or trace.meta.get("outcome") == "oom":
             if path in named:
-                raise InputError(f"{path}: this recording ran out of memory at size {size}; record that size "
-                                 "uncapped (or leave it out) — a plan needs complete runs")
+                raise InputError(
+                    f"{path}: this recording ran out of memory at size {size}; record that size "
+                    "uncapped (or leave it out) — a plan needs complete runs"
+                )
             continue
         out.append((size, trace))
     return out
@@ -98,11 +104,13 @@ def load_calibrations(specs: Sequence[str], inputs: Sequence[str] = ()) -> list[
         if size is None:
             size = read_sidecar(path).get("size")
         if FAILED_ALLOC not in trace.requests.ops and not has_cpp_frames(trace):
-            raise InputError(f"--calibration {spec}: no request failed in this run and it has no C++ stacks, so it "
-                             "shows no fallback (run it under a smaller --budget, or record it with --stacks all)")
+            raise InputError(
+                f"--calibration {spec}: no request failed in this run and it has no C++ stacks, so it "
+                "shows no fallback (run it under a smaller --budget, or record it with --stacks all)"
+            )
         out.append((size, trace, str(path)))
     named = {parse_spec(s)[0] for s in inputs}
-    for path, size in (expand(inputs) if any(parse_spec(s)[0].is_dir() for s in inputs) else ()):
+    for path, size in expand(inputs) if any(parse_spec(s)[0].is_dir() for s in inputs) else ():
         if path in named:
             continue
         trace = load_trace(path)

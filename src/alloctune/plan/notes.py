@@ -14,25 +14,30 @@ from alloctune.sim.settings import SimSettings
 from alloctune.units import MiB, format_size
 
 
-def plan_notes(ts: TraceSet, summary: dict[str, Any], inexact: int, bounded: bool, cards_asked: bool,
-           context: int) -> list[str]:
+def plan_notes(ts: TraceSet, summary: dict[str, Any], inexact: int, bounded: bool, cards_asked: bool, context: int) -> list[str]:
     """What a reader must know to trust the answers (conservative or bounded, structure, laws, context)."""
     notes = []
     if not ts.fallbacks and (ts.learned is None or ts.learned.decided_by == "none"):
         notes.append(
             "conservative: no fallible-request model in these recordings (a request the program would retry "
             "smaller, such as a cuDNN workspace, is taken as fatal), so real largest sizes can only be larger"
-            + (f"; 'optimistic' repeats the search with the {inexact} request(s) that look like workspaces (no exact "
-               "law, or freed by the next request) fallible down to nothing: the real answer lies between"
-               if bounded else "")
+            + (
+                f"; 'optimistic' repeats the search with the {inexact} request(s) that look like workspaces (no exact "
+                "law, or freed by the next request) fallible down to nothing: the real answer lies between"
+                if bounded
+                else ""
+            )
         )
     elif ts.fallbacks:
         notes.append(f"{len(ts.fallbacks)} fallible request(s) honoured with the fallback sizes recorded at one size")
     if ts.learned is not None and ts.learned.decided_by != "none":
         kept = max(0, inexact - ts.learned.requests)
-        why = ("their C++ stacks say they are not workspaces" if "frames" in ts.learned.decided_by else
-               "they never fell back there, so an answer can only be small; a calibration capped near the answer "
-               "tests the ones that matter")
+        why = (
+            "their C++ stacks say they are not workspaces"
+            if "frames" in ts.learned.decided_by
+            else "they never fell back there, so an answer can only be small; a calibration capped near the answer "
+            "tests the ones that matter"
+        )
         notes.append(
             f"one answer: {ts.learned.requests} workspace request(s) fall back as learned from "
             + "; ".join(e.text() for e in ts.learned.evidence)
@@ -41,11 +46,15 @@ def plan_notes(ts: TraceSet, summary: dict[str, Any], inexact: int, bounded: boo
     elif ts.learned is not None:
         unplaced = [e for e in ts.learned.evidence if e.learned]
         notes.append(
-            ("the fallible-request evidence given could not be placed on these recordings (another program, or its "
-             "stream differs from theirs): " if unplaced else
-             "the evidence given shows no request falling back (a calibration whose first failure was fatal, or "
-             "that never failed: record one under a cap between the peak allocated and the peak reserved): ")
-            + "; ".join(e.text() for e in ts.learned.evidence))
+            (
+                "the fallible-request evidence given could not be placed on these recordings (another program, or its "
+                "stream differs from theirs): "
+                if unplaced
+                else "the evidence given shows no request falling back (a calibration whose first failure was fatal, or "
+                "that never failed: record one under a cap between the peak allocated and the peak reserved): "
+            )
+            + "; ".join(e.text() for e in ts.learned.evidence)
+        )
     if not ts.identical:
         notes.append(
             "the recordings differ in structure (a branch taken at some sizes only): between two recorded sizes of "
@@ -61,7 +70,8 @@ def plan_notes(ts: TraceSet, summary: dict[str, Any], inexact: int, bounded: boo
             f"every recorded size is a multiple of {step}: a rounding the program makes at a finer step (a "
             f"convolution's stride, a padding) is invisible to the laws, and sizes between can need more; record "
             f"one size that is not a multiple of {step} to see it (measured: timm at sides 256/384/512 said 864 "
-            f"fits where 809 does not; with 818 and 836 recorded its laws round as the network does)")
+            f"fits where 809 does not; with 818 and 836 recorded its laws round as the network does)"
+        )
     if cards_asked:
         notes.append(f"cards: the CUDA context is taken as {context // MiB} MiB, not available to the allocator")
     return notes
@@ -74,12 +84,16 @@ def cap_above_peak_reason(conf: str) -> str:
     st = SimSettings.from_config(conf)
     reasons = []
     if st.expandable_segments:
-        reasons.append("under expandable_segments PyTorch checks a cap against a request's whole rounded size, "
-                       "including the part its segment already has mapped, so a cap at the uncapped peak can "
-                       "run out of memory")
+        reasons.append(
+            "under expandable_segments PyTorch checks a cap against a request's whole rounded size, "
+            "including the part its segment already has mapped, so a cap at the uncapped peak can "
+            "run out of memory"
+        )
     if st.garbage_collection_threshold > 0:
-        reasons.append("with garbage_collection_threshold a cap switches garbage collection on, which changes "
-                       "what the run frees and reserves")
+        reasons.append(
+            "with garbage_collection_threshold a cap switches garbage collection on, which changes "
+            "what the run frees and reserves"
+        )
     return "; ".join(reasons) or "a cap changes what this setting releases and reserves"
 
 
@@ -91,9 +105,11 @@ def above_peak_note(points: Sequence[tuple[str, str, int, int]]) -> str | None:
         return None
     conf, size, need, peak = points[0]
     more = f" (and at {len(points) - 1} other size(s))" if len(points) > 1 else ""
-    return (f"a min budget above the uncapped peak reserved is no error: {setting_label(conf)} at size {size} needs "
-            f"{format_size(need)}, its uncapped run reserves {format_size(peak)}{more}; "
-            f"{cap_above_peak_reason(conf)}")
+    return (
+        f"a min budget above the uncapped peak reserved is no error: {setting_label(conf)} at size {size} needs "
+        f"{format_size(need)}, its uncapped run reserves {format_size(peak)}{more}; "
+        f"{cap_above_peak_reason(conf)}"
+    )
 
 
 def _common_step(sizes: Sequence[Fraction]) -> int:

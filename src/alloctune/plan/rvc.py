@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from alloctune.plan.answer import PlanResult
+from alloctune.plan.result import PlanResult
 from alloctune.units import GiB
 
 PRESETS = {"fp16": (3.0, 10.0, 60.0, 65.0), "fp32": (1.0, 6.0, 38.0, 41.0), "low": (1.0, 5.0, 30.0, 32.0)}
@@ -76,7 +76,7 @@ def rvc_rows(result: PlanResult, recorded_pad_s: float = 3.0, is_half: bool = Tr
             else:
                 x_fit = math.floor(chunk - 2 * x_pad - 2 * x_query - FRAME_S)
                 verdict = "preset OOMs on long files" + (
-                    f": x_center <= {x_fit} s fits" if x_fit >= 1 else ": even 1 s centres do not fit")
-            rows.append(RvcRow(s.conf, t.label, preset, need, audio, chunk, verdict, x_fit if x_fit and x_fit >= 1
-                               else None))
+                    f": x_center <= {x_fit} s fits" if x_fit >= 1 else ": even 1 s centres do not fit"
+                )
+            rows.append(RvcRow(s.conf, t.label, preset, need, audio, chunk, verdict, x_fit if x_fit and x_fit >= 1 else None))
     return rows

@@ -13,10 +13,11 @@ from typing import Any, Sequence
 
 from alloctune.errors import InputError
 from alloctune.plan import fileformat
-from alloctune.plan.answer import PlanResult, plan
+from alloctune.plan.answer import plan
 from alloctune.plan.bound import ErrorModel
 from alloctune.plan.holdout import Holdout, holdout
 from alloctune.plan.inputs import load_recordings, parse_spec, traceset_from
+from alloctune.plan.result import PlanResult
 from alloctune.plan.rvc import RvcRow, rvc_rows
 from alloctune.plan.traceset import build, size_text
 from alloctune.progress import no_progress
@@ -126,8 +127,7 @@ def run(
         from alloctune.plan.confirm import confirm as confirm_runs_of
 
         confirmations = tuple(confirm_runs_of(result, confirm, runner=runner, max_runs=confirm_runs))
-    return PlanReport(result, saved, saved_bytes, held, rows, figure, skipped, time.perf_counter() - t0, exported,
-                      confirmations)
+    return PlanReport(result, saved, saved_bytes, held, rows, figure, skipped, time.perf_counter() - t0, exported, confirmations)
 
 
 def _survived(calibrations: Sequence[str], inputs: Sequence[str], recs: Sequence[tuple[Any, Any]]) -> list:
@@ -150,8 +150,9 @@ def _died(calibrations: Sequence[str], inputs: Sequence[str], recs: Sequence[tup
     return died(load_calibrations(calibrations, inputs), recs)
 
 
-def _with_learned(ts: Any, recs: Sequence[tuple[Any, Any]], inputs: Sequence[str], calibrations: Sequence[str],
-                  store: str | Path | None) -> Any:
+def _with_learned(
+    ts: Any, recs: Sequence[tuple[Any, Any]], inputs: Sequence[str], calibrations: Sequence[str], store: str | Path | None
+) -> Any:
     """The trace set with the fallible requests every piece of evidence teaches (`plan.fallible.learn`)."""
     from dataclasses import replace
 
@@ -178,9 +179,11 @@ def error_model(recs: Sequence[tuple[Any, Any]], held: Holdout | None, torch: st
     ext = holdout(recs, top, torch)
     checked = abs(ext.error_vs_replay)
     inside = abs(held.error_vs_replay) if held is not None and as_size(held.size) != xs[-1] else 0.0
-    evidence = (f"the largest recording ({size_text(xs[-1])}) generated from the others is off by "
-                f"{ext.error_vs_replay:+.2%} in peak reserved; beyond it the allowance grows with the cube of the "
-                f"distance in steps of {size_text(xs[-1] - xs[-2])}")
+    evidence = (
+        f"the largest recording ({size_text(xs[-1])}) generated from the others is off by "
+        f"{ext.error_vs_replay:+.2%} in peak reserved; beyond it the allowance grows with the cube of the "
+        f"distance in steps of {size_text(xs[-1] - xs[-2])}"
+    )
     if held is not None and inside:
         evidence += f"; inside the recorded sizes {inside:.2%} (the held-back size {held.size})"
     return ErrorModel(inside, checked, xs, evidence)

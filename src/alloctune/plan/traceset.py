@@ -99,9 +99,7 @@ class TraceSet:
         return len(self.variants) == 1
 
     def variant_for(self, x: Fraction) -> Variant:
-        best = min(
-            ((abs(s - x), -s, v) for v in self.variants for s in v.sizes), key=lambda t: (t[0], t[1])
-        )
+        best = min(((abs(s - x), -s, v) for v in self.variants for s in v.sizes), key=lambda t: (t[0], t[1]))
         return best[2]
 
     def generate(self, x: Any, fallible_inexact: bool = False) -> Generated:
@@ -173,9 +171,11 @@ class TraceSet:
                 if k < 0:
                     continue
                 law = self.laws[k]
-                name = ({"floor": "floor-linear", "floor2": "floor-square"}.get(law.kind)
-                        or f"degree {law.degree}") if law.exact \
+                name = (
+                    ({"floor": "floor-linear", "floor2": "floor-square"}.get(law.kind) or f"degree {law.degree}")
+                    if law.exact
                     else "table (inexact)"
+                )
                 if law.exact and not law.verified:
                     name += " (unverified)"
                 kinds[name] = kinds.get(name, 0) + 1
@@ -271,8 +271,7 @@ class _Chain:
 
     def __call__(self, r: int, j: int) -> list[int]:
         cp = list(range(len(self.structs[r][0])))
-        hops = ([self.steps[k] for k in range(r, j)] if j > r
-                else [self.back[k] for k in range(r - 1, j - 1, -1)])
+        hops = [self.steps[k] for k in range(r, j)] if j > r else [self.back[k] for k in range(r - 1, j - 1, -1)]
         for hop in hops:
             cp = [hop[c] if c >= 0 else -1 for c in cp]
         return cp
@@ -298,8 +297,9 @@ class _LawTable:
         return k
 
 
-def _variant(g: list[int], recs: Sequence[tuple[Fraction, Trace]], structs: Sequence[Any], chain: _Chain,
-             laws: _LawTable) -> tuple[Variant, dict[int, tuple[tuple[Fraction, int], ...]]]:
+def _variant(
+    g: list[int], recs: Sequence[tuple[Fraction, Trace]], structs: Sequence[Any], chain: _Chain, laws: _LawTable
+) -> tuple[Variant, dict[int, tuple[tuple[Fraction, int], ...]]]:
     """One structure's requests with the law of each size, fitted on every recording that has it
     (and the points each request's law was fitted on)."""
     rep = g[0]
@@ -327,19 +327,21 @@ def _variant(g: list[int], recs: Sequence[tuple[Fraction, Trace]], structs: Sequ
         fitted[i] = pts
         npoints.append(len(pts))
     req = recs[rep][1].requests
-    return (Variant(
-        sizes=tuple(recs[j][0] for j in g),
-        ops=tuple(ops),
-        streams=tuple(req.streams),
-        law=tuple(law_of),
-        owner=tuple(owner),
-        gaps=gaps,
-        points=tuple(npoints),
-    ), fitted)
+    return (
+        Variant(
+            sizes=tuple(recs[j][0] for j in g),
+            ops=tuple(ops),
+            streams=tuple(req.streams),
+            law=tuple(law_of),
+            owner=tuple(owner),
+            gaps=gaps,
+            points=tuple(npoints),
+        ),
+        fitted,
+    )
 
 
-def _unified(built: list[tuple[Variant, dict[int, tuple[tuple[Fraction, int], ...]]]],
-             laws: _LawTable) -> list[Variant]:
+def _unified(built: list[tuple[Variant, dict[int, tuple[tuple[Fraction, int], ...]]]], laws: _LawTable) -> list[Variant]:
     """Each request's law replaced by an exact law seen at more sizes that passes through every one
     of its points, when there is one.
 
@@ -372,8 +374,13 @@ def _unified(built: list[tuple[Variant, dict[int, tuple[tuple[Fraction, int], ..
     return out
 
 
-def _richer(pts: tuple[tuple[Fraction, int], ...], own: int, seen: dict[int, dict[Fraction, int]],
-            rich: list[tuple[int, int]], laws: _LawTable) -> int:
+def _richer(
+    pts: tuple[tuple[Fraction, int], ...],
+    own: int,
+    seen: dict[int, dict[Fraction, int]],
+    rich: list[tuple[int, int]],
+    laws: _LawTable,
+) -> int:
     """`_unified`'s choice for one request fitted on `pts` (its own law `own` when none is richer). A request
     seen at one size only keeps its own law: any law through one point would do, which is no evidence."""
     if len(pts) < 2:
@@ -422,5 +429,3 @@ def _recorded_peak(trace: Trace) -> int | None:
     if isinstance(stats, dict) and isinstance(stats.get("reserved_bytes.all.peak"), int):
         return int(stats["reserved_bytes.all.peak"])
     return None
-
-

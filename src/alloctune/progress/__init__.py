@@ -12,5 +12,14 @@ from __future__ import annotations
 from alloctune.progress.steps import Progress, no_progress, progress_on_stderr
 from alloctune.progress.trials import LiveTrialTable, NullProgress, ProgressLog, TrialLines, TrialProgress, describe
 
-__all__ = ["LiveTrialTable", "NullProgress", "Progress", "ProgressLog", "TrialLines", "TrialProgress", "describe",
-           "no_progress", "progress_on_stderr"]
+__all__ = [
+    "LiveTrialTable",
+    "NullProgress",
+    "Progress",
+    "ProgressLog",
+    "TrialLines",
+    "TrialProgress",
+    "describe",
+    "no_progress",
+    "progress_on_stderr",
+]

@@ -44,8 +44,15 @@ def progress_on_stderr(*, quiet: bool = False, console: Any = None, after: float
     from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
     from rich.progress import Progress as RichProgress
 
-    bar = RichProgress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                       TimeElapsedColumn(), console=console, transient=True)
+    bar = RichProgress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
     task = bar.add_task("starting", total=None)
 
     def report(step: str, done: int = 0, total: int | None = None) -> None:

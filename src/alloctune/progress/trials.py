@@ -95,8 +95,9 @@ class LiveTrialTable:
                 self._per_worker.setdefault(w, [0, 0])
         if self._live is None and self.console.is_terminal:
             # transient: the sweep prints its own final tables; a log file gets one line per trial instead
-            self._live = Live(self._render(), console=self.console, refresh_per_second=2, transient=True,
-                              get_renderable=self._render)
+            self._live = Live(
+                self._render(), console=self.console, refresh_per_second=2, transient=True, get_renderable=self._render
+            )
             self._live.start()
 
     def started(self, task: Any, worker: str) -> None:
@@ -111,8 +112,12 @@ class LiveTrialTable:
             counts[0 if result.outcome in ("ok", "oom") else 1] += 1
         if self._live is None:
             peak = "-" if result.peak_reserved is None else _mib(result.peak_reserved)
-            self.console.print(f"{worker}: {describe(task)} -> {result.outcome}, peak reserved {peak}, "
-                               f"{result.wall_s:.1f} s", markup=False, highlight=False, soft_wrap=True)
+            self.console.print(
+                f"{worker}: {describe(task)} -> {result.outcome}, peak reserved {peak}, {result.wall_s:.1f} s",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
 
     def end(self, interrupted: bool = False) -> None:
         if self._live is not None:
@@ -126,8 +131,11 @@ class LiveTrialTable:
         from rich.table import Table
 
         with self._lock:
-            t = Table(title=f"trials: {len(self._finished)}/{self._total} finished, {len(self._running)} running",
-                      title_justify="left", expand=False)
+            t = Table(
+                title=f"trials: {len(self._finished)}/{self._total} finished, {len(self._running)} running",
+                title_justify="left",
+                expand=False,
+            )
             for col in ("worker", "trial", "state", "peak reserved", "wall", "done / failed"):
                 t.add_column(col, overflow="fold")
             now = time.monotonic()
@@ -136,13 +144,20 @@ class LiveTrialTable:
                 if not rows:
                     t.add_row(worker, "-", "[dim]idle[/dim]", "", "", f"{counts[0]} / {counts[1]}")
                 for i, (task, age) in enumerate(rows):
-                    t.add_row(worker if i == 0 else "", describe(task), "[cyan]running[/cyan]", "", f"{age:.0f}s",
-                              f"{counts[0]} / {counts[1]}" if i == 0 else "")
-            for worker, task, res in self._finished[-self.keep_last:]:
+                    t.add_row(
+                        worker if i == 0 else "",
+                        describe(task),
+                        "[cyan]running[/cyan]",
+                        "",
+                        f"{age:.0f}s",
+                        f"{counts[0]} / {counts[1]}" if i == 0 else "",
+                    )
+            for worker, task, res in self._finished[-self.keep_last :]:
                 colour = {"ok": "green", "oom": "red", "timeout": "yellow"}.get(res.outcome, "magenta")
                 peak = "-" if res.peak_reserved is None else _mib(res.peak_reserved)
-                t.add_row(f"[dim]{worker}[/dim]", describe(task), f"[{colour}]{res.outcome}[/{colour}]", peak,
-                          f"{res.wall_s:.1f}s", "")
+                t.add_row(
+                    f"[dim]{worker}[/dim]", describe(task), f"[{colour}]{res.outcome}[/{colour}]", peak, f"{res.wall_s:.1f}s", ""
+                )
             return t
 
 
@@ -157,8 +172,9 @@ class TrialLines:
     def __init__(self, console: Any) -> None:
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-        self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                            console=console, transient=True)
+        self.bar = Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=True
+        )
         self._task = self.bar.add_task("starting", total=None)
         self.count: Callable[[], int] = lambda: 0
 

@@ -43,7 +43,7 @@ def repetition_sizes(an: Analysis, ends: list[int]) -> list[int]:
     to ends[k]; the first from the first repetition's start, the last to the recording's end)."""
     lb = an.live_before
     bounds = [an.repeats.starts[0]] + ends + [len(lb) - 1]
-    return [max(lb[a:b + 1]) - lb[a] for a, b in zip(bounds, bounds[1:])]
+    return [max(lb[a : b + 1]) - lb[a] for a, b in zip(bounds, bounds[1:])]
 
 
 @contextlib.contextmanager
@@ -80,8 +80,7 @@ class _Memory:
         self.reserved = self.run.reserved
 
 
-def janitor_points(an: Analysis, conf: str, kwargs: dict[str, Any], by_size: bool,
-                   ends: list[int] | None = None) -> list[int]:
+def janitor_points(an: Analysis, conf: str, kwargs: dict[str, Any], by_size: bool, ends: list[int] | None = None) -> list[int]:
     """Request indices (of the recording) before which `Janitor(**kwargs)` empties the cache
     (`ends`: `repetition_ends`), from one uncapped replay paused at each repetition's end."""
     from alloctune.guard.janitor import Janitor
@@ -118,15 +117,20 @@ def janitor_plan(an: Analysis, conf: str, ends: list[int], shared: Shared | None
         points = janitor_points(an, conf, kwargs, by_size, ends)
         if shared is not None and points:
             trace = an.trace
-            shared.prefetch(shared.rewrite(("empty_cache", tuple(points)), lambda: with_empty_cache(trace, points)),
-                            conf)
+            shared.prefetch(shared.rewrite(("empty_cache", tuple(points)), lambda: with_empty_cache(trace, points)), conf)
         plan.append(points)
     return plan
 
 
-def janitor_remedies(an: Analysis, base: int | None, conf: str, base_run: SimResult | None = None,
-                     ends: list[int] | None = None, shared: Shared | None = None,
-                     plan: list[list[int]] | None = None) -> list[Remedy]:
+def janitor_remedies(
+    an: Analysis,
+    base: int | None,
+    conf: str,
+    base_run: SimResult | None = None,
+    ends: list[int] | None = None,
+    shared: Shared | None = None,
+    plan: list[list[int]] | None = None,
+) -> list[Remedy]:
     """The Janitor's policies on the recorded program, simulated (needs two repetitions or more);
     `base_run`: the recording's `uncapped_run` under `conf`, `ends`: its `repetition_ends`, `shared`:
     the work other remedies of the recording share, `plan`: `janitor_plan`, when at hand. Policies
@@ -143,21 +147,42 @@ def janitor_remedies(an: Analysis, base: int | None, conf: str, base_run: SimRes
     for (name, kwargs, by_size), points in zip(POLICIES, plan):
         args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
         use = "with janitor.request(size):  # size: the request's length" if by_size else "with janitor:"
-        what = ("the Janitor, told each request's size (empties the cache before a request larger than any "
-                "since the last clean-up)" if by_size else
-                "the Janitor (empties the cache when reserved grows past 1.1 x the need learned from a clean start)")
+        what = (
+            "the Janitor, told each request's size (empties the cache before a request larger than any since the last clean-up)"
+            if by_size
+            else "the Janitor (empties the cache when reserved grows past 1.1 x the need learned from a clean start)"
+        )
         how_to = f"janitor = alloctune.guard.Janitor({args}); around each request: {use}"
         policy = {"args": dict(kwargs), "use": "janitor.request(size)" if by_size else "janitor"}
-        notes = ("decided on the uncapped replay: under a cap the allocator's own retries also free cached "
-                 "blocks, so the Janitor's clean-ups there may differ",)
+        notes = (
+            "decided on the uncapped replay: under a cap the allocator's own retries also free cached "
+            "blocks, so the Janitor's clean-ups there may differ",
+        )
         same = found.get(tuple(points))
         if same is None:
-            t = trace if not points else (
-                shared.rewrite(("empty_cache", tuple(points)), lambda: with_empty_cache(trace, points)) if shared
-                else with_empty_cache(trace, points))
-            same = found[tuple(points)] = simulated(name, what, t, conf, trace, base, base_act, how_to,
-                                                    uncapped=None if points else base_run, cleanups=len(points),
-                                                    janitor=policy, notes=notes, shared=shared)
-        out.append(replace(same, name=name, what=what, how_to=how_to, cleanups=len(points), janitor=policy,
-                           notes=notes))
+            t = (
+                trace
+                if not points
+                else (
+                    shared.rewrite(("empty_cache", tuple(points)), lambda: with_empty_cache(trace, points))
+                    if shared
+                    else with_empty_cache(trace, points)
+                )
+            )
+            same = found[tuple(points)] = simulated(
+                name,
+                what,
+                t,
+                conf,
+                trace,
+                base,
+                base_act,
+                how_to,
+                uncapped=None if points else base_run,
+                cleanups=len(points),
+                janitor=policy,
+                notes=notes,
+                shared=shared,
+            )
+        out.append(replace(same, name=name, what=what, how_to=how_to, cleanups=len(points), janitor=policy, notes=notes))
     return out

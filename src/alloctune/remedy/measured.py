@@ -40,8 +40,14 @@ def no_grad_request(baseline: TrialResult, conf: str, budget: int) -> TrialReque
     """The confirming run of `torch.no_grad()`, when the baseline ran inference with autograd on."""
     if not baseline.inference_with_grad:
         return None
-    return TrialRequest(conf, budget, record=True, ensure_cap=True, no_grad=True,
-                        purpose="remedy: autograd off by the agent (what torch.no_grad() would save): confirm")
+    return TrialRequest(
+        conf,
+        budget,
+        record=True,
+        ensure_cap=True,
+        no_grad=True,
+        purpose="remedy: autograd off by the agent (what torch.no_grad() would save): confirm",
+    )
 
 
 def no_grad_remedy(trial: TrialResult, conf: str, base: int | None, simulator_factory: Any, command: str) -> Remedy:
@@ -49,19 +55,39 @@ def no_grad_remedy(trial: TrialResult, conf: str, base: int | None, simulator_fa
     regrad = int((trial.autograd or {}).get("module_calls_with_grad") or 0)
     if regrad:  # the program turned autograd back on under the agent's switch: this run measured nothing
         return Remedy(
-            "no_grad", "inference without autograd (the recording ran no backward, yet kept grad mode on)", None,
-            None, None, None, 0, 0.0, NO_GRAD_LINE, UNCONFIRMED, conf,
+            "no_grad",
+            "inference without autograd (the recording ran no backward, yet kept grad mode on)",
+            None,
+            None,
+            None,
+            None,
+            0,
+            0.0,
+            NO_GRAD_LINE,
+            UNCONFIRMED,
+            conf,
             confirm=f"alloctune run --budget {trial.budget}B -- {command}  (with the line added by hand)",
-            notes=(f"not measured: the program turns autograd back on itself ({regrad} module calls ran with grad "
-                   "on under the agent's switch: torch.enable_grad() or set_grad_enabled(True) in its code); add "
-                   "the line by hand where it does that and run the confirming command",))
+            notes=(
+                f"not measured: the program turns autograd back on itself ({regrad} module calls ran with grad "
+                "on under the agent's switch: torch.enable_grad() or set_grad_enabled(True) in its code); add "
+                "the line by hand where it does that and run the confirming command",
+            ),
+        )
     return _measured(
-        trial, conf, base, simulator_factory, "no_grad",
-        "inference without autograd (the recording ran no backward, yet kept grad mode on)", NO_GRAD_LINE,
+        trial,
+        conf,
+        base,
+        simulator_factory,
+        "no_grad",
+        "inference without autograd (the recording ran no backward, yet kept grad mode on)",
+        NO_GRAD_LINE,
         f"alloctune run --no-grad --budget {trial.budget}B -- {command}  (the run tune made)",
-        ("completed at {budget} with autograd off (measured)",
-         "ran out of memory at {budget} even with autograd off (measured)",
-         "did not complete with autograd off ({detail}): the program needs autograd somewhere"))
+        (
+            "completed at {budget} with autograd off (measured)",
+            "ran out of memory at {budget} even with autograd off (measured)",
+            "did not complete with autograd off ({detail}): the program needs autograd somewhere",
+        ),
+    )
 
 
 # The smallest cuDNN workspace, as a share of the budget, for which the switch gets a confirming run: below
@@ -84,8 +110,14 @@ def cudnn_request(baseline: TrialResult, trace: Any, conf: str, budget: int) -> 
     if bound is None or bound > budget:
         return None
     flip = not baseline.cudnn_benchmark
-    return TrialRequest(conf, budget, record=True, ensure_cap=True, cudnn_benchmark=flip,
-                        purpose=f"remedy: torch.backends.cudnn.benchmark = {flip} by the agent: confirm")
+    return TrialRequest(
+        conf,
+        budget,
+        record=True,
+        ensure_cap=True,
+        cudnn_benchmark=flip,
+        purpose=f"remedy: torch.backends.cudnn.benchmark = {flip} by the agent: confirm",
+    )
 
 
 def checkpointing_request(baseline: TrialResult, trace: Any, conf: str, budget: int) -> TrialRequest | None:
@@ -96,23 +128,54 @@ def checkpointing_request(baseline: TrialResult, trace: Any, conf: str, budget: 
         return None
     if not block_windows(analyse(trace)):
         return None
-    return TrialRequest(conf, budget, record=True, ensure_cap=True, checkpointing=True,
-                        purpose="remedy: activation checkpointing switched on by the agent: confirm")
+    return TrialRequest(
+        conf,
+        budget,
+        record=True,
+        ensure_cap=True,
+        checkpointing=True,
+        purpose="remedy: activation checkpointing switched on by the agent: confirm",
+    )
 
 
-def checkpointing_measured(trial: TrialResult, conf: str, base: int | None, simulator_factory: Any,
-                           command: str, code: str) -> Remedy:
+def checkpointing_measured(
+    trial: TrialResult, conf: str, base: int | None, simulator_factory: Any, command: str, code: str
+) -> Remedy:
     """The measured checkpointing remedy from its confirming run."""
     what = "activation checkpointing of the repeated blocks"
     confirm = f"alloctune run --checkpointing --budget {trial.budget}B -- {command}"
     if trial.checkpointing is not None and not trial.checkpointing:
-        return Remedy("checkpointing", what, None, None, None, None, 0, 0.0, code, UNCONFIRMED, conf, confirm=confirm,
-                      notes=("not measured: the agent found no model it could switch checkpointing on in",))
+        return Remedy(
+            "checkpointing",
+            what,
+            None,
+            None,
+            None,
+            None,
+            0,
+            0.0,
+            code,
+            UNCONFIRMED,
+            conf,
+            confirm=confirm,
+            notes=("not measured: the agent found no model it could switch checkpointing on in",),
+        )
     switched = "; ".join(trial.checkpointing or ())
-    rem = _measured(trial, conf, base, simulator_factory, "checkpointing", what, code, confirm,
-                    ("completed at {budget} with checkpointing on (measured)",
-                     "ran out of memory at {budget} even with checkpointing on (measured)",
-                     "did not complete with checkpointing on ({detail})"))
+    rem = _measured(
+        trial,
+        conf,
+        base,
+        simulator_factory,
+        "checkpointing",
+        what,
+        code,
+        confirm,
+        (
+            "completed at {budget} with checkpointing on (measured)",
+            "ran out of memory at {budget} even with checkpointing on (measured)",
+            "did not complete with checkpointing on ({detail})",
+        ),
+    )
     return replace(rem, notes=(*rem.notes, f"switched on: {switched}") if switched else rem.notes)
 
 
@@ -124,17 +187,53 @@ def cudnn_remedy(trial: TrialResult, conf: str, base: int | None, simulator_fact
     how = f"torch.backends.cudnn.benchmark = {flip}  # before the model runs"
     confirm = f"alloctune run --cudnn-benchmark {'on' if flip else 'off'} --budget {trial.budget}B -- {command}"
     if trial.cudnn_benchmark is not None and trial.cudnn_benchmark != flip:  # the program set it back itself
-        return Remedy(name, what, None, None, None, None, 0, 0.0, how, UNCONFIRMED, conf, confirm=confirm,
-                      notes=("not measured: the program sets torch.backends.cudnn.benchmark itself (it was "
-                             f"{trial.cudnn_benchmark} at the end of the agent's run); change it where the program "
-                             "does and run the confirming command",))
-    return _measured(trial, conf, base, simulator_factory, name, what, how, confirm,
-                     ("completed at {budget} (measured)", "ran out of memory at {budget} with the switch (measured)",
-                      "did not complete with the switch ({detail})"))
+        return Remedy(
+            name,
+            what,
+            None,
+            None,
+            None,
+            None,
+            0,
+            0.0,
+            how,
+            UNCONFIRMED,
+            conf,
+            confirm=confirm,
+            notes=(
+                "not measured: the program sets torch.backends.cudnn.benchmark itself (it was "
+                f"{trial.cudnn_benchmark} at the end of the agent's run); change it where the program "
+                "does and run the confirming command",
+            ),
+        )
+    return _measured(
+        trial,
+        conf,
+        base,
+        simulator_factory,
+        name,
+        what,
+        how,
+        confirm,
+        (
+            "completed at {budget} (measured)",
+            "ran out of memory at {budget} with the switch (measured)",
+            "did not complete with the switch ({detail})",
+        ),
+    )
 
 
-def _measured(trial: TrialResult, conf: str, base: int | None, simulator_factory: Any, name: str, what: str,
-              how: str, confirm: str, outcomes: tuple[str, str, str]) -> Remedy:
+def _measured(
+    trial: TrialResult,
+    conf: str,
+    base: int | None,
+    simulator_factory: Any,
+    name: str,
+    what: str,
+    how: str,
+    confirm: str,
+    outcomes: tuple[str, str, str],
+) -> Remedy:
     """A remedy measured by its confirming run: its outcome (`outcomes`: completed, out of memory,
     anything else, with {budget} and {detail}), and where it completed, the min budget (or range) its
     own recording simulates to, against `base` (the recording's with the remedy off)."""
@@ -151,9 +250,22 @@ def _measured(trial: TrialResult, conf: str, base: int | None, simulator_factory
         outcome = oom.format(budget=format_size(trial.budget or 0))
     else:
         outcome = other.format(detail=f"{trial.outcome}: {trial.error or 'no detail'}")
-    return Remedy(name, what, mb, None if mb is None or base is None else base - mb, trial.peak_reserved,
-                  trial.peak_allocated, 0, 0.0, how, MEASURED, conf, confirm=confirm, bound=floor,
-                  notes=(outcome, *notes))
+    return Remedy(
+        name,
+        what,
+        mb,
+        None if mb is None or base is None else base - mb,
+        trial.peak_reserved,
+        trial.peak_allocated,
+        0,
+        0.0,
+        how,
+        MEASURED,
+        conf,
+        confirm=confirm,
+        bound=floor,
+        notes=(outcome, *notes),
+    )
 
 
 def _simulated(simulator_factory: Any, trial: TrialResult, conf: str) -> tuple[int | None, int | None, list[str]]:
@@ -174,10 +286,15 @@ def _simulated(simulator_factory: Any, trial: TrialResult, conf: str) -> tuple[i
             low = None
         if low is not None and low < mb - max(MiB, mb // 50):
             floor = low
-    said = [] if floor is None else [
-        f"where in {_span(floor, mb)} its need lies depends on the cuDNN workspaces it gives up under a cap, which "
-        f"its run at {format_size(trial.budget or 0)} did not press; a recorded run capped near {format_size(floor)} "
-        "(alloctune run --budget ... --record) settles it"]
+    said = (
+        []
+        if floor is None
+        else [
+            f"where in {_span(floor, mb)} its need lies depends on the cuDNN workspaces it gives up under a cap, which "
+            f"its run at {format_size(trial.budget or 0)} did not press; a recorded run capped near {format_size(floor)} "
+            "(alloctune run --budget ... --record) settles it"
+        ]
+    )
     return mb, floor, said
 
 

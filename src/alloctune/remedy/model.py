@@ -11,7 +11,7 @@ is exact (autograd off, cuDNN's algorithms) the remedy is measured by a run of t
 (`remedy.measured`), or carries the command of the run that would confirm it.
 
 The time cost is an upper bound from the driver-call figures measured on the H200
-(bench/driver_cost.py: 0.1 ms a call plus 2 µs per MiB, the same constants `tune` bounds
+(bench/results/driver_cost.md: 0.1 ms a call plus 2 µs per MiB, the same constants `tune` bounds
 throughput with).
 """
 
@@ -130,17 +130,25 @@ def rewritten(trace: Trace, out: RequestStream, new_index: list[int] | memoryvie
     if req.annotations and not out.annotations:  # each range keeps the requests it held
         out.annotations = [Annotation(a.name, new_index[a.start], new_index[a.end]) for a in req.annotations]
     seg = [replace(e, request_index=new_index[min(e.request_index, len(req))]) for e in trace.segment_events]
-    return Trace(source=trace.source, device=trace.device, requests=out, segment_events=seg,
-                 allocator_settings=dict(trace.allocator_settings), events=[], meta=dict(trace.meta or {}),
-                 total_memory=trace.total_memory)
+    return Trace(
+        source=trace.source,
+        device=trace.device,
+        requests=out,
+        segment_events=seg,
+        allocator_settings=dict(trace.allocator_settings),
+        events=[],
+        meta=dict(trace.meta or {}),
+        total_memory=trace.total_memory,
+    )
 
 
 # One request of a rewrite: (op, size, rid, stream, event index, stack id; -1 = no call site)
 Row = tuple[int, int, int, int, int, int]
 
 
-def spliced(trace: Trace, before: Mapping[int, Sequence[Row]], changed: Mapping[int, Row | None], *,
-            given_stacks: bool = False) -> Trace:
+def spliced(
+    trace: Trace, before: Mapping[int, Sequence[Row]], changed: Mapping[int, Row | None], *, given_stacks: bool = False
+) -> Trace:
     """`trace` with rows put in and requests changed or dropped (`rewritten`), the requests between
     them copied in bulk: the rows of `before[r]` go just before request r (`before[len]`: at the end),
     `changed[r]` takes request r's place (None: request r is dropped); `before` keys lie in [0, len],
@@ -156,8 +164,7 @@ def spliced(trace: Trace, before: Mapping[int, Sequence[Row]], changed: Mapping[
     req = trace.requests
     cols = (req.ops, req.sizes, req.rids, req.streams, req.event_index)
     keys = sorted(set(before) | set(changed))
-    done = native.splice(cols, req.stack_ids, keys, dict(before), dict(changed), given_stacks,
-                         native.cached_columns(req))
+    done = native.splice(cols, req.stack_ids, keys, dict(before), dict(changed), given_stacks, native.cached_columns(req))
     new_index: list[int] | memoryview
     if done is None:
         out, new_index, made = _spliced_lists(trace, before, changed, given_stacks)
@@ -180,8 +187,9 @@ def spliced(trace: Trace, before: Mapping[int, Sequence[Row]], changed: Mapping[
     return rewritten(trace, out, new_index)
 
 
-def _spliced_lists(trace: Trace, before: Mapping[int, Sequence[Row]], changed: Mapping[int, Row | None],
-                   given_stacks: bool) -> tuple[RequestStream, list[int], set[int]]:
+def _spliced_lists(
+    trace: Trace, before: Mapping[int, Sequence[Row]], changed: Mapping[int, Row | None], given_stacks: bool
+) -> tuple[RequestStream, list[int], set[int]]:
     """`spliced`'s copying in Python: the new stream (stack ids as `spliced` documents, before the
     fix-up of changed rows), where each old request went, and the new positions of the rows."""
     req = trace.requests
@@ -233,8 +241,7 @@ def uncapped_run(trace: Trace, conf: str, reference: Trace) -> "SimResult":
     (`keep_states`)."""
     from alloctune.sim.replay import replay
 
-    return replay(trace, conf or None, reference=reference, record_events=False, timeline_points=1,
-                  keep_states=True)
+    return replay(trace, conf or None, reference=reference, record_events=False, timeline_points=1, keep_states=True)
 
 
 BaseActivity = tuple[int, int, int, int]  # `activity` of the recording as it ran, which remedies compare with
@@ -267,8 +274,7 @@ def min_budget(trace: Trace, conf: str, reference: Trace, uncapped: "SimResult |
 
     config = AllocatorConfig.parse(conf)
     if uncapped is None:  # as `sim.sweep.simulate_setting` makes it
-        uncapped = replay(trace, config, record_events=False, timeline_points=1, reference=reference,
-                          keep_states=True)
+        uncapped = replay(trace, config, record_events=False, timeline_points=1, reference=reference, keep_states=True)
     return bisection(trace, config, rel_tol=REL_TOL, abs_tol=ABS_TOL, uncapped=uncapped, reference=reference).budget
 
 
@@ -288,9 +294,14 @@ def low_end(trace: Trace) -> Trace | None:
     return low
 
 
-def workspace_floor(trace: Trace, conf: str, reference: Trace, need: int | None,
-                    uncapped: "SimResult | None" = None,
-                    low_end_of: Callable[[Trace], Trace | None] = low_end) -> int | None:
+def workspace_floor(
+    trace: Trace,
+    conf: str,
+    reference: Trace,
+    need: int | None,
+    uncapped: "SimResult | None" = None,
+    low_end_of: Callable[[Trace], Trace | None] = low_end,
+) -> int | None:
     """The min budget with every workspace-shaped request no evidence covers given up
     (`low_end`), when it lies below `need` (the min budget of the replay as recorded,
     `min_budget(trace, conf, reference)`); else None. `uncapped`: `uncapped_run` of `trace`, when
@@ -370,9 +381,17 @@ class Shared:
         """The recording when `trace` has its very requests (same source and device memory), else `trace`."""
         if id(trace) not in self._alias:
             r, q, rec = trace.requests, self.recording.requests, self.recording
-            same = (trace is not rec and len(r) == len(q) and trace.source == rec.source
-                    and trace.total_memory == rec.total_memory and r.fallbacks == q.fallbacks and r.ops == q.ops
-                    and r.sizes == q.sizes and r.rids == q.rids and r.streams == q.streams)
+            same = (
+                trace is not rec
+                and len(r) == len(q)
+                and trace.source == rec.source
+                and trace.total_memory == rec.total_memory
+                and r.fallbacks == q.fallbacks
+                and r.ops == q.ops
+                and r.sizes == q.sizes
+                and r.rids == q.rids
+                and r.streams == q.streams
+            )
             self._alias[id(trace)] = (trace, rec if same else trace)
         return self._alias[id(trace)][1]
 
@@ -427,9 +446,20 @@ class Shared:
             self._runs.pop((id(trace), conf), None)
 
 
-def simulated(name: str, what: str, t: Trace, conf: str, reference: Trace, base: int | None,
-              base_activity: tuple[int, int, int, int], how_to: str, *, uncapped: "SimResult | None" = None,
-              shared: Shared | None = None, **extra: Any) -> Remedy:
+def simulated(
+    name: str,
+    what: str,
+    t: Trace,
+    conf: str,
+    reference: Trace,
+    base: int | None,
+    base_activity: tuple[int, int, int, int],
+    how_to: str,
+    *,
+    uncapped: "SimResult | None" = None,
+    shared: Shared | None = None,
+    **extra: Any,
+) -> Remedy:
     """A remedy whose rewritten recording is `t`: its min budget (and, where workspaces no evidence
     covers could be given up, the low end of its range as `bound`), peaks and added driver work, all
     from one uncapped replay of `t` (`uncapped`: `uncapped_run` of `t`, when the caller has it;
@@ -450,5 +480,18 @@ def simulated(name: str, what: str, t: Trace, conf: str, reference: Trace, base:
         extra["bound"] = workspace_floor(t, conf, reference, mb, run, shared.low_end if shared else low_end)
     if shared is not None:
         shared.release(t, conf)
-    return Remedy(name, what, mb, None if mb is None or base is None else base - mb, peak, peak_alloc,
-                  extra_calls, seconds, how_to, SIMULATED, conf, trace=t, **extra)
+    return Remedy(
+        name,
+        what,
+        mb,
+        None if mb is None or base is None else base - mb,
+        peak,
+        peak_alloc,
+        extra_calls,
+        seconds,
+        how_to,
+        SIMULATED,
+        conf,
+        trace=t,
+        **extra,
+    )

@@ -36,10 +36,17 @@ if TYPE_CHECKING:
 REMEDY_GROUPS = ("release policies", "workspace caps", "training remedies")
 
 
-def simulated_remedies(an: Analysis, base_min_budget: int | None, conf: str | None = None,
-                       command: str = "CMD", base_run: SimResult | None = None,
-                       ends: list[int] | None = None, shared: Shared | None = None,
-                       progress: Progress = no_progress, steps: int = len(REMEDY_GROUPS)) -> list[Remedy]:
+def simulated_remedies(
+    an: Analysis,
+    base_min_budget: int | None,
+    conf: str | None = None,
+    command: str = "CMD",
+    base_run: SimResult | None = None,
+    ends: list[int] | None = None,
+    shared: Shared | None = None,
+    progress: Progress = no_progress,
+    steps: int = len(REMEDY_GROUPS),
+) -> list[Remedy]:
     """Every remedy the recording alone can answer: release points, the Janitor's policies, the
     workspace caps that apply (the latter also without repetitions), and for a training recording
     activation checkpointing, the optimizer-state changes and the leak (`remedy.training`).
@@ -61,10 +68,14 @@ def simulated_remedies(an: Analysis, base_min_budget: int | None, conf: str | No
         return out + training_remedies(an, base_min_budget, conf, base_act, shared)
 
 
-
-def release_remedies(an: Analysis, base_min_budget: int | None, conf: str,
-                     base_run: SimResult | None = None, ends: list[int] | None = None,
-                     shared: Shared | None = None) -> list[Remedy]:
+def release_remedies(
+    an: Analysis,
+    base_min_budget: int | None,
+    conf: str,
+    base_run: SimResult | None = None,
+    ends: list[int] | None = None,
+    shared: Shared | None = None,
+) -> list[Remedy]:
     """The release policies alone: `empty_cache()` at repetition ends, then (when those apply) the
     Janitor's policies, simulated under `conf` (`base_run`, `ends`, `shared`: as `simulated_remedies`
     takes them)."""
@@ -104,9 +115,18 @@ def no_grad_candidate(trace: Trace) -> Remedy | None:
     cmd = meta.get("command") or meta.get("cmd")
     command = shlex.join(str(a) for a in cmd) if isinstance(cmd, list) and cmd else "CMD"
     return Remedy(
-        "no_grad", "inference without autograd (the recording ran no backward, yet kept grad mode on)", None, None,
-        None, None, 0, 0.0, "with torch.inference_mode():  # or torch.no_grad(), around the model's forward calls",
-        UNCONFIRMED, recorded_conf(trace),
+        "no_grad",
+        "inference without autograd (the recording ran no backward, yet kept grad mode on)",
+        None,
+        None,
+        None,
+        None,
+        0,
+        0.0,
+        "with torch.inference_mode():  # or torch.no_grad(), around the model's forward calls",
+        UNCONFIRMED,
+        recorded_conf(trace),
         confirm=f"alloctune run --no-grad --record nograd.pickle -- {command} && "
-                "alloctune simulate nograd.pickle --min-budget  (or: alloctune tune ..., which makes this run itself)",
-        notes=(f"{counts.get('module_calls_with_grad')} module call(s) with autograd on, no backward",))
+        "alloctune simulate nograd.pickle --min-budget  (or: alloctune tune ..., which makes this run itself)",
+        notes=(f"{counts.get('module_calls_with_grad')} module call(s) with autograd on, no backward",),
+    )

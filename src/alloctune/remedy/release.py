@@ -75,22 +75,23 @@ def free_at_repeat_end(an: Analysis, sites: Iterable[int]) -> Trace:
                 continue  # made in the last repetition: it ends with the recording
             at = starts[j + 1]
             if at < n:
-                before.setdefault(at, []).append((FREE, life.size[k], req.rids[a], req.streams[a],
-                                                  req.event_index[at], -1))
+                before.setdefault(at, []).append((FREE, life.size[k], req.rids[a], req.streams[a], req.event_index[at], -1))
             moved_rids.add(req.rids[a])
     ops = req.ops
     dropped: dict[int, Row | None] = {  # the program's own frees of the moved blocks
-        r: None for r in compress(range(n), map(moved_rids.__contains__, req.rids)) if ops[r] == FREE}
+        r: None for r in compress(range(n), map(moved_rids.__contains__, req.rids)) if ops[r] == FREE
+    }
     return spliced(trace, before, dropped)
 
 
-def release_rewrites(an: Analysis, conf: str, ends: list[int], every: Sequence[int] = EVERY,
-                     shared: Shared | None = None) -> dict[int, Trace]:
+def release_rewrites(
+    an: Analysis, conf: str, ends: list[int], every: Sequence[int] = EVERY, shared: Shared | None = None
+) -> dict[int, Trace]:
     """The recording with `empty_cache()` where every Nth repetition ends (`ends`), by N; with `shared`,
     each made once and its replays under `conf` started (in `shared`'s thread)."""
     trace, out = an.trace, {}
     for n in every:
-        points = ends[n - 1::n]
+        points = ends[n - 1 :: n]
         if not points:
             continue
         if shared is None:
@@ -101,9 +102,15 @@ def release_rewrites(an: Analysis, conf: str, ends: list[int], every: Sequence[i
     return out
 
 
-def release_points(an: Analysis, base_min_budget: int | None, every: Sequence[int] = EVERY,
-                   conf: str | None = None, base_act: BaseActivity | None = None,
-                   ends: list[int] | None = None, shared: Shared | None = None) -> list[Remedy]:
+def release_points(
+    an: Analysis,
+    base_min_budget: int | None,
+    every: Sequence[int] = EVERY,
+    conf: str | None = None,
+    base_act: BaseActivity | None = None,
+    ends: list[int] | None = None,
+    shared: Shared | None = None,
+) -> list[Remedy]:
     """`empty_cache()` where every Nth repetition ends, for N in `every`, simulated under `conf`
     (default: the setting the recording ran with); `base_act`: the recording's own `activity` under
     `conf`, `ends`: its `repetition_ends`, when at hand; `shared`: the work other remedies of the
@@ -117,15 +124,24 @@ def release_points(an: Analysis, base_min_budget: int | None, every: Sequence[in
     rewrites = release_rewrites(an, conf, ends, every, shared)
     out = []
     for n in every:
-        points = ends[n - 1::n]  # where every Nth repetition ends
+        points = ends[n - 1 :: n]  # where every Nth repetition ends
         if not points:
             continue
         what = "every repetition" if n == 1 else f"every {n} repetitions"
         t = rewrites[n]
-        out.append(simulated(
-            "empty_cache_each_repetition" if n == 1 else f"empty_cache_every_{n}_repetitions",
-            f"empty_cache() at the end of {what}", t, conf, trace, base_min_budget,
-            base_act, f"torch.cuda.empty_cache() after {what}, or between a service's requests: "
-            f"alloctune.guard.Janitor(every_n={n})", cleanups=len(points), janitor={"args": {"every_n": n}, "use": "janitor"},
-            shared=shared))
+        out.append(
+            simulated(
+                "empty_cache_each_repetition" if n == 1 else f"empty_cache_every_{n}_repetitions",
+                f"empty_cache() at the end of {what}",
+                t,
+                conf,
+                trace,
+                base_min_budget,
+                base_act,
+                f"torch.cuda.empty_cache() after {what}, or between a service's requests: alloctune.guard.Janitor(every_n={n})",
+                cleanups=len(points),
+                janitor={"args": {"every_n": n}, "use": "janitor"},
+                shared=shared,
+            )
+        )
     return out

@@ -124,8 +124,7 @@ def _forward_windows(an: Analysis, ks: list[int], starts: list[int], last: int) 
             lo, hi = alloc[k0], b
             freed_here = [k for k in range(since, k0) if lo <= free[k] < hi]
             ins = (max(freed_here, key=free.__getitem__),) if freed_here else ()
-        out.append(Window(alloc[k0], b, tuple(range(k0, k1)), tuple(k for k in held if k not in outs),
-                          tuple(sorted(outs)), ins))
+        out.append(Window(alloc[k0], b, tuple(range(k0, k1)), tuple(k for k in held if k not in outs), tuple(sorted(outs)), ins))
     return out
 
 
@@ -143,7 +142,7 @@ def _uniform_starts(stacks: tuple[int, ...], layer: list[int], count: Counter, n
     """Block starts when every block allocates alike: every m-th allocation of the first stack that
     recurs a multiple of n times (m times a block); `layer`: the positions of the block allocations."""
     anchor = stacks[layer[0]]
-    return [p for p in layer if stacks[p] == anchor][::count[anchor] // n]
+    return [p for p in layer if stacks[p] == anchor][:: count[anchor] // n]
 
 
 def _outputs(life: Lifetimes, spans: list[tuple[int, int, int, list[int]]]) -> list[set[int]]:
@@ -293,25 +292,38 @@ def checkpointing_code(trace: Trace) -> str:
         return "model.gradient_checkpointing_enable()  # transformers; before the training loop"
     if any("/timm/" in f for f in files):
         return "model.set_grad_checkpointing(True)  # timm; before the training loop"
-    return ("x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)  # for each repeated block "
-            "in the model's forward")
+    return (
+        "x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)  # for each repeated block in the model's forward"
+    )
 
 
-def checkpointing_remedy(an: Analysis, base: int | None, conf: str,
-                         base_act: BaseActivity | None = None, shared: Shared | None = None) -> Remedy | None:
+def checkpointing_remedy(
+    an: Analysis, base: int | None, conf: str, base_act: BaseActivity | None = None, shared: Shared | None = None
+) -> Remedy | None:
     windows = block_windows(an)
     if not windows:
         return None
     t = with_checkpointing(an, windows)
     per_step = len(windows) // max(1, an.repeats.count)
-    return simulated("checkpointing", f"activation checkpointing of the {per_step} repeated blocks of each step",
-                     t, conf, an.trace, base, base_act or activity(an.trace, conf, an.trace), checkpointing_code(an.trace),
-                     notes=(f"{len(windows)} block forwards recomputed in backward; "
-                           f"{sum(len(w.saved) for w in windows)} saved tensors freed at their block's end",),
-                     shared=shared)
+    return simulated(
+        "checkpointing",
+        f"activation checkpointing of the {per_step} repeated blocks of each step",
+        t,
+        conf,
+        an.trace,
+        base,
+        base_act or activity(an.trace, conf, an.trace),
+        checkpointing_code(an.trace),
+        notes=(
+            f"{len(windows)} block forwards recomputed in backward; "
+            f"{sum(len(w.saved) for w in windows)} saved tensors freed at their block's end",
+        ),
+        shared=shared,
+    )
 
 
 # ---- optimizer state ----
+
 
 def optimizer_blocks(an: Analysis) -> tuple[dict[int, list[int]], list[int], str | None]:
     """The optimizer's state by stack (stack id -> allocation ids, made in the first step that made
@@ -326,9 +338,14 @@ def optimizer_blocks(an: Analysis) -> tuple[dict[int, list[int]], list[int], str
         if sid < 0 or not an.flags[sid].optimizer or phases[k] != OPTIMIZER_STEP:
             continue
         if kind is None and table is not None:
-            kind = next((table.frames[f][0].replace("\\", "/").rsplit("/", 1)[-1] for f in table.stacks[sid]
-                         if "torch/optim/" in table.frames[f][0].replace("\\", "/")
-                         and not table.frames[f][0].endswith("optimizer.py")), None)
+            kind = next(
+                (
+                    table.frames[f][0].replace("\\", "/").rsplit("/", 1)[-1]
+                    for f in table.stacks[sid]
+                    if "torch/optim/" in table.frames[f][0].replace("\\", "/") and not table.frames[f][0].endswith("optimizer.py")
+                ),
+                None,
+            )
         if life.free[k] > last_alloc:
             state.setdefault(sid, []).append(k)
         else:
@@ -372,8 +389,9 @@ def _rewrite_sizes(an: Analysis, drop: set[int], resize: dict[int, list[int]]) -
     return spliced(trace, after, changed, given_stacks=True)
 
 
-def optimizer_remedies(an: Analysis, base: int | None, conf: str,
-                       base_act: BaseActivity | None = None, shared: Shared | None = None) -> list[Remedy]:
+def optimizer_remedies(
+    an: Analysis, base: int | None, conf: str, base_act: BaseActivity | None = None, shared: Shared | None = None
+) -> list[Remedy]:
     state, temps, kind = optimizer_blocks(an)
     if kind not in ("adamw.py", "adam.py") or len(state) < 2:
         return []
@@ -384,46 +402,74 @@ def optimizer_remedies(an: Analysis, base: int | None, conf: str,
     state_bytes = sum(an.life.size[k] for ks in state.values() for k in ks)
     out = []
     drop = {k for sid in kinds if sid != keep for k in state[sid]} | set(temps)
-    out.append(simulated(
-        "optimizer_sgd", "SGD with momentum instead of Adam: one state tensor per parameter, no step temporaries",
-        _rewrite_sizes(an, drop, {}), conf, an.trace, base, base_act,
-        "torch.optim.SGD(model.parameters(), lr=..., momentum=0.9)  # changes the training dynamics",
-        notes=(f"Adam state {state_bytes} bytes in {len(kinds)} kinds; SGD keeps one kind",), shared=shared))
+    out.append(
+        simulated(
+            "optimizer_sgd",
+            "SGD with momentum instead of Adam: one state tensor per parameter, no step temporaries",
+            _rewrite_sizes(an, drop, {}),
+            conf,
+            an.trace,
+            base,
+            base_act,
+            "torch.optim.SGD(model.parameters(), lr=..., momentum=0.9)  # changes the training dynamics",
+            notes=(f"Adam state {state_bytes} bytes in {len(kinds)} kinds; SGD keeps one kind",),
+            shared=shared,
+        )
+    )
     resize: dict[int, list[int]] = {}
     for sid in kinds:
         for k in state[sid]:
             n = an.life.size[k] // 4
             if n >= BNB_MIN_8BIT:
                 resize[k] = [n, -(-n // BNB_BLOCK) * 4]
-    out.append(simulated(
-        "optimizer_8bit", "8-bit AdamW (bitsandbytes): one byte per state element plus a float per 256",
-        _rewrite_sizes(an, set(temps), resize), conf, an.trace, base, base_act,
-        "bitsandbytes.optim.AdamW8bit(model.parameters(), lr=...)  # pip install bitsandbytes",
-        notes=("state sizes by bitsandbytes' blockwise rule (tensors of 4096+ elements); its fused step makes "
-               "no temporaries; not confirmed on a GPU by alloctune",), shared=shared))
+    out.append(
+        simulated(
+            "optimizer_8bit",
+            "8-bit AdamW (bitsandbytes): one byte per state element plus a float per 256",
+            _rewrite_sizes(an, set(temps), resize),
+            conf,
+            an.trace,
+            base,
+            base_act,
+            "bitsandbytes.optim.AdamW8bit(model.parameters(), lr=...)  # pip install bitsandbytes",
+            notes=(
+                "state sizes by bitsandbytes' blockwise rule (tensors of 4096+ elements); its fused step makes "
+                "no temporaries; not confirmed on a GPU by alloctune",
+            ),
+            shared=shared,
+        )
+    )
     return out
 
 
-def leak_remedy(an: Analysis, base: int | None, conf: str, base_act: BaseActivity | None = None,
-                shared: Shared | None = None) -> Remedy | None:
+def leak_remedy(
+    an: Analysis, base: int | None, conf: str, base_act: BaseActivity | None = None, shared: Shared | None = None
+) -> Remedy | None:
     """The growing sites' kept blocks freed at the end of the repetition that made them (the what-if
     `explain` shows per site: with `shared`, the very rewrite), as a remedy naming the lines that keep them."""
     growing = sorted((i for i, (g, _) in an.growth.items() if g), key=lambda i: -an.growth[i][1])
     if not growing:
         return None
     names = "; ".join(f"{an.labels[i]} (+{an.growth[i][1]} bytes a repetition)" for i in growing[:3])
-    t = (shared.rewrite(freed_key(growing), lambda: free_at_repeat_end(an, growing)) if shared
-         else free_at_repeat_end(an, growing))
+    t = shared.rewrite(freed_key(growing), lambda: free_at_repeat_end(an, growing)) if shared else free_at_repeat_end(an, growing)
     return simulated(
-        "free_growing", f"free what the growing site(s) keep each repetition: {names}",
-        t, conf, an.trace, base, base_act or activity(an.trace, conf, an.trace),
+        "free_growing",
+        f"free what the growing site(s) keep each repetition: {names}",
+        t,
+        conf,
+        an.trace,
+        base,
+        base_act or activity(an.trace, conf, an.trace),
         f"at {an.labels[growing[0]]}: keep a number (loss.item()) or move the tensor off the GPU (.detach().cpu()) "
         "instead of keeping it on the GPU across steps",
-        notes=tuple(f"grows: {an.labels[i]}" for i in growing), shared=shared)
+        notes=tuple(f"grows: {an.labels[i]}" for i in growing),
+        shared=shared,
+    )
 
 
-def training_remedies(an: Analysis, base: int | None, conf: str | None = None,
-                      base_act: BaseActivity | None = None, shared: Shared | None = None) -> list[Remedy]:
+def training_remedies(
+    an: Analysis, base: int | None, conf: str | None = None, base_act: BaseActivity | None = None, shared: Shared | None = None
+) -> list[Remedy]:
     """The leak, checkpointing and optimizer-state remedies of a training recording (none for inference);
     the recording's own uncapped replay, which each compares with, is made once for all of them (or
     handed in as `base_act`); `shared`: the work the recording's what-ifs and other remedies share."""
@@ -431,6 +477,9 @@ def training_remedies(an: Analysis, base: int | None, conf: str | None = None,
         return []
     conf = recorded_conf(an.trace) if conf is None else conf
     base_act = base_act or activity(an.trace, conf, an.trace)
-    out = [r for r in (leak_remedy(an, base, conf, base_act, shared),
-                       checkpointing_remedy(an, base, conf, base_act, shared)) if r is not None]
+    out = [
+        r
+        for r in (leak_remedy(an, base, conf, base_act, shared), checkpointing_remedy(an, base, conf, base_act, shared))
+        if r is not None
+    ]
     return out + optimizer_remedies(an, base, conf, base_act, shared)

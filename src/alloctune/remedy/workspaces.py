@@ -75,8 +75,11 @@ def conv_scratch_requests(trace: Trace) -> set[int] | None:
     table = req.stack_table
     if req.stack_ids is None or table is None or table.dropped:
         return None
-    conv = {j for j, stack in enumerate(table.stacks)
-            if any(0 <= f < len(table.frames) and CONV_FRAME.match(table.frames[f][2] or "") for f in stack)}
+    conv = {
+        j
+        for j, stack in enumerate(table.stacks)
+        if any(0 <= f < len(table.frames) and CONV_FRAME.match(table.frames[f][2] or "") for f in stack)
+    }
     return {i for i in scratch_requests(trace) if req.stack_ids[i] in conv}
 
 
@@ -102,15 +105,18 @@ def resized(trace: Trace, sizes: Mapping[int, int]) -> Trace:
     ops, rids, streams, evi = req.ops, req.rids, req.streams, req.event_index
     changed: dict[int, Row | None] = {
         r: (FREE, rid_size[rids[r]], rids[r], streams[r], evi[r], -1)
-        for r in compress(range(n), map(rid_size.__contains__, rids)) if r not in sizes and ops[r] == FREE}
+        for r in compress(range(n), map(rid_size.__contains__, rids))
+        if r not in sizes and ops[r] == FREE
+    }
     for r, size in sizes.items():
         if 0 <= r < n:
             changed[r] = (ops[r], size, rids[r], streams[r], evi[r], -1)
     return spliced(trace, {}, changed)
 
 
-def workspace_remedies(trace: Trace, base: int | None, conf: str, command: str = "CMD",
-                       base_act: BaseActivity | None = None) -> list[Remedy]:
+def workspace_remedies(
+    trace: Trace, base: int | None, conf: str, command: str = "CMD", base_act: BaseActivity | None = None
+) -> list[Remedy]:
     """The workspace caps that apply to the recording (none when it shows no workspace); `base_act`:
     the recording's own `activity` under `conf`, when at hand."""
     out: list[Remedy] = []
@@ -125,29 +131,60 @@ def workspace_remedies(trace: Trace, base: int | None, conf: str, command: str =
         if largest <= cap:
             continue
         t = resized(trace, {i: min(sizes[i], cap) for i in blas})
-        out.append(simulated(
-            f"cublas_workspace_config{value.replace(':', '_')}",
-            f"cuBLAS workspaces capped at {cap // KiB} KiB (recorded: {len(blas)}, the largest {largest // KiB} KiB)",
-            t, conf, trace, base, base_act, f"CUBLAS_WORKSPACE_CONFIG={value} in the program's environment "
-            "(before torch starts; slower cuBLAS kernels possible)",
-            confirm=f"CUBLAS_WORKSPACE_CONFIG={value} alloctune record --out cublas.pickle -- {command} && "
-                    "alloctune simulate cublas.pickle --min-budget"))
+        out.append(
+            simulated(
+                f"cublas_workspace_config{value.replace(':', '_')}",
+                f"cuBLAS workspaces capped at {cap // KiB} KiB (recorded: {len(blas)}, the largest {largest // KiB} KiB)",
+                t,
+                conf,
+                trace,
+                base,
+                base_act,
+                f"CUBLAS_WORKSPACE_CONFIG={value} in the program's environment "
+                "(before torch starts; slower cuBLAS kernels possible)",
+                confirm=f"CUBLAS_WORKSPACE_CONFIG={value} alloctune record --out cublas.pickle -- {command} && "
+                "alloctune simulate cublas.pickle --min-budget",
+            )
+        )
     if cudnn:
         floor = min_budget(resized(trace, {i: NO_WORKSPACE for i in cudnn if sizes[i] > NO_WORKSPACE}), conf, trace)
-        note = (f"{len(cudnn)} cuDNN workspace request(s) ({evidence}); the algorithms and their workspaces change "
-                "with the switch, which no recording shows: bound = min budget with every one given up")
+        note = (
+            f"{len(cudnn)} cuDNN workspace request(s) ({evidence}); the algorithms and their workspaces change "
+            "with the switch, which no recording shows: bound = min budget with every one given up"
+        )
         was = (trace.meta or {}).get("cudnn_benchmark")  # the run record's: the switch to try is the other way
         flip = was is False
         side = "on" if flip else "off"
         for name, what, how, run in (  # run: the recording command, writing NAME.pickle at @OUT@
-            (f"cudnn_benchmark_{side}", f"cuDNN autotuning {side}", f"torch.backends.cudnn.benchmark = {flip}",
-             f"alloctune run --cudnn-benchmark {side} --record @OUT@ -- {command}"),
-            ("cudnn_v7_api", "cuDNN's v7 API (where the installed torch still honours the switch)",
-             "TORCH_CUDNN_V8_API_DISABLED=1 in the program's environment",
-             f"TORCH_CUDNN_V8_API_DISABLED=1 alloctune record --out @OUT@ -- {command}"),
+            (
+                f"cudnn_benchmark_{side}",
+                f"cuDNN autotuning {side}",
+                f"torch.backends.cudnn.benchmark = {flip}",
+                f"alloctune run --cudnn-benchmark {side} --record @OUT@ -- {command}",
+            ),
+            (
+                "cudnn_v7_api",
+                "cuDNN's v7 API (where the installed torch still honours the switch)",
+                "TORCH_CUDNN_V8_API_DISABLED=1 in the program's environment",
+                f"TORCH_CUDNN_V8_API_DISABLED=1 alloctune record --out @OUT@ -- {command}",
+            ),
         ):
-            out.append(Remedy(
-                name, what, None, None, None, None, 0, 0.0, how, UNCONFIRMED, conf,
-                confirm=f"{run.replace('@OUT@', name + '.pickle', 1)} && alloctune simulate {name}.pickle --min-budget",
-                bound=floor, notes=(note,)))
+            out.append(
+                Remedy(
+                    name,
+                    what,
+                    None,
+                    None,
+                    None,
+                    None,
+                    0,
+                    0.0,
+                    how,
+                    UNCONFIRMED,
+                    conf,
+                    confirm=f"{run.replace('@OUT@', name + '.pickle', 1)} && alloctune simulate {name}.pickle --min-budget",
+                    bound=floor,
+                    notes=(note,),
+                )
+            )
     return out

@@ -51,12 +51,22 @@ def render_figures(data: ReportData, fmt: str = "auto") -> dict[str, tuple[bytes
         raise EnvironmentProblem("PNG figures need matplotlib: pip install 'alloctune[plot]' (or use SVG figures)")
     if fmt == "svg" or not have_mpl:
         from alloctune.report import svg as fg
-        draw = {"min_budget": fg.min_budget_svg, "peaks": fg.peaks_svg, "timeline": fg.timeline_svg,
-                "segments": fg.segment_map_svg}
+
+        draw = {
+            "min_budget": fg.min_budget_svg,
+            "peaks": fg.peaks_svg,
+            "timeline": fg.timeline_svg,
+            "segments": fg.segment_map_svg,
+        }
     else:
         from alloctune.report import figures as fg  # type: ignore[no-redef]
-        draw = {"min_budget": fg.min_budget_figure, "peaks": fg.peaks_figure, "timeline": fg.timeline_figure,
-                "segments": fg.segment_map_figure}
+
+        draw = {
+            "min_budget": fg.min_budget_figure,
+            "peaks": fg.peaks_figure,
+            "timeline": fg.timeline_figure,
+            "segments": fg.segment_map_figure,
+        }
 
     out: dict[str, tuple[bytes, str]] = {}
     budgets = min_budgets(data.rows)
@@ -68,8 +78,7 @@ def render_figures(data: ReportData, fmt: str = "auto") -> dict[str, tuple[bytes
         shown = "" if len(data.series) <= fg.MAX_PANELS else f" (first {fg.MAX_PANELS} of {len(data.series)} runs)"
         out["timeline"] = (
             draw["timeline"](data.series),
-            "Reserved (orange) vs allocated (blue) over the recorded history; the gap is cached but unused "
-            f"memory{shown}",
+            f"Reserved (orange) vs allocated (blue) over the recorded history; the gap is cached but unused memory{shown}",
         )
     for m in data.maps:
         out[f"segments_{_slug(m.label)}"] = (draw["segments"](m), f"Segment map of {m.label} {m.caption}")

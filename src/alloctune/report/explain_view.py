@@ -49,11 +49,16 @@ class OverTime:
     phases: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"request": list(self.request), "event": list(self.event),
-                "categories": {k: list(v) for k, v in self.categories.items()},
-                "phases": {k: list(v) for k, v in self.phases.items()},
-                "reserved": list(self.reserved), "allocated": list(self.allocated),
-                "sites": [{"site_row": i, "bytes": list(v)} for i, v in self.sites], "moment": self.moment}
+        return {
+            "request": list(self.request),
+            "event": list(self.event),
+            "categories": {k: list(v) for k, v in self.categories.items()},
+            "phases": {k: list(v) for k, v in self.phases.items()},
+            "reserved": list(self.reserved),
+            "allocated": list(self.allocated),
+            "sites": [{"site_row": i, "bytes": list(v)} for i, v in self.sites],
+            "moment": self.moment,
+        }
 
 
 @dataclass(frozen=True)
@@ -68,8 +73,12 @@ class ExplainView:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"explanation": self.explanation.to_dict(), "over_time": self.over_time.to_dict(),
-                "map_source": self.map_source, "notes": list(self.notes)}
+        return {
+            "explanation": self.explanation.to_dict(),
+            "over_time": self.over_time.to_dict(),
+            "map_source": self.map_source,
+            "notes": list(self.notes),
+        }
 
 
 def _sample_points(n: int, moment: int, n_alloc: int, max_points: int) -> list[int]:
@@ -99,10 +108,17 @@ def explain_view(trace: Trace, ex: Explanation, an: Any = None, max_points: int 
         raise TraceError(f"{trace.source}: nothing to draw over time (the replay stopped before the first request)")
     recorded, moment_i = _check_against(trace, ex, samples, after, run)
     mm, map_source, owners = _map_and_owners(trace, an, ex, after, run.owners, row_of_site, run.notes)
-    ot = OverTime(tuple(samples), tuple(trace.requests.event_index[s] for s in samples),
-                  {c: tuple(v) for c, v in run.categories.items()}, tuple(run.reserved), tuple(run.allocated),
-                  tuple((r, tuple(col[:m])) for r, col in zip(top_rows, run.sites)), moment_i, recorded,
-                  {p: tuple(v[:m]) for p, v in run.phases.items()} if ex.phases else {})
+    ot = OverTime(
+        tuple(samples),
+        tuple(trace.requests.event_index[s] for s in samples),
+        {c: tuple(v) for c, v in run.categories.items()},
+        tuple(run.reserved),
+        tuple(run.allocated),
+        tuple((r, tuple(col[:m])) for r, col in zip(top_rows, run.sites)),
+        moment_i,
+        recorded,
+        {p: tuple(v[:m]) for p, v in run.phases.items()} if ex.phases else {},
+    )
     return ExplainView(ex, ot, mm, map_source, owners, tuple(run.notes))
 
 
@@ -128,8 +144,9 @@ class _Sampled:
     notes: list[str] = field(default_factory=list)
 
 
-def _replay_samples(trace: Trace, an: Any, samples: list[int], after: int, row_of_site: dict[int, int],
-                    top_rows: list[int]) -> _Sampled:
+def _replay_samples(
+    trace: Trace, an: Any, samples: list[int], after: int, row_of_site: dict[int, int], top_rows: list[int]
+) -> _Sampled:
     """One pass through the Python model with the settings, budget and recorded segment addresses
     of `map_after_request`, reading the totals and filing the live blocks at each sample point."""
     from alloctune.memory_map.build import _settings_and_budget
@@ -140,8 +157,13 @@ def _replay_samples(trace: Trace, an: Any, samples: list[int], after: int, row_o
     req = trace.requests
     top_index = {r: j for j, r in enumerate(top_rows)}
     settings, budget = _settings_and_budget(trace)
-    alloc = make_allocator(settings, budget=budget, total_memory=int(trace.total_memory or H200_TOTAL),
-                           addresses=_address_model(trace, "recorded", None), record_events=False)
+    alloc = make_allocator(
+        settings,
+        budget=budget,
+        total_memory=int(trace.total_memory or H200_TOTAL),
+        addresses=_address_model(trace, "recorded", None),
+        record_events=False,
+    )
     st = alloc.stats
     ops, sizes, rids, streams, fallbacks = req.ops, req.sizes, req.rids, req.streams, req.fallbacks
     blocks: dict[int, tuple[Any, int]] = {}  # rid -> (simulated block, allocation index)
@@ -150,8 +172,7 @@ def _replay_samples(trace: Trace, an: Any, samples: list[int], after: int, row_o
     k_next = 0
     from alloctune.analysis.phases import PHASES
 
-    run = _Sampled({c: [] for c in CATEGORIES}, [], [], [[] for _ in top_rows],
-                   phases={p: [] for p in (*PHASES, "rounding")})
+    run = _Sampled({c: [] for c in CATEGORIES}, [], [], [[] for _ in top_rows], phases={p: [] for p in (*PHASES, "rounding")})
     si = 0
     for i in range(len(req)):
         if si >= len(samples):
@@ -197,8 +218,9 @@ def _replay_samples(trace: Trace, an: Any, samples: list[int], after: int, row_o
     return run
 
 
-def _read_point(run: _Sampled, an: Any, ks: list[int], i: int, st: Any, row_of_site: dict[int, int],
-                top_index: dict[int, int]) -> None:
+def _read_point(
+    run: _Sampled, an: Any, ks: list[int], i: int, st: Any, row_of_site: dict[int, int], top_index: dict[int, int]
+) -> None:
     """Append one sample point: the categories of the live allocations `ks` after request `i` by
     explain's own rule (the overhead ones from the allocator's totals `st`), the drawn sites' bytes."""
     from alloctune.explain.core import _categorise
@@ -233,8 +255,7 @@ def _read_point(run: _Sampled, an: Any, ks: list[int], i: int, st: Any, row_of_s
         run.sites[j].append(v)
 
 
-def _check_against(trace: Trace, ex: Explanation, samples: list[int], after: int,
-                   run: _Sampled) -> tuple[tuple[int, ...], int]:
+def _check_against(trace: Trace, ex: Explanation, samples: list[int], after: int, run: _Sampled) -> tuple[tuple[int, ...], int]:
     """The recording's reserved bytes at the points (a note where the replay differs) and the
     moment's index among them; at the moment the categories must be the explanation's."""
     from alloctune.explain.moment import reserved_after
@@ -243,24 +264,30 @@ def _check_against(trace: Trace, ex: Explanation, samples: list[int], after: int
     recorded = tuple(rec_all[s] for s in samples)
     off = sum(1 for a, b in zip(run.reserved, recorded) if a != b)
     if off:
-        run.notes.append(f"at {off} of {len(run.reserved)} sample points the simulated reserved bytes differ from "
-                         "the recording's; the overhead categories there are the simulation's")
+        run.notes.append(
+            f"at {off} of {len(run.reserved)} sample points the simulated reserved bytes differ from "
+            "the recording's; the overhead categories there are the simulation's"
+        )
     moment_i = samples.index(after) if after in samples else 0
     if after in samples and run.reserved[moment_i] == ex.reserved:
         got = {c: run.categories[c][moment_i] for c in CATEGORIES}
         want = {c.name: c.bytes for c in ex.categories}
         if got != want:
-            raise TraceError(f"{trace.source}: internal check failed: the categories over time give {got} at the "
-                             f"moment, explain {want}")
+            raise TraceError(
+                f"{trace.source}: internal check failed: the categories over time give {got} at the moment, explain {want}"
+            )
         phases = {p: col[moment_i] for p, col in run.phases.items()}
         if ex.phases and phases != {p.name: p.bytes for p in ex.phases}:
-            raise TraceError(f"{trace.source}: internal check failed: the phases over time give {phases} at the "
-                             f"moment, explain {[p.to_dict() for p in ex.phases]}")
+            raise TraceError(
+                f"{trace.source}: internal check failed: the phases over time give {phases} at the "
+                f"moment, explain {[p.to_dict() for p in ex.phases]}"
+            )
     return recorded, moment_i
 
 
-def _map_and_owners(trace: Trace, an: Any, ex: Explanation, after: int, owners_sim: dict[int, int],
-                    row_of_site: dict[int, int], notes: list[str]) -> tuple[MemoryMap, str, dict[int, tuple[int, str]]]:
+def _map_and_owners(
+    trace: Trace, an: Any, ex: Explanation, after: int, owners_sim: dict[int, int], row_of_site: dict[int, int], notes: list[str]
+) -> tuple[MemoryMap, str, dict[int, tuple[int, str]]]:
     """The memory map at the moment and, for each live block in it, its (site row, category): owners
     from the simulated blocks or, when the map is the recorded one, from the recorded addresses."""
     from alloctune.explain.core import _categorise
@@ -269,8 +296,7 @@ def _map_and_owners(trace: Trace, an: Any, ex: Explanation, after: int, owners_s
     life = an.life
     mm, map_source = map_after_request(trace, after, ex.reserved, int(ex.moment["event"]))
     owners: dict[int, tuple[int, str]] = {}
-    cats_now, _ = _categorise(an, sorted(k for k in range(len(life.alloc))
-                                         if life.alloc[k] <= after < life.free[k]), after)
+    cats_now, _ = _categorise(an, sorted(k for k in range(len(life.alloc)) if life.alloc[k] <= after < life.free[k]), after)
     if map_source.startswith("simulated"):
         addr_owner = owners_sim
     else:  # the map comes from the recorded addresses: so do the owners
@@ -290,14 +316,26 @@ def _map_and_owners(trace: Trace, an: Any, ex: Explanation, after: int, owners_s
                 owners[b.addr] = (row_of_site[an.site_of[k]], cats_now[k])
     live_blocks = sum(1 for s in mm.segments for b in s.blocks if b.allocated)
     if len(owners) != live_blocks:
-        notes.append(f"{live_blocks - len(owners)} of {live_blocks} live blocks in the map could not be matched "
-                     "to their allocation; they are drawn without a site")
+        notes.append(
+            f"{live_blocks - len(owners)} of {live_blocks} live blocks in the map could not be matched "
+            "to their allocation; they are drawn without a site"
+        )
     return mm, map_source, owners
 
 
-def explain_recording(recording: Any, *, at: Any = None, group: str = "line", top: int = 20, what_if: bool = True,
-                      what_if_dir: Any = None, device: int | None = None, repeats: Sequence[int] | None = None,
-                      progress: Any = None, calibrations: Sequence[Any] = ()) -> ExplainView:
+def explain_recording(
+    recording: Any,
+    *,
+    at: Any = None,
+    group: str = "line",
+    top: int = 20,
+    what_if: bool = True,
+    what_if_dir: Any = None,
+    device: int | None = None,
+    repeats: Sequence[int] | None = None,
+    progress: Any = None,
+    calibrations: Sequence[Any] = (),
+) -> ExplainView:
     """Load a recording once, explain it exactly as `alloctune explain` does, and add the page's
     views (`explain_view`)."""
     from alloctune.analysis.core import analyse
@@ -307,8 +345,16 @@ def explain_recording(recording: Any, *, at: Any = None, group: str = "line", to
 
     trace = recording if isinstance(recording, Trace) else load_trace(recording, device)
     trace, taught = with_calibrations(trace, calibrations)
-    ex = explain(trace, at=at, group=group, top=top, what_if=what_if, what_if_dir=what_if_dir, repeats=repeats,
-                 progress=progress or no_progress)
+    ex = explain(
+        trace,
+        at=at,
+        group=group,
+        top=top,
+        what_if=what_if,
+        what_if_dir=what_if_dir,
+        repeats=repeats,
+        progress=progress or no_progress,
+    )
     if taught:
         from dataclasses import replace
 

@@ -59,7 +59,7 @@ def timeline_figure(series: Sequence[Series]) -> bytes:
         ax.set_ylabel(unit, fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(True, alpha=0.3)
-    for ax in list(axes.flat)[len(series):]:
+    for ax in list(axes.flat)[len(series) :]:
         ax.set_visible(False)
     axes.flat[0].legend(loc="upper left", fontsize=8)
     return _png(fig)

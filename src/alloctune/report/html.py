@@ -31,8 +31,7 @@ def _table(header: Sequence[str] | None, rows: Sequence[Sequence[str]], numeric_
     """A table; `header=None` makes a key/value table without a header row."""
     num = ' class="num"'
     body = "".join(
-        "<tr>" + "".join(f"<td{num if i >= numeric_from else ''}>{_e(c)}</td>" for i, c in enumerate(r)) + "</tr>"
-        for r in rows
+        "<tr>" + "".join(f"<td{num if i >= numeric_from else ''}>{_e(c)}</td>" for i, c in enumerate(r)) + "</tr>" for r in rows
     )
     if header is None:
         return f'<table class="kv"><tbody>{body}</tbody></table>'
@@ -84,8 +83,14 @@ def render_html(
                 _table(
                     ("segment", "size", "live", "free", "largest free", "live blocks"),
                     [
-                        (f"{p.addr:#x}", format_size(p.size), format_size(p.allocated), format_size(p.free),
-                         format_size(p.largest_free), str(p.live_blocks))
+                        (
+                            f"{p.addr:#x}",
+                            format_size(p.size),
+                            format_size(p.allocated),
+                            format_size(p.free),
+                            format_size(p.largest_free),
+                            str(p.live_blocks),
+                        )
                         for p in d.pinned
                     ],
                     numeric_from=1,

@@ -350,12 +350,9 @@ def read_trace(path: str | Path, device: int | None = None, what_if: bool = Fals
     xs, rs, al = downsample(tl.event_index, tl.reserved, tl.allocated)
     diagnosis = None
     if oom_indices:
-        diagnosis = diagnose_snapshot(
-            snap, source=str(path), device=dev, candidates=STANDARD_CONFS if what_if else None
-        )
+        diagnosis = diagnose_snapshot(snap, source=str(path), device=dev, candidates=STANDARD_CONFS if what_if else None)
     has_stacks = any(e.get("frames") for e in events if isinstance(e, Mapping))
-    return TraceInput(row, Series(label, xs, rs, al), SegmentMapView(label, caption, mm, request), diagnosis, notes,
-                      has_stacks)
+    return TraceInput(row, Series(label, xs, rs, al), SegmentMapView(label, caption, mm, request), diagnosis, notes, has_stacks)
 
 
 def classify(path: str | Path) -> str:
@@ -404,7 +401,11 @@ def expand_inputs(paths: Sequence[str | Path]) -> list[Path]:
 
 
 def build_report(
-    paths: Sequence[str | Path], *, title: str = "alloctune report", device: int | None = None, what_if: bool = False,
+    paths: Sequence[str | Path],
+    *,
+    title: str = "alloctune report",
+    device: int | None = None,
+    what_if: bool = False,
     explain: bool | None = None,
 ) -> ReportData:
     """Read every input and gather the rows, timelines, segment maps and OOM diagnoses.
@@ -447,5 +448,13 @@ def build_report(
     budgets = min_budgets(rows)
     if any(how != "bisection" for _, how in budgets.values()):
         notes.append("min_budget marked 'smallest ok trial' is an upper bound: the store holds no bisection result")
-    return ReportData(title, tuple(str(f) for f in files), tuple(rows), tuple(series), tuple(maps), tuple(diagnoses),
-                      tuple(notes), tuple(explains))
+    return ReportData(
+        title,
+        tuple(str(f) for f in files),
+        tuple(rows),
+        tuple(series),
+        tuple(maps),
+        tuple(diagnoses),
+        tuple(notes),
+        tuple(explains),
+    )

@@ -23,15 +23,16 @@ def _e(text: object) -> str:
 
 
 def _svg(height: int, body: list[str], title: str) -> bytes:
-    head = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
-            f'viewBox="0 0 {WIDTH} {height}" font-family="sans-serif" font-size="11" role="img">'
-            f"<title>{_e(title)}</title>")
+    head = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
+        f'viewBox="0 0 {WIDTH} {height}" font-family="sans-serif" font-size="11" role="img">'
+        f"<title>{_e(title)}</title>"
+    )
     return (head + "".join(body) + "</svg>").encode("utf-8")
 
 
 def _text(x: float, y: float, s: str, anchor: str = "start", size: int = 11, weight: str = "normal") -> str:
-    return (f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" font-size="{size}" '
-            f'font-weight="{weight}">{_e(s)}</text>')
+    return f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" font-size="{size}" font-weight="{weight}">{_e(s)}</text>'
 
 
 def _rect(x: float, y: float, w: float, h: float, fill: str, extra: str = "") -> str:
@@ -53,8 +54,7 @@ def timeline_svg(series: Sequence[Series]) -> bytes:
         lo, hi = xs[0], max(xs[-1], xs[0] + 1)
 
         def pts(col: Sequence[int]) -> str:
-            return " ".join(f"{x0 + (x - lo) / (hi - lo) * (x1 - x0):.1f},{y0 + ph - v / top * ph:.1f}"
-                            for x, v in zip(xs, col))
+            return " ".join(f"{x0 + (x - lo) / (hi - lo) * (x1 - x0):.1f},{y0 + ph - v / top * ph:.1f}" for x, v in zip(xs, col))
 
         peak_r, peak_a = max(s.reserved, default=0), max(s.allocated, default=0)
         util = f", utilization {format_percent(peak_a / peak_r)}" if peak_r else ""
@@ -93,8 +93,15 @@ def peaks_svg(rows: Sequence[SettingRow]) -> bytes:
     rows = [r for r in rows if r.peak_reserved]
     if not rows:
         raise ValueError("no peaks to draw")
-    items = [(f"{r.label} ({format_percent(r.utilization)})" if r.utilization else r.label, r.peak_reserved or 0,
-              r.peak_allocated, format_size(r.peak_reserved or 0)) for r in rows]
+    items = [
+        (
+            f"{r.label} ({format_percent(r.utilization)})" if r.utilization else r.label,
+            r.peak_reserved or 0,
+            r.peak_allocated,
+            format_size(r.peak_reserved or 0),
+        )
+        for r in rows
+    ]
     return _bars(items, "Peak reserved vs allocated per setting (utilization in brackets)")
 
 
@@ -102,8 +109,10 @@ def min_budget_svg(budgets: Mapping[str, tuple[int, str]]) -> bytes:
     """`min_budget` per setting, smallest first; (≤) marks an upper bound (smallest ok trial)."""
     if not budgets:
         raise ValueError("no min_budget to draw")
-    items = [(k, v, None, format_size(v) + ("" if how == "bisection" else " (≤)"))
-             for k, (v, how) in sorted(budgets.items(), key=lambda kv: kv[1][0])]
+    items = [
+        (k, v, None, format_size(v) + ("" if how == "bisection" else " (≤)"))
+        for k, (v, how) in sorted(budgets.items(), key=lambda kv: kv[1][0])
+    ]
     return _bars(items, "min_budget per setting (smaller is better)")
 
 
@@ -117,17 +126,29 @@ def segment_map_svg(view: SegmentMapView) -> bytes:
     x0, x1, rh = 20, WIDTH - 20, 12
     more = f"; {len(segs) - len(shown)} segments with less free memory not shown" if len(segs) > len(shown) else ""
     req = f"; failed request {format_size(view.request)}" if view.request else ""
-    body = [_text(x0, 16, f"{view.label}: {len(segs)} segments, {format_size(mm.reserved)} reserved, "
-                          f"{format_size(mm.allocated)} allocated{req}{more}", weight="bold")]
+    body = [
+        _text(
+            x0,
+            16,
+            f"{view.label}: {len(segs)} segments, {format_size(mm.reserved)} reserved, "
+            f"{format_size(mm.allocated)} allocated{req}{more}",
+            weight="bold",
+        )
+    ]
     for k, seg in enumerate(shown):
         y = 26 + k * rh
         for b in seg.blocks:
             color = ALLOCATED if b.allocated else (LARGEST_FREE if view.request and b.size >= view.request else FREE)
-            body.append(_rect(x0 + (b.addr - seg.addr) / longest * (x1 - x0), y, b.size / longest * (x1 - x0),
-                              rh - 2, color))
-        body.append(_rect(x0, y, seg.size / longest * (x1 - x0), rh - 2, "none",
-                          ' stroke="#4a5568" stroke-width="0.4"'))
+            body.append(_rect(x0 + (b.addr - seg.addr) / longest * (x1 - x0), y, b.size / longest * (x1 - x0), rh - 2, color))
+        body.append(_rect(x0, y, seg.size / longest * (x1 - x0), rh - 2, "none", ' stroke="#4a5568" stroke-width="0.4"'))
     h = 26 + len(shown) * rh + 22
-    body.append(_text(x0, h - 6, f"offset in segment, 0 – {longest / scale:.2f} {unit}; blue: live block, yellow: "
-                                 "free block" + (", green: free block ≥ request" if view.request else ""), size=10))
+    body.append(
+        _text(
+            x0,
+            h - 6,
+            f"offset in segment, 0 – {longest / scale:.2f} {unit}; blue: live block, yellow: "
+            "free block" + (", green: free block ≥ request" if view.request else ""),
+            size=10,
+        )
+    )
     return _svg(h, body, f"Segment map of {view.label}")

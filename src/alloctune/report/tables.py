@@ -37,8 +37,11 @@ def settings_cells(rows: Sequence[SettingRow], budgets: Mapping[str, tuple[int, 
     out = []
     for r in rows:
         mb = budgets.get(r.label)
-        mb_text = _size(r.min_budget) if r.min_budget is not None else ("" if mb is None else
-                                                                       _size(mb[0]) + ("" if mb[1] == "bisection" else " (≤)"))
+        mb_text = (
+            _size(r.min_budget)
+            if r.min_budget is not None
+            else ("" if mb is None else _size(mb[0]) + ("" if mb[1] == "bisection" else " (≤)"))
+        )
         out.append(
             [
                 r.label,
@@ -72,21 +75,27 @@ def diagnosis_cells(d: SnapshotDiagnosis) -> list[tuple[str, str]]:
     ]
     if d.budget is not None:
         headroom = max(d.budget - d.reserved, 0)
-        cells.append(("headroom under budget",
-                      f"{format_size(headroom)} {'<' if headroom < d.alloc_size else '>='} new segment "
-                      f"{format_size(d.alloc_size)}"))
+        cells.append(
+            (
+                "headroom under budget",
+                f"{format_size(headroom)} {'<' if headroom < d.alloc_size else '>='} new segment {format_size(d.alloc_size)}",
+            )
+        )
     if d.reproduced is False:
-        cells.append(("what-ifs", "none shown: the recorded setting, replayed under this budget, does not "
-                                  "reproduce the OOM"))
+        cells.append(("what-ifs", "none shown: the recorded setting, replayed under this budget, does not reproduce the OOM"))
     for w in d.what_if if d.reproduced is not False else ():
-        state = "not simulated" if w.avoids_oom is None else (
-            "serves the failed request" if w.avoids_oom else "fails")
+        state = "not simulated" if w.avoids_oom is None else ("serves the failed request" if w.avoids_oom else "fails")
         peak = f", peak reserved {format_size(w.peak_reserved)}" if w.peak_reserved else ""
         need = f", needs {format_size(w.min_budget)} to get this far" if w.min_budget else ""
         cells.append((f"what if {w.config or '(default)'}", f"{state}{peak}{need}{'; ' + w.note if w.note else ''}"))
     if d.needs is not None and d.budget is not None:
-        cells.append(("needs", f"{format_size(d.needs)} ({format_size(max(d.needs - d.budget, 0))} more than the budget)"
-                      + (f" under {d.needs_setting or '(default)'}" if d.needs_setting is not None else "")))
+        cells.append(
+            (
+                "needs",
+                f"{format_size(d.needs)} ({format_size(max(d.needs - d.budget, 0))} more than the budget)"
+                + (f" under {d.needs_setting or '(default)'}" if d.needs_setting is not None else ""),
+            )
+        )
     if d.undecided:
         cells.append(("undecided", d.undecided))
     if d.recommendation is not None:

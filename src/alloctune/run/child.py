@@ -169,12 +169,12 @@ def resolve_command(command: Sequence[str]) -> list[str]:
     return [prog, *command[1:]]
 
 
-
 STACKS = ("python", "all", "none")
 
 
-def _check_trial_arguments(on_oom: str | None, record_max_entries: int | None, device: int | None,
-                           stacks: str | None = None) -> None:
+def _check_trial_arguments(
+    on_oom: str | None, record_max_entries: int | None, device: int | None, stacks: str | None = None
+) -> None:
     """The arguments a user can get wrong, refused before anything starts."""
     if stacks is not None and stacks not in STACKS:
         raise InputError(f"--stacks {stacks!r} is not known: use one of {', '.join(STACKS)}")
@@ -186,11 +186,23 @@ def _check_trial_arguments(on_oom: str | None, record_max_entries: int | None, d
         raise InputError(f"--device must be a CUDA device index (0, 1, ...), got {device}")
 
 
-def _agent_settings(reports_dir: Path, *, conf: str | None, budget: int | None, ensure_cap: bool,
-                    record: str | os.PathLike | None, record_max_entries: int | None, on_oom: str | None,
-                    oom_dir: str | os.PathLike | None, device: int | None, watch_r: int,
-                    stacks: str | None = None, no_grad: bool = False,
-                    cudnn_benchmark: bool | None = None, checkpointing: bool = False) -> dict[str, Any]:
+def _agent_settings(
+    reports_dir: Path,
+    *,
+    conf: str | None,
+    budget: int | None,
+    ensure_cap: bool,
+    record: str | os.PathLike | None,
+    record_max_entries: int | None,
+    on_oom: str | None,
+    oom_dir: str | os.PathLike | None,
+    device: int | None,
+    watch_r: int,
+    stacks: str | None = None,
+    no_grad: bool = False,
+    cudnn_benchmark: bool | None = None,
+    checkpointing: bool = False,
+) -> dict[str, Any]:
     """What the agent inside the child is told (`ALLOCTUNE_AGENT`): where to report, what to apply."""
     agent: dict[str, Any] = {
         "report_dir": str(reports_dir),
@@ -212,8 +224,9 @@ def _agent_settings(reports_dir: Path, *, conf: str | None, budget: int | None, 
     return agent
 
 
-def _start_child(argv: list[str], child_env: Mapping[str, str], cwd: str | os.PathLike | None, out: Any,
-                 stdout_to_stderr: bool, watch_r: int) -> subprocess.Popen:
+def _start_child(
+    argv: list[str], child_env: Mapping[str, str], cwd: str | os.PathLike | None, out: Any, stdout_to_stderr: bool, watch_r: int
+) -> subprocess.Popen:
     """Start the command in its own session (Windows: its own process group), dying with alloctune; a
     command that cannot start is exit 2."""
     try:
@@ -230,8 +243,7 @@ def _start_child(argv: list[str], child_env: Mapping[str, str], cwd: str | os.Pa
         raise EnvironmentProblem(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
 
 
-def _wait_for_child(proc: subprocess.Popen, timeout: float | None, kill_grace: float,
-                    exit_signals: _ExitSignals) -> bool:
+def _wait_for_child(proc: subprocess.Popen, timeout: float | None, kill_grace: float, exit_signals: _ExitSignals) -> bool:
     """Wait for the child (listed as running meanwhile); True when it ran past `timeout` and was killed.
 
     Ctrl-C, SIGTERM or SIGHUP to alloctune kill the child's group and propagate."""

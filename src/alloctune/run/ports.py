@@ -59,8 +59,7 @@ def _has_flag(command: Sequence[str], flags: Sequence[str]) -> bool:
 def _kept(command: Sequence[str], env: Mapping[str, str]) -> list[str]:
     """The port variables the user decided, directly or through an address (see the module doc)."""
     addr_flag = _has_flag(command, ADDR_FLAGS)  # torchrun's flag: it stands for PET_MASTER_ADDR
-    return [port for port, addr in PORT_VARS
-            if env.get(port) or env.get(addr) or (addr_flag and addr == "PET_MASTER_ADDR")]
+    return [port for port, addr in PORT_VARS if env.get(port) or env.get(addr) or (addr_flag and addr == "PET_MASTER_ADDR")]
 
 
 def trial_port_env(command: Sequence[str], env: Mapping[str, str]) -> dict[str, str]:
@@ -84,5 +83,7 @@ def shared_port_note(command: Sequence[str], env: Mapping[str, str]) -> str | No
         set_by_user.append("--master-addr")
     if not set_by_user:
         return None
-    return (f"{', '.join(set_by_user)} set by you: trials side by side of a distributed job may collide on the same "
-            "rendezvous port (a crash that is not the setting's); unset it, or run one trial at a time")
+    return (
+        f"{', '.join(set_by_user)} set by you: trials side by side of a distributed job may collide on the same "
+        "rendezvous port (a crash that is not the setting's); unset it, or run one trial at a time"
+    )

@@ -77,8 +77,7 @@ def child_start_options(parent: int, watch_fd: int) -> dict[str, Any]:
         return {"creationflags": getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0)}
     if portable():
         return {"start_new_session": True}
-    return {"start_new_session": True, "pass_fds": (watch_fd,) if watch_fd >= 0 else (),
-            "preexec_fn": _die_with_parent(parent)}
+    return {"start_new_session": True, "pass_fds": (watch_fd,) if watch_fd >= 0 else (), "preexec_fn": _die_with_parent(parent)}
 
 
 def _die_with_parent(parent: int) -> Callable[[], None] | None:
@@ -280,7 +279,8 @@ def sweep_stale_trial_dirs(tmp: str | os.PathLike | None = None, older_than_s: f
         try:
             owner = json.loads((folder / OWNER_FILE).read_text())
             stale = not _runner_alive(owner) and not (
-                isinstance(owner.get("pgid"), int) and group_alive(owner["pgid"], _started(owner)))
+                isinstance(owner.get("pgid"), int) and group_alive(owner["pgid"], _started(owner))
+            )
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             try:
                 stale = now - folder.stat().st_mtime > older_than_s

@@ -57,17 +57,20 @@ def summarize_ranks(reports: Iterable[Mapping[str, Any]]) -> tuple[RankSummary, 
             continue
         stats = r.get("stats") or {}
         exc = r.get("exception") or {}
-        out.append(RankSummary(
-            rank=int(r["rank"]),
-            local_rank=r.get("local_rank"),
-            pid=r.get("pid"),
-            device=r.get("device"),
-            outcome=str(r.get("outcome") or "crash"),
-            **memory_fields(stats),
-            snapshot=r.get("snapshot"),
-            error=f"{exc.get('type')}: {str(exc.get('message') or '').splitlines()[0] if exc.get('message') else ''}"
-            if exc else None,
-        ))
+        out.append(
+            RankSummary(
+                rank=int(r["rank"]),
+                local_rank=r.get("local_rank"),
+                pid=r.get("pid"),
+                device=r.get("device"),
+                outcome=str(r.get("outcome") or "crash"),
+                **memory_fields(stats),
+                snapshot=r.get("snapshot"),
+                error=f"{exc.get('type')}: {str(exc.get('message') or '').splitlines()[0] if exc.get('message') else ''}"
+                if exc
+                else None,
+            )
+        )
     return tuple(sorted(out, key=lambda s: (s.rank, s.pid or 0)))
 
 
@@ -112,13 +115,20 @@ def rank_table(ranks: Sequence[RankSummary | Mapping[str, Any]], title: str = "r
     def size(n: int | None) -> str:
         return "-" if n is None else format_size(n)
 
-    t.add_row("local rank / device", *[f"{'-' if r.local_rank is None else r.local_rank} / "
-                                       f"{'-' if r.device is None else f'cuda:{r.device}'}" for r in rows])
+    t.add_row(
+        "local rank / device",
+        *[f"{'-' if r.local_rank is None else r.local_rank} / {'-' if r.device is None else f'cuda:{r.device}'}" for r in rows],
+    )
     t.add_row("outcome", *[r.outcome for r in rows])
     t.add_row("peak reserved", *[size(r.peak_reserved) for r in rows])
     t.add_row("peak allocated", *[size(r.peak_allocated) for r in rows])
-    t.add_row("alloc retries / OOMs", *[f"{'-' if r.num_alloc_retries is None else r.num_alloc_retries} / "
-                                        f"{'-' if r.num_ooms is None else r.num_ooms}" for r in rows])
+    t.add_row(
+        "alloc retries / OOMs",
+        *[
+            f"{'-' if r.num_alloc_retries is None else r.num_alloc_retries} / {'-' if r.num_ooms is None else r.num_ooms}"
+            for r in rows
+        ],
+    )
     if any(r.snapshot for r in rows):
         t.add_row("recording", *[r.snapshot or "-" for r in rows])
     if any(r.error for r in rows):

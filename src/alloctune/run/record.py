@@ -151,8 +151,16 @@ def record(
     raw_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent)).resolve()
     try:
         try:
-            result = run_trial(command, record=raw_dir / RAW_NAME, record_max_entries=max_entries, device=device,
-                               conf=conf, budget=budget, env=env, stacks=stacks)
+            result = run_trial(
+                command,
+                record=raw_dir / RAW_NAME,
+                record_max_entries=max_entries,
+                device=device,
+                conf=conf,
+                budget=budget,
+                env=env,
+                stacks=stacks,
+            )
         except KeyboardInterrupt:
             # The runner stopped the command (SIGINT, then SIGTERM): the agent dumped on the way out.
             raw = _largest_dump(raw_dir)
@@ -193,8 +201,17 @@ def record(
     if result.oom_message:
         meta["oom_message"] = result.oom_message
     side.write_text(json.dumps(meta, indent=1) + "\n")
-    return Recording(str(out), str(side), out.stat().st_size, result.exit_code, result.outcome, result.wall_s, size,
-                     tuple(command), result.peak_reserved)
+    return Recording(
+        str(out),
+        str(side),
+        out.stat().st_size,
+        result.exit_code,
+        result.outcome,
+        result.wall_s,
+        size,
+        tuple(command),
+        result.peak_reserved,
+    )
 
 
 def record_sizes(

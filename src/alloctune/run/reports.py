@@ -21,8 +21,12 @@ _THROUGHPUT_RE = re.compile(r"throughput\s*[=:]\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-
 
 
 # The evidence fields a trial and each rank carry, and the agent's `memory_stats` names behind them.
-MEMORY_FIELDS = {"peak_reserved": "reserved_bytes.all.peak", "peak_allocated": "allocated_bytes.all.peak",
-                 "num_alloc_retries": "num_alloc_retries", "num_ooms": "num_ooms"}
+MEMORY_FIELDS = {
+    "peak_reserved": "reserved_bytes.all.peak",
+    "peak_allocated": "allocated_bytes.all.peak",
+    "num_alloc_retries": "num_alloc_retries",
+    "num_ooms": "num_ooms",
+}
 
 
 # ---- reading the child's reports -------------------------------------------------------------

@@ -133,12 +133,30 @@ def run_trial(
     exit_signals = _ExitSignals()
     proc: subprocess.Popen | None = None
     try:
-        agent = _agent_settings(folder.reports, conf=conf, budget=budget, ensure_cap=ensure_cap, record=record,
-                                record_max_entries=record_max_entries, on_oom=on_oom, oom_dir=oom_dir,
-                                device=device, watch_r=folder.watch_r, stacks=stacks, no_grad=no_grad,
-                                cudnn_benchmark=cudnn_benchmark, checkpointing=checkpointing)
-        child_env = build_env(env if env is not None else os.environ, conf=conf, agent=agent, site_dir=folder.site,
-                              torch_version=torch_version, command=argv)
+        agent = _agent_settings(
+            folder.reports,
+            conf=conf,
+            budget=budget,
+            ensure_cap=ensure_cap,
+            record=record,
+            record_max_entries=record_max_entries,
+            on_oom=on_oom,
+            oom_dir=oom_dir,
+            device=device,
+            watch_r=folder.watch_r,
+            stacks=stacks,
+            no_grad=no_grad,
+            cudnn_benchmark=cudnn_benchmark,
+            checkpointing=checkpointing,
+        )
+        child_env = build_env(
+            env if env is not None else os.environ,
+            conf=conf,
+            agent=agent,
+            site_dir=folder.site,
+            torch_version=torch_version,
+            command=argv,
+        )
         log_path = Path(capture) if capture else None
         out = open(log_path, "wb") if log_path else None
         t0 = time.monotonic()
@@ -173,8 +191,14 @@ class TrialEvaluator:
     wall time (at least 60 s), so a hang under a tight budget cannot stall a sweep.
     """
 
-    def __init__(self, command: Sequence[str], workdir: str | os.PathLike, *, timeout: float | None = None,
-                 env: Mapping[str, str] | None = None):
+    def __init__(
+        self,
+        command: Sequence[str],
+        workdir: str | os.PathLike,
+        *,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+    ):
         self.command = list(command)
         self.workdir = Path(workdir)
         self.timeout = timeout
@@ -211,29 +235,62 @@ class TrialEvaluator:
             return 3600.0
         return max(60.0, 5 * self._baseline_wall)
 
-    def __call__(self, conf: str, budget: int | None, *, repeat: int = 0, record: bool = False,
-                 ensure_cap: bool = False, no_grad: bool = False,
-                 cudnn_benchmark: bool | None = None, checkpointing: bool = False) -> TrialResult:
+    def __call__(
+        self,
+        conf: str,
+        budget: int | None,
+        *,
+        repeat: int = 0,
+        record: bool = False,
+        ensure_cap: bool = False,
+        no_grad: bool = False,
+        cudnn_benchmark: bool | None = None,
+        checkpointing: bool = False,
+    ) -> TrialResult:
         with self._count_lock:
             self.count += 1
             number = self.count
         # a capped recorded trial (tune's calibration) must not overwrite the baseline's history
-        record_to = (self.workdir / ("baseline.pickle" if budget is None else f"capped-{number:04d}.pickle")
-                     if record else None)
+        record_to = self.workdir / ("baseline.pickle" if budget is None else f"capped-{number:04d}.pickle") if record else None
         capture = self.workdir / "logs" / f"trial-{number:04d}.log"
         pid_file = self.workdir / f"running-{number:04d}.json"
         timeout = self._timeout()
 
         def cold() -> TrialResult:
-            return run_trial(self.command, conf=conf, budget=budget, record=record_to, timeout=timeout,
-                             capture=capture, ensure_cap=ensure_cap, repeat=repeat, torch_version=self.torch_version,
-                             env=self.env, no_grad=no_grad, cudnn_benchmark=cudnn_benchmark,
-                             checkpointing=checkpointing, pid_file=pid_file)
+            return run_trial(
+                self.command,
+                conf=conf,
+                budget=budget,
+                record=record_to,
+                timeout=timeout,
+                capture=capture,
+                ensure_cap=ensure_cap,
+                repeat=repeat,
+                torch_version=self.torch_version,
+                env=self.env,
+                no_grad=no_grad,
+                cudnn_benchmark=cudnn_benchmark,
+                checkpointing=checkpointing,
+                pid_file=pid_file,
+            )
 
-        result = cold() if self.ahead is None else self.ahead.trial(
-            conf, budget, record_to=record_to, remedy=no_grad or cudnn_benchmark is not None or checkpointing,
-            capture=capture, timeout=timeout, torch_version=self.torch_version, repeat=repeat, ensure_cap=ensure_cap,
-            pid_file=pid_file, cold=cold)
+        result = (
+            cold()
+            if self.ahead is None
+            else self.ahead.trial(
+                conf,
+                budget,
+                record_to=record_to,
+                remedy=no_grad or cudnn_benchmark is not None or checkpointing,
+                capture=capture,
+                timeout=timeout,
+                torch_version=self.torch_version,
+                repeat=repeat,
+                ensure_cap=ensure_cap,
+                pid_file=pid_file,
+                cold=cold,
+            )
+        )
         if record and budget is None and result.outcome in ("ok", "oom"):
             self._baseline_wall = result.wall_s
         if result.torch_version and self.torch_version is None:

@@ -18,8 +18,7 @@ RESULT_SCHEMA = 1
 OUTCOMES = ("ok", "oom", "crash", "timeout", "no-cuda", "budget-too-large")
 
 
-def remedy_switches(no_grad: bool = False, cudnn_benchmark: bool | None = None,
-                    checkpointing: bool = False) -> dict[str, Any]:
+def remedy_switches(no_grad: bool = False, cudnn_benchmark: bool | None = None, checkpointing: bool = False) -> dict[str, Any]:
     """The remedy switches that are set, by name; unset ones are absent, so the agent's settings, the
     evaluator's keywords and the store's trial keys of runs without them stay as they were."""
     out: dict[str, Any] = {}
@@ -55,8 +54,12 @@ class TrialRequest:
     def call_options(self) -> dict[str, Any]:
         """The evaluator's keyword arguments; the remedy switches only when set, so evaluators that
         never confirm a remedy need not take them."""
-        return dict(repeat=self.repeat, record=self.record, ensure_cap=self.ensure_cap,
-                    **remedy_switches(self.no_grad, self.cudnn_benchmark, self.checkpointing))
+        return dict(
+            repeat=self.repeat,
+            record=self.record,
+            ensure_cap=self.ensure_cap,
+            **remedy_switches(self.no_grad, self.cudnn_benchmark, self.checkpointing),
+        )
 
 
 @dataclass(frozen=True)

@@ -53,8 +53,10 @@ from alloctune.run.reports import read_reports
 from alloctune.run.trial import TrialResult
 
 RELEASE_FILE = "release.json"
-READ_SETTING_NOTE = ("the runs after the recording started cold: the program reads the allocator's "
-                     "variable (PYTORCH_CUDA_ALLOC_CONF) before it uses CUDA")
+READ_SETTING_NOTE = (
+    "the runs after the recording started cold: the program reads the allocator's "
+    "variable (PYTORCH_CUDA_ALLOC_CONF) before it uses CUDA"
+)
 HOST_RESERVE = 1 << 30  # host memory left free beside the held processes
 HOST_FACTOR = 1.25  # a held process may be somewhat larger than the recording was at its CUDA start
 CUDA_START_POLL_S = 0.1
@@ -67,13 +69,23 @@ class WarmTrial:
         self.argv = resolve_command(command)
         self.folder = TrialFolder(None)
         self.log = self.folder.path / "out.log"
-        agent = _agent_settings(self.folder.reports, conf=None, budget=None, ensure_cap=False, record=None,
-                                record_max_entries=None, on_oom=None, oom_dir=None, device=None,
-                                watch_r=self.folder.watch_r)
+        agent = _agent_settings(
+            self.folder.reports,
+            conf=None,
+            budget=None,
+            ensure_cap=False,
+            record=None,
+            record_max_entries=None,
+            on_oom=None,
+            oom_dir=None,
+            device=None,
+            watch_r=self.folder.watch_r,
+        )
         agent["gate"] = str(self.folder.path / RELEASE_FILE)
         agent["gate_env"] = list(CONF_VARS)
-        child_env = build_env(env if env is not None else os.environ, conf="", agent=agent, site_dir=self.folder.site,
-                              command=self.argv)  # no setting yet: both of its variables removed
+        child_env = build_env(
+            env if env is not None else os.environ, conf="", agent=agent, site_dir=self.folder.site, command=self.argv
+        )  # no setting yet: both of its variables removed
         self.started = time.monotonic()
         signals = _ExitSignals().install()
         try:
@@ -92,16 +104,35 @@ class WarmTrial:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def release(self, conf: str | None, budget: int | None, *, timeout: float | None, capture: Path,
-                torch_version: str | None, repeat: int = 0, record: str | os.PathLike | None = None,
-                ensure_cap: bool = False, pid_file: str | os.PathLike | None = None) -> TrialResult | None:
+    def release(
+        self,
+        conf: str | None,
+        budget: int | None,
+        *,
+        timeout: float | None,
+        capture: Path,
+        torch_version: str | None,
+        repeat: int = 0,
+        record: str | os.PathLike | None = None,
+        ensure_cap: bool = False,
+        pid_file: str | os.PathLike | None = None,
+    ) -> TrialResult | None:
         """Run the held process as the trial (`conf`, `budget`, `record`); its wall time counts from here.
         None where the program read the setting's variables before CUDA (`gate.EXIT_READ_SETTING`): it
         chose without the setting, so the trial must start cold."""
         conf = applied_conf(conf, torch_version)
-        agent = _agent_settings(self.folder.reports, conf=conf, budget=budget, ensure_cap=ensure_cap, record=record,
-                                record_max_entries=None, on_oom=None, oom_dir=None, device=None,
-                                watch_r=self.folder.watch_w)
+        agent = _agent_settings(
+            self.folder.reports,
+            conf=conf,
+            budget=budget,
+            ensure_cap=ensure_cap,
+            record=record,
+            record_max_entries=None,
+            on_oom=None,
+            oom_dir=None,
+            device=None,
+            watch_r=self.folder.watch_w,
+        )
         for key in ("watch_fd", "watch_ino", "runner_pid", "bootstrap", "report_dir"):
             agent.pop(key)  # the held process keeps the ones it started with
         self.folder.owner["conf"] = conf
@@ -118,8 +149,7 @@ class WarmTrial:
             if self.proc.returncode == EXIT_READ_SETTING and not reports:
                 return None
             shutil.copyfile(self.log, capture)
-            result = _result(self.argv, conf, budget, self.proc.returncode, timed_out, wall, reports,
-                             capture, repeat)
+            result = _result(self.argv, conf, budget, self.proc.returncode, timed_out, wall, reports, capture, repeat)
             return _warm_result(result, t0 - self.started)
         finally:
             signals.restore()
@@ -161,8 +191,7 @@ class WarmPool:
         (its agent's first live sample), if the host's free memory holds them at that trial's size."""
         if count < 1:
             return
-        threading.Thread(target=self._start_when_ready, args=(pid_file, count), name="alloctune-warm",
-                         daemon=True).start()
+        threading.Thread(target=self._start_when_ready, args=(pid_file, count), name="alloctune-warm", daemon=True).start()
 
     def _start_when_ready(self, pid_file: Path, count: int) -> None:
         self._start(pid_file, count)
@@ -189,8 +218,10 @@ class WarmPool:
         size = _tree_rss(root)
         fits = max(0, (psutil.virtual_memory().available - HOST_RESERVE) // max(1, int(size * HOST_FACTOR)))
         if fits < count:
-            self.note = (f"{count - fits} of {count} next runs not started ahead: the host's free memory holds "
-                         f"{fits} at the recording's size")
+            self.note = (
+                f"{count - fits} of {count} next runs not started ahead: the host's free memory holds "
+                f"{fits} at the recording's size"
+            )
         for _ in range(min(count, fits)):
             with self._lock:
                 if self._closed.is_set():
@@ -247,14 +278,35 @@ class Ahead:
         self.pool = WarmPool(command, env=env)
         self.count = count
 
-    def trial(self, conf: str, budget: int | None, *, record_to: Path | None, remedy: bool, capture: Path,
-              timeout: float | None, torch_version: str | None, repeat: int, ensure_cap: bool, pid_file: Path,
-              cold: Callable[[], TrialResult]) -> TrialResult:
+    def trial(
+        self,
+        conf: str,
+        budget: int | None,
+        *,
+        record_to: Path | None,
+        remedy: bool,
+        capture: Path,
+        timeout: float | None,
+        torch_version: str | None,
+        repeat: int,
+        ensure_cap: bool,
+        pid_file: Path,
+        cold: Callable[[], TrialResult],
+    ) -> TrialResult:
         """The trial through a held process when one waits, else `cold()` (the baseline starts the others)."""
         held = None if remedy else self.pool.take()
         if held is not None:
-            result = held.release(conf, budget, timeout=timeout, capture=capture, torch_version=torch_version,
-                                  repeat=repeat, record=record_to, ensure_cap=ensure_cap, pid_file=pid_file)
+            result = held.release(
+                conf,
+                budget,
+                timeout=timeout,
+                capture=capture,
+                torch_version=torch_version,
+                repeat=repeat,
+                record=record_to,
+                ensure_cap=ensure_cap,
+                pid_file=pid_file,
+            )
             if result is not None:
                 return result
             self.pool.note = READ_SETTING_NOTE

@@ -58,7 +58,6 @@ def session(
     flags: tuple[bool, bool, int],
     /,
 ) -> Session: ...
-
 def int64(values: list[int], /) -> bytes | None: ...
 def splice(
     columns: tuple[list[int], list[int], list[int], list[int], list[int]],

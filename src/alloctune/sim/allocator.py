@@ -113,8 +113,10 @@ class CachingAllocator(SlowPath, ExpandableBlocks, Inspection):
         remaining = b.size - size
         st = self.stats
         es = b.seg.es is not None
-        if (remaining >= MIN_BLOCK) if (small or self.expandable) else (
-            remaining > SMALL_SIZE and (self.mss is None or size < self.mss)
+        if (
+            (remaining >= MIN_BLOCK)
+            if (small or self.expandable)
+            else (remaining > SMALL_SIZE and (self.mss is None or size < self.mss))
         ):
             was_split = b.prev is not None or b.next is not None
             nb = Block(b.addr, size, b.seg)

@@ -114,5 +114,3 @@ class SimEvent:
     size: int
     stream: int
     request_index: int
-
-

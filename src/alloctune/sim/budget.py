@@ -68,8 +68,16 @@ def min_budget(
     settings = SimSettings.from_config(config, torch)
     runs = 0
     if uncapped is None:
-        base = replay(trace, settings, total_memory=total_memory, addresses=addresses, reference=reference,
-                      record_events=False, timeline_points=1, keep_states=True)
+        base = replay(
+            trace,
+            settings,
+            total_memory=total_memory,
+            addresses=addresses,
+            reference=reference,
+            record_events=False,
+            timeline_points=1,
+            keep_states=True,
+        )
         runs += 1
     else:
         _check_uncapped(uncapped, trace, settings, total_memory)
@@ -85,8 +93,11 @@ def min_budget(
     # expandable segments: under a cap a growing segment is checked against the whole step it maps,
     # which can exceed the peak reserved of the uncapped run (tests/test_plan_answer.py found one).
     cap = cap_from_budget(hi, base.total_memory, settings.torch)
-    proven = (settings.garbage_collection_threshold <= 0 and not settings.expandable_segments
-              and (cap is None or cap >= base.peak_reserved))
+    proven = (
+        settings.garbage_collection_threshold <= 0
+        and not settings.expandable_segments
+        and (cap is None or cap >= base.peak_reserved)
+    )
     while not proven:
         runs += 1
         if ok(hi):
@@ -108,10 +119,14 @@ def min_budget(
 def _check_uncapped(r: SimResult, trace: Trace, settings: SimSettings, total_memory: int | None) -> None:
     """An `uncapped=` result from another trace, setting or device would give a wrong answer silently."""
     total = int(total_memory or trace.total_memory or H200_TOTAL)
-    if r.budget is not None or r.requests != len(trace.requests) or r.settings != settings.to_dict() \
-            or r.total_memory != total or r.source != trace.source:
-        raise ValueError("min_budget(uncapped=...) must be an uncapped replay of the same trace, setting "
-                         "and total memory")
+    if (
+        r.budget is not None
+        or r.requests != len(trace.requests)
+        or r.settings != settings.to_dict()
+        or r.total_memory != total
+        or r.source != trace.source
+    ):
+        raise ValueError("min_budget(uncapped=...) must be an uncapped replay of the same trace, setting and total memory")
 
 
 class _Probes:
@@ -121,21 +136,37 @@ class _Probes:
     garbage collection), `Checkpoints.completes` answers from where the capped run leaves the
     uncapped one; else each probe replays from the start."""
 
-    def __init__(self, trace: Trace, settings: SimSettings, total_memory: int | None,
-                 addresses: Addresses | AddressModel, reference: Trace | None,
-                 checkpoints: Checkpoints | None) -> None:
+    def __init__(
+        self,
+        trace: Trace,
+        settings: SimSettings,
+        total_memory: int | None,
+        addresses: Addresses | AddressModel,
+        reference: Trace | None,
+        checkpoints: Checkpoints | None,
+    ) -> None:
         self.trace, self.settings, self.addresses, self.reference = trace, settings, addresses, reference
         self.total_memory = total_memory
         self.total = int(total_memory or trace.total_memory or H200_TOTAL)
         cols = native.columns(trace.requests) if checkpoints is not None and native.core() is not None else None
         # GC runs only under a cap and its threshold is a fraction of the cap: no two runs share a state
-        usable = cols is not None and checkpoints is not None and checkpoints.columns is cols \
+        usable = (
+            cols is not None
+            and checkpoints is not None
+            and checkpoints.columns is cols
             and settings.garbage_collection_threshold <= 0
+        )
         self.checkpoints = checkpoints if usable else None
 
     def _fresh(self, budget: int | None = None) -> Paused:
-        return start(self.trace, self.settings, budget=budget, total_memory=self.total_memory,
-                     addresses=self.addresses, reference=self.reference)
+        return start(
+            self.trace,
+            self.settings,
+            budget=budget,
+            total_memory=self.total_memory,
+            addresses=self.addresses,
+            reference=self.reference,
+        )
 
     def completes(self, budget: int) -> bool:
         if self.checkpoints is not None:

@@ -65,8 +65,11 @@ class Fidelity:
 
     @property
     def exact(self) -> bool:
-        return self.events_match and self.stats_match and self.failures_match and (
-            self.outcome_recorded in (None, self.outcome_simulated)
+        return (
+            self.events_match
+            and self.stats_match
+            and self.failures_match
+            and (self.outcome_recorded in (None, self.outcome_simulated))
         )
 
     @property
@@ -80,9 +83,7 @@ class Fidelity:
         if bad:
             parts.append("stats differ: " + ", ".join(bad))
         if not self.failures_match:
-            parts.append(
-                f"failed requests differ ({len(self.failed_recorded)} recorded, {len(self.failed_simulated)} simulated)"
-            )
+            parts.append(f"failed requests differ ({len(self.failed_recorded)} recorded, {len(self.failed_simulated)} simulated)")
         if self.outcome_recorded not in (None, self.outcome_simulated):
             parts.append(f"outcome {self.outcome_simulated} != recorded {self.outcome_recorded}")
         return "; ".join(parts)
@@ -105,9 +106,7 @@ class Fidelity:
         }
 
 
-def compare(
-    result: SimResult, recorded: Trace, *, stream_trace: Trace | None = None, explain: bool = True
-) -> Fidelity:
+def compare(result: SimResult, recorded: Trace, *, stream_trace: Trace | None = None, explain: bool = True) -> Fidelity:
     """Compare a replay with a recording (`stream_trace` = the trace whose requests were replayed,
     default `recorded`, used to show the requests around a difference)."""
     rec = [e for e in recorded.segment_events if e.action in SEGMENT_ACTIONS]
@@ -168,7 +167,7 @@ def _state_note(
     idx = min(x.request_index for x in (r, s) if x is not None)
     addresses: Addresses
     if result.addresses.startswith("recorded:"):
-        src = result.addresses[len("recorded:"):]
+        src = result.addresses[len("recorded:") :]
         ref = recorded if recorded.source == src else stream if stream.source == src else None
         if ref is None:
             return ""
@@ -177,8 +176,15 @@ def _state_note(
         ref, addresses = None, "model"
     else:
         return ""
-    alloc = state_at(stream, SimSettings.from_dict(result.settings), idx, budget=result.budget,
-                     total_memory=result.total_memory, addresses=addresses, reference=ref)
+    alloc = state_at(
+        stream,
+        SimSettings.from_dict(result.settings),
+        idx,
+        budget=result.budget,
+        total_memory=result.total_memory,
+        addresses=addresses,
+        reference=ref,
+    )
     if idx >= len(stream.requests):
         return ""
     size = alloc.round_size(max(0, stream.requests.sizes[idx]))
@@ -215,7 +221,7 @@ def _context(first: int, rec: list[SegmentEvent], sim: list[SegmentEvent], strea
         size = req.sizes[i]
         around.append(f"#{i} {op}" + (f" {size}" if size >= 0 else "") + (" <-" if i == idx else ""))
     lines.append("requests: " + ", ".join(around))
-    prev = [f"{e.action} {e.size}" for e in sim[max(0, first - 3):first]]
+    prev = [f"{e.action} {e.size}" for e in sim[max(0, first - 3) : first]]
     if prev:
         lines.append("preceding (both): " + "; ".join(prev))
     return "\n".join(lines)

@@ -104,8 +104,13 @@ class DriverVA:
         """The native twin's start, while this model has placed nothing (else None: its state
         stays here)."""
         # a subclass may place segments otherwise: only this class itself has the twin
-        fresh = (type(self) is DriverVA and not self._holes and not self._small_holes
-                 and self._low == self._top and self._small_next == self._top - self._small_region)
+        fresh = (
+            type(self) is DriverVA
+            and not self._holes
+            and not self._small_holes
+            and self._low == self._top
+            and self._small_next == self._top - self._small_region
+        )
         return ("va", self._top, self._small_region) if fresh else None
 
 

@@ -44,14 +44,23 @@ def simulated_snapshot(
     """
     settings = SimSettings.from_config(config, torch)
     total = int(total_memory or trace.total_memory or H200_TOTAL)
-    alloc = make_allocator(settings, budget=budget, total_memory=total,
-                           addresses=_address_model(trace, addresses, None), record_events=False)
+    alloc = make_allocator(
+        settings, budget=budget, total_memory=total, addresses=_address_model(trace, addresses, None), record_events=False
+    )
     out: list[dict[str, Any]] = []
     frames_of = _frames_lookup(trace)
 
     def on_event(ev: Any) -> None:
-        out.append({"action": ev.action, "addr": ev.addr, "size": ev.size, "stream": ev.stream,
-                    "time_us": alloc.request_index, "frames": []})
+        out.append(
+            {
+                "action": ev.action,
+                "addr": ev.addr,
+                "size": ev.size,
+                "stream": ev.stream,
+                "time_us": alloc.request_index,
+                "frames": [],
+            }
+        )
 
     alloc.on_event = on_event
     req = trace.requests
@@ -64,8 +73,9 @@ def simulated_snapshot(
                 b = fall_back(alloc.malloc, req.fallbacks[i], stream)
             if b is None:
                 break  # the program would have died here (the allocator wrote the `oom` entry)
-            out.append({"action": "alloc", "addr": b.addr, "size": b.requested, "stream": stream, "time_us": i,
-                        "frames": frames_of(i)})
+            out.append(
+                {"action": "alloc", "addr": b.addr, "size": b.requested, "stream": stream, "time_us": i, "frames": frames_of(i)}
+            )
             live[rid] = (b, i)
         elif op == FAILED_ALLOC:
             b = alloc.malloc(size, stream)
@@ -77,8 +87,16 @@ def simulated_snapshot(
                 continue
             b, made = got
             for action in ("free_requested", "free_completed"):
-                out.append({"action": action, "addr": b.addr, "size": b.requested, "stream": b.seg.stream,
-                            "time_us": i, "frames": frames_of(made)})
+                out.append(
+                    {
+                        "action": action,
+                        "addr": b.addr,
+                        "size": b.requested,
+                        "stream": b.seg.stream,
+                        "time_us": i,
+                        "frames": frames_of(made),
+                    }
+                )
             alloc.free(b)
         elif op == EMPTY_CACHE:
             alloc.empty_cache()
@@ -87,18 +105,28 @@ def simulated_snapshot(
     made_at = {b.addr: i for b, i in live.values()}
     segments = []
     for seg in alloc.segment_table():
-        blocks = [dict(blk, frames=frames_of(made_at[blk["address"]])
-                       if blk["state"] == "active_allocated" and blk["address"] in made_at else [])
-                  for blk in seg["blocks"]]
-        segments.append(dict(seg, device=0, active_size=seg["allocated_size"], segment_pool_id=[0, 0], frames=[],
-                             blocks=blocks))
+        blocks = [
+            dict(
+                blk,
+                frames=frames_of(made_at[blk["address"]])
+                if blk["state"] == "active_allocated" and blk["address"] in made_at
+                else [],
+            )
+            for blk in seg["blocks"]
+        ]
+        segments.append(dict(seg, device=0, active_size=seg["allocated_size"], segment_pool_id=[0, 0], frames=[], blocks=blocks))
     return {
         "segments": segments,
         "device_traces": [out],
         "allocator_settings": _torch_settings(settings, config),
-        SIMULATED_KEY: {"source": trace.source, "config": _conf_text(config), "budget": budget,
-                        "total_memory": total, "requests_done": alloc.request_index + 1,
-                        "peak_reserved": alloc.stats.reserved_peak},
+        SIMULATED_KEY: {
+            "source": trace.source,
+            "config": _conf_text(config),
+            "budget": budget,
+            "total_memory": total,
+            "requests_done": alloc.request_index + 1,
+            "peak_reserved": alloc.stats.reserved_peak,
+        },
     }
 
 
@@ -177,9 +205,15 @@ def export_simulated_run(
     total = parse_user_size(total_memory, "--total-memory") if total_memory is not None else None
     trace = load_trace(trace_file, device)
     config = AllocatorConfig.parse(conf, torch)
-    snap = simulated_snapshot(trace, config, budget=cap, total_memory=total, torch=torch,
-                              addresses="model" if addresses == "model" else "recorded")
+    snap = simulated_snapshot(
+        trace, config, budget=cap, total_memory=total, torch=torch, addresses="model" if addresses == "model" else "recorded"
+    )
     path = write_snapshot(snap, out)
     events = snap["device_traces"][0]
-    return {"path": str(path), "events": len(events), "peak_reserved": snap[SIMULATED_KEY]["peak_reserved"],
-            "oom": bool(events) and events[-1]["action"] == "oom", "config": config.format()}
+    return {
+        "path": str(path),
+        "events": len(events),
+        "peak_reserved": snap[SIMULATED_KEY]["peak_reserved"],
+        "oom": bool(events) and events[-1]["action"] == "oom",
+        "config": config.format(),
+    }

@@ -55,8 +55,10 @@ def core() -> ModuleType | None:
         return None
     if choice == "native":
         if _MODULE is None:
-            raise ConfigError("ALLOCTUNE_SIM=native but the native simulator core is not built "
-                                 "(reinstall with a C compiler, or unset ALLOCTUNE_SIM)")
+            raise ConfigError(
+                "ALLOCTUNE_SIM=native but the native simulator core is not built "
+                "(reinstall with a C compiler, or unset ALLOCTUNE_SIM)"
+            )
         return _MODULE
     if choice not in ("auto", ""):
         raise ConfigError(f"ALLOCTUNE_SIM must be 'auto', 'native' or 'python', not {choice!r}")
@@ -104,8 +106,14 @@ def share_columns(src: Any, dst: Any) -> None:
     four column lists (a copy with other fallbacks, say), so they are not made again."""
     cached: tuple[tuple[int, ...], Columns] | None = getattr(src, "_native_columns", None)
     key = (id(dst.ops), id(dst.sizes), id(dst.rids), id(dst.streams), len(dst.ops))
-    if cached is not None and cached[0] == key and src.ops is dst.ops and src.sizes is dst.sizes \
-            and src.rids is dst.rids and src.streams is dst.streams:
+    if (
+        cached is not None
+        and cached[0] == key
+        and src.ops is dst.ops
+        and src.sizes is dst.sizes
+        and src.rids is dst.rids
+        and src.streams is dst.streams
+    ):
         try:
             dst._native_columns = cached
         except AttributeError:  # a stream type with __slots__: no cache, still correct
@@ -121,9 +129,15 @@ Spliced = tuple[
 ]
 
 
-def splice(columns: tuple[list[int], list[int], list[int], list[int], list[int]], ids: list[int] | None,
-           keys: list[int], before: dict[int, Any], changed: dict[int, Any], given_stacks: bool,
-           int64_columns: Columns | None = None) -> Spliced | None:
+def splice(
+    columns: tuple[list[int], list[int], list[int], list[int], list[int]],
+    ids: list[int] | None,
+    keys: list[int],
+    before: dict[int, Any],
+    changed: dict[int, Any],
+    given_stacks: bool,
+    int64_columns: Columns | None = None,
+) -> Spliced | None:
     """`remedy.model.spliced`'s copying in the native core (`splice` in `_native.c` says what goes in
     and out), or None when the core is not used (then the Python code there does it). With the old
     stream's int64 columns (`cached_columns`), the new stream's come with it (no conversion later)."""

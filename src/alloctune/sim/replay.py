@@ -191,12 +191,19 @@ def replay(
     runs would leave this one, for `sim.budget.min_budget(uncapped=...)` (`SimResult.states`;
     native core, its address models, no garbage collection).
     """
-    op = _open(trace, config, budget, total_memory, torch, addresses, reference, overhead, timeline_points,
-               record_events, stop_at_oom)
+    op = _open(
+        trace, config, budget, total_memory, torch, addresses, reference, overhead, timeline_points, record_events, stop_at_oom
+    )
     settings, total, n, rec = op.settings, op.total, len(trace.requests), op.recorded
     states = None
-    if keep_states and stop_at_oom and op.cap is None and not isinstance(op.session, PySession) \
-            and op.session.cloneable and settings.garbage_collection_threshold <= 0:
+    if (
+        keep_states
+        and stop_at_oom
+        and op.cap is None
+        and not isinstance(op.session, PySession)
+        and op.session.cloneable
+        and settings.garbage_collection_threshold <= 0
+    ):
         cols = native.columns(trace.requests)
         if cols is not None:
             states = Checkpoints(cols, n)
@@ -238,8 +245,11 @@ def replay(
         adapted=tuple(run.adapted),
         address_divergence=rec.diverged_at if rec is not None and rec.asked else run.address_divergence,
         addresses=(
-            f"recorded:{(reference or trace).source}" if addresses == "recorded"
-            else "model" if addresses == "model" else "custom"
+            f"recorded:{(reference or trace).source}"
+            if addresses == "recorded"
+            else "model"
+            if addresses == "model"
+            else "custom"
         ),
         states=states,
     )
@@ -259,9 +269,19 @@ class _Opened:
     recorded: RecordedAddresses | None  # the recorded address model, when that places segments
 
 
-def _open(trace: Trace, config: Any, budget: int | None, total_memory: int | None, torch: str | None,
-          addresses: Addresses | AddressModel, reference: Trace | None, overhead: int | None, timeline_points: int,
-          record_events: bool, stop_at_oom: bool) -> _Opened:
+def _open(
+    trace: Trace,
+    config: Any,
+    budget: int | None,
+    total_memory: int | None,
+    torch: str | None,
+    addresses: Addresses | AddressModel,
+    reference: Trace | None,
+    overhead: int | None,
+    timeline_points: int,
+    record_events: bool,
+    stop_at_oom: bool,
+) -> _Opened:
     settings = SimSettings.from_config(config, torch)
     total = int(total_memory or trace.total_memory or H200_TOTAL)
     model = _address_model(trace, addresses, reference)
@@ -289,8 +309,7 @@ def start(
     """`replay`'s run of `trace` (same arguments), paused before its first request: `run(stop)`,
     read `reserved`, put in `empty_cache()`, and (native core) `clone()` / `set_cap()`; see
     `sim.session`. The native core's session when it is built, else the Python model's."""
-    return _open(trace, config, budget, total_memory, torch, addresses, reference, None, 1, record_events,
-                 stop_at_oom).session
+    return _open(trace, config, budget, total_memory, torch, addresses, reference, None, 1, record_events, stop_at_oom).session
 
 
 def _address_model(trace: Trace, addresses: Addresses | AddressModel, reference: Trace | None) -> AddressModel:
@@ -319,8 +338,7 @@ def state_at(
     `.segment_table()`, `.stats`, `.events`). Always the Python model: its state is the object."""
     settings = SimSettings.from_config(config, torch)
     total = int(total_memory or trace.total_memory or H200_TOTAL)
-    alloc = make_allocator(settings, budget=budget, total_memory=total,
-                           addresses=_address_model(trace, addresses, reference))
+    alloc = make_allocator(settings, budget=budget, total_memory=total, addresses=_address_model(trace, addresses, reference))
     req = trace.requests
     PySession(alloc, req, True, max(1, len(req))).run(min(request_index, len(req)))
     return alloc

@@ -217,8 +217,19 @@ class PySession:
         events = None
         if alloc.events is not None:
             events = [(e.action, e.addr, e.size, e.stream, e.request_index) for e in alloc.events]
-        return RunOutput(done, alloc.stats, events, self.oom, self.expected, self.failures, self.surprises,
-                         self.adapted, [*self.t_index, done], [*self.t_alloc, self.bucket_max], alloc.cap)
+        return RunOutput(
+            done,
+            alloc.stats,
+            events,
+            self.oom,
+            self.expected,
+            self.failures,
+            self.surprises,
+            self.adapted,
+            [*self.t_index, done],
+            [*self.t_alloc, self.bucket_max],
+            alloc.cap,
+        )
 
 
 def fall_back(malloc: Callable[[int, int], Block | None], sizes: tuple[int, ...], stream: int) -> Block | None:
@@ -238,8 +249,9 @@ def _native_spec(model: AddressModel) -> tuple[Any, ...]:
     return found if found is not None else ("py", model.alloc, model.free)
 
 
-def native_session(req: RequestStream, settings: SimSettings, cap: int | None, device: Device,
-                   record_events: bool, stop_at_oom: bool, step: int) -> NativeSession | None:
+def native_session(
+    req: RequestStream, settings: SimSettings, cap: int | None, device: Device, record_events: bool, stop_at_oom: bool, step: int
+) -> NativeSession | None:
     """The native core's paused replay at request 0; None when the core is not available (or a
     value does not fit it: then the Python model replays)."""
     mod = native.core()
@@ -247,8 +259,10 @@ def native_session(req: RequestStream, settings: SimSettings, cap: int | None, d
         return None
     cols = native.columns(req)
     table = settings.roundup_power2_divisions
-    if cols is None or len(table) != 16 or not all(
-        -(1 << 63) <= x < (1 << 63) for sizes in req.fallbacks.values() for x in sizes
+    if (
+        cols is None
+        or len(table) != 16
+        or not all(-(1 << 63) <= x < (1 << 63) for sizes in req.fallbacks.values() for x in sizes)
     ):
         return None  # a value beyond int64 (or an odd table): the Python model replays it
     s = (
@@ -262,8 +276,12 @@ def native_session(req: RequestStream, settings: SimSettings, cap: int | None, d
         settings.seg_id_tiebreak,
     )
     session: NativeSession = mod.session(
-        *cols, req.fallbacks, s, (device.total_memory, device.overhead),
-        (_native_spec(device.addresses), _native_spec(device.va)), (record_events, stop_at_oom, step),
+        *cols,
+        req.fallbacks,
+        s,
+        (device.total_memory, device.overhead),
+        (_native_spec(device.addresses), _native_spec(device.va)),
+        (record_events, stop_at_oom, step),
     )
     return session
 

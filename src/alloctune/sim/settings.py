@@ -92,9 +92,7 @@ class SimSettings:
         )
 
     @classmethod
-    def from_allocator_settings(
-        cls, recorded: Mapping[str, Any], torch: str | tuple[int, int] | None = None
-    ) -> "SimSettings":
+    def from_allocator_settings(cls, recorded: Mapping[str, Any], torch: str | tuple[int, int] | None = None) -> "SimSettings":
         """From a snapshot's `allocator_settings` (what the allocator really ran with).
 
         The dict lacks `large_segment_size`/`max_non_split_rounding`; they are read from the
@@ -150,8 +148,7 @@ class SimSettings:
             large_segment_size=getattr(config, "large_segment_size", None),
             roundup_power2_divisions=table,
             torch=ver,
-            per_process_memory_fraction=getattr(config, "per_process_memory_fraction", None)
-            if ver >= (2, 10) else None,
+            per_process_memory_fraction=getattr(config, "per_process_memory_fraction", None) if ver >= (2, 10) else None,
         )
 
 

@@ -55,10 +55,17 @@ class SimulatedSetting:
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
-            "conf": self.conf, "budget": self.budget, "peak_reserved": self.peak_reserved,
-            "peak_allocated": self.peak_allocated, "utilization": self.utilization,
-            "num_alloc_retries": self.num_alloc_retries, "num_ooms": self.num_ooms, "completed": self.completed,
-            "oom": self.oom, "expected_failures": self.expected_failures, "addresses": self.addresses,
+            "conf": self.conf,
+            "budget": self.budget,
+            "peak_reserved": self.peak_reserved,
+            "peak_allocated": self.peak_allocated,
+            "utilization": self.utilization,
+            "num_alloc_retries": self.num_alloc_retries,
+            "num_ooms": self.num_ooms,
+            "completed": self.completed,
+            "oom": self.oom,
+            "expected_failures": self.expected_failures,
+            "addresses": self.addresses,
             "addresses_from": self.addresses_from,
         }
         if self.find_min:
@@ -96,10 +103,16 @@ class Simulation:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "schema": schema_id("simulate"), "trace": self.trace, "torch": self.torch, "budget": self.budget,
-            "total_memory": self.total_memory, "compared_with": self.compared_with,
-            "predicted_oom": self.predicted_oom, "differs": self.differs,
-            "rows": [r.to_dict() for r in self.rows], "notes": list(self.notes),
+            "schema": schema_id("simulate"),
+            "trace": self.trace,
+            "torch": self.torch,
+            "budget": self.budget,
+            "total_memory": self.total_memory,
+            "compared_with": self.compared_with,
+            "predicted_oom": self.predicted_oom,
+            "differs": self.differs,
+            "rows": [r.to_dict() for r in self.rows],
+            "notes": list(self.notes),
         }
 
 
@@ -157,8 +170,7 @@ def simulate(
     steps = len(confs) * per_setting
     for i, (text, sim_settings) in enumerate(zip(confs, settings)):
         progress(f"replaying {setting_label(text)}", i * per_setting, steps)
-        row, result = _replay_one(loaded, recorded, text, sim_settings, cap=cap, total=total, torch=torch,
-                                  source=source)
+        row, result = _replay_one(loaded, recorded, text, sim_settings, cap=cap, total=total, torch=torch, source=source)
         if find_min:
             from alloctune.sim.addresses import TRACE
             from alloctune.sim.budget import min_budget
@@ -170,9 +182,15 @@ def simulate(
             row = replace(row, find_min=True, min_budget=mb.budget, min_budget_replays=mb.replays)
         rows.append(row)
     progress("done", steps, steps)
-    return Simulation(trace=str(trace), torch=torch, budget=cap, total_memory=device_total,
-                      compared_with=None if compare is None else str(compare), rows=tuple(rows),
-                      notes=notes)
+    return Simulation(
+        trace=str(trace),
+        torch=torch,
+        budget=cap,
+        total_memory=device_total,
+        compared_with=None if compare is None else str(compare),
+        rows=tuple(rows),
+        notes=notes,
+    )
 
 
 def _address_source(addresses: str, comparing: bool) -> tuple[str, tuple[str, ...]]:
@@ -193,8 +211,15 @@ def _address_source(addresses: str, comparing: bool) -> tuple[str, tuple[str, ..
 
 
 def _replay_one(
-    trace: Trace, recorded: Trace | None, text: str, settings: SimSettings, *, cap: int | None, total: int | None,
-    torch: str, source: str,
+    trace: Trace,
+    recorded: Trace | None,
+    text: str,
+    settings: SimSettings,
+    *,
+    cap: int | None,
+    total: int | None,
+    torch: str,
+    source: str,
 ) -> tuple[SimulatedSetting, SimResult]:
     """The row for one setting, and the `SimResult` it was read from."""
     from alloctune.sim.addresses import fidelity_kind, replay_addresses
@@ -203,8 +228,17 @@ def _replay_one(
     from alloctune.sim.replay import replay
 
     mode, reference = replay_addresses(source, trace, recorded)
-    result = replay(trace, settings, budget=cap, total_memory=total, torch=torch, addresses=mode,
-                    reference=reference, record_events=recorded is not None, timeline_points=200)
+    result = replay(
+        trace,
+        settings,
+        budget=cap,
+        total_memory=total,
+        torch=torch,
+        addresses=mode,
+        reference=reference,
+        record_events=recorded is not None,
+        timeline_points=200,
+    )
     oom = None
     if result.oom is not None:
         message = oom_message(result.oom, total_memory=result.total_memory, torch=torch)
@@ -215,10 +249,18 @@ def _replay_one(
         fidelity["kind"] = fidelity_kind(source, trace, recorded)
     utilization = round(result.utilization, 4)
     row = SimulatedSetting(
-        conf=text, budget=cap, peak_reserved=result.peak_reserved, peak_allocated=result.peak_allocated,
+        conf=text,
+        budget=cap,
+        peak_reserved=result.peak_reserved,
+        peak_allocated=result.peak_allocated,
         utilization=utilization if math.isfinite(utilization) else 1.0,
-        num_alloc_retries=result.num_alloc_retries, num_ooms=result.stats["num_ooms"], completed=result.completed,
-        oom=oom, expected_failures=len(result.expected_failures), addresses=source,
-        addresses_from=result.addresses, fidelity=fidelity,
+        num_alloc_retries=result.num_alloc_retries,
+        num_ooms=result.stats["num_ooms"],
+        completed=result.completed,
+        oom=oom,
+        expected_failures=len(result.expected_failures),
+        addresses=source,
+        addresses_from=result.addresses,
+        fidelity=fidelity,
     )
     return row, result

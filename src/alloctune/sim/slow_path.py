@@ -73,9 +73,7 @@ class SlowPath:
             self._event("oom", 0, size, stream)
         return b
 
-    def _alloc_block(
-        self, pool: Pool, size: int, alloc_size: int, stream: int, small: bool, retry: bool
-    ) -> Block | None:
+    def _alloc_block(self, pool: Pool, size: int, alloc_size: int, stream: int, small: bool, retry: bool) -> Block | None:
         st = self.stats
         if retry:
             st.num_alloc_retries += 1

@@ -14,16 +14,38 @@ from typing import Any
 
 class Stats:
     __slots__ = (
-        "alloc_count", "alloc_peak", "alloc_cum",
-        "allocated", "allocated_peak", "allocated_cum",
-        "requested", "requested_peak", "requested_cum",
-        "reserved", "reserved_peak", "reserved_cum",
-        "segments", "segments_peak", "segments_cum",
-        "inactive_split", "inactive_split_peak", "inactive_split_cum",
-        "inactive_split_bytes", "inactive_split_bytes_peak", "inactive_split_bytes_cum",
-        "oversize_allocations", "oversize_allocations_peak", "oversize_allocations_cum",
-        "oversize_segments", "oversize_segments_peak", "oversize_segments_cum",
-        "num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc", "num_device_free",
+        "alloc_count",
+        "alloc_peak",
+        "alloc_cum",
+        "allocated",
+        "allocated_peak",
+        "allocated_cum",
+        "requested",
+        "requested_peak",
+        "requested_cum",
+        "reserved",
+        "reserved_peak",
+        "reserved_cum",
+        "segments",
+        "segments_peak",
+        "segments_cum",
+        "inactive_split",
+        "inactive_split_peak",
+        "inactive_split_cum",
+        "inactive_split_bytes",
+        "inactive_split_bytes_peak",
+        "inactive_split_bytes_cum",
+        "oversize_allocations",
+        "oversize_allocations_peak",
+        "oversize_allocations_cum",
+        "oversize_segments",
+        "oversize_segments_peak",
+        "oversize_segments_cum",
+        "num_alloc_retries",
+        "num_ooms",
+        "num_sync_all_streams",
+        "num_device_alloc",
+        "num_device_free",
     )
 
     # every counter is a byte or event count, set to 0 in __init__ (annotated for type checkers)
@@ -153,8 +175,7 @@ class Stats:
             self.inactive_split_bytes_peak,
             self.inactive_split_bytes_cum,
         )
-        put("oversize_allocations", self.oversize_allocations, self.oversize_allocations_peak,
-            self.oversize_allocations_cum)
+        put("oversize_allocations", self.oversize_allocations, self.oversize_allocations_peak, self.oversize_allocations_cum)
         put("oversize_segments", self.oversize_segments, self.oversize_segments_peak, self.oversize_segments_cum)
         for name in ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc", "num_device_free"):
             out[name] = getattr(self, name)

@@ -28,6 +28,7 @@ from alloctune.trace.model import Trace
 
 SCHEMA = schema_id("sweep")
 
+
 @dataclass(frozen=True)
 class SweepRow:
     """One setting's simulated outcome: uncapped peaks, `min_budget`, and (if asked) the budget."""
@@ -114,20 +115,30 @@ def simulate_setting(
     free = None
     replays = 0
     if uncapped or find_min or budget is None:
-        free = replay(trace, config, total_memory=total_memory, torch=torch, record_events=False, timeline_points=1,
-                      keep_states=find_min, **where)
+        free = replay(
+            trace,
+            config,
+            total_memory=total_memory,
+            torch=torch,
+            record_events=False,
+            timeline_points=1,
+            keep_states=find_min,
+            **where,
+        )
         replays = 1
     mb_budget = mb_below = None
     if find_min:
         # the uncapped replay above is the bisection's first probe: handed over, not replayed again
-        mb = min_budget(trace, config, torch=torch, total_memory=total_memory, rel_tol=rel_tol, abs_tol=abs_tol,
-                        uncapped=free, **where)
+        mb = min_budget(
+            trace, config, torch=torch, total_memory=total_memory, rel_tol=rel_tol, abs_tol=abs_tol, uncapped=free, **where
+        )
         mb_budget, mb_below, replays = mb.budget, mb.infeasible_below, replays + mb.replays
     capped = None
     if budget is not None:
         # replayed, not inferred from min_budget: feasibility is monotone in the cap only in practice
-        capped = replay(trace, config, budget=budget, total_memory=total_memory, torch=torch,
-                        record_events=False, timeline_points=1, **where)
+        capped = replay(
+            trace, config, budget=budget, total_memory=total_memory, torch=torch, record_events=False, timeline_points=1, **where
+        )
         replays += 1
     return SweepRow(
         conf=config.format(),
@@ -171,9 +182,21 @@ def sweep(
     rows = []
     for i, c in enumerate(confs):
         progress(f"simulating {c or '(default)'}", i, len(confs))
-        rows.append(simulate_setting(trace, c, budget=budget, torch=torch, total_memory=total_memory,
-                                     find_min=find_min, rel_tol=rel_tol, abs_tol=abs_tol, addresses=addresses,
-                                     reference=reference, uncapped=uncapped))
+        rows.append(
+            simulate_setting(
+                trace,
+                c,
+                budget=budget,
+                torch=torch,
+                total_memory=total_memory,
+                find_min=find_min,
+                rel_tol=rel_tol,
+                abs_tol=abs_tol,
+                addresses=addresses,
+                reference=reference,
+                uncapped=uncapped,
+            )
+        )
     progress("simulated", len(confs), len(confs))
     from alloctune.trace.fallible import untagged_note
 

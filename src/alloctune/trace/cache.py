@@ -104,7 +104,9 @@ def _entry(digest: str, device: int | None, partial: bool) -> Path | None:
 
 
 def load_cached(
-    path: str | Path, device: int | None, partial: bool,
+    path: str | Path,
+    device: int | None,
+    partial: bool,
     load: Callable[[str | Path, int | None, bool], Trace],
 ) -> Trace:
     """`load(path, device, partial)` through the cache (the hook `trace.load.load_trace` calls)."""
@@ -140,8 +142,9 @@ def load_cached(
     return trace
 
 
-def _raw_events(path: str | Path, device: int | None, partial: bool, digest: str | None,
-                load: Callable[[str | Path, int | None, bool], Trace]) -> list[dict[str, Any]]:
+def _raw_events(
+    path: str | Path, device: int | None, partial: bool, digest: str | None, load: Callable[[str | Path, int | None, bool], Trace]
+) -> list[dict[str, Any]]:
     if _content_hash(Path(path)) != digest:
         raise TraceError(f"{path}: the file changed since it was loaded; load it again")
     return list(load(path, device, partial).events)

@@ -70,21 +70,27 @@ def _body(data: bytes | bytearray, source: str) -> bytes | bytearray:
         return data
     m = _HEADER.match(data, 0, 200)
     if m is None:
-        raise TraceError(f"{source}: the compact trace header is damaged (expected "
-                         f"'{FORMAT} <schema> sha256=<hex> bytes=<n>'); convert the original snapshot again")
+        raise TraceError(
+            f"{source}: the compact trace header is damaged (expected "
+            f"'{FORMAT} <schema> sha256=<hex> bytes=<n>'); convert the original snapshot again"
+        )
     schema, digest, length = int(m.group(1)), m.group(2).decode(), int(m.group(3))
     if schema not in READABLE_SCHEMAS:
         raise TraceError(
             f"{source}: compact trace schema {schema} is not supported by this alloctune (reads schema {SCHEMA}); "
             "convert the original snapshot again with `alloctune trace convert`"
         )
-    body = data[m.end():]
+    body = data[m.end() :]
     if len(body) != length:
-        raise TraceError(f"{source}: the compact trace is {len(body)} bytes after its header, the header says "
-                         f"{length}: truncated or damaged; convert the original snapshot again")
+        raise TraceError(
+            f"{source}: the compact trace is {len(body)} bytes after its header, the header says "
+            f"{length}: truncated or damaged; convert the original snapshot again"
+        )
     if hashlib.sha256(body).hexdigest() != digest:
-        raise TraceError(f"{source}: the compact trace fails its sha256 checksum: damaged or edited after it was "
-                         "written; convert the original snapshot again")
+        raise TraceError(
+            f"{source}: the compact trace fails its sha256 checksum: damaged or edited after it was "
+            "written; convert the original snapshot again"
+        )
     return body
 
 
@@ -179,8 +185,7 @@ def from_compact_dict(d: dict[str, Any], *, source: str = "<compact>") -> Trace:
         if next(free_back, None) is not None:
             raise ValueError("more frees stored than FREE requests")
         fallbacks = {int(k): tuple(int(x) for x in v) for k, v in (r.get("fallbacks") or {}).items()}
-        req = RequestStream(ops=ops, sizes=sizes, rids=rids, streams=streams, event_index=event_index,
-                            fallbacks=fallbacks)
+        req = RequestStream(ops=ops, sizes=sizes, rids=rids, streams=streams, event_index=event_index, fallbacks=fallbacks)
         if d.get("stacks") is not None:
             req.stack_table, req.stack_ids = _stacks_from_dict(d["stacks"], ops)
         req.annotations = _annotations_from_list(d.get("annotations") or [], n)
@@ -233,8 +238,7 @@ def _stacks_from_dict(d: Any, ops: list[int]) -> tuple[StackTable, list[int]]:
     nf = len(frames)
     stacks = []
     for st in raw_stacks:
-        if not (isinstance(st, list) and len(st) <= MAX_FRAMES_PER_STACK
-                and all(type(x) is int and 0 <= x < nf for x in st)):
+        if not (isinstance(st, list) and len(st) <= MAX_FRAMES_PER_STACK and all(type(x) is int and 0 <= x < nf for x in st)):
             raise ValueError("a stack of the stack table names frames that do not exist")
         stacks.append(tuple(st))
     ns = len(stacks)
@@ -254,8 +258,15 @@ def _annotations_from_list(raw: Any, n: int) -> list[Annotation]:
         raise ValueError("the annotations are not a list of at most MAX_ANNOTATIONS ranges")
     out = []
     for a in raw:
-        if not (isinstance(a, list) and len(a) == 3 and type(a[0]) is str and len(a[0]) <= MAX_ANNOTATION_NAME
-                and type(a[1]) is int and type(a[2]) is int and 0 <= a[1] <= a[2] <= n):
+        if not (
+            isinstance(a, list)
+            and len(a) == 3
+            and type(a[0]) is str
+            and len(a[0]) <= MAX_ANNOTATION_NAME
+            and type(a[1]) is int
+            and type(a[2]) is int
+            and 0 <= a[1] <= a[2] <= n
+        ):
             raise ValueError("an annotation is not [name, start, end] within the requests")
         out.append(Annotation(a[0], a[1], a[2]))
     return out
@@ -288,9 +299,7 @@ def read_compact_header(path: str | Path) -> dict[str, Any]:
     return {k: d.get(k) for k in ("format", "schema", "source", "device", "total_memory", "allocator_settings", "meta")}
 
 
-def trace_from_compact_bytes(
-    data: bytes | bytearray, *, source: str = "<compact>", device: int | None = None
-) -> Trace:
+def trace_from_compact_bytes(data: bytes | bytearray, *, source: str = "<compact>", device: int | None = None) -> Trace:
     """Parse decompressed compact-file bytes (used by `load_trace` after sniffing)."""
     data = _body(data, source)
     try:

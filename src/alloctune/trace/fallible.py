@@ -96,8 +96,12 @@ class FallbackModel:
             "cached_replacements": self.cached_replacements,
         }
         if self.general:  # only after `generalise`: without it the dict is what it always was
-            out["generalised"] = {"requests": len(self.general), "kinds": self.general_kinds, "by": self.general_by,
-                                  "note": generalised_note(len(self.general), self.general_kinds, self.general_by)}
+            out["generalised"] = {
+                "requests": len(self.general),
+                "kinds": self.general_kinds,
+                "by": self.general_by,
+                "note": generalised_note(len(self.general), self.general_kinds, self.general_by),
+            }
         return out
 
 
@@ -144,9 +148,7 @@ def _rounds_to(size: int, failed: int) -> bool:
     return size <= failed <= size + max(512, size // 4)
 
 
-def learn_from_calibration(
-    uncapped: Trace, capped: Trace, *, cap: int | None = None, window: int = 64
-) -> FallbackModel:
+def learn_from_calibration(uncapped: Trace, capped: Trace, *, cap: int | None = None, window: int = 64) -> FallbackModel:
     """Align a capped recording with the uncapped one: every failed request → what replaced it.
 
     Both recordings are of the same program, so their streams are identical until the first
@@ -263,8 +265,13 @@ class _Walk:
         """Whether a run of failures ends with the capped run's fatal OOM on the uncapped stream's NEXT
         request: the last try is not this request's size but that next allocation's, and the capped run
         allocated nothing after it (it died there). Then the tries before it are this request's ladder."""
-        return (len(tries) >= 2 and self.ic > self.last_alloc and nxt_u is not None
-                and not _rounds_to(size, tries[-1]) and _rounds_to(self.u.sizes[nxt_u], tries[-1]))
+        return (
+            len(tries) >= 2
+            and self.ic > self.last_alloc
+            and nxt_u is not None
+            and not _rounds_to(size, tries[-1])
+            and _rounds_to(self.u.sizes[nxt_u], tries[-1])
+        )
 
     def _same_alloc(self) -> None:
         self.rid_map[self.c.rids[self.ic]] = self.u.rids[self.iu]
@@ -366,13 +373,14 @@ def model_from_frames(trace: Trace) -> FallbackModel:
 def _longer_ladders(a: Mapping[int, tuple[int, ...]], b: Mapping[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]]:
     """Both models' ladders; where both have one for a size and one goes on from the other (a run under a
     lower cap saw more of the same tries), the longer, whichever model it came from; else `a`'s."""
+
     def blocks(ladder: tuple[int, ...]) -> list[int]:  # what the allocator makes of each try (512-byte rounding)
         return [-(-n // 512) * 512 for n in ladder]
 
     out = {**b, **a}
     for size in a.keys() & b.keys():
         la, lb = a[size], b[size]
-        if len(lb) > len(la) and blocks(lb[:len(la)]) == blocks(la):
+        if len(lb) > len(la) and blocks(lb[: len(la)]) == blocks(la):
             out[size] = lb
     return out
 
@@ -468,7 +476,7 @@ def _beyond(own: tuple[int, ...], scaled: tuple[int, ...]) -> tuple[int, ...]:
     stop = next((j for j, t in enumerate(scaled) if t <= own[-1]), None)
     if stop is None or scaled[-1] >= own[-1]:
         return ()
-    return scaled[stop + 1:] if stop + 1 < len(scaled) else scaled[-1:]
+    return scaled[stop + 1 :] if stop + 1 < len(scaled) else scaled[-1:]
 
 
 def _settled_fraction(ladder: Sequence[int], size: int) -> float:
@@ -478,8 +486,10 @@ def _settled_fraction(ladder: Sequence[int], size: int) -> float:
 
 def generalised_note(requests: int, kinds: int, by: str) -> str:
     """The sentence every output that used `generalise` carries."""
-    return (f"learned fallbacks carried over to {requests} workspace-shaped request(s) of {kinds} call site(s) "
-            f"({by}), scaled to each request's size: not seen falling back there")
+    return (
+        f"learned fallbacks carried over to {requests} workspace-shaped request(s) of {kinds} call site(s) "
+        f"({by}), scaled to each request's size: not seen falling back there"
+    )
 
 
 def with_fallbacks(trace: Trace, model: FallbackModel) -> Trace:
@@ -515,8 +525,11 @@ def scratch_requests(trace: Trace, min_size: int = SCRATCH_MIN) -> list[int]:
     """
     r = trace.requests
     ops, sizes, rids = r.ops, r.sizes, r.rids
-    return [i for i in range(len(ops) - 1)
-            if ops[i] == ALLOC and sizes[i] >= min_size and ops[i + 1] == FREE and rids[i + 1] == rids[i]]
+    return [
+        i
+        for i in range(len(ops) - 1)
+        if ops[i] == ALLOC and sizes[i] >= min_size and ops[i + 1] == FREE and rids[i + 1] == rids[i]
+    ]
 
 
 def optimistic(trace: Trace) -> Trace:
@@ -576,4 +589,3 @@ def fallible_summary(trace: Trace) -> dict[str, Any]:
         **({"generalised": info["generalised"]} if info.get("generalised") else {}),
         "note": untagged_note(trace),
     }
-

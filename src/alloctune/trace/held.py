@@ -46,8 +46,9 @@ class Held:
         self.on = rules is not None
         self.split, self.rounding = rules if rules is not None else (None, 0)
 
-    def served(self, events: Sequence[dict[str, Any]], j: int, segments: Mapping[int, tuple[int, int]],
-               live: Iterable[tuple[int, int]]) -> bool:
+    def served(
+        self, events: Sequence[dict[str, Any]], j: int, segments: Mapping[int, tuple[int, int]], live: Iterable[tuple[int, int]]
+    ) -> bool:
         """Whether the request that follows a release burst ending at `j` (a new segment, then its alloc)
         could have been served by a cached block of its stream and pool as the burst began. The allocator
         releases cached segments only after no cached block fits a request (`get_free_block` fails first),
@@ -56,8 +57,7 @@ class Held:
         if not self.on or nxt is None or nxt.get("action") != "segment_alloc":
             return False
         seg_start, seg_end = nxt["addr"], nxt["addr"] + nxt["size"]
-        req = next((e for e in events[j + 1:j + 4] if e.get("action") == "alloc"
-                    and seg_start <= e["addr"] < seg_end), None)
+        req = next((e for e in events[j + 1 : j + 4] if e.get("action") == "alloc" and seg_start <= e["addr"] < seg_end), None)
         if req is None:
             return False
         size, stream = -(-req["size"] // 512) * 512, req["stream"]
@@ -67,9 +67,8 @@ class Held:
         # a gap proves a block the request may take when the block in it (its size less the slack at most)
         # is at least the request and under the limit the split rules set; the block `get_free_block` picks,
         # the smallest at least the request, is then under that limit too
-        below = (1 << 63 if self.split is None else self.split if size < self.split else size + self.rounding)
-        starts = sorted(a for a, (s, st) in segments.items()
-                        if st == stream and (s == SMALL_SEGMENT) == small and s >= size)
+        below = 1 << 63 if self.split is None else self.split if size < self.split else size + self.rounding
+        starts = sorted(a for a, (s, st) in segments.items() if st == stream and (s == SMALL_SEGMENT) == small and s >= size)
         if not starts:
             return False
         used: dict[int, list[tuple[int, int]]] = {a: [] for a in starts}

@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from alloctune.errors import TraceError, UnsafePickleError
+from alloctune.trace.annotated_ranges import collect_annotations
 from alloctune.trace.compact import is_compact, trace_from_compact_bytes
 from alloctune.trace.content import SNIFF_BYTES, Content, sniff_content
 from alloctune.trace.model import Trace
 from alloctune.trace.safe_pickle import load_pickle_bytes, read_decompressed
 from alloctune.trace.sidecar import read_sidecar  # noqa: F401  (re-exported: where callers look for it)
-from alloctune.trace.stream import build_stream, collect_annotations, run_record, stream_context, with_run_record
+from alloctune.trace.stream import build_stream, run_record, stream_context, with_run_record
 from alloctune.trace.validate import check_events, check_settings, check_snapshot, device_bound
 
 _RECORD_HINT = (
@@ -69,12 +70,14 @@ def _not_a_recording(content: Content, source: str) -> TraceError | None:
             return TraceError(
                 f"{source} is JSON, not a recording: a recording is a torch memory snapshot "
                 "(torch.cuda.memory._dump_snapshot) or an alloctune trace (.atrace); results of "
-                f"simulate --json and tune stores go to `alloctune report {source}`")
+                f"simulate --json and tune stores go to `alloctune report {source}`"
+            )
         return TraceError(f"{source} is a text log, not a recording: try `alloctune diagnose {source}`")
     if content.kind == "other" and content.magic:
         return TraceError(
             f"{source} is {content.what}, not a recording: expected a torch memory snapshot "
-            "(torch.cuda.memory._dump_snapshot) or an alloctune trace (.atrace)")
+            "(torch.cuda.memory._dump_snapshot) or an alloctune trace (.atrace)"
+        )
     return None
 
 
@@ -105,8 +108,9 @@ def _snapshot_from_bytes(data: bytes | bytearray, source: str, total_memory: Any
             raise refusal from None
         if content.kind == "other":  # no pickle header and unreadable as one: say what it is not
             detail = str(exc).removeprefix(f"{source}: ")
-            raise TraceError(f"{source} is binary data that is neither a torch memory snapshot nor an alloctune "
-                             f"trace ({detail})") from None
+            raise TraceError(
+                f"{source} is binary data that is neither a torch memory snapshot nor an alloctune trace ({detail})"
+            ) from None
         raise
     if not isinstance(obj, dict) or "device_traces" not in obj:
         what = f"a dict with keys {sorted(map(str, obj))[:6]}" if isinstance(obj, dict) else type(obj).__name__
@@ -136,9 +140,7 @@ def pick_device(snapshot: dict[str, Any], device: int | None, source: str) -> in
                 f"(0..{len(traces) - 1}); devices with events: {_fmt_devices(have)}"
             )
         if not traces[device]:
-            raise TraceError(
-                f"{source}: device {device} has no recorded events; devices with events: {_fmt_devices(have)}"
-            )
+            raise TraceError(f"{source}: device {device} has no recorded events; devices with events: {_fmt_devices(have)}")
         return device
     if not have:
         raise TraceError(f"{source}: the snapshot has no allocation history (empty device_traces); {_RECORD_HINT}")
@@ -152,8 +154,6 @@ def pick_device(snapshot: dict[str, Any], device: int | None, source: str) -> in
 
 def _fmt_devices(devs: list[int]) -> str:
     return ", ".join(map(str, devs)) if devs else "none"
-
-
 
 
 def trace_from_snapshot(

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
 
 # Request kinds (the program's side of the trace).
-ALLOC = 0        # size = requested bytes (before rounding), rid = new allocation id
-FREE = 1         # rid = id of the allocation being freed (at `free_completed`)
+ALLOC = 0  # size = requested bytes (before rounding), rid = new allocation id
+FREE = 1  # rid = id of the allocation being freed (at `free_completed`)
 EMPTY_CACHE = 2  # the program called torch.cuda.empty_cache(); size = rid = -1
 FAILED_ALLOC = 3  # a request that raised OOM on the GPU (recorded `oom` event); rid = -1
 

@@ -30,8 +30,7 @@ class OverLimit(Exception):
     """`check_built` found the built data over a limit (`scan` then words the refusal)."""
 
 
-def check_built(root: Any, limits: Limits, nbytes: int, *, tuples: int, empty_tuples: bool,
-                untracked_are_flat: bool) -> int:
+def check_built(root: Any, limits: Limits, nbytes: int, *, tuples: int, empty_tuples: bool, untracked_are_flat: bool) -> int:
     """Enforce `limits` on data the C unpickler built from a screened stream; the expanded object count.
 
     Level by level from the root, a few C-speed passes per level (`map`, `chain`, `compress`), never
@@ -54,15 +53,17 @@ def check_built(root: Any, limits: Limits, nbytes: int, *, tuples: int, empty_tu
     seen: dict[int, tuple] = {}
     edges: Counter = Counter()
     total = _measure(root, limits, nbytes, False, untracked_are_flat, (seen, edges))
-    if len(seen) == tuples and all(map(eq, map(sub, map(getrefcount, seen.values()), map(edges.__getitem__, seen)),
-                                       repeat(_TUPLE_REFS_HELD))):
+    if len(seen) == tuples and all(
+        map(eq, map(sub, map(getrefcount, seen.values()), map(edges.__getitem__, seen)), repeat(_TUPLE_REFS_HELD))
+    ):
         return total
     seen.clear()
     return _measure(root, limits, nbytes, True, untracked_are_flat, None)
 
 
-def _measure(root: Any, limits: Limits, nbytes: int, keys_too: bool, flat: bool,
-             tuple_log: tuple[dict[int, tuple], Counter] | None) -> int:
+def _measure(
+    root: Any, limits: Limits, nbytes: int, keys_too: bool, flat: bool, tuple_log: tuple[dict[int, tuple], Counter] | None
+) -> int:
     """The expanded object count of `root`, level by level; `OverLimit` past a limit.
 
     A level: the dicts and the lists/tuples that appear once (`dicts`, `seqs`), and the others with
@@ -98,8 +99,7 @@ def _measure(root: Any, limits: Limits, nbytes: int, keys_too: bool, flat: bool,
     return total
 
 
-def _count_items(dicts: list, seqs: list, hobjs: list, hweights: list[int], total: int, max_len: int,
-                 max_objects: int) -> int:
+def _count_items(dicts: list, seqs: list, hobjs: list, hweights: list[int], total: int, max_len: int, max_objects: int) -> int:
     """`total` plus the items of this level's containers (a dict's keys and values both count, a
     container appearing w times counts w times); `OverLimit` for a container or a total too large."""
     dlens = list(map(len, dicts))
@@ -121,8 +121,15 @@ def _log_tuples(tuple_log: tuple[dict[int, tuple], Counter], tuples: list) -> No
         tuple_log[1].update(ids)
 
 
-def _below_shared(hobjs: list, hweights: list[int], keys_too: bool, flat: bool, leaves: _Leaves, max_len: int,
-                  tuple_log: tuple[dict[int, tuple], Counter] | None) -> tuple[Counter, dict[int, Any]]:
+def _below_shared(
+    hobjs: list,
+    hweights: list[int],
+    keys_too: bool,
+    flat: bool,
+    leaves: _Leaves,
+    max_len: int,
+    tuple_log: tuple[dict[int, tuple], Counter] | None,
+) -> tuple[Counter, dict[int, Any]]:
     """(appearances by id, the containers by id) of the containers inside the containers that
     appear several times: each group of equal weight walked once, its finds counted that often."""
     counts: Counter = Counter()
@@ -214,8 +221,9 @@ class _Leaves:
         self.largest = -1  # items of the largest; -1: none found
 
 
-def _containers_in(seqs: list, dicts: list, keys_too: bool, flat: bool, leaves: _Leaves | None = None,
-                   weight: int = 1, max_len: int = 0) -> list[list]:
+def _containers_in(
+    seqs: list, dicts: list, keys_too: bool, flat: bool, leaves: _Leaves | None = None, weight: int = 1, max_len: int = 0
+) -> list[list]:
     """[dicts, lists, tuples] among the items of `seqs` and the values (and keys if `keys_too`) of
     `dicts`, each once per appearance; `dicts` must be only the tracked ones if `flat`, and then
     untracked dicts found are not returned but added to `leaves` (times `weight`; `leaves.largest`
@@ -245,8 +253,9 @@ def _containers_in(seqs: list, dicts: list, keys_too: bool, flat: bool, leaves: 
             continue
         kinds = list(map(type, got))
         for slot, kind in enumerate((dict, list, tuple)):
-            these = list(compress(got, map(is_, kinds, repeat(kind)))) if len(set(kinds)) > 1 else (
-                got if kinds[0] is kind else [])
+            these = (
+                list(compress(got, map(is_, kinds, repeat(kind)))) if len(set(kinds)) > 1 else (got if kinds[0] is kind else [])
+            )
             if not these:
                 continue
             if slot == 0 and flat and leaves is not None:
@@ -279,4 +288,3 @@ def _refs_held_by_the_log() -> int:
 
 
 _TUPLE_REFS_HELD = _refs_held_by_the_log()
-

@@ -42,13 +42,31 @@ _SCALAR = (0, 1)  # (depth, expanded objects) of every scalar: immutable and sha
 # Opcodes that name code or out-of-band data: refused (the restricted unpickler words the error).
 _GLOBALISH = frozenset(b"ci\x93\x82\x83\x84PQ")
 # Opcodes that call something or are not plain data at all.
-_FORBIDDEN = {ord("R"): "REDUCE", ord("b"): "BUILD", ord("o"): "OBJ", 0x81: "NEWOBJ", 0x92: "NEWOBJ_EX",
-              0x97: "NEXT_BUFFER", 0x98: "READONLY_BUFFER"}
+_FORBIDDEN = {
+    ord("R"): "REDUCE",
+    ord("b"): "BUILD",
+    ord("o"): "OBJ",
+    0x81: "NEWOBJ",
+    0x92: "NEWOBJ_EX",
+    0x97: "NEXT_BUFFER",
+    0x98: "READONLY_BUFFER",
+}
 # Fixed-size scalar opcodes: opcode -> argument bytes.
 _FIXED_SCALAR = {ord("N"): 0, 0x88: 0, 0x89: 0, ord("K"): 1, ord("M"): 2, ord("J"): 4, ord("G"): 8}
 # Length-prefixed scalars: opcode -> bytes of the length field.
-_COUNTED_SCALAR = {0x8C: 1, ord("C"): 1, ord("U"): 1, 0x8A: 1, ord("X"): 4, ord("B"): 4, ord("T"): 4,
-                   0x8B: 4, 0x8D: 8, 0x8E: 8, 0x96: 8}
+_COUNTED_SCALAR = {
+    0x8C: 1,
+    ord("C"): 1,
+    ord("U"): 1,
+    0x8A: 1,
+    ord("X"): 4,
+    ord("B"): 4,
+    ord("T"): 4,
+    0x8B: 4,
+    0x8D: 8,
+    0x8E: 8,
+    0x96: 8,
+}
 # Newline-terminated scalars (protocol 0).
 _LINE_SCALAR = frozenset(b"IFLSV")
 _MAX_LINE = 1 << 16
@@ -104,8 +122,11 @@ class _Walk:
         if parent[2] > self.max_len:
             raise self.fail(f"a container holds more than {self.max_len} items; {hint('max_container')}", at)
         if parent[1] > self.max_objects:
-            raise self.fail(f"the data expands to more than {self.max_objects} objects (shared references counted "
-                            f"each time; a 'billion laughs'?); {hint('max_objects')}", at)
+            raise self.fail(
+                f"the data expands to more than {self.max_objects} objects (shared references counted "
+                f"each time; a 'billion laughs'?); {hint('max_objects')}",
+                at,
+            )
 
     def pop_mark(self, at: int) -> int:
         if not self.marks:
@@ -151,9 +172,9 @@ class _Walk:
         parent = stack[-need]
         if parent is _SCALAR:
             raise self.fail("items added to something that is not a container", at)
-        for it in stack[1 - need:]:
+        for it in stack[1 - need :]:
             self.add(parent, it, at)
-        del stack[1 - need:]
+        del stack[1 - need :]
 
     def build(self, op: int, at: int) -> None:
         """TUPLE1..3, EMPTY_TUPLE, TUPLE, LIST, DICT, FROZENSET: a container built from stack items."""
@@ -219,7 +240,7 @@ class _Walk:
             else:
                 raise self.fail("POP on an empty stack", at)
         elif op == 0x31:  # POP_MARK
-            del stack[self.pop_mark(at):]
+            del stack[self.pop_mark(at) :]
         elif op == 0x32:  # DUP
             if not stack:
                 raise self.fail("DUP on an empty stack", at)
@@ -291,7 +312,7 @@ def scan(data: bytes | bytearray, limits: Limits | None = None) -> int:
             push(scalar)
         elif op in counted:
             width = counted[op]
-            size = int.from_bytes(data[pos:pos + width], "little")
+            size = int.from_bytes(data[pos : pos + width], "little")
             pos += width + size
             if pos > n:
                 raise fail(f"a {size}-byte value runs past the end of the data (truncated?)", pos - width - size - 1)
@@ -321,9 +342,7 @@ def scan(data: bytes | bytearray, limits: Limits | None = None) -> int:
     raise fail("the pickle ends without its STOP opcode (truncated?)", n)
 
 
-def _line_int(
-    data: bytes | bytearray, pos: int, at: int, fail: Callable[[str, int], PickleRejected]
-) -> tuple[int, int]:
+def _line_int(data: bytes | bytearray, pos: int, at: int, fail: Callable[[str, int], PickleRejected]) -> tuple[int, int]:
     end = data.find(b"\n", pos, pos + 32)
     if end < 0:
         raise fail("a memo index has no end of line", at)
@@ -354,8 +373,7 @@ _TUPLE_OPS = frozenset(b"\x85\x86\x87t)")
 
 def _one_byte_counted(op: bytes) -> bytes:
     """Regex for opcode `op` followed by a 1-byte length and that many bytes (all 256 cases spelled out)."""
-    return re.escape(op) + b"(?:" + b"|".join(re.escape(bytes([k])) + (b".{%d}" % k if k else b"")
-                                              for k in range(256)) + b")"
+    return re.escape(op) + b"(?:" + b"|".join(re.escape(bytes([k])) + (b".{%d}" % k if k else b"") for k in range(256)) + b")"
 
 
 class _RunPattern(Protocol):
@@ -395,8 +413,10 @@ def _patterns() -> tuple[_RunPattern, re.Pattern[bytes]]:
         b"\\x80[\\x02-\\x05]",  # PROTO 2..5
         _one_byte_counted(b"C"),  # SHORT_BINBYTES
     ]
-    return (cast(_RunPattern, re.compile(b"(?:" + b"|".join(fast) + b")*+", re.S)),
-            re.compile(b"|".join(fast) + b"|[\\x85\\x86\\x87t)]", re.S))
+    return (
+        cast(_RunPattern, re.compile(b"(?:" + b"|".join(fast) + b")*+", re.S)),
+        re.compile(b"|".join(fast) + b"|[\\x85\\x86\\x87t)]", re.S),
+    )
 
 
 @functools.cache
@@ -463,13 +483,13 @@ def screen(data: bytes | bytearray) -> Screened | None:
             return None  # no STOP
         op = data[pos]
         if op == 0x2E:  # STOP
-            if pos + 1 != n and bytes(data[pos + 1:]).strip(b"\x00\n\r \t"):
+            if pos + 1 != n and bytes(data[pos + 1 :]).strip(b"\x00\n\r \t"):
                 return None  # trailing data: let `scan` word it
             return out
         if op == 0x58 or op == 0x42:  # BINUNICODE, BINBYTES: a 4-byte length
             if pos + 5 > n:
                 return None
-            pos += 5 + int.from_bytes(data[pos + 1:pos + 5], "little")
+            pos += 5 + int.from_bytes(data[pos + 1 : pos + 5], "little")
             if pos > n:
                 return None
         elif op not in _TUPLE_OPS:
@@ -506,7 +526,7 @@ def _literal_operands(data: bytes | bytearray, op: int, bounds: list[int], at: i
         marks = [i for i, m in enumerate(toks) if data[m.start()] == 0x28]
         if not marks:
             return False
-        items = toks[marks[-1] + 1:]
+        items = toks[marks[-1] + 1 :]
     else:
         k = op - 0x84
         if len(toks) < k:

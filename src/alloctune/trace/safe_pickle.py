@@ -150,8 +150,7 @@ def _gc_facts() -> tuple[bool, bool]:
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        with_containers = all(gc.is_tracked(pickle.loads(p)) for p in (
-            b"\x80\x04}(\x8c\x01a]u.", b"\x80\x04}(\x8c\x01a}u."))
+        with_containers = all(gc.is_tracked(pickle.loads(p)) for p in (b"\x80\x04}(\x8c\x01a]u.", b"\x80\x04}(\x8c\x01a}u."))
         t = pickle.loads(b"\x80\x04K\x01K\x02\x86.")
         with_tuple = pickle.loads(b"\x80\x04}(\x8c\x01aK\x01K\x02\x86u.")
         return with_containers, gc.is_tracked(t) and gc.is_tracked(with_tuple)
@@ -173,7 +172,7 @@ def _refuse_global(data: bytes | bytearray, at: int) -> None:
     op = data[at]
     if op in (0x82, 0x83, 0x84):  # EXT1, EXT2, EXT4
         width = {0x82: 1, 0x83: 2, 0x84: 4}[op]
-        code = int.from_bytes(data[at + 1:at + 1 + width], "little")
+        code = int.from_bytes(data[at + 1 : at + 1 + width], "little")
         key = copyreg._inverted_registry.get(code)  # type: ignore[attr-defined]
         what = f"the global '{key[0]}.{key[1]}'" if key else f"extension code {code}"
         raise UnsafePickleError(
@@ -221,16 +220,16 @@ def read_decompressed(path: str | Path, limits: Limits | None = None) -> bytes |
     kind = sniff_compression(raw[:8])
     if kind is None:
         if len(raw) > lim.max_decompressed:
-            raise TraceError(f"{path}: {len(raw)} bytes is more than the {lim.max_decompressed}-byte limit; "
-                             f"{hint('max_decompressed')}")
+            raise TraceError(
+                f"{path}: {len(raw)} bytes is more than the {lim.max_decompressed}-byte limit; {hint('max_decompressed')}"
+            )
         return raw
     allowed, which = lim.decompressed_allowed(len(raw))
     try:
         return decompress_bounded(raw, kind, allowed)
     except _TooLarge:
         raise TraceError(
-            f"{path}: decompresses to more than {allowed} bytes ({len(raw)} compressed; a decompression bomb?); "
-            f"{hint(which)}"
+            f"{path}: decompresses to more than {allowed} bytes ({len(raw)} compressed; a decompression bomb?); {hint(which)}"
         ) from None
     except (lzma.LZMAError, EOFError, OSError, zlib.error, ValueError) as exc:
         raise TraceError(
@@ -312,11 +311,20 @@ def load_pickle_bytes(data: bytes | bytearray, source: str = "<bytes>", limits: 
         raise UnsafePickleError(f"{source}: {exc}", refused=exc.refused) from None
     except TraceError as exc:
         raise TraceError(f"{source}: not a readable pickle of plain data: {exc}") from None
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError,
-            AttributeError, MemoryError, OverflowError, RecursionError) as exc:
+    except (
+        pickle.UnpicklingError,
+        EOFError,
+        ValueError,
+        TypeError,
+        IndexError,
+        KeyError,
+        AttributeError,
+        MemoryError,
+        OverflowError,
+        RecursionError,
+    ) as exc:
         detail = str(exc) or type(exc).__name__
         raise TraceError(
             f"{source}: not a readable pickle (truncated or corrupt: {detail:.120}); "
             "expected a file written by torch.cuda.memory._dump_snapshot"
         ) from exc
-

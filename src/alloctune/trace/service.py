@@ -23,8 +23,9 @@ def _check_device(device: int | None) -> None:
         raise InputError(f"--device must be 0 or more, got {device}")
 
 
-def trace_info(file: str | Path, device: int | None = None, *, partial: bool = False,
-               progress: Progress = no_progress) -> TraceSummary:
+def trace_info(
+    file: str | Path, device: int | None = None, *, partial: bool = False, progress: Progress = no_progress
+) -> TraceSummary:
     """The `TraceSummary` of a snapshot or compact trace (requests, peaks, segment events, settings)."""
     from alloctune.trace.load import load_trace
     from alloctune.trace.summary import summarize
@@ -46,13 +47,20 @@ class Conversion:
     output_bytes: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": schema_id("trace-convert"), "source": self.source, "output": self.output,
-                "requests": self.requests, "segment_events": self.segment_events,
-                "input_bytes": self.input_bytes, "output_bytes": self.output_bytes}
+        return {
+            "schema": schema_id("trace-convert"),
+            "source": self.source,
+            "output": self.output,
+            "requests": self.requests,
+            "segment_events": self.segment_events,
+            "input_bytes": self.input_bytes,
+            "output_bytes": self.output_bytes,
+        }
 
 
-def convert_trace(file: str | Path, out: str | Path, device: int | None = None, *,
-                  progress: Progress = no_progress) -> Conversion:
+def convert_trace(
+    file: str | Path, out: str | Path, device: int | None = None, *, progress: Progress = no_progress
+) -> Conversion:
     """Save a snapshot in alloctune's compact, pickle-free format."""
     from alloctune.trace.compact import save_compact
     from alloctune.trace.load import load_trace
@@ -69,5 +77,4 @@ def convert_trace(file: str | Path, out: str | Path, device: int | None = None, 
         written = save_compact(trace, out)
     except OSError as exc:
         raise InputError(f"{out}: cannot write: {exc.strerror or exc}") from exc
-    return Conversion(str(file), str(out), len(trace.requests), len(trace.segment_events), file.stat().st_size,
-                      written)
+    return Conversion(str(file), str(out), len(trace.requests), len(trace.segment_events), file.stat().st_size, written)

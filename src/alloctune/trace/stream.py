@@ -6,7 +6,7 @@ expandable map/unmap, OOM). The simulator replays the first and must reproduce t
 second, so this module separates them.
 
 Rules (tested on hand-made histories and the shared H200 traces, tests/test_trace_stream.py;
-bench/gpu_trace.sh checks them against programs whose calls are known):
+tests/test_trace_gpu.py checks them against programs whose calls are known):
 
 * `alloc` -> ALLOC with a fresh allocation id (rid, counting from 0); `size` is the
   requested byte count before rounding, exactly what the program asked for.
@@ -79,7 +79,7 @@ rounded request, rid = -1). `event_index` points into the raw `device_traces` li
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence, cast
+from typing import Any, Mapping, Sequence
 
 from alloctune.errors import TraceError
 from alloctune.trace.held import SMALL_SEGMENT, Held, block_rules
@@ -88,12 +88,9 @@ from alloctune.trace.model import (
     EMPTY_CACHE,
     FAILED_ALLOC,
     FREE,
-    MAX_ANNOTATION_NAME,
-    MAX_ANNOTATIONS,
     MAX_FRAMES,
     MAX_FRAMES_PER_STACK,
     MAX_STACKS,
-    Annotation,
     RequestStream,
     SegmentEvent,
     StackTable,
@@ -111,8 +108,14 @@ EMPTY_CACHE_MARKS_KEY = "alloctune_empty_cache_calls"
 # a snapshot moved away from its report must still say which budget it ran under.
 RUN_RECORD_KEY = "alloctune_run"
 _RUN_RECORD_TYPES: dict[str, tuple[type[Any], ...]] = {
-    "cap": (int,), "total_memory": (int,), "oom_limit": (int,), "device": (int,), "torch": (str,), "conf": (str,),
-    "cmd": (list,), "cudnn_benchmark": (bool,),
+    "cap": (int,),
+    "total_memory": (int,),
+    "oom_limit": (int,),
+    "device": (int,),
+    "torch": (str,),
+    "conf": (str,),
+    "cmd": (list,),
+    "cudnn_benchmark": (bool,),
 }
 RUN_RECORD_FIELDS = frozenset(_RUN_RECORD_TYPES)
 # How far (µs) a release may lie outside a marked call's interval and still be that call's:
@@ -188,8 +191,11 @@ def run_record(snapshot: Mapping[str, Any], source: str = "<snapshot>") -> dict[
             if key not in rec:
                 continue
             value = rec[key]
-            if (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)
-                    or (isinstance(value, int) and not isinstance(value, bool) and value < 0)):
+            if (
+                not isinstance(value, types)
+                or (isinstance(value, bool) and bool not in types)
+                or (isinstance(value, int) and not isinstance(value, bool) and value < 0)
+            ):
                 bad = True
                 break
             if key == "cmd" and (len(value) > 4096 or not all(isinstance(a, str) and len(a) <= 65536 for a in value)):
@@ -197,8 +203,10 @@ def run_record(snapshot: Mapping[str, Any], source: str = "<snapshot>") -> dict[
                 break
             out[key] = list(value) if key == "cmd" else value
     if bad:
-        raise TraceError(f"{source}: '{RUN_RECORD_KEY}' is not the agent's run record (cap, total_memory, ...); "
-                         "the snapshot was edited or damaged")
+        raise TraceError(
+            f"{source}: '{RUN_RECORD_KEY}' is not the agent's run record (cap, total_memory, ...); "
+            "the snapshot was edited or damaged"
+        )
     return out
 
 
@@ -218,10 +226,13 @@ def stream_context(snapshot: dict[str, Any], meta: dict[str, Any] | None, *, sou
     marks = snapshot.get(EMPTY_CACHE_MARKS_KEY)
     if marks is not None:
         ok = isinstance(marks, list) and all(
-            isinstance(m, (list, tuple)) and len(m) == 2 and all(isinstance(x, int) for x in m) for m in marks)
+            isinstance(m, (list, tuple)) and len(m) == 2 and all(isinstance(x, int) for x in m) for m in marks
+        )
         if not ok:
-            raise TraceError(f"{source}: '{EMPTY_CACHE_MARKS_KEY}' is not a list of [start_us, end_us] pairs; "
-                             "the snapshot was edited or damaged")
+            raise TraceError(
+                f"{source}: '{EMPTY_CACHE_MARKS_KEY}' is not a list of [start_us, end_us] pairs; "
+                "the snapshot was edited or damaged"
+            )
     return {"limit": Limit.from_meta(meta), "marks": marks}
 
 
@@ -244,8 +255,11 @@ def build_stream(
     error (`load_trace`) or accept a partial history.
     """
     settings = allocator_settings or {}
-    judge = _BurstJudge(float(settings.get("garbage_collection_threshold") or 0.0), limit or Limit(),
-                        Held(block_rules(settings) if marks is None else None))
+    judge = _BurstJudge(
+        float(settings.get("garbage_collection_threshold") or 0.0),
+        limit or Limit(),
+        Held(block_rules(settings) if marks is None else None),
+    )
     out, marked = _start_build(events, marks, keep_addresses)
     req, addrs = out.requests, out.addresses
 
@@ -321,8 +335,9 @@ def build_stream(
     return out
 
 
-def _start_build(events: Sequence[dict[str, Any]], marks: Sequence[Sequence[int]] | None,
-                 keep_addresses: bool) -> tuple[StreamBuild, dict[int, int] | None]:
+def _start_build(
+    events: Sequence[dict[str, Any]], marks: Sequence[Sequence[int]] | None, keep_addresses: bool
+) -> tuple[StreamBuild, dict[int, int] | None]:
     """The empty result, and the agent's marks placed on the events (None without marks)."""
     marked = _place_marks(events, marks) if marks is not None else None
     out = StreamBuild(RequestStream(), [], marked=marked is not None, addresses=[] if keep_addresses else None)
@@ -351,8 +366,15 @@ def _burst_end(events: Sequence[dict[str, Any]], i: int, n: int) -> int:
     return j
 
 
-def _release_segments(events: Sequence[dict[str, Any]], i: int, j: int, owner: int, out: StreamBuild,
-                      segments: dict[int, tuple[int, int]], reserved: int) -> int:
+def _release_segments(
+    events: Sequence[dict[str, Any]],
+    i: int,
+    j: int,
+    owner: int,
+    out: StreamBuild,
+    segments: dict[int, tuple[int, int]],
+    reserved: int,
+) -> int:
     """Record the releases `events[i:j]` as segment events of request `owner`, matched against the
     segments the trace allocated; the reserved bytes after them (unmatched ones counted in `out`)."""
     seg_append = out.segment_events.append
@@ -426,56 +448,6 @@ def collect_stacks(events: Sequence[dict[str, Any]], req: RequestStream) -> None
     req.stack_table = table
 
 
-def collect_annotations(raw: Any, events: Sequence[dict[str, Any]], req: RequestStream, device: int,
-                        source: str = "<trace>") -> None:
-    """Place the snapshot's `external_annotations` on the request stream (`RequestStream.annotations`).
-
-    Torch writes one entry per range edge: `{"device", "name", "stage": "START" | "END", "time_us"}`,
-    from the thread that ran the range (record_function is thread-local). A range holds the requests
-    whose event time lies within its edges. Nested ranges of one name pair innermost first; a START
-    with no END (the run ended inside it, an OOM say) lasts to the end; an END with no START (the
-    ring buffer dropped it) is left out. Untrusted input: an entry of the wrong shape is a
-    `TraceError` (one line), and more than `MAX_ANNOTATIONS` entries are refused.
-    """
-    if raw is None:
-        return
-    if not isinstance(raw, list):
-        raise TraceError(f"{source}: 'external_annotations' is not a list; the snapshot is damaged")
-    if len(raw) > MAX_ANNOTATIONS:
-        raise TraceError(f"{source}: more than {MAX_ANNOTATIONS} external annotations; the snapshot is not one "
-                         "program's (alloctune keeps its memory bounded)")
-    edges: list[tuple[int, str, bool]] = []
-    for k, a in enumerate(raw):
-        if not isinstance(a, dict):
-            raise TraceError(f"{source}: external_annotations[{k}] is not a dict; the snapshot is damaged")
-        name, stage, t, dev = a.get("name"), a.get("stage"), a.get("time_us"), a.get("device", device)
-        if (type(name) is not str or len(name) > MAX_ANNOTATION_NAME or stage not in ("START", "END")
-                or type(t) is not int or type(dev) is not int):
-            raise TraceError(f"{source}: external_annotations[{k}] is not {{name: str (at most "
-                             f"{MAX_ANNOTATION_NAME} characters), stage: START|END, time_us: int, device: int}}")
-        if dev == device:
-            edges.append((t, name, stage == "START"))
-    if not edges:
-        return
-    raw_times = [events[i].get("time_us") if 0 <= i < len(events) else None for i in req.event_index]
-    if any(type(t) is not int for t in raw_times):
-        return  # a history without times: nothing places a range
-    times = cast("list[int]", raw_times)  # every one checked just above
-    import bisect
-
-    n = len(times)
-    open_at: dict[str, list[int]] = {}
-    out: list[Annotation] = []
-    for t, name, start in sorted(edges, key=lambda e: (e[0], not e[2])):
-        if start:
-            open_at.setdefault(name, []).append(bisect.bisect_left(times, t))
-        elif open_at.get(name):
-            out.append(Annotation(name, open_at[name].pop(), bisect.bisect_right(times, t)))
-    out += [Annotation(name, s, n) for name, starts in open_at.items() for s in starts]
-    out.sort(key=lambda a: (a.start, -a.end))
-    req.annotations = out
-
-
 _BURST, _SILENT = 1, 2
 
 
@@ -486,15 +458,17 @@ def _place_marks(events: Sequence[dict[str, Any]], marks: Sequence[Sequence[int]
     times: list[Any] = [e.get("time_us") for e in events]  # as the snapshot has them (None: checked next)
     if any(t is None for t in times):
         return {-1: len(marks)}
-    starts = [k for k, e in enumerate(events)
-              if e.get("action") in RELEASE_ACTIONS and (k == 0 or events[k - 1].get("action") not in RELEASE_ACTIONS)]
+    starts = [
+        k
+        for k, e in enumerate(events)
+        if e.get("action") in RELEASE_ACTIONS and (k == 0 or events[k - 1].get("action") not in RELEASE_ACTIONS)
+    ]
     placed: dict[int, int] = {}
     unmatched = 0
     import bisect
 
     for t0, t1 in sorted((int(m[0]), int(m[1])) for m in marks):
-        burst = [k for k in starts if t0 - MARK_TOLERANCE_US <= times[k] <= t1 + MARK_TOLERANCE_US
-                 and placed.get(k) != _BURST]
+        burst = [k for k in starts if t0 - MARK_TOLERANCE_US <= times[k] <= t1 + MARK_TOLERANCE_US and placed.get(k) != _BURST]
         if burst:
             placed[burst[0]] = _BURST
             continue
@@ -515,9 +489,18 @@ class _BurstJudge:
     def __init__(self, gc_threshold: float, limit: Limit, held: Held) -> None:
         self.gc_threshold, self.limit, self.held = gc_threshold, limit, held
 
-    def program(self, events: Sequence[dict[str, Any]], i: int, j: int, reserved: int, peak_reserved: int,
-                marked: dict[int, int] | None, segments: dict[int, tuple[int, int]],
-                live: dict[tuple[int, int], int], sizes: list[int]) -> bool:
+    def program(
+        self,
+        events: Sequence[dict[str, Any]],
+        i: int,
+        j: int,
+        reserved: int,
+        peak_reserved: int,
+        marked: dict[int, int] | None,
+        segments: dict[int, tuple[int, int]],
+        live: dict[tuple[int, int], int],
+        sizes: list[int],
+    ) -> bool:
         """Whether the burst `events[i:j]` is the program's `empty_cache()`; `reserved` before it, and the
         layout as it began: `segments`, and `live` allocations as indices into the requests' `sizes`."""
         nxt = events[j] if j < len(events) else None
@@ -526,14 +509,19 @@ class _BurstJudge:
             # allocator's even if the program reached empty_cache some unwrapped way
             return marked.get(i) == _BURST or (nxt is None or nxt.get("action") not in _MALLOC_CONTINUATION)
         small = any(events[k]["size"] == SMALL_SEGMENT for k in range(i, j))
-        return (_is_program_empty_cache(nxt, reserved, peak_reserved, self.gc_threshold, self.limit,
-                                        self.limit.bytes, small)
-                or self.held.served(events, j, segments, ((a, sizes[k]) for (a, _), k in live.items())))
+        return _is_program_empty_cache(
+            nxt, reserved, peak_reserved, self.gc_threshold, self.limit, self.limit.bytes, small
+        ) or self.held.served(events, j, segments, ((a, sizes[k]) for (a, _), k in live.items()))
 
 
 def _is_program_empty_cache(
-    nxt: dict[str, Any] | None, reserved: int, peak_reserved: int, gc_threshold: float, limit: Limit,
-    limit_bytes: int | None, releases_small: bool = False,
+    nxt: dict[str, Any] | None,
+    reserved: int,
+    peak_reserved: int,
+    gc_threshold: float,
+    limit: Limit,
+    limit_bytes: int | None,
+    releases_small: bool = False,
 ) -> bool:
     """Whether a release burst is the program's `empty_cache()` (module doc, rule by rule);
     `releases_small`: the burst frees small-pool segments, which garbage collection never does."""

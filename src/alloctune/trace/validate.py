@@ -23,8 +23,19 @@ MAX_DEVICE_BYTES = 1 << 47
 INT64 = (1 << 63) - 1
 UINT64 = (1 << 64) - 1
 # Every action torch 2.x records in device_traces.
-ACTIONS = frozenset({"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
-                     "segment_map", "segment_unmap", "snapshot", "oom"})
+ACTIONS = frozenset(
+    {
+        "alloc",
+        "free_requested",
+        "free_completed",
+        "segment_alloc",
+        "segment_free",
+        "segment_map",
+        "segment_unmap",
+        "snapshot",
+        "oom",
+    }
+)
 SEGMENT_EVENT_ACTIONS = frozenset({"segment_alloc", "segment_free", "segment_map", "segment_unmap", "oom"})
 # allocator_settings is a flat record of a few knobs: bound its shape so nothing can hide in it.
 MAX_SETTINGS_KEYS = 256
@@ -68,8 +79,10 @@ def check_settings(settings: Any, where: str) -> None:
         items = list(value.items()) if isinstance(value, dict) else list(enumerate(value))
         for k, v in items:
             if not isinstance(k, _SCALARS) or not isinstance(v, _SCALARS):
-                raise TraceError(f"{where}: allocator_settings[{key!r}][{_describe(k)}] is nested; "
-                                 "a real record holds only numbers and text there")
+                raise TraceError(
+                    f"{where}: allocator_settings[{key!r}][{_describe(k)}] is nested; "
+                    "a real record holds only numbers and text there"
+                )
 
 
 def check_events(events: Any, where: str, bound: int) -> None:
@@ -93,8 +106,10 @@ def check_events(events: Any, where: str, bound: int) -> None:
             elif action == "snapshot" and size is None:
                 pass
             else:
-                raise TraceError(f"{where}[{i}] ({action}): size {_describe(size)} is not a byte count between 0 "
-                                 f"and {bound} (the device's memory)")
+                raise TraceError(
+                    f"{where}[{i}] ({action}): size {_describe(size)} is not a byte count between 0 "
+                    f"and {bound} (the device's memory)"
+                )
         addr = ev.get("addr", 0)
         if type(addr) is not int or not 0 <= addr <= UINT64:
             raise TraceError(f"{where}[{i}] ({action}): addr {_describe(addr)} is not a device address")
@@ -146,8 +161,7 @@ def check_segments(segments: Any, source: str, bound: int) -> None:
                 raise TraceError(f"{where}.blocks[{j}]: a {type(block).__name__} where a block dict belongs")
             for key in _BLOCK_INTS:
                 if key in block and not _is_count(block[key], UINT64):
-                    raise TraceError(f"{where}.blocks[{j}]: {key} {_describe(block[key])} is not a "
-                                     "non-negative integer")
+                    raise TraceError(f"{where}.blocks[{j}]: {key} {_describe(block[key])} is not a non-negative integer")
             if "state" in block and not isinstance(block["state"], str):
                 raise TraceError(f"{where}.blocks[{j}]: state {_describe(block['state'])} is not text")
 
@@ -172,8 +186,9 @@ def check_trace(trace: Trace, where: str) -> None:
     for i, (op, size, rid, stream, ev) in enumerate(zip(req.ops, req.sizes, req.rids, req.streams, req.event_index)):
         if op == ALLOC:
             if not _is_count(size, bound):
-                raise TraceError(f"{where}: requests[{i}]: allocation of {_describe(size)} bytes does not fit "
-                                 f"the device ({bound} bytes)")
+                raise TraceError(
+                    f"{where}: requests[{i}]: allocation of {_describe(size)} bytes does not fit the device ({bound} bytes)"
+                )
             live[rid] = size
             allocs += 1
         elif op == FREE:
@@ -183,8 +198,7 @@ def check_trace(trace: Trace, where: str) -> None:
             if got is None:
                 raise TraceError(f"{where}: requests[{i}]: frees allocation {rid} twice")
             if got != size and size != -1:  # -1: a generated stream that does not restate the size (plan)
-                raise TraceError(f"{where}: requests[{i}]: frees {size} bytes of allocation {rid}, "
-                                 f"which has {got}")
+                raise TraceError(f"{where}: requests[{i}]: frees {size} bytes of allocation {rid}, which has {got}")
         elif op == EMPTY_CACHE:
             if size != -1:
                 raise TraceError(f"{where}: requests[{i}]: empty_cache with size {_describe(size)}")
@@ -204,13 +218,13 @@ def check_trace(trace: Trace, where: str) -> None:
             raise TraceError(f"{where}: segment_events[{k}]: unknown action {_describe(e.action)}")
         limit = INT64 if e.action == "oom" else bound
         if not _is_count(e.size, limit):
-            raise TraceError(f"{where}: segment_events[{k}] ({e.action}): size {_describe(e.size)} does not fit "
-                             f"the device ({bound} bytes)")
+            raise TraceError(
+                f"{where}: segment_events[{k}] ({e.action}): size {_describe(e.size)} does not fit the device ({bound} bytes)"
+            )
         if not _is_count(e.addr, UINT64) or not _is_count(e.stream, UINT64):
             raise TraceError(f"{where}: segment_events[{k}] ({e.action}): address or stream out of range")
         if not -1 <= e.request_index <= n:
-            raise TraceError(f"{where}: segment_events[{k}]: request index {e.request_index} is outside "
-                             f"the {n} requests")
+            raise TraceError(f"{where}: segment_events[{k}]: request index {e.request_index} is outside the {n} requests")
         if e.device_free is not None and not _is_count(e.device_free, INT64):
             raise TraceError(f"{where}: segment_events[{k}]: device_free {_describe(e.device_free)}")
 

@@ -158,7 +158,6 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
     def _bracket(self, c: Candidate) -> Bracket:
         return self.brackets.setdefault(c.conf, Bracket(self.est.get(c.conf), self._floor(c)))
 
-
     def _settle(self, c: Candidate, rival: Candidate | None = None) -> Candidate:
         """Probe `c` until its bracket is proven, infeasible, or out of runs; returns `c`, or
         `rival` (the default) when `c` failed above its simulated need and the default then
@@ -170,11 +169,18 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
                 return c
             if not challenged and b.failed is not None and self._optimistic_for(c) and self._may_beat(rival, c, b.failed):
                 challenged = True
-                res = self._run([TrialRequest(rival.conf, b.failed, ensure_cap=self._gc(rival),
-                                              purpose=f"the default, where {c.label} failed")])
+                res = self._run(
+                    [
+                        TrialRequest(
+                            rival.conf, b.failed, ensure_cap=self._gc(rival), purpose=f"the default, where {c.label} failed"
+                        )
+                    ]
+                )
                 if res and res[0].passed:
-                    self.t.notes.append(f"{c.label} failed at {format_size(b.failed)}, above its simulated min_budget, "
-                                        f"and the default completed there: the default is measured instead")
+                    self.t.notes.append(
+                        f"{c.label} failed at {format_size(b.failed)}, above its simulated min_budget, "
+                        f"and the default completed there: the default is measured instead"
+                    )
                     return rival
             nxt = next_budget(self.t, b, self.budget, self.hints.get(c.conf))
             if nxt is None:
@@ -183,9 +189,14 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
                 return c  # nothing new to learn there
             pair = self._hint_pair(c, b)
             if pair and self.t.fresh_runs_after_baseline() + 2 <= self.s.max_gpu_runs:
-                self._run([TrialRequest(c.conf, x, ensure_cap=self._gc(c),
-                                        purpose="at the re-simulated min_budget (after calibration)")
-                           for x in pair])
+                self._run(
+                    [
+                        TrialRequest(
+                            c.conf, x, ensure_cap=self._gc(c), purpose="at the re-simulated min_budget (after calibration)"
+                        )
+                        for x in pair
+                    ]
+                )
                 continue
             if b.est is None:
                 purpose = "halve (no simulated min_budget to start from)" if b.failed is None else "bisect"
@@ -197,8 +208,7 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
                 purpose = "bisect"
             else:
                 purpose = "widen: the GPU contradicted the simulation"
-            self._run([TrialRequest(c.conf, nxt, ensure_cap=self._gc(c), purpose=purpose,
-                                    record=self._want_calibration())])
+            self._run([TrialRequest(c.conf, nxt, ensure_cap=self._gc(c), purpose=purpose, record=self._want_calibration())])
         if next_budget(self.t, b, self.budget, None) is not None:
             self.t.notes.append(f"{c.label}: stopped at --max-gpu-runs {self.s.max_gpu_runs} before its bracket was proven")
         return c
@@ -209,7 +219,6 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
         b = self._bracket(c)
         likely = self._latest(c) if b.floor is None else b.est
         return b.failed is not None and likely is not None and b.failed > likely
-
 
     # ---- the flow ----------------------------------------------------------------------------
     def run(self) -> list[CandidateSummary]:
@@ -278,7 +287,8 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
             self.t.notes.append(
                 f"{bracketed} candidate(s) simulated as a range: from the replay with every workspace-shaped request "
                 "given up (where the real need was found on convolution workloads) to the replay as recorded; "
-                "the GPU measured where in it each one that ran lies")
+                "the GPU measured where in it each one that ran lies"
+            )
 
     def _open(self, best: Candidate | None, default: Candidate) -> None:
         """Batch 1 (independent runs, side by side): the best around where its need likely lies, and
@@ -301,9 +311,11 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
         measure = self._must_measure(default, best)
         if measure and proof is None and fails is None and self.s.throughput_check != "measure":
             measure = False
-            self.t.notes.append("the default may not complete at the budget (simulated within the tolerance): it runs "
-                                "there side by side with the best's first runs; throughput is sampled alone on the GPU "
-                                "only if it completes")
+            self.t.notes.append(
+                "the default may not complete at the budget (simulated within the tolerance): it runs "
+                "there side by side with the best's first runs; throughput is sampled alone on the GPU "
+                "only if it completes"
+            )
         reqs = self._opening(best, exclusive=measure) if best is not None else []
         if best is None or best.knob != DEFAULT:
             if proof is not None and not measure:
@@ -334,8 +346,9 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
             self.t.notes.append(f"a remedy's confirming run not made ({type(exc).__name__}: {exc})")
         return [replace(r, ensure_cap=r.ensure_cap or self._gc(c)) for r in reqs if r is not None]
 
-    def _settle_best(self, best: Candidate | None, default: Candidate,
-                     fits: list[Candidate]) -> tuple[Candidate | None, list[Candidate]]:
+    def _settle_best(
+        self, best: Candidate | None, default: Candidate, fits: list[Candidate]
+    ) -> tuple[Candidate | None, list[Candidate]]:
         """Settle the best; if it is refused or infeasible, move down the simulator's order. Returns
         the focus (None: nothing passed) and the candidates tried."""
         focus = best
@@ -358,8 +371,7 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
                 self._run(self._opening(focus))
         return focus, tried
 
-    def _challenge(self, focus: Candidate, default: Candidate, fits: list[Candidate],
-                   tried: list[Candidate]) -> Candidate:
+    def _challenge(self, focus: Candidate, default: Candidate, fits: list[Candidate], tried: list[Candidate]) -> Candidate:
         """The simulation was wrong for the focus: can the runner-up (or the default) beat its
         measured bracket? Returns the focus, or the challenger that beat it."""
         fb = self._bracket(focus)
@@ -377,7 +389,7 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
         if wrong and focus.knob != DEFAULT and self._may_beat(default, focus):
             challengers.append((default, f"the default, where {focus.label} failed"))
         room = self.s.max_gpu_runs - self.t.fresh_runs_after_baseline()
-        challengers = challengers[:max(0, room)]
+        challengers = challengers[: max(0, room)]
         if not challengers or fb.failed is None:
             return focus
         out = self._run([TrialRequest(c.conf, fb.failed, ensure_cap=self._gc(c), purpose=why) for c, why in challengers])
@@ -386,8 +398,9 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
         for c in sorted(winners, key=lambda c: c.knob != DEFAULT):
             self._settle(c)
             cb = self._bracket(c)
-            if cb.passed is not None and (cb.passed < fb.passed - tolerance(self.t, fb.passed)
-                                          or (c.knob == DEFAULT and cb.passed <= fb.passed)):
+            if cb.passed is not None and (
+                cb.passed < fb.passed - tolerance(self.t, fb.passed) or (c.knob == DEFAULT and cb.passed <= fb.passed)
+            ):
                 focus, fb = c, cb  # it beats the focus (the default on a tie: nothing to change)
         return focus
 
@@ -404,8 +417,18 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
             if self.t.fresh_runs_after_baseline() >= self.s.max_gpu_runs:
                 break
             b = self.brackets.setdefault(c.conf, Bracket(None))
-            self._run([TrialRequest(c.conf, self.budget, exclusive=True, ensure_cap=self._gc(c), record=self._want_calibration(),
-                                    purpose="at the budget although simulated not to fit")])
+            self._run(
+                [
+                    TrialRequest(
+                        c.conf,
+                        self.budget,
+                        exclusive=True,
+                        ensure_cap=self._gc(c),
+                        record=self._want_calibration(),
+                        purpose="at the budget although simulated not to fit",
+                    )
+                ]
+            )
             if b.passed is not None:
                 self.t.notes.append(
                     f"the simulation said no setting fits {format_size(self.budget)}, but {c.label} completed there: "
@@ -414,19 +437,28 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
                 return c
         return None
 
-
     def _confirm_closest(self, closest: Candidate) -> bool:
         """No setting is simulated to fit: run the closest one once at the budget. True when it
         completed (the program asks for less under a cap than it recorded: tune it as usual);
         else `shortfall` says by how much the budget falls short and what to do next."""
         b = self._bracket(closest)
-        res = self._run([TrialRequest(closest.conf, self.budget, ensure_cap=self._gc(closest), record=self._want_calibration(),
-                                      purpose="the closest setting at the budget (simulated not to fit): confirm")]
-                        + self._remedy_runs(closest, shortfall=True))
+        res = self._run(
+            [
+                TrialRequest(
+                    closest.conf,
+                    self.budget,
+                    ensure_cap=self._gc(closest),
+                    record=self._want_calibration(),
+                    purpose="the closest setting at the budget (simulated not to fit): confirm",
+                )
+            ]
+            + self._remedy_runs(closest, shortfall=True)
+        )
         if b.passed is not None:
             self.t.notes.append(
                 f"the simulation said no setting fits {format_size(self.budget)}, but {closest.label} completed there: "
-                "the program asks for less memory under this cap than its uncapped recording")
+                "the program asks for less memory under this cap than its uncapped recording"
+            )
             # the simulation is off for it: start from what the passing run reserved, just above and just
             # below, side by side (a first estimate: under the default rules a cap above a run's peak
             # reserved changes nothing, under expandable segments it can; the runs decide)
@@ -435,18 +467,40 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
             if peak and align_up(peak) < self.budget:
                 h = half_width(self.t, peak)
                 b.lo_tried = True
-                self._run([TrialRequest(closest.conf, x, ensure_cap=self._gc(closest), purpose=why) for x, why in (
-                    (align_up(peak), "at the peak reserved of its pass"),
-                    (align_down(peak - h), "just below the peak reserved of its pass")) if 0 < x < self.budget])
+                self._run(
+                    [
+                        TrialRequest(closest.conf, x, ensure_cap=self._gc(closest), purpose=why)
+                        for x, why in (
+                            (align_up(peak), "at the peak reserved of its pass"),
+                            (align_down(peak - h), "just below the peak reserved of its pass"),
+                        )
+                        if 0 < x < self.budget
+                    ]
+                )
             return True
         need = self._likely(closest) or 0
         confirmed = closest.conf not in self.refused and b.failed is not None
-        self.shortfall = Shortfall(closest.conf, need, self.budget, confirmed, self.baseline.snapshot,
-                                   next_steps(self.baseline.snapshot, self.budget, need, self.t.settings.command,
-                                              training=bool((self.baseline.autograd or {}).get("backward_calls"))))
+        self.shortfall = Shortfall(
+            closest.conf,
+            need,
+            self.budget,
+            confirmed,
+            self.baseline.snapshot,
+            next_steps(
+                self.baseline.snapshot,
+                self.budget,
+                need,
+                self.t.settings.command,
+                training=bool((self.baseline.autograd or {}).get("backward_calls")),
+            ),
+        )
         self.t.notes.append(
             f"no setting is simulated to fit {format_size(self.budget)}: the closest, {closest.label}, needs "
             f"{format_size(need)} ({format_size(self.shortfall.missing)} more)"
-            + ("; its run at the budget ran out of memory, as simulated: the other settings were not run"
-               if confirmed else "; its run at the budget did not settle it (the setting did not take effect)"))
+            + (
+                "; its run at the budget ran out of memory, as simulated: the other settings were not run"
+                if confirmed
+                else "; its run at the budget did not settle it (the setting did not take effect)"
+            )
+        )
         return False

@@ -78,8 +78,9 @@ class ChoiceMixin(FlowState):
         for k, x in enumerate(budgets[1:], 1):
             last = k == len(budgets) - 1
             why = "below the optimistic simulated min_budget" if b.floor is not None else "just below the simulated min_budget"
-            reqs.append(TrialRequest(c.conf, x, ensure_cap=self._gc(c), record=last and self._want_calibration(),
-                                     purpose=f"best: {why}"))
+            reqs.append(
+                TrialRequest(c.conf, x, ensure_cap=self._gc(c), record=last and self._want_calibration(), purpose=f"best: {why}")
+            )
         return reqs
 
     def _below(self, c: Candidate) -> list[TrialRequest]:
@@ -106,8 +107,7 @@ class ChoiceMixin(FlowState):
             x = nxt
         if budgets:
             b.lo_tried = True
-        return [TrialRequest(c.conf, x, ensure_cap=self._gc(c), purpose=f"under where {c.label} passed")
-                for x in budgets]
+        return [TrialRequest(c.conf, x, ensure_cap=self._gc(c), purpose=f"under where {c.label} passed") for x in budgets]
 
     def _hinted(self, c: Candidate, budget: int) -> bool:
         """Whether `budget` is one of the two runs around the re-simulated estimate."""
@@ -136,7 +136,6 @@ class ChoiceMixin(FlowState):
     def _gc(c: Candidate) -> bool:
         return "garbage_collection_threshold:" in c.conf
 
-
     def _closest(self, order: list[Candidate]) -> Candidate | None:
         """The setting simulated to need the least (none fits). On a tie (within the tolerance) a
         setting other than the default: the default's need comes from replaying its own recording,
@@ -147,7 +146,6 @@ class ChoiceMixin(FlowState):
         low = min(self._likely(c) for c in known)  # type: ignore[type-var]
         near = [c for c in known if self._likely(c) <= low + tolerance(self.t, low)]  # type: ignore[operator]
         return next((c for c in near if c.knob != DEFAULT), near[0])
-
 
     def _default_fails(self) -> str | None:
         """Why the default needs no run at the budget because it cannot complete there, or None:
@@ -166,16 +164,20 @@ class ChoiceMixin(FlowState):
         if completes is not None:
             try:
                 if not completes(default.conf, self.budget):
-                    return (f"the default does not complete at the budget: replaying its own recording at "
-                            f"{format_size(self.budget)} runs out of memory, even with every workspace-shaped request "
-                            f"given up (its simulated need: {format_size(need)}; not run on the GPU)")
+                    return (
+                        f"the default does not complete at the budget: replaying its own recording at "
+                        f"{format_size(self.budget)} runs out of memory, even with every workspace-shaped request "
+                        f"given up (its simulated need: {format_size(need)}; not run on the GPU)"
+                    )
                 return None  # it replays to the end there: run it
             except Exception:  # noqa: BLE001 - the margin rule below decides
                 pass
         if need <= self.budget + tolerance(self.t, self.budget):
             return None  # a thin margin: run it
-        return (f"the default does not complete at the budget: replaying its own recording needs {format_size(need)}, "
-                f"{format_size(need - self.budget)} more than {format_size(self.budget)} (not run on the GPU)")
+        return (
+            f"the default does not complete at the budget: replaying its own recording needs {format_size(need)}, "
+            f"{format_size(need - self.budget)} more than {format_size(self.budget)} (not run on the GPU)"
+        )
 
     def _may_beat(self, c: Candidate, focus: Candidate, at_budget: int | None = None) -> bool:
         """Whether `c` could complete at `at_budget` (default: where `focus` failed), given how far
@@ -229,6 +231,8 @@ class ChoiceMixin(FlowState):
             return None
         if base.budget is not None and base.budget < self.budget:
             return None
-        return (f"the default completes at the budget: the baseline reserved at most {format_size(base.peak_reserved)} "
-                f"of {format_size(self.budget)}, and a cap above a run's peak changes nothing the allocator does "
-                "(not run again)")
+        return (
+            f"the default completes at the budget: the baseline reserved at most {format_size(base.peak_reserved)} "
+            f"of {format_size(self.budget)}, and a cap above a run's peak changes nothing the allocator does "
+            "(not run again)"
+        )

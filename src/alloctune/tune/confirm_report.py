@@ -47,16 +47,23 @@ class ReportMixin(FlowState):
                 break
             try:
                 if uncapped:  # two replays, each at its own budget
-                    card = max(self.baseline.total_memory or 2 * max(self.budget, self.baseline.peak_reserved or 0),
-                               self.budget)
+                    card = max(self.baseline.total_memory or 2 * max(self.budget, self.baseline.peak_reserved or 0), self.budget)
                     act = {**activity([default.conf], card), **activity([best.conf], self.budget)}
                 else:
                     act = activity([default.conf, best.conf], self.budget)
                 span = getattr(sim, "gpu_span_s", None) or self.baseline.wall_s
-                found.append(overhead_bound(act[default.conf], act[best.conf], span, call_s=self.s.driver_call_s,
-                                            mib_s=self.s.driver_mib_s, sync_s=self.s.sync_s,
-                                            tolerance=self.s.throughput_tolerance,
-                                            against="the default with the whole card" if uncapped else "the default"))
+                found.append(
+                    overhead_bound(
+                        act[default.conf],
+                        act[best.conf],
+                        span,
+                        call_s=self.s.driver_call_s,
+                        mib_s=self.s.driver_mib_s,
+                        sync_s=self.s.sync_s,
+                        tolerance=self.s.throughput_tolerance,
+                        against="the default with the whole card" if uncapped else "the default",
+                    )
+                )
             except Exception as exc:  # noqa: BLE001 - measure instead
                 if not uncapped:
                     self.t.notes.append(f"allocator work not simulated ({type(exc).__name__}: {exc}): throughput measured")
@@ -93,25 +100,34 @@ class ReportMixin(FlowState):
             why = f"the default's run at {format_size(self.budget)} did not complete ({ran.outcome})"
         else:
             why = f"the default does not complete at {format_size(self.budget)} (simulated from its own recording, not run)"
-        unit = next((t.result.throughput_unit for t in reversed(self.t.trials)
-                     if t.result.conf == best.conf and t.result.throughput_unit), None)
+        unit = next(
+            (
+                t.result.throughput_unit
+                for t in reversed(self.t.trials)
+                if t.result.conf == best.conf and t.result.throughput_unit
+            ),
+            None,
+        )
         r = rate(self.samples.get(best.conf, []), unit)
         if r is not None:
             sampled = f"{best.label} alone on the GPU: {r.text()}"
         elif best.conf in self.alone:
             sampled = f"{best.label} ran alone on the GPU, but the workload reported no throughput"
         else:
-            sampled = (f"no run of {best.label} had the GPU alone, so its rate was not measured "
-                       "(--throughput measure samples it alone)")
+            sampled = (
+                f"no run of {best.label} had the GPU alone, so its rate was not measured (--throughput measure samples it alone)"
+            )
         bound = self._bound(default, best, uncapped=True)
         cost = ""
         if bound is not None and bound.seconds is not None:
             text = bound.text.removesuffix(": measured")
             cost = f"; allocator work: {text}" + ("" if bound.rules_out else ", more than the tolerance")
         elif bound is not None and bound.fraction is None and bound.extra_fallbacks == 0 and self._floor(best) is not None:
-            cost = ("; its allocator work is not bounded by the simulation: replayed as recorded it does not complete at "
-                    "the budget, it fits by giving up workspace-shaped requests, and only a run alone can time what "
-                    "replaces them")
+            cost = (
+                "; its allocator work is not bounded by the simulation: replayed as recorded it does not complete at "
+                "the budget, it fits by giving up workspace-shaped requests, and only a run alone can time what "
+                "replaces them"
+            )
         elif bound is not None:
             cost = f"; its allocator work is not bounded by the simulation ({bound.text})"
         self.verdict = f"not compared: {why}, so there is no default rate at this budget; {sampled}{cost}"
@@ -140,17 +156,26 @@ class ReportMixin(FlowState):
         # a repeat number of their own: a run at the budget made side by side is no sample
         unsampled = [(conf, c) for conf, c in (("", default), (best.conf, best)) if not self.samples.get(conf)]
         ran = [t.result for t in self.t.trials if t.result.conf == best.conf and t.result.passed]
-        if (self.samples.get(best.conf) and ran and all(r.num_ooms for r in ran)
-                and not any(r.budget == self.budget for r in ran)):
+        if self.samples.get(best.conf) and ran and all(r.num_ooms for r in ran) and not any(r.budget == self.budget for r in ran):
             unsampled.append((best.conf, best))  # its samples ran on fallbacks below the budget, where it may have none
-        missing = [TrialRequest(conf, self.budget, repeat=self.s.ab_pairs + 1, exclusive=True, ensure_cap=self._gc(c),
-                                purpose="throughput sample (alone on the GPU)") for conf, c in unsampled]
+        missing = [
+            TrialRequest(
+                conf,
+                self.budget,
+                repeat=self.s.ab_pairs + 1,
+                exclusive=True,
+                ensure_cap=self._gc(c),
+                purpose="throughput sample (alone on the GPU)",
+            )
+            for conf, c in unsampled
+        ]
         if missing:
             self._run(missing)
         pairs = 0
         while True:
-            cmp_ = compare(self.samples.get("", []), self.samples.get(best.conf, []),
-                           tolerance=self.s.throughput_tolerance, unit=unit)
+            cmp_ = compare(
+                self.samples.get("", []), self.samples.get(best.conf, []), tolerance=self.s.throughput_tolerance, unit=unit
+            )
             self.verdict = cmp_.text
             self.comparison = cmp_
             if cmp_.slower is not None or cmp_.gap is None or cmp_.gap <= self.s.throughput_tolerance:
@@ -160,12 +185,14 @@ class ReportMixin(FlowState):
                 return
             pairs += 1
             rep = pairs
-            self._run([
-                TrialRequest("", self.budget, repeat=rep, exclusive=True, purpose="throughput A/B"),
-                TrialRequest(best.conf, self.budget, repeat=rep, exclusive=True, ensure_cap=self._gc(best),
-                             purpose="throughput A/B"),
-            ])
-
+            self._run(
+                [
+                    TrialRequest("", self.budget, repeat=rep, exclusive=True, purpose="throughput A/B"),
+                    TrialRequest(
+                        best.conf, self.budget, repeat=rep, exclusive=True, ensure_cap=self._gc(best), purpose="throughput A/B"
+                    ),
+                ]
+            )
 
     def _summaries(self, default: Candidate, focus: Candidate | None, order: list[Candidate]) -> list[CandidateSummary]:
         out = []
@@ -176,12 +203,20 @@ class ReportMixin(FlowState):
             b = self.brackets.get(c.conf)
             at = self.at_budget.get(c.conf)
             r = rate(self.samples.get(c.conf, []))
-            base = dict(sim_min_budget=est, sim_as_recorded=self.est.get(c.conf), sim_optimistic=self._floor(c),
-                        throughput=r.mean if r else None, throughput_noise=r.noise if r else None,
-                        throughput_samples=r.samples if r else 0)
+            base = dict(
+                sim_min_budget=est,
+                sim_as_recorded=self.est.get(c.conf),
+                sim_optimistic=self._floor(c),
+                throughput=r.mean if r else None,
+                throughput_noise=r.noise if r else None,
+                throughput_samples=r.samples if r else 0,
+            )
             if c.conf in self.refused:
-                out.append(CandidateSummary(
-                    c, feasible=None, note=f"refused: the setting did not take effect ({self.refused[c.conf]})", **base))
+                out.append(
+                    CandidateSummary(
+                        c, feasible=None, note=f"refused: the setting did not take effect ({self.refused[c.conf]})", **base
+                    )
+                )
                 continue
             if b is not None and b.runs:
                 feasible = True if b.passed is not None else (False if b.failed is not None and b.failed >= self.budget else None)
@@ -194,11 +229,19 @@ class ReportMixin(FlowState):
                 elif not verified:
                     note = "min_budget bracket not proven (run limit)"
                 sm = CandidateSummary(
-                    c, feasible=feasible, outcome=(at.outcome if at else ("ok" if b.passed else "oom")),
-                    min_budget=b.passed, infeasible_below=b.failed, verified=verified,
-                    sim_agrees=None if b.agrees() is None else not self._contradicted(c), wall_s=at.wall_s if at else None,
-                    peak_reserved=at.peak_reserved if at else None, peak_allocated=at.peak_allocated if at else None,
-                    note=note, **base)
+                    c,
+                    feasible=feasible,
+                    outcome=(at.outcome if at else ("ok" if b.passed else "oom")),
+                    min_budget=b.passed,
+                    infeasible_below=b.failed,
+                    verified=verified,
+                    sim_agrees=None if b.agrees() is None else not self._contradicted(c),
+                    wall_s=at.wall_s if at else None,
+                    peak_reserved=at.peak_reserved if at else None,
+                    peak_allocated=at.peak_allocated if at else None,
+                    note=note,
+                    **base,
+                )
                 if c is focus and cmp_ is not None and cmp_.slower:
                     sm = replace(sm, measurably_slower=True, note=f"throughput: {cmp_.text}")
                 elif c is focus and self.verdict:  # kept beside what the bracket says (e.g. not proven)
@@ -209,9 +252,18 @@ class ReportMixin(FlowState):
                 note = f"completes at the budget; min_budget not measured (simulated {_fmt(est)})" if at.passed else None
                 if at is self.baseline and self.default_proof:
                     note = f"completes at the budget, shown by the baseline; min_budget not measured (simulated {_fmt(est)})"
-                out.append(CandidateSummary(
-                    c, feasible=at.passed, outcome=at.outcome, wall_s=at.wall_s, peak_reserved=at.peak_reserved,
-                    peak_allocated=at.peak_allocated, note=note, **base))
+                out.append(
+                    CandidateSummary(
+                        c,
+                        feasible=at.passed,
+                        outcome=at.outcome,
+                        wall_s=at.wall_s,
+                        peak_reserved=at.peak_reserved,
+                        peak_allocated=at.peak_allocated,
+                        note=note,
+                        **base,
+                    )
+                )
                 continue
             if c.knob == DEFAULT and self.default_fails:
                 why = self.default_fails
@@ -221,26 +273,33 @@ class ReportMixin(FlowState):
                 if est is not None:
                     why += f" (simulated min_budget {format_size(est)})"
             elif focus_b is not None and focus_b.passed is not None:
-                why = (f"simulated min_budget {format_size(est)} (rank {rank_no}), not below what "
-                       f"{focus.label} was measured to need ({format_size(focus_b.passed)}): not run on the GPU")
+                why = (
+                    f"simulated min_budget {format_size(est)} (rank {rank_no}), not below what "
+                    f"{focus.label} was measured to need ({format_size(focus_b.passed)}): not run on the GPU"
+                )
             else:
                 why = f"simulated min_budget {format_size(est)} (rank {rank_no}): not run on the GPU"
             out.append(CandidateSummary(c, feasible=None, note=why, **base))
         return out
 
 
-def next_steps(recording: str | None, budget: int, need: int, command: tuple[str, ...],
-               training: bool = False) -> tuple[str, ...]:
+def next_steps(
+    recording: str | None, budget: int, need: int, command: tuple[str, ...], training: bool = False
+) -> tuple[str, ...]:
     """What can help when no allocator setting fits: see where the memory goes (explain: sites,
     what-ifs, remedies), give the budget the closest setting needs, and, last, the next command: find
     the largest input that fits (plan) or split a service's inputs (guard.chunked)."""
     from alloctune.diagnose.snapshot import shortage_next_steps
 
     at_least = f"{-(-need // MiB)}MiB"  # rounded up: the closest setting's need
-    budget_line = (f"or a budget of at least {at_least} (the closest setting's simulated need): "
-                   f"alloctune tune --budget {at_least} ...")
-    return tuple(shortage_next_steps(recording or "REC.pickle", budget, " ".join(command) if command else "CMD",
-                                     before=(budget_line,), training=training))
+    budget_line = (
+        f"or a budget of at least {at_least} (the closest setting's simulated need): alloctune tune --budget {at_least} ..."
+    )
+    return tuple(
+        shortage_next_steps(
+            recording or "REC.pickle", budget, " ".join(command) if command else "CMD", before=(budget_line,), training=training
+        )
+    )
 
 
 def _fmt(n: int | None) -> str:

@@ -119,8 +119,15 @@ class Shortfall:
         return max(0, self.need - self.budget)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"conf": self.conf, "need": self.need, "budget": self.budget, "missing": self.missing,
-                "confirmed": self.confirmed, "recording": self.recording, "next_steps": list(self.next_steps)}
+        return {
+            "conf": self.conf,
+            "need": self.need,
+            "budget": self.budget,
+            "missing": self.missing,
+            "confirmed": self.confirmed,
+            "recording": self.recording,
+            "next_steps": list(self.next_steps),
+        }
 
 
 @dataclass(frozen=True)
@@ -159,8 +166,11 @@ class TuneResult:
             "fresh_trials": self.fresh_trials,
             "notes": list(self.notes),
             "shortfall": self.shortfall.to_dict() if self.shortfall is not None else None,
-            **(self.remedies.to_dict() if self.remedies is not None
-               else {"remedies": [], "utilization": None, "best_release": None}),
+            **(
+                self.remedies.to_dict()
+                if self.remedies is not None
+                else {"remedies": [], "utilization": None, "best_release": None}
+            ),
         }
 
 

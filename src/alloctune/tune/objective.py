@@ -89,8 +89,7 @@ def rank(
     """
     # Under the noise rule the default also competes when it completes at the budget without a
     # measured min_budget: it is what remains when every lower-memory setting is measurably slower.
-    eligible = [s for s in summaries if s.feasible and (
-        s.min_budget is not None or (noise_rule and s.candidate.knob == DEFAULT))]
+    eligible = [s for s in summaries if s.feasible and (s.min_budget is not None or (noise_rule and s.candidate.knob == DEFAULT))]
     rates = [s.throughput for s in eligible if s.throughput is not None]
     best_rate = max(rates) if rates else None
 
@@ -100,8 +99,15 @@ def rank(
         return best_rate is not None and s.throughput is not None and s.throughput < (1 - throughput_tolerance) * best_rate
 
     fast = [s for s in eligible if not too_slow(s)]
-    fast.sort(key=lambda s: (s.min_budget if s.min_budget is not None else budget, s.min_budget is None,
-                             -(s.throughput or 0.0), s.candidate.knob != DEFAULT, s.candidate.conf))
+    fast.sort(
+        key=lambda s: (
+            s.min_budget if s.min_budget is not None else budget,
+            s.min_budget is None,
+            -(s.throughput or 0.0),
+            s.candidate.knob != DEFAULT,
+            s.candidate.conf,
+        )
+    )
     best = fast[0] if fast else None
     reasons: dict[str, str] = {}
     for s in summaries:
@@ -114,7 +120,11 @@ def rank(
 
 
 def _why_lost(
-    s: CandidateSummary, best: CandidateSummary | None, best_rate: float | None, budget: int, tol: float,
+    s: CandidateSummary,
+    best: CandidateSummary | None,
+    best_rate: float | None,
+    budget: int,
+    tol: float,
     noise_rule: bool = False,
 ) -> str:
     if s.feasible is None:

@@ -39,8 +39,9 @@ def is_async_backend(settings: dict | None) -> bool:
     return "cudamallocasync" in backend.lower() or "backend:cudamallocasync" in conf.replace(" ", "").lower()
 
 
-def filter_candidates(cands: Sequence[Candidate], platform: str, *,
-                      async_backend: bool = False) -> tuple[list[Candidate], list[str]]:
+def filter_candidates(
+    cands: Sequence[Candidate], platform: str, *, async_backend: bool = False
+) -> tuple[list[Candidate], list[str]]:
     """The candidates worth trying here, and one note per kind left out."""
     kept, notes = [], []
     if platform == "windows" and any(_has(c, EXPANDABLE) for c in cands):

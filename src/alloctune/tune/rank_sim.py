@@ -30,8 +30,9 @@ class RankedSimulator:
     """The `Simulator` protocol over one simulator per rank: answers are the largest over ranks."""
 
     def __init__(self, baseline: TrialResult, make: Callable[[TrialResult], Any]):
-        self.ranks = {rank: make(replace(baseline, snapshot=snap, ranks=()))
-                      for rank, snap in sorted(rank_snapshots(baseline).items())}
+        self.ranks = {
+            rank: make(replace(baseline, snapshot=snap, ranks=())) for rank, snap in sorted(rank_snapshots(baseline).items())
+        }
 
     @staticmethod
     def _worst(answers: Sequence[dict[str, int | None]], confs: Sequence[str]) -> dict[str, int | None]:

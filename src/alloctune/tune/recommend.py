@@ -24,8 +24,13 @@ class Recommendation:
     reasons: dict[str, str] = field(default_factory=dict)  # other conf -> why it lost
 
     def to_dict(self) -> dict[str, Any]:
-        return {"conf": self.conf, "summary": self.summary, "lines": dict(self.lines), "reasons": dict(self.reasons),
-                "fallbacks": dict(self.fallbacks) if self.fallbacks is not None else None}
+        return {
+            "conf": self.conf,
+            "summary": self.summary,
+            "lines": dict(self.lines),
+            "reasons": dict(self.reasons),
+            "fallbacks": dict(self.fallbacks) if self.fallbacks is not None else None,
+        }
 
 
 def recommend(result: TuneResult) -> Recommendation:
@@ -35,8 +40,9 @@ def recommend(result: TuneResult) -> Recommendation:
     if best is None and result.shortfall is not None:
         sf = result.shortfall
         label = sf.conf or "the default"
-        how = ("its run at the budget ran out of memory, as simulated" if sf.confirmed
-               else "its run at the budget did not settle it")
+        how = (
+            "its run at the budget ran out of memory, as simulated" if sf.confirmed else "its run at the budget did not settle it"
+        )
         return Recommendation(
             None,
             f"no setting completes under {budget}: the closest, {label}, is simulated to need {format_size(sf.need)}, "
@@ -53,8 +59,11 @@ def recommend(result: TuneResult) -> Recommendation:
         )
     if best.candidate.knob == DEFAULT and best.min_budget is None:
         slower = any(s.measurably_slower for s in result.summaries)
-        why = ("the settings that need less memory were measurably slower (see the candidates table)" if slower
-               else "no other setting was shown to need less memory")
+        why = (
+            "the settings that need less memory were measurably slower (see the candidates table)"
+            if slower
+            else "no other setting was shown to need less memory"
+        )
         return Recommendation(
             "",
             f"keep the default: it completes under {budget}, and {why}; leave PYTORCH_CUDA_ALLOC_CONF unset",
@@ -74,8 +83,12 @@ def recommend(result: TuneResult) -> Recommendation:
     vs = ""
     if default is not None and default.feasible is False:
         vs = "; the default does not complete there"
-    elif (default is not None and default.feasible is None and default.sim_min_budget is not None
-          and default.sim_min_budget > result.budget):
+    elif (
+        default is not None
+        and default.feasible is None
+        and default.sim_min_budget is not None
+        and default.sim_min_budget > result.budget
+    ):
         vs = "; the default does not complete there (simulated from its own recording)"
     elif default is not None and default.min_budget:
         vs = f" (default: {format_size(default.min_budget)})"
@@ -101,18 +114,26 @@ def caught_fallbacks(result: TuneResult, best: Any) -> dict[str, Any] | None:
     the replay and the run disagree and neither says where the fallbacks end: None, and the words say
     it was not measured)."""
     conf = best.candidate.conf
-    runs = [t.result for t in result.trials if t.result.conf == conf and t.result.passed
-            and t.result.budget is not None and t.result.budget <= result.budget]
+    runs = [
+        t.result
+        for t in result.trials
+        if t.result.conf == conf and t.result.passed and t.result.budget is not None and t.result.budget <= result.budget
+    ]
     caught = [r for r in runs if r.num_ooms]
     if not caught:
         return None
     lowest = min(int(r.budget or 0) for r in caught)
     clean = [int(r.budget or 0) for r in runs if not r.num_ooms and int(r.budget or 0) > lowest]
     recorded = best.sim_as_recorded
-    free, how = (min(clean), "measured") if clean else (
-        (recorded, "simulated") if recorded and recorded > lowest else (None, None))
-    return {"ooms_caught": max(int(r.num_ooms or 0) for r in caught), "run_budget": lowest,
-            "fallback_free_budget": free, "fallback_free_method": how}
+    free, how = (
+        (min(clean), "measured") if clean else ((recorded, "simulated") if recorded and recorded > lowest else (None, None))
+    )
+    return {
+        "ooms_caught": max(int(r.num_ooms or 0) for r in caught),
+        "run_budget": lowest,
+        "fallback_free_budget": free,
+        "fallback_free_method": how,
+    }
 
 
 def _fallback_words(fb: dict[str, Any] | None) -> str:
@@ -121,11 +142,17 @@ def _fallback_words(fb: dict[str, Any] | None) -> str:
     if fb["fallback_free_method"] == "measured":
         free = f"; at {format_size(fb['fallback_free_budget'])} it ran with none caught (measured)"
     elif fb["fallback_free_method"] == "simulated":
-        free = (f"; without fallbacks it needs about {format_size(fb['fallback_free_budget'])} (simulated, every "
-                "request at the size the uncapped run asked for; not measured)")
+        free = (
+            f"; without fallbacks it needs about {format_size(fb['fallback_free_budget'])} (simulated, every "
+            "request at the size the uncapped run asked for; not measured)"
+        )
     else:
-        free = ("; the budget where none happen was not measured (the recording holds only the workspaces taken "
-                "uncapped): run at a larger budget with alloctune run --budget to find it")
-    return (f"; its completing run at {format_size(fb['run_budget'])} survived {fb['ooms_caught']} out-of-memory "
-            "error(s) the program caught itself (a library such as cuDNN fell back to algorithms with smaller "
-            f"workspaces, which can run slower){free}")
+        free = (
+            "; the budget where none happen was not measured (the recording holds only the workspaces taken "
+            "uncapped): run at a larger budget with alloctune run --budget to find it"
+        )
+    return (
+        f"; its completing run at {format_size(fb['run_budget'])} survived {fb['ooms_caught']} out-of-memory "
+        "error(s) the program caught itself (a library such as cuDNN fell back to algorithms with smaller "
+        f"workspaces, which can run slower){free}"
+    )

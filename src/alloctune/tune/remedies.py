@@ -37,9 +37,11 @@ class RemedyReport:
     notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"remedies": [r.to_dict() for r in self.remedies],
-                "utilization": self.utilization.to_dict() if self.utilization is not None else None,
-                "best_release": self.best_release.name if self.best_release is not None else None}
+        return {
+            "remedies": [r.to_dict() for r in self.remedies],
+            "utilization": self.utilization.to_dict() if self.utilization is not None else None,
+            "best_release": self.best_release.name if self.best_release is not None else None,
+        }
 
 
 def _trace(sim: Any, baseline: TrialResult) -> Any:
@@ -67,8 +69,11 @@ def setting_rows(trace: Any, summaries: Sequence["CandidateSummary"]) -> list[Ut
             peak, alloc, _, _ = activity(trace, conf, trace)
         except Exception:  # noqa: BLE001 - a setting the simulator does not model: the row without peaks
             peak = alloc = None
-        rows.append(UtilizationRow("setting", sm.candidate.label, conf, mb, peak, alloc,
-                                   "measured" if sm.min_budget is not None else "simulated"))
+        rows.append(
+            UtilizationRow(
+                "setting", sm.candidate.label, conf, mb, peak, alloc, "measured" if sm.min_budget is not None else "simulated"
+            )
+        )
     return rows
 
 
@@ -100,9 +105,16 @@ def simulate(sim: Any, baseline: TrialResult, conf: str, command: str) -> Simula
         return Simulated(conf, trace, (), (f"remedies not simulated ({type(exc).__name__}: {exc})",))
 
 
-def tune_remedies(sim: Any, baseline: TrialResult, conf: str, summaries: Sequence["CandidateSummary"],
-                  no_grad: Remedy | None, command: str, early: Simulated | None = None,
-                  measured: Sequence[Remedy] = ()) -> RemedyReport:
+def tune_remedies(
+    sim: Any,
+    baseline: TrialResult,
+    conf: str,
+    summaries: Sequence["CandidateSummary"],
+    no_grad: Remedy | None,
+    command: str,
+    early: Simulated | None = None,
+    measured: Sequence[Remedy] = (),
+) -> RemedyReport:
     """The simulated remedies under `conf` (the best or closest setting; `early`: simulated while the GPU
     ran, used when it was for the same setting), the measured no-grad one, the other measured ones
     (`measured`: the cuDNN switch, which takes the place of the listed, unconfirmed cuDNN candidates),
@@ -122,9 +134,11 @@ def tune_remedies(sim: Any, baseline: TrialResult, conf: str, summaries: Sequenc
         remedies.append(no_grad)
     best = best_release(remedies)
     if best is not None:
-        notes.append(f"best release policy under {conf or 'the default'}: {best.what}, min budget "
-                     f"{format_size(best.min_budget or 0)} (saves {format_size(best.saving or 0)}, {best.cleanups} "
-                     f"clean-up(s), simulated): {best.how_to}")
+        notes.append(
+            f"best release policy under {conf or 'the default'}: {best.what}, min budget "
+            f"{format_size(best.min_budget or 0)} (saves {format_size(best.saving or 0)}, {best.cleanups} "
+            f"clean-up(s), simulated): {best.how_to}"
+        )
     util = None
     if trace is not None:
         util = table(setting_rows(trace, summaries) + remedy_rows(remedies), trace)
@@ -145,6 +159,9 @@ def shortfall_with_remedies(shortfall: Any, report: RemedyReport) -> Any:
     if not found and not leaks:
         return shortfall
     lines = tuple(f"{r.what} fits ({r.method}: min budget {format_size(r.min_budget or 0)}): {r.how_to}" for r in found)
-    lines += tuple(f"the program keeps memory it does not need: {r.what}; freed, its min budget is "
-                   f"{format_size(r.min_budget) if r.min_budget else 'unknown'} ({r.method}): {r.how_to}" for r in leaks)
+    lines += tuple(
+        f"the program keeps memory it does not need: {r.what}; freed, its min budget is "
+        f"{format_size(r.min_budget) if r.min_budget else 'unknown'} ({r.method}): {r.how_to}"
+        for r in leaks
+    )
     return replace(shortfall, next_steps=lines + tuple(shortfall.next_steps))

@@ -133,8 +133,16 @@ def prepare(
         # scale's executors (side by side on this GPU, one per GPU, Ray)
         from alloctune.tune.executors.factory import executor_for_sweep
 
-        executor = executor_for_sweep(executor_name or "local", command, path.with_suffix(".d"), jobs=jobs,
-                                      address=address, budget=budget, timeout=timeout, live=False)
+        executor = executor_for_sweep(
+            executor_name or "local",
+            command,
+            path.with_suffix(".d"),
+            jobs=jobs,
+            address=address,
+            budget=budget,
+            timeout=timeout,
+            live=False,
+        )
     elif executor is None and settings.strategy == "confirm" and not injected:
         executor = side_by_side(command, path.with_suffix(".d"), timeout)
     tuner = Tuner(
@@ -152,8 +160,7 @@ def prepare(
         note = shared_port_note(command, os.environ)
         if note:
             tuner.notes.append(note)
-    return TuneSession(settings, path, tuner, moved, trial_store.skipped_lines if resume else 0,
-                       tuple(trial_store.warnings))
+    return TuneSession(settings, path, tuner, moved, trial_store.skipped_lines if resume else 0, tuple(trial_store.warnings))
 
 
 CONFIRM_JOBS = 4  # the confirm flow's batches hold 2-4 runs
@@ -174,8 +181,9 @@ def side_by_side(command: Sequence[str], workdir: Path, timeout: float | None) -
     from alloctune.tune.executors.local import usable_memory
 
     # the free memory just read is handed over: the executor need not ask NVML again
-    return executor_for_sweep("local", command, workdir, jobs=jobs, timeout=timeout, live=False,
-                              memory=usable_memory(gpus[0].free))
+    return executor_for_sweep(
+        "local", command, workdir, jobs=jobs, timeout=timeout, live=False, memory=usable_memory(gpus[0].free)
+    )
 
 
 def tune(command: Sequence[str], **options: Any) -> TuneOutcome:

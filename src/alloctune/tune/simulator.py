@@ -57,8 +57,15 @@ class SimulatorFromTrace:
     def estimates(self, confs: Sequence[str]) -> dict[str, int | None]:
         from alloctune.sim.sweep import sweep
 
-        self.last = sweep(self.trace, confs, torch=self.torch, total_memory=self.total_memory, progress=self.progress,
-                          rel_tol=SIM_REL_TOL, abs_tol=SIM_ABS_TOL)
+        self.last = sweep(
+            self.trace,
+            confs,
+            torch=self.torch,
+            total_memory=self.total_memory,
+            progress=self.progress,
+            rel_tol=SIM_REL_TOL,
+            abs_tol=SIM_ABS_TOL,
+        )
         self._last_asked = (self.trace, tuple(confs))
         return {c: row.min_budget for c, row in zip(confs, self.last.rows)}
 
@@ -75,8 +82,15 @@ class SimulatorFromTrace:
             if self.last is not None and asked is not None and asked[0] is self.trace and asked[1] == tuple(confs):
                 return {c: row.min_budget for c, row in zip(confs, self.last.rows)}
             return self.estimates(confs)
-        rows = sweep(low, confs, torch=self.torch, total_memory=self.total_memory, progress=self.progress,
-                     rel_tol=SIM_REL_TOL, abs_tol=SIM_ABS_TOL).rows
+        rows = sweep(
+            low,
+            confs,
+            torch=self.torch,
+            total_memory=self.total_memory,
+            progress=self.progress,
+            rel_tol=SIM_REL_TOL,
+            abs_tol=SIM_ABS_TOL,
+        ).rows
         return {c: row.min_budget for c, row in zip(confs, rows)}
 
     def min_budget(self, conf: str) -> int | None:
@@ -99,14 +113,23 @@ class SimulatorFromTrace:
 
         out: dict[str, Any] = {}
         for conf in confs:
-            res = replay(self.trace, AllocatorConfig.parse(conf, self.torch), budget=budget,
-                         total_memory=self.total_memory, torch=self.torch, record_events=False, timeline_points=1)
+            res = replay(
+                self.trace,
+                AllocatorConfig.parse(conf, self.torch),
+                budget=budget,
+                total_memory=self.total_memory,
+                torch=self.torch,
+                record_events=False,
+                timeline_points=1,
+            )
             st = res.stats
             out[conf] = AllocatorActivity(
                 device_calls=int(st.get("num_device_alloc", 0)) + int(st.get("num_device_free", 0)),
                 syncs=int(st.get("num_alloc_retries", 0)) + int(st.get("num_sync_all_streams", 0)),
-                fallbacks=len(res.adapted), completed=res.completed,
-                device_bytes=int(st.get("reserved_bytes.all.allocated", 0)) + int(st.get("reserved_bytes.all.freed", 0)))
+                fallbacks=len(res.adapted),
+                completed=res.completed,
+                device_bytes=int(st.get("reserved_bytes.all.allocated", 0)) + int(st.get("reserved_bytes.all.freed", 0)),
+            )
         return out
 
     def completes(self, conf: str, budget: int) -> bool:
@@ -117,8 +140,15 @@ class SimulatorFromTrace:
         from alloctune.sim.replay import replay
         from alloctune.trace.fallible import optimistic
 
-        res = replay(optimistic(self.trace), AllocatorConfig.parse(conf, self.torch), budget=budget,
-                     total_memory=self.total_memory, torch=self.torch, record_events=False, timeline_points=1)
+        res = replay(
+            optimistic(self.trace),
+            AllocatorConfig.parse(conf, self.torch),
+            budget=budget,
+            total_memory=self.total_memory,
+            torch=self.torch,
+            record_events=False,
+            timeline_points=1,
+        )
         return bool(res.completed)
 
     def calibrate(self, trial: TrialResult) -> str | None:

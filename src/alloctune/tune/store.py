@@ -40,12 +40,27 @@ STORE_SCHEMA = 1
 REUSABLE = ("ok", "oom")
 
 
-def trial_key(command: Sequence[str], conf: str, budget: int | None, repeat: int = 0, record: bool = False,
-              *, no_grad: bool = False, cudnn_benchmark: bool | None = None, checkpointing: bool = False) -> str:
+def trial_key(
+    command: Sequence[str],
+    conf: str,
+    budget: int | None,
+    repeat: int = 0,
+    record: bool = False,
+    *,
+    no_grad: bool = False,
+    cudnn_benchmark: bool | None = None,
+    checkpointing: bool = False,
+) -> str:
     """The identity of a trial, as a canonical JSON string (hashable, stable across runs; the remedy
     switches appear only when set, so the keys of earlier stores still match)."""
-    key = {"command": list(command), "conf": conf, "budget": budget, "repeat": repeat, "record": record,
-           **remedy_switches(no_grad, cudnn_benchmark, checkpointing)}
+    key = {
+        "command": list(command),
+        "conf": conf,
+        "budget": budget,
+        "repeat": repeat,
+        "record": record,
+        **remedy_switches(no_grad, cudnn_benchmark, checkpointing),
+    }
     return json.dumps(key, sort_keys=True)
 
 
@@ -127,8 +142,7 @@ class TrialStore:
     `trials.<mtime>.jsonl` under the lock (`rotated_to` says where), instead of an error.
     """
 
-    def __init__(self, path: str | os.PathLike, command: Sequence[str], *, resume: bool = False,
-                 rotate: bool = False):
+    def __init__(self, path: str | os.PathLike, command: Sequence[str], *, resume: bool = False, rotate: bool = False):
         self.path = Path(path)
         self.command = list(command)
         self.skipped_lines = 0  # unreadable lines seen while loading (a torn last line, usually)
@@ -145,14 +159,12 @@ class TrialStore:
                 exists = False
             if exists and not resume:
                 raise InputError(
-                    f"results store {self.path} already exists: add --resume to continue that sweep, "
-                    "or give another --store"
+                    f"results store {self.path} already exists: add --resume to continue that sweep, or give another --store"
                 )
             if exists:
                 self._load()
             else:
-                self._write_line({"schema": STORE_SCHEMA, "kind": "header", "command": self.command,
-                                  "created": time.time()})
+                self._write_line({"schema": STORE_SCHEMA, "kind": "header", "command": self.command, "created": time.time()})
         except BaseException:
             self.close()
             raise
@@ -211,9 +223,7 @@ class TrialStore:
                 if rec.get("command") != self.command:
                     cmd = rec.get("command")
                     shown = " ".join(map(str, cmd)) if isinstance(cmd, list) else repr(cmd)
-                    raise InputError(
-                        f"results store {self.path} belongs to another command ({shown:.200}): give another --store"
-                    )
+                    raise InputError(f"results store {self.path} belongs to another command ({shown:.200}): give another --store")
                 continue
             if rec.get("kind") != "trial" or rec.get("schema") != STORE_SCHEMA:
                 self._skip(lineno, f"not a trial record (kind {rec.get('kind')!r:.40}, schema {rec.get('schema')!r:.20})")
@@ -227,8 +237,9 @@ class TrialStore:
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 self._skip(lineno, f"a damaged trial ({type(exc).__name__}: {exc!s:.60})")
         if not saw_header:
-            self.warnings.append(f"{self.path}: no header line (lost or overwritten); "
-                                 f"kept the {len(self._trials)} trial(s) of this command")
+            self.warnings.append(
+                f"{self.path}: no header line (lost or overwritten); kept the {len(self._trials)} trial(s) of this command"
+            )
 
     def get(self, key: str) -> TrialResult | None:
         """A finished trial with this key (ok/oom only), or None."""

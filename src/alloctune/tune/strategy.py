@@ -199,7 +199,8 @@ class Tuner:
         if auto_split and not grid.values_mb:
             self.notes.append(
                 "max_split_size_mb skipped: the baseline made no segment of 32 MiB or more"
-                if grid.largest_segment else "max_split_size_mb skipped: the baseline recorded no segment sizes"
+                if grid.largest_segment
+                else "max_split_size_mb skipped: the baseline recorded no segment sizes"
             )
         fixed = fixed_candidates(s.knobs)
         async_backend = is_async_backend(baseline.allocator_settings)
@@ -219,8 +220,10 @@ class Tuner:
                 summaries = flow.run()
                 shortfall = flow.shortfall
             except SimulationUnavailable as exc:
-                self.notes.append(f"the simulator could not use the baseline's recording ({exc}): every candidate "
-                                  "was measured on the GPU instead (the exhaustive strategy)")
+                self.notes.append(
+                    f"the simulator could not use the baseline's recording ({exc}): every candidate "
+                    "was measured on the GPU instead (the exhaustive strategy)"
+                )
                 summaries = self._measure(fixed, grid if auto_split else None, budget, lo_bound)
         elif s.simulate_first:
             summaries = self._simulate_then_verify(baseline, fixed, grid if auto_split else None, budget, lo_bound)
@@ -250,8 +253,17 @@ class Tuner:
             report, shortfall = self._remedies(flow, ranking, summaries, shortfall)
         self._close_ahead()
         return TuneResult(
-            s, budget, total, baseline, grid, tuple(summaries), ranking, tuple(self.trials), tuple(self.notes),
-            shortfall=shortfall, remedies=report,
+            s,
+            budget,
+            total,
+            baseline,
+            grid,
+            tuple(summaries),
+            ranking,
+            tuple(self.trials),
+            tuple(self.notes),
+            shortfall=shortfall,
+            remedies=report,
         )
 
     def _remedies(self, flow: Any, ranking: Any, summaries: list[CandidateSummary], shortfall: Any) -> tuple[Any, Any]:
@@ -278,15 +290,13 @@ class Tuner:
             ck_conf, trial = flow.checkpointing
             trace = _trace(flow.sim, flow.baseline)  # the recording the simulator holds, else loaded
             code = checkpointing_code(trace) if trace is not None else "model.gradient_checkpointing_enable()"
-            measured.append(checkpointing_measured(trial, ck_conf, flow.est.get(ck_conf), self.simulator_factory,
-                                                   command, code))
+            measured.append(checkpointing_measured(trial, ck_conf, flow.est.get(ck_conf), self.simulator_factory, command, code))
         # simulated beside the GPU runs, unless a capped run taught fallbacks since (then again, with them)
         early = flow.early.result() if flow.early is not None and not flow.calibrated else None
         report = tune_remedies(flow.sim, flow.baseline, conf, summaries, ng, command, early=early, measured=measured)
         self.notes.extend(report.notes)
         if ng is not None:
-            self.notes.append(f"inference ran with autograd on and no backward: {ng.notes[0]}; the line to add: "
-                              f"{ng.how_to}")
+            self.notes.append(f"inference ran with autograd on and no backward: {ng.notes[0]}; the line to add: {ng.how_to}")
         if shortfall is not None:
             shortfall = shortfall_with_remedies(shortfall, report)
         return report, shortfall
@@ -304,9 +314,7 @@ class Tuner:
         ok, res = self._point(c.conf, budget, "feasibility at the budget")
         return _summary(c, ok, res)
 
-    def _measure(
-        self, fixed: list[Candidate], grid: SplitGrid | None, budget: int, lo_bound: int
-    ) -> list[CandidateSummary]:
+    def _measure(self, fixed: list[Candidate], grid: SplitGrid | None, budget: int, lo_bound: int) -> list[CandidateSummary]:
         summaries = [self._feasible(c, budget) for c in fixed]
         if grid is not None and grid.values_mb:
             if self.settings.strategy == "grid":
@@ -354,9 +362,7 @@ class Tuner:
             out.append(sm)
         return out
 
-    def _min_budget(
-        self, c: Candidate, hi: int, lo: int, *, first: Sequence[int] = ()
-    ) -> tuple[int, int, int]:
+    def _min_budget(self, c: Candidate, hi: int, lo: int, *, first: Sequence[int] = ()) -> tuple[int, int, int]:
         """Bisection: `hi` completes, `lo` is assumed to fail. Returns (hi, lo, trials).
 
         `first`: budgets to try before halving (the bracket around a simulated estimate).
@@ -416,8 +422,9 @@ class Tuner:
         if grid is not None:
             cands += [make(MAX_SPLIT, str(v)) for v in grid.values_mb]
         estimates = dict(sim.estimates([c.conf for c in cands]))
-        order = sorted(cands, key=lambda c: (estimates[c.conf] is None or estimates[c.conf] > budget,
-                                             estimates[c.conf] or 0, c.conf))
+        order = sorted(
+            cands, key=lambda c: (estimates[c.conf] is None or estimates[c.conf] > budget, estimates[c.conf] or 0, c.conf)
+        )
         out = []
         verified = 0
         any_ok = False

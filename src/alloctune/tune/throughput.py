@@ -18,8 +18,22 @@ from typing import Any, Sequence
 # A gap counts when it exceeds the two-sided 95 % Student t quantile times the standard error
 # of the difference (Welch): with two samples a side the noise itself is barely known, so a
 # normal quantile (1.96) would call a difference far too often.
-_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23,
-        12: 2.18, 15: 2.13, 20: 2.09, 30: 2.04}
+_T95 = {
+    1: 12.71,
+    2: 4.30,
+    3: 3.18,
+    4: 2.78,
+    5: 2.57,
+    6: 2.45,
+    7: 2.36,
+    8: 2.31,
+    9: 2.26,
+    10: 2.23,
+    12: 2.18,
+    15: 2.13,
+    20: 2.09,
+    30: 2.04,
+}
 
 
 def t95(df: float) -> float:
@@ -93,15 +107,17 @@ def compare(a: Sequence[float], b: Sequence[float], *, tolerance: float = 0.03, 
         return Comparison(ra, rb, gap, False, f"within {tolerance:.0%} ({gap:+.1%}): no difference that matters")
     if ra.noise is None or rb.noise is None:
         return Comparison(ra, rb, gap, None, f"{gap:+.1%} from single samples: noise not measured yet")
-    va, vb = ra.noise ** 2 / ra.samples, rb.noise ** 2 / rb.samples
+    va, vb = ra.noise**2 / ra.samples, rb.noise**2 / rb.samples
     se = math.sqrt(va + vb)
-    df = (va + vb) ** 2 / (va ** 2 / (ra.samples - 1) + vb ** 2 / (rb.samples - 1)) if va + vb > 0 else math.inf
+    df = (va + vb) ** 2 / (va**2 / (ra.samples - 1) + vb**2 / (rb.samples - 1)) if va + vb > 0 else math.inf
     margin = (t95(df) if math.isfinite(df) else 1.96) * se
     if abs(ra.mean - rb.mean) <= margin:
-        return Comparison(ra, rb, gap, None,
-                          f"no measurable difference ({gap:+.1%}, noise ±{margin / ra.mean:.1%}): decided on memory")
-    return Comparison(ra, rb, gap, gap > 0,
-                      f"{abs(gap):.1%} {'slower' if gap > 0 else 'faster'}, clear of the noise (±{margin / ra.mean:.1%})")
+        return Comparison(
+            ra, rb, gap, None, f"no measurable difference ({gap:+.1%}, noise ±{margin / ra.mean:.1%}): decided on memory"
+        )
+    return Comparison(
+        ra, rb, gap, gap > 0, f"{abs(gap):.1%} {'slower' if gap > 0 else 'faster'}, clear of the noise (±{margin / ra.mean:.1%})"
+    )
 
 
 # ---- what the allocator alone could cost ---------------------------------------------------
@@ -140,8 +156,15 @@ class OverheadBound:
 
 
 def overhead_bound(
-    a: AllocatorActivity, b: AllocatorActivity, run_s: float | None, *, call_s: float, sync_s: float,
-    tolerance: float, mib_s: float = 0.0, against: str = "the default",
+    a: AllocatorActivity,
+    b: AllocatorActivity,
+    run_s: float | None,
+    *,
+    call_s: float,
+    sync_s: float,
+    tolerance: float,
+    mib_s: float = 0.0,
+    against: str = "the default",
 ) -> OverheadBound:
     """How much the allocator work `b` does beyond `a` can cost, against a run of `run_s` seconds:
     `call_s` per driver call plus `mib_s` per MiB it reserves or releases, `sync_s` per retry.
@@ -157,20 +180,43 @@ def overhead_bound(
     if not b.completed:
         return OverheadBound(calls, syncs, falls, None, None, False, "simulated not to complete at the budget")
     if falls:
-        return OverheadBound(calls, syncs, falls, None, None, False,
-                             f"{falls} more workspace request(s) given up at the budget (a slower kernel may replace "
-                             "each): only a measurement can say")
+        return OverheadBound(
+            calls,
+            syncs,
+            falls,
+            None,
+            None,
+            False,
+            f"{falls} more workspace request(s) given up at the budget (a slower kernel may replace "
+            "each): only a measurement can say",
+        )
     seconds = calls * call_s + mib * mib_s + syncs * sync_s
     if not run_s or run_s <= 0:
-        return OverheadBound(calls, syncs, falls, seconds, None, seconds == 0,
-                             "no allocator work added" if seconds == 0 else "run time unknown: measured instead")
+        return OverheadBound(
+            calls,
+            syncs,
+            falls,
+            seconds,
+            None,
+            seconds == 0,
+            "no allocator work added" if seconds == 0 else "run time unknown: measured instead",
+        )
     frac = seconds / run_s
-    what = (f"{calls} more cudaMalloc/cudaFree ({mib / 1024:.1f} GiB more reserved or released) and {syncs} more "
-            f"synchronising retries than {against} (simulated): at most {seconds * 1e3:.1f} ms = {frac:.1%} of the "
-            f"{run_s:.3g} s the run used the GPU")
+    what = (
+        f"{calls} more cudaMalloc/cudaFree ({mib / 1024:.1f} GiB more reserved or released) and {syncs} more "
+        f"synchronising retries than {against} (simulated): at most {seconds * 1e3:.1f} ms = {frac:.1%} of the "
+        f"{run_s:.3g} s the run used the GPU"
+    )
     if not calls and not syncs and not mib:
         what = f"no more allocator driver work than {against} (simulated)"
     if frac <= tolerance:
-        return OverheadBound(calls, syncs, falls, seconds, frac, True,
-                             f"{what}: no measurable slowdown possible (tolerance {tolerance:.0%}), not measured")
+        return OverheadBound(
+            calls,
+            syncs,
+            falls,
+            seconds,
+            frac,
+            True,
+            f"{what}: no measurable slowdown possible (tolerance {tolerance:.0%}), not measured",
+        )
     return OverheadBound(calls, syncs, falls, seconds, frac, False, f"{what}: measured")

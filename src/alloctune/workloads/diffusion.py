@@ -30,8 +30,18 @@ NAME = "diffusion"
 
 # (height, width) in pixels: SD-1.5 users go from the native 512² up to 1024², often non-square.
 RESOLUTIONS: tuple[tuple[int, int], ...] = (
-    (512, 512), (512, 768), (768, 512), (640, 640), (576, 1024), (768, 768),
-    (1024, 576), (640, 896), (896, 640), (1024, 768), (768, 1024), (1024, 1024),
+    (512, 512),
+    (512, 768),
+    (768, 512),
+    (640, 640),
+    (576, 1024),
+    (768, 768),
+    (1024, 576),
+    (640, 896),
+    (896, 640),
+    (1024, 768),
+    (768, 1024),
+    (1024, 1024),
 )
 TINY_RESOLUTIONS: tuple[tuple[int, int], ...] = ((64, 64), (64, 128), (128, 64), (128, 128))
 
@@ -245,8 +255,11 @@ class VAEDecoder(nn.Module):
         self.post_quant_conv = nn.Conv2d(cfg.latent, cfg.latent, 1)
         self.conv_in = nn.Conv2d(cfg.latent, rev[0], 3, padding=1)
         self.mid = nn.ModuleList(
-            [ResBlock(rev[0], rev[0], cfg.groups, None), VAEAttention(rev[0], cfg.groups),
-             ResBlock(rev[0], rev[0], cfg.groups, None)]
+            [
+                ResBlock(rev[0], rev[0], cfg.groups, None),
+                VAEAttention(rev[0], cfg.groups),
+                ResBlock(rev[0], rev[0], cfg.groups, None),
+            ]
         )
         self.up = nn.ModuleList()
         ch = rev[0]
@@ -312,8 +325,7 @@ def generate(ctx: common.RunContext, state: State, height: int, width: int, guid
 def items(ctx: common.RunContext, args: argparse.Namespace, state: State) -> Iterator[dict[str, Any]]:
     for height, width in state.resolutions:
         image = generate(ctx, state, height, width, args.guidance)
-        yield {"height": height, "width": width, "megapixels": image.shape[-1] * image.shape[-2] / 1e6,
-               "steps": state.steps}
+        yield {"height": height, "width": width, "megapixels": image.shape[-1] * image.shape[-2] / 1e6, "steps": state.steps}
 
 
 def main(argv: list[str] | None = None) -> common.Summary:

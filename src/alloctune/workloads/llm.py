@@ -25,13 +25,25 @@ from alloctune.workloads import common
 NAME = "llm"
 
 FULL = dict(
-    vocab_size=128_256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-    num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131_072,
-    rope_theta=500_000.0, tie_word_embeddings=True,
+    vocab_size=128_256,
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_hidden_layers=16,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    max_position_embeddings=131_072,
+    rope_theta=500_000.0,
+    tie_word_embeddings=True,
 )
 TINY = dict(
-    vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=True,
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+    tie_word_embeddings=True,
 )
 
 
@@ -88,20 +100,34 @@ def items(ctx: common.RunContext, args: argparse.Namespace, state: State) -> Ite
         mask = torch.ones_like(ids)
         with torch.no_grad():
             out = state.model.generate(
-                input_ids=ids, attention_mask=mask, max_new_tokens=req.new_tokens,
-                min_new_tokens=req.new_tokens, do_sample=False,
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=req.new_tokens,
+                min_new_tokens=req.new_tokens,
+                do_sample=False,
             )
         generated = out.shape[1] - req.prompt
         tokens = out.cpu()
         del out, ids, mask, tokens
-        yield {"batch": req.batch, "prompt": req.prompt, "new_tokens": generated * req.batch,
-               "prompt_tokens": req.prompt * req.batch}
+        yield {
+            "batch": req.batch,
+            "prompt": req.prompt,
+            "new_tokens": generated * req.batch,
+            "prompt_tokens": req.prompt * req.batch,
+        }
 
 
 def main(argv: list[str] | None = None) -> common.Summary:
     return common.main(
-        NAME, __doc__, add_arguments, build, items, default_count=10, tiny_count=3,
-        summed=("new_tokens", "prompt_tokens"), argv=argv,
+        NAME,
+        __doc__,
+        add_arguments,
+        build,
+        items,
+        default_count=10,
+        tiny_count=3,
+        summed=("new_tokens", "prompt_tokens"),
+        argv=argv,
     )
 
 

@@ -46,7 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--version", choices=("v1", "v2"), default="v2", help="model version (default v2)")
     parser.add_argument("--sr", choices=("32k", "40k", "48k"), default="40k", help="target sample rate (default 40k)")
     parser.add_argument(
-        "--preset", choices=("auto", "fp16", "fp32", "low"), default="auto",
+        "--preset",
+        choices=("auto", "fp16", "fp32", "low"),
+        default="auto",
         help="chunking preset x_pad/x_query/x_center/x_max; auto picks like RVC from dtype and GPU memory",
     )
     parser.add_argument("--no-empty-cache", action="store_true", help="skip the per-chunk torch.cuda.empty_cache()")
@@ -54,7 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-seconds", type=float, default=None, help="longest file (default 600, tiny 5)")
     parser.add_argument("--protect", type=float, default=0.33, help="RVC's protect (< 0.5 keeps a feature copy)")
     parser.add_argument(
-        "--index-rate", type=float, default=0.0,
+        "--index-rate",
+        type=float,
+        default=0.0,
         help="> 0 adds RVC's retrieval step: features to CPU, neighbour blend, back to the GPU",
     )
     parser.add_argument("--f0-up-key", type=int, default=0, help="pitch shift in semitones")
@@ -132,9 +136,7 @@ def extract_pitch(ctx: common.RunContext, state: State, padded: np.ndarray, key:
         with common.building(ctx.device, torch.float32):
             state.mel = MelFrontEnd(n_mels=n_mels)  # created (on the device) before the model
         # RVC halves RMVPE on the CPU and then moves it: fp16 weights arrive directly.
-        state.rmvpe = common.materialize(
-            lambda: RMVPE(base=base, n_mels=n_mels, gru_hidden=hidden).eval(), ctx.device, ctx.dtype
-        )
+        state.rmvpe = common.materialize(lambda: RMVPE(base=base, n_mels=n_mels, gru_hidden=hidden).eval(), ctx.device, ctx.dtype)
     with torch.no_grad():
         audio = torch.from_numpy(padded).float().to(ctx.device).unsqueeze(0)
         mel = state.mel(audio, ctx.dtype)
@@ -225,8 +227,13 @@ def convert_file(ctx: common.RunContext, state: State, args: argparse.Namespace,
     for chunk in plan.chunks:
         f_end = chunk.f_end if chunk.f_end is not None else p_len
         out = convert_chunk(
-            ctx, state, args, padded[chunk.start : chunk.end], pitch[:, chunk.f_start : f_end],
-            pitchf[:, chunk.f_start : f_end], sid,
+            ctx,
+            state,
+            args,
+            padded[chunk.start : chunk.end],
+            pitch[:, chunk.f_start : f_end],
+            pitchf[:, chunk.f_start : f_end],
+            sid,
         )
         outputs.append(chunking.trim(out, state.cfg.sr, preset))
     result = np.concatenate(outputs)

@@ -273,8 +273,7 @@ class WN(nn.Module):
         self.n_layers = n_layers
         self.cond_layer = _weight_norm(nn.Conv1d(gin_channels, 2 * hidden * n_layers, 1))
         self.in_layers = nn.ModuleList(
-            _weight_norm(nn.Conv1d(hidden, 2 * hidden, kernel_size, padding=(kernel_size - 1) // 2))
-            for _ in range(n_layers)
+            _weight_norm(nn.Conv1d(hidden, 2 * hidden, kernel_size, padding=(kernel_size - 1) // 2)) for _ in range(n_layers)
         )
         self.res_skip_layers = nn.ModuleList(
             _weight_norm(nn.Conv1d(hidden, 2 * hidden if i < n_layers - 1 else hidden, 1)) for i in range(n_layers)
@@ -541,8 +540,9 @@ class UNetEncoder(nn.Module):
 class UNetIntermediate(nn.Module):
     def __init__(self, c_in: int, c_out: int, n: int = 4):
         super().__init__()
-        self.layers = nn.ModuleList([ResEncoderBlock(c_in, c_out, False)]
-                                    + [ResEncoderBlock(c_out, c_out, False) for _ in range(n - 1)])
+        self.layers = nn.ModuleList(
+            [ResEncoderBlock(c_in, c_out, False)] + [ResEncoderBlock(c_out, c_out, False) for _ in range(n - 1)]
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
@@ -625,8 +625,13 @@ class MelFrontEnd(nn.Module):
         if self._window is None or self._window.device != audio.device:
             self._window = torch.hann_window(self.n_fft, device=audio.device)
         spec = torch.stft(
-            audio, self.n_fft, hop_length=self.hop, win_length=self.n_fft, window=self._window,
-            center=True, return_complex=True,
+            audio,
+            self.n_fft,
+            hop_length=self.hop,
+            win_length=self.n_fft,
+            window=self._window,
+            center=True,
+            return_complex=True,
         )
         magnitude = torch.sqrt(spec.real.pow(2) + spec.imag.pow(2))
         mel = torch.matmul(self.mel_basis, magnitude).to(out_dtype)
@@ -642,9 +647,11 @@ class Fp32GroupNorm(nn.GroupNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.group_norm(
-            x.float(), self.num_groups,
+            x.float(),
+            self.num_groups,
             self.weight.float() if self.weight is not None else None,
-            self.bias.float() if self.bias is not None else None, self.eps,
+            self.bias.float() if self.bias is not None else None,
+            self.eps,
         )
         return out.type_as(x)
 
@@ -655,8 +662,13 @@ def hubert_config(tiny: bool):
 
     if tiny:
         return HubertConfig(
-            hidden_size=32, num_hidden_layers=3, num_attention_heads=2, intermediate_size=64,
-            conv_dim=(16,) * 7, num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2,
+            hidden_size=32,
+            num_hidden_layers=3,
+            num_attention_heads=2,
+            intermediate_size=64,
+            conv_dim=(16,) * 7,
+            num_conv_pos_embeddings=16,
+            num_conv_pos_embedding_groups=2,
             classifier_proj_size=8,
         )
     return HubertConfig()

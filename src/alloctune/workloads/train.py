@@ -135,9 +135,7 @@ def items(ctx: common.RunContext, args: argparse.Namespace, state: State) -> Ite
 
 
 def main(argv: list[str] | None = None) -> common.Summary:
-    return common.main(
-        NAME, __doc__, add_arguments, build, items, default_count=40, tiny_count=3, summed=("tokens",), argv=argv
-    )
+    return common.main(NAME, __doc__, add_arguments, build, items, default_count=40, tiny_count=3, summed=("tokens",), argv=argv)
 
 
 if __name__ == "__main__":

@@ -42,8 +42,9 @@ def make_executor(
     """`runner`: a `SpecRunner` (needed by `ray`, which ships it to workers) or any evaluator;
     `memory`: for `local`, the bytes trials may share when the caller already read them (else NVML)."""
     ctx = context_bytes if context_bytes is not None else context_bytes_from_env()
-    common = dict(timeout=timeout, first_number=first_number, progress=progress, command=command, context_bytes=ctx,
-                  processes=processes)
+    common = dict(
+        timeout=timeout, first_number=first_number, progress=progress, command=command, context_bytes=ctx, processes=processes
+    )
     if address is not None and name != "ray":
         raise InputError("--address is for --executor ray")
     if name == "local":
@@ -95,6 +96,17 @@ def executor_for_sweep(
         from alloctune.progress import LiveTrialTable
 
         progress = LiveTrialTable()
-    return make_executor(name, SpecRunner(spec), jobs=jobs, address=address, budget_hint=budget, timeout=timeout,
-                         first_number=spec.first_free_number(), progress=progress, command=command,
-                         processes=processes, gpus_per_trial=gpus_per_trial, memory=memory)
+    return make_executor(
+        name,
+        SpecRunner(spec),
+        jobs=jobs,
+        address=address,
+        budget_hint=budget,
+        timeout=timeout,
+        first_number=spec.first_free_number(),
+        progress=progress,
+        command=command,
+        processes=processes,
+        gpus_per_trial=gpus_per_trial,
+        memory=memory,
+    )

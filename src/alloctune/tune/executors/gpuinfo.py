@@ -63,8 +63,12 @@ def _probe_smi(entries: list[str] | None) -> list[GpuInfo] | None:
     if smi is None:
         return None
     try:
-        out = subprocess.run([smi, "--query-gpu=index,uuid,name,memory.total,memory.free",
-                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            [smi, "--query-gpu=index,uuid,name,memory.total,memory.free", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     if out.returncode != 0:
@@ -101,8 +105,15 @@ def probe(env: Mapping[str, str] | None = None) -> list[GpuInfo]:
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             uuid, name = pynvml.nvmlDeviceGetUUID(h), pynvml.nvmlDeviceGetName(h)
             mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-            rows.append((str(i), uuid.decode() if isinstance(uuid, bytes) else uuid,
-                         name.decode() if isinstance(name, bytes) else name, int(mem.total), int(mem.free)))
+            rows.append(
+                (
+                    str(i),
+                    uuid.decode() if isinstance(uuid, bytes) else uuid,
+                    name.decode() if isinstance(name, bytes) else name,
+                    int(mem.total),
+                    int(mem.free),
+                )
+            )
         return _select(rows, entries)
     except Exception:
         return unknown

@@ -26,7 +26,7 @@ def gpu_slots(gpus: Sequence[GpuInfo], *, gpus_per_trial: int = 1, jobs_per_gpu:
         raise EnvironmentProblem(f"a trial needs {gpus_per_trial} GPU(s); {len(gpus)} visible")
     slots = []
     for i in range(0, len(gpus) - gpus_per_trial + 1, gpus_per_trial):
-        group = gpus[i:i + gpus_per_trial]
+        group = gpus[i : i + gpus_per_trial]
         frees = [usable_memory(g.free) for g in group]
         memory = None if any(f is None for f in frees) else min(frees)  # every rank gets the same cap
         ids = ",".join(g.visible_id for g in group)
@@ -54,6 +54,13 @@ class GpusExecutor(PoolExecutor):
         gpus = list(gpus) if gpus is not None else probe()
         if not gpus:
             raise EnvironmentProblem("--executor gpus: no GPU visible (NVML sees none, or CUDA_VISIBLE_DEVICES hides them)")
-        super().__init__(runner, gpu_slots(gpus, gpus_per_trial=gpus_per_trial, jobs_per_gpu=jobs_per_gpu),
-                         context_bytes=context_bytes, timeout=timeout, first_number=first_number,
-                         progress=progress, command=command, processes=processes)
+        super().__init__(
+            runner,
+            gpu_slots(gpus, gpus_per_trial=gpus_per_trial, jobs_per_gpu=jobs_per_gpu),
+            context_bytes=context_bytes,
+            timeout=timeout,
+            first_number=first_number,
+            progress=progress,
+            command=command,
+            processes=processes,
+        )

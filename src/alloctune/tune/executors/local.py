@@ -66,10 +66,19 @@ class LocalExecutor(PoolExecutor):
             per = None if budget_hint is None else max(1, processes) * (budget_hint + context_bytes) - context_bytes
             jobs = default_jobs(memory, per, context_bytes)
         if jobs > 1 and memory is None:
-            raise InputError("--jobs > 1 needs the GPU's free memory (NVML: pip install nvidia-ml-py), "
-                             "or give the memory trials may share")
-        super().__init__(runner, [Slot("gpu", (), memory, jobs)], context_bytes=context_bytes, timeout=timeout,
-                         first_number=first_number, progress=progress, command=command, processes=processes)
+            raise InputError(
+                "--jobs > 1 needs the GPU's free memory (NVML: pip install nvidia-ml-py), or give the memory trials may share"
+            )
+        super().__init__(
+            runner,
+            [Slot("gpu", (), memory, jobs)],
+            context_bytes=context_bytes,
+            timeout=timeout,
+            first_number=first_number,
+            progress=progress,
+            command=command,
+            processes=processes,
+        )
         self.jobs = jobs
         self.memory = memory
 

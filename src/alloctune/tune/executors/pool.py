@@ -154,8 +154,9 @@ class PoolExecutor:
         try:
             while pending or threads:
                 for task, state in self._admit(pending, states):
-                    thread = threading.Thread(target=self._work, args=(task, state.slot, done),
-                                              name=f"alloctune-trial-{task.number}", daemon=True)
+                    thread = threading.Thread(
+                        target=self._work, args=(task, state.slot, done), name=f"alloctune-trial-{task.number}", daemon=True
+                    )
                     threads[task.number] = thread
                     self.progress.started(task, state.slot.name)
                     thread.start()
@@ -186,8 +187,14 @@ class PoolExecutor:
         except AlloctuneError as exc:  # the user's setup (missing command, bad setting): stop the sweep
             done.put((task, slot.name, None, exc))
         except BaseException as exc:  # a broken worker is one failed trial, not a failed sweep
-            done.put((task, slot.name, failed_trial(task.request, f"worker {slot.name} failed: "
-                                                    f"{type(exc).__name__}: {exc}", self.command), None))
+            done.put(
+                (
+                    task,
+                    slot.name,
+                    failed_trial(task.request, f"worker {slot.name} failed: {type(exc).__name__}: {exc}", self.command),
+                    None,
+                )
+            )
 
     def _stop(self, threads: Mapping[int, threading.Thread]) -> None:
         cancel = getattr(self.runner, "cancel", None)

@@ -41,8 +41,9 @@ def import_ray() -> Any:
     return ray
 
 
-def gpu_fraction(req: TrialRequest, gpu_memory: int | None, context_bytes: int, granularity: float = 0.05,
-                 processes: int = 1) -> float:
+def gpu_fraction(
+    req: TrialRequest, gpu_memory: int | None, context_bytes: int, granularity: float = 0.05, processes: int = 1
+) -> float:
     """The `num_gpus` a trial asks Ray for: its budget plus a context (per process) over the card, rounded up."""
     if req.exclusive or req.budget is None or not gpu_memory:
         return 1.0
@@ -140,10 +141,17 @@ class RayExecutor:
         try:
             for req in requests:
                 task = TrialTask(req, self.numbers.next(), self.timeouts.next())
-                frac = (float(self.gpus_per_trial) if self.gpus_per_trial > 1  # whole cards, one rank each
-                        else gpu_fraction(req, self.gpu_memory, self.context_bytes, self.granularity, self.processes))
-                ref = remote.options(num_gpus=frac, num_cpus=self.cpus_per_trial, max_retries=self.max_retries,
-                                     name=f"alloctune-trial-{task.number}").remote(self.runner, task)
+                frac = (
+                    float(self.gpus_per_trial)
+                    if self.gpus_per_trial > 1  # whole cards, one rank each
+                    else gpu_fraction(req, self.gpu_memory, self.context_bytes, self.granularity, self.processes)
+                )
+                ref = remote.options(
+                    num_gpus=frac,
+                    num_cpus=self.cpus_per_trial,
+                    max_retries=self.max_retries,
+                    name=f"alloctune-trial-{task.number}",
+                ).remote(self.runner, task)
                 pending[ref] = task
                 self.progress.started(task, "ray")  # submitted: Ray does not say when it starts
             while pending:
@@ -190,8 +198,9 @@ class RayExecutor:
             cause = getattr(exc, "cause", None)
             if isinstance(cause, AlloctuneError):
                 raise cause from None
-            return failed_trial(task.request, f"ray task failed: {type(cause or exc).__name__}: {cause or exc}",
-                                self.command), "ray"
+            return failed_trial(
+                task.request, f"ray task failed: {type(cause or exc).__name__}: {cause or exc}", self.command
+            ), "ray"
         except ray.exceptions.RayError as exc:  # worker or node lost, task cancelled
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             return failed_trial(task.request, f"ray worker lost: {type(exc).__name__}: {first}", self.command), "ray"

@@ -31,8 +31,14 @@ class TrialSpec:
     torch_version: str | None = None  # the grammar to validate settings with (None = the default release)
 
     @classmethod
-    def make(cls, command: Sequence[str], workdir: str | os.PathLike, *, env: Mapping[str, str] | None = None,
-             torch_version: str | None = None) -> "TrialSpec":
+    def make(
+        cls,
+        command: Sequence[str],
+        workdir: str | os.PathLike,
+        *,
+        env: Mapping[str, str] | None = None,
+        torch_version: str | None = None,
+    ) -> "TrialSpec":
         return cls(tuple(command), str(Path(workdir).resolve()), tuple(sorted((env or {}).items())), torch_version)
 
     @property
@@ -46,8 +52,13 @@ class TrialSpec:
         return max(used, default=0)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": 1, "command": list(self.command), "workdir": self.workdir, "env": dict(self.env),
-                "torch_version": self.torch_version}
+        return {
+            "schema": 1,
+            "command": list(self.command),
+            "workdir": self.workdir,
+            "env": dict(self.env),
+            "torch_version": self.torch_version,
+        }
 
 
 class SpecRunner:
@@ -79,23 +90,50 @@ class SpecRunner:
         logs = Path(spec.workdir) / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         # a capped recorded trial (tune's calibration) must not overwrite the baseline's history
-        record_to = (spec.baseline_path if req.budget is None
-                     else Path(spec.workdir) / task.log_name.replace("trial-", "capped-").replace(".log", ".pickle")
-                     ) if req.record else None
+        record_to = (
+            (
+                spec.baseline_path
+                if req.budget is None
+                else Path(spec.workdir) / task.log_name.replace("trial-", "capped-").replace(".log", ".pickle")
+            )
+            if req.record
+            else None
+        )
         pid_file = Path(spec.workdir) / task.log_name.replace("trial-", "running-").replace(".log", ".json")
 
         def cold() -> TrialResult:
-            return run_trial(spec.command, conf=req.conf, budget=req.budget, record=record_to, timeout=task.timeout,
-                             capture=logs / task.log_name, ensure_cap=req.ensure_cap, repeat=req.repeat,
-                             no_grad=req.no_grad, cudnn_benchmark=req.cudnn_benchmark, checkpointing=req.checkpointing,
-                             torch_version=spec.torch_version, env=child_env,
-                             pid_file=pid_file if self.ahead is not None else None)
+            return run_trial(
+                spec.command,
+                conf=req.conf,
+                budget=req.budget,
+                record=record_to,
+                timeout=task.timeout,
+                capture=logs / task.log_name,
+                ensure_cap=req.ensure_cap,
+                repeat=req.repeat,
+                no_grad=req.no_grad,
+                cudnn_benchmark=req.cudnn_benchmark,
+                checkpointing=req.checkpointing,
+                torch_version=spec.torch_version,
+                env=child_env,
+                pid_file=pid_file if self.ahead is not None else None,
+            )
 
         if self.ahead is None or env:  # a held process has the sweep's environment, not a worker's GPU choice
             return cold()
-        return self.ahead.trial(req.conf, req.budget, record_to=record_to, remedy=req.remedy,
-                                capture=logs / task.log_name, timeout=task.timeout, torch_version=spec.torch_version,
-                                repeat=req.repeat, ensure_cap=req.ensure_cap, pid_file=pid_file, cold=cold)
+        return self.ahead.trial(
+            req.conf,
+            req.budget,
+            record_to=record_to,
+            remedy=req.remedy,
+            capture=logs / task.log_name,
+            timeout=task.timeout,
+            torch_version=spec.torch_version,
+            repeat=req.repeat,
+            ensure_cap=req.ensure_cap,
+            pid_file=pid_file,
+            cold=cold,
+        )
 
     def cancel(self) -> None:
         """Stop every trial this process is running (Ctrl-C of a parallel sweep)."""

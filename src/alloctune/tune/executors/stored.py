@@ -19,8 +19,16 @@ from alloctune.tune.store import TrialStore, trial_key
 
 
 def request_key(command: Sequence[str], req: TrialRequest) -> str:
-    return trial_key(command, req.conf, req.budget, req.repeat, req.record, no_grad=req.no_grad,
-                     cudnn_benchmark=req.cudnn_benchmark, checkpointing=req.checkpointing)
+    return trial_key(
+        command,
+        req.conf,
+        req.budget,
+        req.repeat,
+        req.record,
+        no_grad=req.no_grad,
+        cudnn_benchmark=req.cudnn_benchmark,
+        checkpointing=req.checkpointing,
+    )
 
 
 @dataclass(frozen=True)
@@ -39,8 +47,9 @@ def _reusable(store: TrialStore, key: str, req: TrialRequest) -> TrialResult | N
     return found
 
 
-def run_stored(executor: Executor, requests: Iterable[TrialRequest], store: TrialStore,
-               command: Sequence[str]) -> Iterator[StoredTrial]:
+def run_stored(
+    executor: Executor, requests: Iterable[TrialRequest], store: TrialStore, command: Sequence[str]
+) -> Iterator[StoredTrial]:
     """Answer `requests` from the store where finished, run the rest on `executor` and persist each.
 
     A request repeated in the batch runs once (its key is the same); both copies get the answer.

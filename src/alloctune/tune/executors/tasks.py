@@ -18,7 +18,7 @@ from alloctune.tune.executors.base import Evaluator
 
 # A per-process CUDA context (driver state, cuBLAS/cuDNN handles) costs GPU memory outside the
 # caching allocator and outside the per-process cap; ~500 MiB on an H200 with torch 2.11
-# (bench/gpu_scale.py measures it). Trials packed side by side must leave room for it.
+# (measured: bench/results/scale_gpu.md). Trials packed side by side must leave room for it.
 DEFAULT_CONTEXT_BYTES = 512 << 20
 
 
@@ -76,8 +76,16 @@ def failed_trial(request: TrialRequest, error: str, command: tuple[str, ...] = (
 
     `crash` is never reused by `--resume`, so the trial runs again next time.
     """
-    return TrialResult(command=command, conf=request.conf, budget=request.budget, outcome="crash",
-                       exit_code=None, wall_s=0.0, error=error, repeat=request.repeat)
+    return TrialResult(
+        command=command,
+        conf=request.conf,
+        budget=request.budget,
+        outcome="crash",
+        exit_code=None,
+        wall_s=0.0,
+        error=error,
+        repeat=request.repeat,
+    )
 
 
 class TimeoutPolicy:
