@@ -382,3 +382,28 @@ def test_capped_random_recordings_replay_exactly(name):
     fid = compare(res, t, explain=False)
     assert fid.exact, fid.verdict
     assert res.peak_reserved == t.meta["stats"]["reserved_bytes.all.peak"]
+
+
+def test_a_call_that_released_nothing_does_not_claim_the_allocators_burst_after_it():
+    # The program calls empty_cache() while its one segment is in use (nothing to release), frees the
+    # tensor, then asks for more: the allocator releases the idle segment before cudaMalloc. The
+    # release lies within the clocks' tolerance of the call, but a request of the program separates them.
+    events = [ev("segment_alloc", A, 20 * MiB), ev("alloc", A, 10), ev("free_completed", A, 10),
+              ev("segment_free", A, 20 * MiB), ev("segment_alloc", B, 40 * MiB), ev("alloc", B, 30 * MiB)]
+    times = [1000, 1010, 1100, 1150, 1160, 1160]
+    events = [{**e, "time_us": t} for e, t in zip(events, times)]
+    b = build_stream(events, marks=[[1050, 1052]])
+    assert b.requests.ops == [ALLOC, EMPTY_CACHE, FREE, ALLOC] and b.marked_calls == [1]
+    assert [e.request_index for e in b.segment_events] == [0, 3, 3]  # the release is the malloc's
+
+
+def test_a_mark_takes_the_burst_inside_it_over_one_just_before():
+    # Two bursts within the tolerance of one call: the allocator's, 195 us before the call began, and
+    # the call's own, inside its interval.
+    follow = [ev("segment_alloc", C, 60 * MiB), ev("alloc", C, 59 * MiB), ev("free_completed", C, 59 * MiB),
+              ev("segment_free", C, 60 * MiB)]
+    events = _cache_then(follow)
+    times = [1000, 1001, 1002, 1003, 1004, 1005, 2085, 2085, 2090, 2090, 2100, 2290]
+    events = [{**e, "time_us": t} for e, t in zip(events, times)]
+    b = build_stream(events, marks=[[2280, 2300]])
+    assert b.requests.count(EMPTY_CACHE) == 1 and b.marked_calls == [len(b.requests.ops) - 1]

@@ -55,7 +55,8 @@ tests/test_trace_gpu.py checks them against programs whose calls are known):
   Recordings made by alloctune's agent carry the program's calls themselves: the agent
   wraps `torch.cuda.empty_cache` and writes each call's wall-clock interval (µs, the clock
   of the events' `time_us`) under the snapshot key `alloctune_empty_cache_calls`. With
-  those marks the calls are exact: the release burst inside a call's interval is that call,
+  those marks the calls are exact: the release burst inside a call's interval is that call
+  (within the clocks' tolerance, the closest burst that no request of the program separates from it),
   a call with no burst becomes an EMPTY_CACHE at its place in time, and every other burst
   directly before a malloc's segment or OOM is the allocator's (a burst that no malloc
   follows is still the program's: the allocator releases only inside malloc).
@@ -458,19 +459,31 @@ def _place_marks(events: Sequence[dict[str, Any]], marks: Sequence[Sequence[int]
     times: list[Any] = [e.get("time_us") for e in events]  # as the snapshot has them (None: checked next)
     if any(t is None for t in times):
         return {-1: len(marks)}
-    starts = [
-        k
-        for k, e in enumerate(events)
-        if e.get("action") in RELEASE_ACTIONS and (k == 0 or events[k - 1].get("action") not in RELEASE_ACTIONS)
-    ]
+    bursts: list[tuple[int, int]] = []  # each release burst: its first and last event
+    for k, e in enumerate(events):
+        if e.get("action") in RELEASE_ACTIONS:
+            if k and events[k - 1].get("action") in RELEASE_ACTIONS:
+                bursts[-1] = (bursts[-1][0], k)
+            else:
+                bursts.append((k, k))
     placed: dict[int, int] = {}
     unmatched = 0
     import bisect
 
     for t0, t1 in sorted((int(m[0]), int(m[1])) for m in marks):
-        burst = [k for k in starts if t0 - MARK_TOLERANCE_US <= times[k] <= t1 + MARK_TOLERANCE_US and placed.get(k) != _BURST]
-        if burst:
-            placed[burst[0]] = _BURST
+        # the burst that lies within the call, else the one closest to it within the clocks' tolerance
+        # that no request of the program separates from the call (a call releases all it releases before it
+        # returns: a burst after the program's next request is the allocator's, of a malloc after the call)
+        near = [
+            (max(0, t0 - times[k]) + max(0, times[end] - t1), k)
+            for k, end in bursts
+            if t0 - MARK_TOLERANCE_US <= times[k]
+            and times[end] <= t1 + MARK_TOLERANCE_US
+            and placed.get(k) != _BURST
+            and not _request_between(events, times, k, end, t0, t1)
+        ]
+        if near:
+            placed[min(near)[1]] = _BURST
             continue
         at = bisect.bisect_right(times, t0)  # first event after the call began (times are non-decreasing)
         if at < len(times) and times[at] < t0 - MARK_TOLERANCE_US:
@@ -480,6 +493,22 @@ def _place_marks(events: Sequence[dict[str, Any]], marks: Sequence[Sequence[int]
     if unmatched:
         placed[-1] = unmatched
     return placed
+
+
+def _request_between(events: Sequence[dict[str, Any]], times: Sequence[int], first: int, last: int, t0: int, t1: int) -> bool:
+    """Whether a request event (anything but a release) lies in time between the call [t0, t1] and the
+    burst `events[first..last]`: after the call and before the burst, or after the burst and before the call."""
+    k = first - 1
+    while k >= 0 and times[k] > t1:
+        if events[k].get("action") not in RELEASE_ACTIONS:
+            return True
+        k -= 1
+    k = last + 1
+    while k < len(events) and times[k] < t0:
+        if events[k].get("action") not in RELEASE_ACTIONS:
+            return True
+        k += 1
+    return False
 
 
 class _BurstJudge:
