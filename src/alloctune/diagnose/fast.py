@@ -26,7 +26,7 @@ from alloctune.diagnose import parse as grammar
 from alloctune.diagnose.native import templates as _native
 from alloctune.diagnose.parse import _LINE_PREFIX
 from alloctune.diagnose.platform import platform_hint
-from alloctune.diagnose.report import OOMReport
+from alloctune.diagnose.report import FIGURE_FIELDS, OOMReport
 
 # ASCII digits only (the grammar's `\d` also reads other scripts' digits, but not in every clause):
 # a message written with others goes the grammar's way.
@@ -47,20 +47,7 @@ _MAX = 1024  # templates kept (a log has a few shapes; the memory stays bounded 
 _KEY_RAW, _KEY = 200, 120
 _MULT = grammar._MULT
 # What a template reads: report fields (`find.with_figures` sets them by name) and a process's pid and memory.
-_FIGURES = (
-    "device",
-    "requested",
-    "total",
-    "free",
-    "allocated",
-    "active",
-    "reserved",
-    "reserved_unallocated",
-    "private_pools",
-    "cap",
-    "process_in_use",
-    "other_allocations",
-)
+_FIGURES = FIGURE_FIELDS
 _set = object.__setattr__  # a report's fields set at once (the class is frozen)
 _READ = frozenset((*_FIGURES, "pid", "mem"))
 

@@ -18,7 +18,7 @@ from alloctune.diagnose import parse as grammar
 from alloctune.diagnose.normalize import Normalized
 from alloctune.diagnose.parse import _LINE_PREFIX
 from alloctune.diagnose.platform import _CONTEXT, BIG_TEXT, PlatformIndex, platform_hint  # noqa: F401
-from alloctune.diagnose.report import OOMReport
+from alloctune.diagnose.report import FIGURE_FIELDS, OOMReport
 
 if TYPE_CHECKING:
     from alloctune.diagnose.fast import FastReader
@@ -103,22 +103,7 @@ def _derive(v: dict, backend: str, vendor: str) -> tuple[int | None, int | None,
 
 
 # The figures a template reads (each `OOMReport` field of that name), all unknown.
-_NO_FIGURES = dict.fromkeys(
-    (
-        "device",
-        "requested",
-        "total",
-        "free",
-        "allocated",
-        "active",
-        "reserved",
-        "reserved_unallocated",
-        "private_pools",
-        "cap",
-        "process_in_use",
-        "other_allocations",
-    )
-)
+_NO_FIGURES = dict.fromkeys(FIGURE_FIELDS)
 
 
 def with_figures(

@@ -25,6 +25,8 @@ BYTE_FIELDS: tuple[str, ...] = (
     "process_in_use",
     "other_allocations",
 )
+# The fields an OOM message's figures fill (the device and every byte field): what a message template reads.
+FIGURE_FIELDS: tuple[str, ...] = ("device", *BYTE_FIELDS)
 
 
 @dataclass(frozen=True)
