@@ -470,13 +470,21 @@ def _place_marks(events: Sequence[dict[str, Any]], marks: Sequence[Sequence[int]
     unmatched = 0
     import bisect
 
+    # the bursts a call can claim start within its tolerance window: found by bisection where the events'
+    # times are in order (as torch writes them), else by looking at every burst
+    starts = [times[k] for k, _ in bursts]
+    ordered = all(a <= b for a, b in zip(starts, starts[1:]))
     for t0, t1 in sorted((int(m[0]), int(m[1])) for m in marks):
+        lo, hi = 0, len(bursts)
+        if ordered:
+            lo = bisect.bisect_left(starts, t0 - MARK_TOLERANCE_US)
+            hi = bisect.bisect_right(starts, t1 + MARK_TOLERANCE_US, lo)
         # the burst that lies within the call, else the one closest to it within the clocks' tolerance
         # that no request of the program separates from the call (a call releases all it releases before it
         # returns: a burst after the program's next request is the allocator's, of a malloc after the call)
         near = [
             (max(0, t0 - times[k]) + max(0, times[end] - t1), k)
-            for k, end in bursts
+            for k, end in bursts[lo:hi]
             if t0 - MARK_TOLERANCE_US <= times[k]
             and times[end] <= t1 + MARK_TOLERANCE_US
             and placed.get(k) != _BURST
