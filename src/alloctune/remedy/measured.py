@@ -26,7 +26,7 @@ from dataclasses import replace
 from typing import Any
 
 from alloctune.analysis.core import analyse
-from alloctune.remedy.model import MEASURED, UNCONFIRMED, Remedy, min_budget
+from alloctune.remedy.model import MEASURED, Remedy, min_budget
 from alloctune.remedy.training import block_windows
 from alloctune.remedy.workspaces import SHAPE_EVIDENCE, cudnn_requests, resized
 from alloctune.run.trial import TrialRequest, TrialResult
@@ -54,17 +54,10 @@ def no_grad_remedy(trial: TrialResult, conf: str, base: int | None, simulator_fa
     """The measured no-grad remedy from its confirming run (capped at the budget, recorded)."""
     regrad = int((trial.autograd or {}).get("module_calls_with_grad") or 0)
     if regrad:  # the program turned autograd back on under the agent's switch: this run measured nothing
-        return Remedy(
+        return Remedy.unconfirmed(
             "no_grad",
             "inference without autograd (the recording ran no backward, yet kept grad mode on)",
-            None,
-            None,
-            None,
-            None,
-            0,
-            0.0,
             NO_GRAD_LINE,
-            UNCONFIRMED,
             conf,
             confirm=f"alloctune run --budget {trial.budget}B -- {command}  (with the line added by hand)",
             notes=(
@@ -145,17 +138,10 @@ def checkpointing_measured(
     what = "activation checkpointing of the repeated blocks"
     confirm = f"alloctune run --checkpointing --budget {trial.budget}B -- {command}"
     if trial.checkpointing is not None and not trial.checkpointing:
-        return Remedy(
+        return Remedy.unconfirmed(
             "checkpointing",
             what,
-            None,
-            None,
-            None,
-            None,
-            0,
-            0.0,
             code,
-            UNCONFIRMED,
             conf,
             confirm=confirm,
             notes=("not measured: the agent found no model it could switch checkpointing on in",),
@@ -187,17 +173,10 @@ def cudnn_remedy(trial: TrialResult, conf: str, base: int | None, simulator_fact
     how = f"torch.backends.cudnn.benchmark = {flip}  # before the model runs"
     confirm = f"alloctune run --cudnn-benchmark {'on' if flip else 'off'} --budget {trial.budget}B -- {command}"
     if trial.cudnn_benchmark is not None and trial.cudnn_benchmark != flip:  # the program set it back itself
-        return Remedy(
+        return Remedy.unconfirmed(
             name,
             what,
-            None,
-            None,
-            None,
-            None,
-            0,
-            0.0,
             how,
-            UNCONFIRMED,
             conf,
             confirm=confirm,
             notes=(

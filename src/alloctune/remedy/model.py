@@ -70,6 +70,24 @@ class Remedy:
     notes: tuple[str, ...] = field(default_factory=tuple)
     trace: Any = field(default=None, repr=False, compare=False)  # the rewritten recording (not in JSON)
 
+    @classmethod
+    def unconfirmed(
+        cls,
+        name: str,
+        what: str,
+        how_to: str,
+        conf: str,
+        *,
+        confirm: str,
+        notes: tuple[str, ...] = (),
+        bound: int | None = None,
+    ) -> "Remedy":
+        """A remedy nothing has measured yet: no min budget, no peaks, no driver calls; `confirm` is the run that
+        would measure it, `bound` a simulated lower bound where one is known."""
+        return cls(
+            name, what, None, None, None, None, 0, 0.0, how_to, UNCONFIRMED, conf, confirm=confirm, bound=bound, notes=notes
+        )
+
     @property
     def utilization(self) -> float | None:
         """peak allocated ÷ peak reserved (`units.utilization`)."""

@@ -14,7 +14,6 @@ from alloctune.analysis.core import Analysis
 from alloctune.progress import Progress, no_progress
 from alloctune.remedy.janitor import janitor_plan, janitor_remedies
 from alloctune.remedy.model import (
-    UNCONFIRMED,
     Remedy,
     Shared,
     activity_of,
@@ -114,17 +113,10 @@ def no_grad_candidate(trace: Trace) -> Remedy | None:
         return None
     cmd = meta.get("command") or meta.get("cmd")
     command = shlex.join(str(a) for a in cmd) if isinstance(cmd, list) and cmd else "CMD"
-    return Remedy(
+    return Remedy.unconfirmed(
         "no_grad",
         "inference without autograd (the recording ran no backward, yet kept grad mode on)",
-        None,
-        None,
-        None,
-        None,
-        0,
-        0.0,
         "with torch.inference_mode():  # or torch.no_grad(), around the model's forward calls",
-        UNCONFIRMED,
         recorded_conf(trace),
         confirm=f"alloctune run --no-grad --record nograd.pickle -- {command} && "
         "alloctune simulate nograd.pickle --min-budget  (or: alloctune tune ..., which makes this run itself)",

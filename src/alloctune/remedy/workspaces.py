@@ -17,7 +17,7 @@ import re
 from itertools import compress
 from typing import Mapping
 
-from alloctune.remedy.model import UNCONFIRMED, BaseActivity, Remedy, Row, activity, min_budget, simulated, spliced
+from alloctune.remedy.model import BaseActivity, Remedy, Row, activity, min_budget, simulated, spliced
 from alloctune.trace.fallible import NO_WORKSPACE, has_cpp_frames, scratch_requests, tag_by_frames
 from alloctune.trace.model import ALLOC, FREE, Trace
 
@@ -170,17 +170,10 @@ def workspace_remedies(
             ),
         ):
             out.append(
-                Remedy(
+                Remedy.unconfirmed(
                     name,
                     what,
-                    None,
-                    None,
-                    None,
-                    None,
-                    0,
-                    0.0,
                     how,
-                    UNCONFIRMED,
                     conf,
                     confirm=f"{run.replace('@OUT@', name + '.pickle', 1)} && alloctune simulate {name}.pickle --min-budget",
                     bound=floor,
