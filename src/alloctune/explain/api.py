@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -202,23 +201,7 @@ def explain_against(
     if len(rows) > top:
         rest = rows[top:]
         rows = rows[:top]
-        cats: Counter = Counter()
-        for r in rest:
-            cats.update(r.categories)
-        rows.append(
-            Site(
-                f"({len(rest)} other sites)",
-                None,
-                sum(r.bytes for r in rest),
-                sum(r.blocks for r in rest),
-                sum(r.outlived_bytes for r in rest),
-                False,
-                sum(r.growing_bytes for r in rest),
-                0,
-                dict(cats),
-                delta=sum(r.delta or 0 for r in rest),
-            )
-        )
+        rows.append(Site.others(rest, delta=sum(r.delta or 0 for r in rest)))
     b_small = Explanation(**{**b.__dict__, "sites": tuple(rows)})
     return Comparison(b_small, a, gap, cat, tuple(rows), only_a)
 

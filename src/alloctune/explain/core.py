@@ -267,20 +267,5 @@ def _sites(an: Analysis, live: list[int], m: int, cats: dict[int, str], top: int
         keep = [r for i, r in enumerate(rows) if i < top or r.growing]
         rest = [r for i, r in enumerate(rows) if not (i < top or r.growing)]
         rows = keep
-        cat_sum: Counter = Counter()
-        for r in rest:
-            cat_sum.update(r.categories)
-        rows.append(
-            Site(
-                f"({len(rest)} other sites)",
-                None,
-                sum(r.bytes for r in rest),
-                sum(r.blocks for r in rest),
-                sum(r.outlived_bytes for r in rest),
-                False,
-                sum(r.growing_bytes for r in rest),
-                0,
-                dict(cat_sum),
-            )
-        )
+        rows.append(Site.others(rest))
     return rows

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +63,25 @@ class Site:
     what_if_command: str | None = None
     delta: int | None = None  # with --against: bytes here minus bytes in the other recording
     model_frame: str | None = None  # the model's own code between the user's line and the library (most bytes)
+
+    @classmethod
+    def others(cls, rest: Sequence["Site"], delta: int | None = None) -> "Site":
+        """The one row that stands for the sites not listed: their bytes, blocks and categories summed."""
+        cats: Counter[str] = Counter()
+        for r in rest:
+            cats.update(r.categories)
+        return cls(
+            f"({len(rest)} other sites)",
+            None,
+            sum(r.bytes for r in rest),
+            sum(r.blocks for r in rest),
+            sum(r.outlived_bytes for r in rest),
+            False,
+            sum(r.growing_bytes for r in rest),
+            0,
+            dict(cats),
+            delta=delta,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
