@@ -6,12 +6,16 @@ tune core imports cheaply.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from alloctune.run.trial import TrialResult
 from alloctune.sim.resolution import ABS_TOL as SIM_ABS_TOL
 from alloctune.sim.resolution import REL_TOL as SIM_REL_TOL
 from alloctune.units import format_size
+
+if TYPE_CHECKING:
+    from alloctune.sim.sweep import Sweep
+    from alloctune.trace.model import Trace
 
 # The simulated min_budget's resolution is the one every command uses (sim.resolution: 0.2 % or 1 MiB):
 # tune's estimates, explain's remedies and `simulate --min-budget` print the same number for one
@@ -39,7 +43,7 @@ class SimulatorFromTrace:
         self.trace = with_fallbacks(self.raw, self.model)
         self.total_memory = baseline.total_memory
         self.torch = _minor(baseline.torch_version)
-        self.last = None
+        self.last: Sweep | None = None
         self._last_asked: tuple[Any, tuple[str, ...]] | None = None  # (trace, confs) that `last` answers
 
     @property
@@ -54,11 +58,12 @@ class SimulatorFromTrace:
         (a transformer decoder has none, so its capped runs are not recorded)."""
         return self.note is not None
 
-    def estimates(self, confs: Sequence[str]) -> dict[str, int | None]:
+    def _sweep(self, trace: "Trace", confs: Sequence[str]) -> "Sweep":
+        """`sim.sweep` of `trace` under `confs` at tune's resolution, on this card."""
         from alloctune.sim.sweep import sweep
 
-        self.last = sweep(
-            self.trace,
+        return sweep(
+            trace,
             confs,
             torch=self.torch,
             total_memory=self.total_memory,
@@ -66,6 +71,9 @@ class SimulatorFromTrace:
             rel_tol=SIM_REL_TOL,
             abs_tol=SIM_ABS_TOL,
         )
+
+    def estimates(self, confs: Sequence[str]) -> dict[str, int | None]:
+        self.last = self._sweep(self.trace, confs)
         self._last_asked = (self.trace, tuple(confs))
         return {c: row.min_budget for c, row in zip(confs, self.last.rows)}
 
@@ -73,7 +81,6 @@ class SimulatorFromTrace:
         """Each setting's simulated min_budget if the program gave up every workspace-shaped
         request nothing covers yet (`fallible.optimistic`): the low end of where its real
         min_budget can lie. Equal to `estimates` when the recording has no such request."""
-        from alloctune.sim.sweep import sweep
         from alloctune.trace.fallible import optimistic
 
         low = optimistic(self.trace)
@@ -82,15 +89,7 @@ class SimulatorFromTrace:
             if self.last is not None and asked is not None and asked[0] is self.trace and asked[1] == tuple(confs):
                 return {c: row.min_budget for c, row in zip(confs, self.last.rows)}
             return self.estimates(confs)
-        rows = sweep(
-            low,
-            confs,
-            torch=self.torch,
-            total_memory=self.total_memory,
-            progress=self.progress,
-            rel_tol=SIM_REL_TOL,
-            abs_tol=SIM_ABS_TOL,
-        ).rows
+        rows = self._sweep(low, confs).rows
         return {c: row.min_budget for c, row in zip(confs, rows)}
 
     def min_budget(self, conf: str) -> int | None:
