@@ -3,7 +3,7 @@
 `chromium --remote-debugging-pipe` reads protocol commands from file descriptor 3 and writes
 replies and events to descriptor 4, each a JSON text ended by a NUL byte: no websocket client,
 no Playwright, no browser download. Used by the report page's browser test and by
-`docs/images/make_screenshots.py`.
+`docs/images/make_explain_screenshot.py`.
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ class Browser:
         self.session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
         for domain in ("Page", "Runtime", "Log", "Network"):
             self.call(f"{domain}.enable", session=True)
+        self.call("Page.setLifecycleEventsEnabled", session=True, enabled=True)
         self.call("Emulation.setDeviceMetricsOverride", session=True, width=width, height=height,
                   deviceScaleFactor=1, mobile=False)
 
@@ -98,22 +99,33 @@ class Browser:
                 return reply.get("result", {})
             self.events.append(reply)
 
-    def wait_event(self, method: str) -> dict[str, Any]:
+    def wait_event(self, method: str, **params: Any) -> dict[str, Any]:
+        """The first event of `method` whose params hold `params` (kept ones first, then new ones)."""
+
+        def matches(e: dict[str, Any]) -> bool:
+            p = e.get("params", {})
+            return e.get("method") == method and all(p.get(k) == v for k, v in params.items())
+
         deadline = time.monotonic() + self.timeout
         for e in self.events:
-            if e.get("method") == method:
+            if matches(e):
                 return e
         while True:
             e = self._read_message(deadline)
             self.events.append(e)
-            if e.get("method") == method:
+            if matches(e):
                 return e
 
     def open(self, url: str) -> None:
-        """Navigate and wait for the load event."""
-        self.events = [e for e in self.events if e.get("method") != "Page.loadEventFired"]
-        self.call("Page.navigate", session=True, url=url)
-        self.wait_event("Page.loadEventFired")
+        """Navigate and wait for the load of this navigation's document.
+
+        `Page.loadEventFired` names no document, so a late one of the page before (an image that
+        never arrives, an about:blank in between) would pass for this one; the lifecycle event
+        carries the loader the navigation reported."""
+        loader = self.call("Page.navigate", session=True, url=url).get("loaderId")
+        if loader is None:  # same-document navigation: nothing new loads
+            return
+        self.wait_event("Page.lifecycleEvent", loaderId=loader, name="load")
 
     def evaluate(self, expression: str) -> Any:
         res = self.call("Runtime.evaluate", session=True, expression=expression, returnByValue=True)
