@@ -327,3 +327,49 @@ def test_tune_through_the_side_by_side_executor_takes_the_runs_started_ahead(tmp
     assert outcome.recommendation is not None and outcome.recommendation.conf == "expandable_segments:True"
     best = outcome.result.ranking.best
     assert best.infeasible_below < 600 * MiB <= best.min_budget
+
+
+@pytest.mark.parametrize("side_by_side", [False, True])
+def test_the_recording_is_loaded_while_its_run_still_exits(tmp_path, setup, monkeypatch, side_by_side):
+    """tune's recording is read in the prefetch thread once the agent has written it whole, while the
+    program still tears down (here 1 s at interpreter exit, after the agent's snapshot), and the
+    simulation takes that load instead of reading the file again: through the evaluator (no NVML) and
+    through the side-by-side executor (the GPU default)."""
+    import threading
+
+    import alloctune.trace.load as load_mod
+    from alloctune.tune.session import prepare
+
+    env, _, _ = setup
+    prog = tmp_path / "w.py"
+    prog.write_text(textwrap.dedent("""
+        import time, torch
+        torch.cuda.fake_alloc(400 << 20)
+
+        class SlowExit:  # finalized after the atexit hooks, the agent's snapshot among them
+            def __del__(self):
+                time.sleep(1.0)
+
+        keep = SlowExit()
+    """))
+    for name in ("PYTHONPATH", "ALLOCTUNE_STATE_DIR"):
+        monkeypatch.setenv(name, env[name])
+    monkeypatch.setenv("ALLOCTUNE_CACHE", "0")
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    loads: list[tuple[str, str]] = []
+    real = load_mod.load_through_cache
+
+    def counted(path, device, partial):
+        loads.append((os.path.basename(str(path)), threading.current_thread().name))
+        return real(path, device, partial)
+
+    monkeypatch.setattr(load_mod, "load_through_cache", counted)
+    if side_by_side:
+        monkeypatch.setattr("alloctune.tune.executors.gpuinfo.probe", lambda: [type("G", (), {"free": 8 << 30})()])
+    cmd = [PY, str(prog)]
+    tuner = prepare(cmd, budget=800 * MiB, knobs=["expandable"], store=tmp_path / "store.jsonl")
+    assert (type(tuner.tuner.executor).__name__ == "LocalExecutor") == side_by_side
+    outcome = tuner.run()
+    assert outcome.result.baseline.snapshot
+    assert [name for name, _ in loads if name == "baseline.pickle"] == ["baseline.pickle"]  # read once
+    assert ("baseline.pickle", "alloctune-prefetch") in loads

@@ -133,6 +133,8 @@ class AgentOutputs:
 
     @staticmethod
     def _write_snapshot(snap: dict[str, Any], path: str) -> None:
+        """Write under a temporary name, then rename: a file at `path` is whole, so the runner may
+        start reading it while this process is still exiting, and a run killed mid-write leaves none."""
         import pickle  # writing our own plain-data dict; only reading pickles is dangerous
 
         opener = open
@@ -144,9 +146,20 @@ class AgentOutputs:
             import lzma as opener_mod
 
             opener = opener_mod.open
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with opener(path, "wb") as fh:
-            pickle.dump(snap, fh)
+        directory = os.path.dirname(os.path.abspath(path))
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.basename(path), dir=directory)
+        os.close(fd)
+        try:
+            with opener(tmp, "wb") as fh:
+                pickle.dump(snap, fh)
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
 
     def _live_loop(self) -> None:
         interval = float(self.config.get("live_interval") or 1.0)

@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from alloctune.agent import BOOTSTRAP, make_site_dir
 from alloctune.agent.bootstrap import ENV_VAR
@@ -243,7 +243,63 @@ def _start_child(
         raise EnvironmentProblem(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
 
 
-def _wait_for_child(proc: subprocess.Popen, timeout: float | None, kill_grace: float, exit_signals: _ExitSignals) -> bool:
+# A recorded run's recording is looked for this often while the child runs (`RecordingWatch`).
+WATCH_POLL_S = 0.02
+
+
+class RecordingWatch:
+    """A recording file to watch for while its run goes on, and whom to tell once it is there.
+
+    The agent writes a recording whole under its final name (a rename), at the program's end; the
+    child then still tears down. `on_ready(path)` (say, `trace.prefetch`) can use that time."""
+
+    def __init__(self, path: str | os.PathLike[str], on_ready: Callable[[Path], None]) -> None:
+        self.path = Path(path)
+        self.on_ready = on_ready
+        self._before = self._version()  # a file of an earlier run under this name is not the recording
+
+    def _version(self) -> tuple[int, int, int] | None:
+        try:
+            st = self.path.stat()
+        except OSError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def wait(self, proc: subprocess.Popen, timeout: float | None) -> None:
+        """`proc.wait(timeout)`, calling `on_ready` once, as soon as the run's file is there."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            version = self._version()
+            if version is not None and version != self._before:
+                try:
+                    self.on_ready(self.path)
+                except Exception:  # noqa: BLE001 - an early start only saves time; the run goes on
+                    pass
+                proc.wait(timeout=None if left is None else max(left, 0.0))
+                return
+            try:
+                proc.wait(timeout=WATCH_POLL_S if left is None else max(0.0, min(WATCH_POLL_S, left)))
+                return
+            except subprocess.TimeoutExpired:
+                if left is not None and left <= WATCH_POLL_S:
+                    raise
+
+
+def recording_watch(record: str | os.PathLike[str] | None, on_ready: Callable[[Path], None] | None) -> RecordingWatch | None:
+    """The watch of a trial's recording, where there is one file to watch and someone to tell."""
+    if record is None or on_ready is None or "{" in str(record):
+        return None  # `{pid}`/`{rank}` names are the agent's to fill
+    return RecordingWatch(record, on_ready)
+
+
+def _wait_for_child(
+    proc: subprocess.Popen,
+    timeout: float | None,
+    kill_grace: float,
+    exit_signals: _ExitSignals,
+    watch: RecordingWatch | None = None,
+) -> bool:
     """Wait for the child (listed as running meanwhile); True when it ran past `timeout` and was killed.
 
     Ctrl-C, SIGTERM or SIGHUP to alloctune kill the child's group and propagate."""
@@ -251,7 +307,10 @@ def _wait_for_child(proc: subprocess.Popen, timeout: float | None, kill_grace: f
         _RUNNING.add(proc)
     try:
         exit_signals.raise_missed()  # one that arrived while Popen forked
-        proc.wait(timeout=timeout)
+        if watch is None:
+            proc.wait(timeout=timeout)
+        else:
+            watch.wait(proc, timeout)
         exit_signals.raise_missed()
         return False
     except subprocess.TimeoutExpired:

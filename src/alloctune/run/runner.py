@@ -30,7 +30,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from alloctune.run.child import (  # noqa: F401 (re-exported: the runner's public face)
     CONF_VARS,
@@ -46,6 +46,7 @@ from alloctune.run.child import (  # noqa: F401 (re-exported: the runner's publi
     applied_conf,
     build_env,
     conf_env,
+    recording_watch,
     resolve_command,
 )
 from alloctune.run.process import (  # noqa: F401 (check_previous_trial.. re-exported: the runner's public face)
@@ -104,6 +105,7 @@ def run_trial(
     kill_grace: float = KILL_GRACE_S,
     stdout_to_stderr: bool = False,
     pid_file: str | os.PathLike | None = None,
+    on_recorded: Callable[[Path], None] | None = None,
 ) -> TrialResult:
     """Run `command` once and return its evidence. Raises only for a missing command.
 
@@ -123,7 +125,7 @@ def run_trial(
     `on_oom="snapshot"`: keep a bounded history and dump it into `oom_dir` (default: the
     current directory) as `oom-snapshot.<pid>.pickle` when the allocator runs out of memory.
     `pid_file`: written while the child runs (runner pid, process group, conf) and removed
-    after; `check_previous_trial` reads it on resume.
+    after; `check_previous_trial` reads it on resume. `on_recorded(path)`: `child.RecordingWatch`.
     """
     argv = resolve_command(command)
     conf = applied_conf(conf, torch_version)
@@ -160,13 +162,12 @@ def run_trial(
         log_path = Path(capture) if capture else None
         out = open(log_path, "wb") if log_path else None
         t0 = time.monotonic()
-        timed_out = False
         exit_signals.install()
         try:
             with exit_signals.deferred():
                 proc = _start_child(argv, child_env, cwd, out, stdout_to_stderr, folder.watch_r)
             folder.started(proc.pid, pid_file)
-            timed_out = _wait_for_child(proc, timeout, kill_grace, exit_signals)
+            timed_out = _wait_for_child(proc, timeout, kill_grace, exit_signals, recording_watch(record, on_recorded))
         finally:
             if proc is not None:
                 _reap_group(proc.pid)  # every way out: nothing of the trial outlives it
@@ -189,6 +190,8 @@ class TrialEvaluator:
     and `baseline.pickle` (the recorded history of the `record=True` trial). Trials after
     the first recorded one get `timeout` or, if none was given, five times the baseline's
     wall time (at least 60 s), so a hang under a tight budget cannot stall a sweep.
+    `on_recorded(path)`: told of each recording as soon as it is written whole, while its run
+    still exits (tune starts loading it there: `trace.prefetch`).
     """
 
     def __init__(
@@ -198,11 +201,13 @@ class TrialEvaluator:
         *,
         timeout: float | None = None,
         env: Mapping[str, str] | None = None,
+        on_recorded: Callable[[Path], None] | None = None,
     ):
         self.command = list(command)
         self.workdir = Path(workdir)
         self.timeout = timeout
         self.env = env
+        self.on_recorded = on_recorded
         self.count = 0
         self._count_lock = threading.Lock()  # executors may call one evaluator from several threads
         self.torch_version: str | None = None
@@ -272,6 +277,7 @@ class TrialEvaluator:
                 cudnn_benchmark=cudnn_benchmark,
                 checkpointing=checkpointing,
                 pid_file=pid_file,
+                on_recorded=self.on_recorded,
             )
 
         result = (
@@ -289,6 +295,7 @@ class TrialEvaluator:
                 ensure_cap=ensure_cap,
                 pid_file=pid_file,
                 cold=cold,
+                on_recorded=self.on_recorded,
             )
         )
         if record and budget is None and result.outcome in ("ok", "oom"):

@@ -41,6 +41,7 @@ from alloctune.run.child import (
     applied_conf,
     build_env,
     conf_env,
+    recording_watch,
     resolve_command,
 )
 from alloctune.run.process import (
@@ -116,6 +117,7 @@ class WarmTrial:
         record: str | os.PathLike | None = None,
         ensure_cap: bool = False,
         pid_file: str | os.PathLike | None = None,
+        on_recorded: Callable[[Path], None] | None = None,
     ) -> TrialResult | None:
         """Run the held process as the trial (`conf`, `budget`, `record`); its wall time counts from here.
         None where the program read the setting's variables before CUDA (`gate.EXIT_READ_SETTING`): it
@@ -143,7 +145,7 @@ class WarmTrial:
         t0 = time.monotonic()
         try:
             os.replace(tmp, self.folder.path / RELEASE_FILE)
-            timed_out = _wait_for_child(self.proc, timeout, KILL_GRACE_S, signals)
+            timed_out = _wait_for_child(self.proc, timeout, KILL_GRACE_S, signals, recording_watch(record, on_recorded))
             wall = time.monotonic() - t0
             reports = read_reports(self.folder.reports)
             if self.proc.returncode == EXIT_READ_SETTING and not reports:
@@ -292,6 +294,7 @@ class Ahead:
         ensure_cap: bool,
         pid_file: Path,
         cold: Callable[[], TrialResult],
+        on_recorded: Callable[[Path], None] | None = None,
     ) -> TrialResult:
         """The trial through a held process when one waits, else `cold()` (the baseline starts the others)."""
         held = None if remedy else self.pool.take()
@@ -306,6 +309,7 @@ class Ahead:
                 record=record_to,
                 ensure_cap=ensure_cap,
                 pid_file=pid_file,
+                on_recorded=on_recorded,
             )
             if result is not None:
                 return result

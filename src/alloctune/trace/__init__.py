@@ -8,7 +8,7 @@ returns a `Trace` whose `requests` the simulator replays.
 from __future__ import annotations
 
 from alloctune.trace.compact import save_compact
-from alloctune.trace.load import load_snapshot, load_trace, trace_from_snapshot
+from alloctune.trace.load import load_snapshot, load_trace, prefetch_trace, trace_from_snapshot
 from alloctune.trace.model import (
     ALLOC,
     EMPTY_CACHE,
@@ -33,6 +33,7 @@ __all__ = [
     "Trace",
     "load_snapshot",
     "load_trace",
+    "prefetch_trace",
     "safe_loads",
     "save_compact",
     "trace_from_snapshot",

@@ -213,11 +213,31 @@ def load_trace(path: str | Path, device: int | None = None, *, partial: bool = F
     history whose beginning is missing (frees of unknown blocks are dropped); replaying
     such a stream starts from an empty allocator, so only use it for inspection.
     A sidecar `NAME.json` next to the file becomes `Trace.meta` (and `total_memory`).
-    A loaded snapshot is cached in compact form, keyed by its content (`trace/cache.py`).
+    A loaded snapshot is cached in compact form, keyed by its content (`trace/cache.py`); a load
+    `trace.prefetch` started of this very file is taken instead of loading again.
     """
+    from alloctune.trace.prefetch import take
+
+    found = _existing_recording(path)
+    pending = take(found, device, partial)
+    if pending is not None:
+        return pending.result()
+    return load_through_cache(found, device, partial)
+
+
+def prefetch_trace(path: str | Path, device: int | None = None, *, partial: bool = False) -> None:
+    """Start loading `path` in a thread; the next `load_trace` of this very file takes the result
+    (`trace/prefetch.py`). Nothing happens if the file does not exist."""
+    from alloctune.trace.prefetch import start
+
+    start(path, device, partial, load_through_cache)
+
+
+def load_through_cache(path: str | Path, device: int | None, partial: bool) -> Trace:
+    """`load_trace` of an existing file, without looking for a prefetched load (what a prefetch runs)."""
     from alloctune.trace.cache import load_cached
 
-    return load_cached(_existing_recording(path), device, partial, _load_trace)
+    return load_cached(path, device, partial, _load_trace)
 
 
 def _load_trace(path: str | Path, device: int | None, partial: bool) -> Trace:

@@ -125,10 +125,14 @@ def prepare(
     # Locked before anything is moved or run: a second tune on this store is a one-line error.
     trial_store = TrialStore(path, list(command), resume=resume, rotate=store is None)
     moved = trial_store.rotated_to
+    recorded = None
     if evaluator is None:
         from alloctune.run.runner import TrialEvaluator
+        from alloctune.trace import prefetch_trace
 
-        evaluator = TrialEvaluator(list(command), path.with_suffix(".d"), timeout=timeout)
+        if settings.strategy == "confirm" or settings.simulate_first:
+            recorded = prefetch_trace  # loaded while its run still exits: the next runs wait for its simulation
+        evaluator = TrialEvaluator(list(command), path.with_suffix(".d"), timeout=timeout, on_recorded=recorded)
     if executor is None and (executor_name is not None or jobs is not None or address is not None):
         # scale's executors (side by side on this GPU, one per GPU, Ray)
         from alloctune.tune.executors.factory import executor_for_sweep
@@ -142,9 +146,10 @@ def prepare(
             budget=budget,
             timeout=timeout,
             live=False,
+            on_recorded=recorded,
         )
     elif executor is None and settings.strategy == "confirm" and not injected:
-        executor = side_by_side(command, path.with_suffix(".d"), timeout)
+        executor = side_by_side(command, path.with_suffix(".d"), timeout, recorded)
     tuner = Tuner(
         evaluator,
         settings,
@@ -166,7 +171,9 @@ def prepare(
 CONFIRM_JOBS = 4  # the confirm flow's batches hold 2-4 runs
 
 
-def side_by_side(command: Sequence[str], workdir: Path, timeout: float | None) -> Executor | None:
+def side_by_side(
+    command: Sequence[str], workdir: Path, timeout: float | None, on_recorded: Callable[[Path], None] | None = None
+) -> Executor | None:
     """The confirm flow's default: its memory runs side by side on this GPU (each is capped, and
     the pool admits one only while the caps plus CUDA contexts fit in free memory; runs that
     sample throughput still have the GPU alone). None, so one run after another, when NVML
@@ -182,7 +189,14 @@ def side_by_side(command: Sequence[str], workdir: Path, timeout: float | None) -
 
     # the free memory just read is handed over: the executor need not ask NVML again
     return executor_for_sweep(
-        "local", command, workdir, jobs=jobs, timeout=timeout, live=False, memory=usable_memory(gpus[0].free)
+        "local",
+        command,
+        workdir,
+        jobs=jobs,
+        timeout=timeout,
+        live=False,
+        memory=usable_memory(gpus[0].free),
+        on_recorded=on_recorded,
     )
 
 

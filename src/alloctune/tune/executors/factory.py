@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Any, Callable, Sequence
 
 from alloctune.errors import InputError
 from alloctune.progress import TrialProgress
@@ -82,11 +83,13 @@ def executor_for_sweep(
     gpus_per_trial: int = 1,
     live: bool = True,
     memory: int | None = None,
+    on_recorded: Callable[[Path], None] | None = None,
 ) -> Executor:
     """What `alloctune tune --executor NAME [--jobs N] [--address A]` runs its trials on.
 
     Logs go to `workdir/logs/trial-NNNN.log`, numbered after the ones a resumed sweep left;
-    the recorded baseline to `workdir/baseline.pickle`; `live` draws the progress table on stderr.
+    the recorded baseline to `workdir/baseline.pickle`; `live` draws the progress table on stderr;
+    `on_recorded(path)`: told of a recording made on this host as soon as it is whole.
     """
     from alloctune.tune.executors.spec import SpecRunner, TrialSpec
 
@@ -98,7 +101,7 @@ def executor_for_sweep(
         progress = LiveTrialTable()
     return make_executor(
         name,
-        SpecRunner(spec),
+        SpecRunner(spec, on_recorded),
         jobs=jobs,
         address=address,
         budget_hint=budget,

@@ -13,7 +13,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from alloctune.run.trial import TrialResult
 from alloctune.tune.executors.tasks import TrialTask
@@ -64,12 +64,14 @@ class TrialSpec:
 class SpecRunner:
     """Runs `TrialTask`s of one `TrialSpec` with `runner.run_trial` (thread-safe, picklable)."""
 
-    def __init__(self, spec: TrialSpec):
+    def __init__(self, spec: TrialSpec, on_recorded: Callable[[Path], None] | None = None):
         self.spec = spec
         self.ahead: Any = None  # a `run.warm.Ahead` (this host only: never shipped to a Ray worker)
+        # told of a recording as soon as it is whole, while its run still exits (`run_trial`); this host only
+        self.on_recorded = on_recorded
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"spec": self.spec, "ahead": None}
+        return {"spec": self.spec, "ahead": None, "on_recorded": None}
 
     def start_ahead(self, count: int) -> None:
         """Trials after the recorded baseline take processes started beside it (`run.warm`)."""
@@ -117,6 +119,7 @@ class SpecRunner:
                 torch_version=spec.torch_version,
                 env=child_env,
                 pid_file=pid_file if self.ahead is not None else None,
+                on_recorded=self.on_recorded,
             )
 
         if self.ahead is None or env:  # a held process has the sweep's environment, not a worker's GPU choice
@@ -133,6 +136,7 @@ class SpecRunner:
             ensure_cap=req.ensure_cap,
             pid_file=pid_file,
             cold=cold,
+            on_recorded=self.on_recorded,
         )
 
     def cancel(self) -> None:
