@@ -151,11 +151,13 @@ def test_a_shortage_ends_with_the_next_command_plan_then_chunked_in_tune_and_dia
 
 
 def test_the_remedies_are_simulated_once_beside_the_gpu_runs(traces_dir, monkeypatch):
-    """Simulated in a thread while the GPU runs (the planned best); reused when the best stayed the same."""
+    """Simulated in a thread while the GPU runs (the planned best), started only once the opening runs
+    are chosen (until then the choosing has the CPU); reused when the best stayed the same."""
     import threading
 
     import alloctune.tune.remedies as tr
     from alloctune.run.trial import TrialResult
+    from alloctune.tune.confirm import ConfirmFlow
     from alloctune.tune.simulator import SimulatorFromTrace
 
     calls = []
@@ -166,6 +168,14 @@ def test_the_remedies_are_simulated_once_beside_the_gpu_runs(traces_dir, monkeyp
         return real(sim, baseline, conf, command)
 
     monkeypatch.setattr(tr, "simulate", counted)
+    at_open = []
+    real_open = ConfirmFlow._open
+
+    def opening(self, *args):
+        at_open.append(len(calls))
+        return real_open(self, *args)
+
+    monkeypatch.setattr(ConfirmFlow, "_open", opening)
     path = str(traces_dir / "rvc_ec0" / "default.pickle.xz")
     probe = TrialResult(command=COMMAND, conf="", budget=None, outcome="ok", exit_code=0, wall_s=1.0,
                         snapshot=path, total_memory=150109880320, torch_version="2.11.0")
@@ -174,7 +184,11 @@ def test_the_remedies_are_simulated_once_beside_the_gpu_runs(traces_dir, monkeyp
     s = TuneSettings(command=COMMAND, budget=needs[""] - 64 * MiB, knobs=parse_knobs(["expandable"]), platform="linux")
     res = Tuner(ev, s, simulator_factory=lambda b: SimulatorFromTrace(b)).run()
     assert calls == [("expandable_segments:True", "alloctune-remedies")]
+    assert at_open == [0]  # not started while the opening runs were being chosen
     assert res.remedies.remedies and all(r.conf == "expandable_segments:True" for r in res.remedies.remedies)
+    ended = [t.ended_at_s for t in res.trials]  # when the sweep had each result, from its start
+    assert None not in ended and ended == sorted(ended) and ended[0] >= 0
+    assert [t["ended_at_s"] for t in res.to_dict()["trials"]] == ended
 
 
 def test_a_program_that_turns_autograd_back_on_is_not_measured_by_the_switch():

@@ -90,10 +90,12 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
         self.cudnn: tuple[str, TrialResult] | None = None  # (setting, its run) confirming the cuDNN switch
         self.checkpointing: tuple[str, TrialResult] | None = None  # (setting, its run) confirming checkpointing
         self.early: Any = None  # Future of `tune.remedies.simulate` under the planned best, run beside the GPU
+        self._early_thread: Any = None  # its thread, started with the first batch (`_run`)
 
     # ---- GPU runs ----------------------------------------------------------------------------
     def _run(self, reqs: list[TrialRequest]) -> list[TrialResult]:
         reqs = [r for r in reqs if r.conf not in self.refused]
+        self._start_early()
         out = self.t.batch(reqs)
         for req, res in zip(reqs, out):
             self._learn(req, res)
@@ -248,9 +250,20 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
             self._throughput(default, focus)
         return self._summaries(default, focus, order)
 
+    def _start_early(self) -> None:
+        thread, self._early_thread = self._early_thread, None
+        if thread is not None:
+            thread.start()
+
+    def early_remedies(self) -> Any:
+        """The remedies simulated beside the GPU runs (`tune.remedies.simulate`'s answer), None if not asked."""
+        self._start_early()
+        return self.early.result() if self.early is not None else None
+
     def _simulate_remedies(self, c: Candidate | None) -> None:
-        """Start simulating the remedies under the planned best (or closest) setting in a thread: CPU
-        work of seconds on a large recording, done while the GPU runs instead of after them."""
+        """Simulate the remedies under the planned best (or closest) setting in a thread: CPU work of
+        seconds on a large recording, done while the GPU runs instead of after them. The thread starts
+        with the first batch: until the runs are handed over, the choosing of them has the CPU."""
         if c is None or not self.s.remedies:
             return
         import threading
@@ -266,7 +279,7 @@ class ConfirmFlow(ChoiceMixin, ReportMixin):
             except BaseException as exc:  # noqa: BLE001 - handed to whoever waits for it
                 fut.set_exception(exc)
 
-        threading.Thread(target=work, name="alloctune-remedies", daemon=True).start()
+        self._early_thread = threading.Thread(target=work, name="alloctune-remedies", daemon=True)
         self.early = fut
 
     def _simulate(self) -> None:

@@ -95,9 +95,12 @@ class TrialRecord:
     result: TrialResult
     purpose: str
     reused: bool = False
+    # seconds from the sweep's start to when it had this result (None: from the store); with the
+    # result's `wall_s` it says where a tune's time went: the runs, or the work between them
+    ended_at_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"purpose": self.purpose, "reused": self.reused, **self.result.to_dict()}
+        return {"purpose": self.purpose, "reused": self.reused, "ended_at_s": self.ended_at_s, **self.result.to_dict()}
 
 
 @dataclass(frozen=True)

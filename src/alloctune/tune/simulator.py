@@ -6,6 +6,7 @@ tune core imports cheaply.
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Sequence
 
 from alloctune.run.trial import TrialResult
@@ -95,7 +96,7 @@ class SimulatorFromTrace:
     def min_budget(self, conf: str) -> int | None:
         return self.estimates([conf])[conf]
 
-    @property
+    @cached_property
     def gpu_span_s(self) -> float | None:
         """Seconds from the recording's first allocator event to its last: the part of the run
         that used the GPU (start-up and imports left out), the base a slowdown is measured on."""

@@ -27,6 +27,7 @@ timeout counts as "does not complete".
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -83,6 +84,7 @@ class Tuner:
         self.on_trial_end = on_trial_end
         self.trials: list[TrialRecord] = []
         self.notes: list[str] = []
+        self.started = time.monotonic()  # `run` sets it again: trials' `ended_at_s` count from there
 
     # ---- trials ------------------------------------------------------------------------------
     def _trial(self, conf: str, budget: int | None, purpose: str, *, repeat: int = 0, record: bool = False) -> TrialResult:
@@ -127,7 +129,8 @@ class Tuner:
         return out
 
     def _done(self, req: TrialRequest, result: TrialResult, *, reused: bool) -> None:
-        rec = TrialRecord(result, req.purpose, reused=reused)
+        ended = None if reused else round(time.monotonic() - self.started, 3)
+        rec = TrialRecord(result, req.purpose, reused=reused, ended_at_s=ended)
         self.trials.append(rec)
         if self.on_trial_end:
             self.on_trial_end(rec)
@@ -158,6 +161,7 @@ class Tuner:
     def run(self) -> TuneResult:
         """The sweep; under the confirm flow the runs after the recording start beside it where the
         executor can (`run.warm`: held at their first CUDA call until the simulation has chosen them)."""
+        self.started = time.monotonic()
         ahead = self.settings.strategy == "confirm"
         if ahead:
             start = getattr(self.executor, "start_ahead", None)
@@ -292,7 +296,7 @@ class Tuner:
             code = checkpointing_code(trace) if trace is not None else "model.gradient_checkpointing_enable()"
             measured.append(checkpointing_measured(trial, ck_conf, flow.est.get(ck_conf), self.simulator_factory, command, code))
         # simulated beside the GPU runs, unless a capped run taught fallbacks since (then again, with them)
-        early = flow.early.result() if flow.early is not None and not flow.calibrated else None
+        early = flow.early_remedies() if not flow.calibrated else None
         report = tune_remedies(flow.sim, flow.baseline, conf, summaries, ng, command, early=early, measured=measured)
         self.notes.extend(report.notes)
         if ng is not None:
