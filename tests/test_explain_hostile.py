@@ -36,10 +36,10 @@ def test_malformed_frames_are_one_line_and_exit_2(tmp_path, capsys, mutate, monk
 
 
 def test_millions_of_distinct_stacks_are_bounded(tmp_path, capsys, monkeypatch):
-    import alloctune.trace.stream as stream
+    import alloctune.trace.stacks as stacks
 
     monkeypatch.setenv("ALLOCTUNE_CACHE", "0")
-    monkeypatch.setattr(stream, "MAX_STACKS", 50)  # the bound, made small enough to reach in a test
+    monkeypatch.setattr(stacks, "MAX_STACKS", 50)  # the bound, made small enough to reach in a test
     snap, _ = training_loop(steps=4)
     for i, e in enumerate(x for x in snap["device_traces"][0] if x["action"] == "alloc"):
         e["frames"] = [{"filename": f"/u/gen_{i}.py", "line": i, "name": "f"}]

@@ -208,3 +208,25 @@ def test_load_snapshot_explains_compact_traces(tmp_path, traces_dir):
     save_compact(load_trace(traces_dir / "rvc_ec1" / "default.pickle.xz"), path)
     with pytest.raises(TraceError, match="compact trace keeps the request stream"):
         load_snapshot(path)
+
+
+def test_stack_ids_follow_the_frames_content_whatever_objects_carry_it(tmp_path):
+    """torch shares one dict per frame line among events; a file may as well carry equal frames in
+    separate objects. Either way equal content is one stack, ids in order of first appearance, and a
+    frames value that is not a list drops the table as before."""
+    f1 = {"filename": "a.py", "line": 1, "name": "f"}
+    f2 = {"filename": "b.py", "line": 2, "name": "g"}
+    run = [
+        ev("segment_alloc", 0x1000_0000, 2 * MiB),
+        ev("alloc", 0x1000_0000, 512, frames=[f1, f2]),
+        ev("alloc", 0x1000_0200, 512, frames=[dict(f1), dict(f2)]),  # equal content, other objects
+        ev("alloc", 0x1000_0400, 512, frames=[f2]),
+        ev("alloc", 0x1000_0600, 512, frames=[f1, f2]),
+    ]
+    req = load_trace(write_snapshot(tmp_path / "s.pickle.xz", [run])).requests
+    assert [req.stack_ids[r] for r in range(len(req.ops)) if req.ops[r] == ALLOC] == [0, 0, 1, 0]
+    assert req.stack_table.frames == [("a.py", 1, "f"), ("b.py", 2, "g")]
+    assert [tuple(s) for s in req.stack_table.stacks] == [(0, 1), (1,)]
+    bad = run + [ev("alloc", 0x1000_0800, 512, frames=(f1, f2))]  # a tuple, not a list
+    req = load_trace(write_snapshot(tmp_path / "b.pickle.xz", [bad])).requests
+    assert req.stack_table.dropped and "not a list" in req.stack_table.dropped

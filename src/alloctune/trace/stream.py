@@ -89,13 +89,10 @@ from alloctune.trace.model import (
     EMPTY_CACHE,
     FAILED_ALLOC,
     FREE,
-    MAX_FRAMES,
-    MAX_FRAMES_PER_STACK,
-    MAX_STACKS,
     RequestStream,
     SegmentEvent,
-    StackTable,
 )
+from alloctune.trace.stacks import collect_stacks
 from alloctune.units import MiB
 
 RELEASE_ACTIONS = frozenset({"segment_free", "segment_unmap"})
@@ -397,56 +394,6 @@ def _release_segments(
             out.first_unmatched_index = i
         reserved = 0
     return reserved
-
-
-def collect_stacks(events: Sequence[dict[str, Any]], req: RequestStream) -> None:
-    """Give each ALLOC request the id of its Python stack (`RequestStream.stack_ids`, `stack_table`).
-
-    Only when the recording kept frames (`_record_memory_history(stacks="python")`); a recording
-    without any leaves both None at the cost of one scan. The frames come from untrusted files:
-    a malformed frame list or more stacks than `MAX_STACKS` drops the table (with the reason in
-    `StackTable.dropped`) rather than failing the load, because replay does not need it.
-    """
-    ops, evi = req.ops, req.event_index
-    n = len(events)
-    if not any(ops[r] == ALLOC and 0 <= evi[r] < n and events[evi[r]].get("frames") for r in range(len(ops))):
-        return
-    table = StackTable()
-    ids = [-1] * len(ops)
-    stack_of: dict[tuple, int] = {}
-    frame_of: dict[tuple, int] = {}
-    try:
-        for r, op in enumerate(ops):
-            if op != ALLOC:
-                continue
-            frames = events[evi[r]].get("frames")
-            if not frames:
-                continue
-            if type(frames) is not list or len(frames) > MAX_FRAMES_PER_STACK:
-                raise ValueError(f"event {evi[r]}: 'frames' is not a list of at most {MAX_FRAMES_PER_STACK} frames")
-            key = tuple((f["filename"], f["line"], f["name"]) for f in frames)
-            sid = stack_of.get(key)
-            if sid is None:
-                fids = []
-                for fr in key:
-                    if type(fr[0]) is not str or type(fr[1]) is not int or type(fr[2]) is not str:
-                        raise ValueError(f"event {evi[r]}: a frame is not (filename: str, line: int, name: str)")
-                    fid = frame_of.get(fr)
-                    if fid is None:
-                        fid = frame_of[fr] = len(table.frames)
-                        table.frames.append(fr)
-                    fids.append(fid)
-                sid = stack_of[key] = len(table.stacks)
-                table.stacks.append(tuple(fids))
-                if len(table.stacks) > MAX_STACKS or len(table.frames) > MAX_FRAMES:
-                    raise ValueError(f"more than {MAX_STACKS} distinct stacks or {MAX_FRAMES} distinct frames")
-            ids[r] = sid
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        req.stack_ids = [-1] * len(ops)
-        req.stack_table = StackTable(dropped=f"stacks not kept: {exc if isinstance(exc, ValueError) else 'malformed frames'}")
-        return
-    req.stack_ids = ids
-    req.stack_table = table
 
 
 _BURST, _SILENT = 1, 2
