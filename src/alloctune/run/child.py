@@ -251,7 +251,7 @@ class RecordingWatch:
     """A recording file to watch for while its run goes on, and whom to tell once it is there.
 
     The agent writes a recording whole under its final name (a rename), at the program's end; the
-    child then still tears down. `on_ready(path)` (say, `trace.prefetch`) can use that time."""
+    child then still tears down. `on_ready(path)` (tune's: `trace.prefetch_trace`) can use that time."""
 
     def __init__(self, path: str | os.PathLike[str], on_ready: Callable[[Path], None]) -> None:
         self.path = Path(path)

@@ -191,7 +191,7 @@ class TrialEvaluator:
     the first recorded one get `timeout` or, if none was given, five times the baseline's
     wall time (at least 60 s), so a hang under a tight budget cannot stall a sweep.
     `on_recorded(path)`: told of each recording as soon as it is written whole, while its run
-    still exits (tune starts loading it there: `trace.prefetch`).
+    still exits (tune starts loading it there: `trace.prefetch_trace`).
     """
 
     def __init__(

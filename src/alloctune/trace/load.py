@@ -214,7 +214,7 @@ def load_trace(path: str | Path, device: int | None = None, *, partial: bool = F
     such a stream starts from an empty allocator, so only use it for inspection.
     A sidecar `NAME.json` next to the file becomes `Trace.meta` (and `total_memory`).
     A loaded snapshot is cached in compact form, keyed by its content (`trace/cache.py`); a load
-    `trace.prefetch` started of this very file is taken instead of loading again.
+    `prefetch_trace` started of this very file is taken instead of loading again.
     """
     from alloctune.trace.prefetch import take
 
