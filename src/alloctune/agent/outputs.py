@@ -28,7 +28,7 @@ import os
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, Callable
 
 # Snapshot key of the program's empty_cache() calls; equal to trace.stream.EMPTY_CACHE_MARKS_KEY
 # (not imported: the agent loads only the standard library in the user's interpreter).
@@ -56,14 +56,15 @@ STAT_KEYS: tuple[str, ...] = tuple(
 )
 
 
-def write_json_atomic(path: str, data: dict[str, Any]) -> None:
-    """Write JSON so that a reader sees either the old or the new file, never half of one."""
-    directory = os.path.dirname(path) or "."
+def replace_atomically(path: str, write: Callable[[str], None], suffix: str = "") -> None:
+    """`write(tmp)` to a temporary file beside `path`, then rename it to `path`: a reader sees the
+    old file or the whole new one, never half of one, and a write that fails leaves nothing."""
+    directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=directory)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=1, sort_keys=True)
+        write(tmp)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -71,6 +72,16 @@ def write_json_atomic(path: str, data: dict[str, Any]) -> None:
         except OSError:
             pass
         raise
+
+
+def write_json_atomic(path: str, data: dict[str, Any]) -> None:
+    """Write JSON so that a reader sees either the old or the new file, never half of one."""
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=1, sort_keys=True)
+
+    replace_atomically(path, write, ".json")
 
 
 def _is_oom(type_name: str, message: str) -> bool:
@@ -146,20 +157,12 @@ class AgentOutputs:
             import lzma as opener_mod
 
             opener = opener_mod.open
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.basename(path), dir=directory)
-        os.close(fd)
-        try:
+
+        def write(tmp: str) -> None:
             with opener(tmp, "wb") as fh:
                 pickle.dump(snap, fh)
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+
+        replace_atomically(path, write, os.path.basename(path))
 
     def _live_loop(self) -> None:
         interval = float(self.config.get("live_interval") or 1.0)
