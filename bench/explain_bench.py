@@ -12,8 +12,9 @@
   (tests/data/explain_gpu): explain without what-ifs, the page's views (`explain_view`: one replay through
   the Python model plus the category rule at each sample point), the HTML; the page's size and points.
 * stacks: the training loop of tests/explain_programs.py with every `alloc` event given its own copy of a
-  30-frame stack (one dict per frame per event, as torch writes them), as a plain pickle, against the same
-  snapshot without frames (goal: < 30 s including the load; the trace cache is off).
+  30-frame stack (one dict per frame per event: the loader's worst case), then the same frames as torch
+  2.11's snapshots hold them (one dict per frame line, shared by the events), as plain pickles, against
+  the same snapshot without frames (goal: < 30 s including the load; the trace cache is off).
 
 Each appends its table with the exact command to bench/results/explain_{conservation,page,stacks_load}.md.
 """
@@ -119,11 +120,17 @@ def stacks(args: argparse.Namespace) -> int:
             e["frames"] = [dict(f) for f in (e["frames"] + filler)[:DEPTH]]  # one dict per frame per event
     rows = []
     with tempfile.TemporaryDirectory() as d:
-        p_st, p_bare = Path(d) / "stacks.pickle", Path(d) / "bare.pickle"
+        p_st, p_bare, p_sh = Path(d) / "stacks.pickle", Path(d) / "bare.pickle", Path(d) / "shared.pickle"
         p_st.write_bytes(pickle.dumps(snap, protocol=4))
         p_bare.write_bytes(pickle.dumps(bare, protocol=4))
+        one: dict = {}  # then one dict per frame line, shared by the events, as torch's snapshots hold them
+        for e in snap["device_traces"][0]:
+            if e.get("frames"):
+                e["frames"] = [one.setdefault((f["filename"], f["line"], f["name"]), f) for f in e["frames"]]
+        p_sh.write_bytes(pickle.dumps(snap, protocol=4))
         del snap, bare
-        for label, p in (("without frames", p_bare), ("with 30-frame stacks", p_st)):
+        for label, p in (("without frames", p_bare), ("with 30-frame stacks", p_st),
+                         ("with 30-frame stacks, frame dicts shared (torch)", p_sh)):
             tr, load_s = timed(load_trace, p)
             ex, ex_s = timed(explain, tr, what_if=False)
             rows.append((label, f"{p.stat().st_size / 1e6:.0f} MB", f"{len(tr.requests)}", f"{load_s:.1f} s",

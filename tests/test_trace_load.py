@@ -210,10 +210,15 @@ def test_load_snapshot_explains_compact_traces(tmp_path, traces_dir):
         load_snapshot(path)
 
 
-def test_stack_ids_follow_the_frames_content_whatever_objects_carry_it(tmp_path):
+@pytest.mark.parametrize("unshared", [1000, 0])
+def test_stack_ids_follow_the_frames_content_whatever_objects_carry_it(tmp_path, monkeypatch, unshared):
     """torch shares one dict per frame line among events; a file may as well carry equal frames in
-    separate objects. Either way equal content is one stack, ids in order of first appearance, and a
-    frames value that is not a list drops the table as before."""
+    separate objects. Either way equal content is one stack, ids in order of first appearance (also
+    once lookups by object are off, `UNSHARED`), and a frames value that is not a list drops the table."""
+    import alloctune.trace.stacks as stacks
+
+    monkeypatch.setattr(stacks, "UNSHARED", unshared)
+    monkeypatch.setenv("ALLOCTUNE_CACHE", "0")
     f1 = {"filename": "a.py", "line": 1, "name": "f"}
     f2 = {"filename": "b.py", "line": 2, "name": "g"}
     run = [

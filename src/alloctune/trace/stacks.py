@@ -11,6 +11,9 @@ from typing import Any, Sequence
 
 from alloctune.trace.model import ALLOC, MAX_FRAMES, MAX_FRAMES_PER_STACK, MAX_STACKS, RequestStream, StackTable
 
+# Known stacks met again in frame objects of their own, after which lookups by object stop.
+UNSHARED = 1000
+
 
 def collect_stacks(events: Sequence[dict[str, Any]], req: RequestStream) -> None:
     """Give each ALLOC request the id of its Python stack (`RequestStream.stack_ids`, `stack_table`).
@@ -26,14 +29,14 @@ def collect_stacks(events: Sequence[dict[str, Any]], req: RequestStream) -> None
         return
     table = StackTable()
     ids = [-1] * len(ops)
-    stack_of: dict[tuple[int, ...], int] = {}  # a stack's frame ids -> its id
+    stack_of: dict[tuple, int] = {}  # a stack's ((filename, line, name), ...) -> its id
     frame_of: dict[tuple, int] = {}  # (filename, line, name) -> its frame id
-    # torch's snapshot shares one dict among the frames of one line (a few hundred objects for
-    # millions of frames), so a stack is first looked up by its frames' objects, and each object's
-    # content is read once; they all live in `events` meanwhile, so their ids are theirs alone.
-    # Ids still follow the content, in order of first appearance.
-    stack_of_objects: dict[tuple[int, ...], int] = {}
-    frame_of_object: dict[int, int] = {}
+    # torch's snapshots share one dict among the frames of one line (a few hundred objects for
+    # millions of frames), so a stack is first looked up by its frames' objects (they all live in
+    # `events` meanwhile: their ids are theirs alone), its content read only when that misses.
+    # A file that repeats known stacks in new objects turns the lookup off after `UNSHARED` of them.
+    by_objects: dict[tuple[int, ...], int] | None = {}
+    unshared = 0
     try:
         for r, op in enumerate(ops):
             if op != ALLOC:
@@ -43,17 +46,19 @@ def collect_stacks(events: Sequence[dict[str, Any]], req: RequestStream) -> None
                 continue
             if type(frames) is not list or len(frames) > MAX_FRAMES_PER_STACK:
                 raise ValueError(f"event {evi[r]}: 'frames' is not a list of at most {MAX_FRAMES_PER_STACK} frames")
-            objects = tuple(map(id, frames))
-            sid = stack_of_objects.get(objects)
+            objects = tuple(map(id, frames)) if by_objects is not None else ()
+            sid = by_objects.get(objects) if by_objects is not None else None
             if sid is None:
-                fids = tuple(_frame_id(f, frame_of_object, frame_of, table, evi[r]) for f in frames)
-                sid = stack_of.get(fids)
+                key = tuple((f["filename"], f["line"], f["name"]) for f in frames)
+                sid = stack_of.get(key)
                 if sid is None:
-                    sid = stack_of[fids] = len(table.stacks)
-                    table.stacks.append(fids)
-                    if len(table.stacks) > MAX_STACKS or len(table.frames) > MAX_FRAMES:
-                        raise ValueError(f"more than {MAX_STACKS} distinct stacks or {MAX_FRAMES} distinct frames")
-                stack_of_objects[objects] = sid
+                    sid = stack_of[key] = _new_stack(key, table, frame_of, evi[r])
+                elif by_objects is not None:
+                    unshared += 1
+                    if unshared > UNSHARED:
+                        by_objects = None
+                if by_objects is not None:
+                    by_objects[objects] = sid
             ids[r] = sid
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         req.stack_ids = [-1] * len(ops)
@@ -63,16 +68,18 @@ def collect_stacks(events: Sequence[dict[str, Any]], req: RequestStream) -> None
     req.stack_table = table
 
 
-def _frame_id(frame: dict[str, Any], seen: dict[int, int], frame_of: dict[tuple, int], table: StackTable, event: int) -> int:
-    """The id of `frame`'s content (new ones appended to `table.frames`); `seen` keeps it by object."""
-    fid = seen.get(id(frame))
-    if fid is None:
-        fr = (frame["filename"], frame["line"], frame["name"])
+def _new_stack(key: tuple, table: StackTable, frame_of: dict[tuple, int], event: int) -> int:
+    """Append the stack `key` (its frames first, where new) to `table`; its id."""
+    fids = []
+    for fr in key:
         if type(fr[0]) is not str or type(fr[1]) is not int or type(fr[2]) is not str:
             raise ValueError(f"event {event}: a frame is not (filename: str, line: int, name: str)")
         fid = frame_of.get(fr)
         if fid is None:
             fid = frame_of[fr] = len(table.frames)
             table.frames.append(fr)
-        seen[id(frame)] = fid
-    return fid
+        fids.append(fid)
+    table.stacks.append(tuple(fids))
+    if len(table.stacks) > MAX_STACKS or len(table.frames) > MAX_FRAMES:
+        raise ValueError(f"more than {MAX_STACKS} distinct stacks or {MAX_FRAMES} distinct frames")
+    return len(table.stacks) - 1
