@@ -23,6 +23,7 @@ import hashlib
 import json
 import lzma
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -134,7 +135,7 @@ def load_cached(
         try:
             text = json.dumps(to_compact_dict(trace), separators=(",", ":")).encode()
             entry.parent.mkdir(parents=True, exist_ok=True)
-            tmp = entry.with_suffix(f".{os.getpid()}.tmp")
+            tmp = entry.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")  # one writer per name (processes, threads)
             tmp.write_bytes(lzma.compress(text, preset=0))
             os.replace(tmp, entry)  # atomic: a concurrent reader sees all or nothing
         except OSError:
