@@ -220,3 +220,22 @@ def test_workload_with_only_small_segments_skips_max_split_with_a_note(monkeypat
     assert res.grid.values_mb == () and res.grid.noop_from_mb == 21
     assert any("no segment of 32 MiB or more" in n for n in res.notes)
     assert not any(c[0].startswith("max_split") for c in ev.calls)
+
+
+def test_the_time_with_a_run_going_is_the_union_of_the_runs_spans():
+    """`in_runs_s`: runs side by side count once, the gaps between them (alloctune's own work) not at all,
+    and trials from the store not at all."""
+    from dataclasses import replace
+
+    from alloctune.tune.model import TrialRecord
+
+    ev = FakeEvaluator(needs={"": 3 * GiB, "expandable_segments:True": 2 * GiB})
+    res = Tuner(ev, settings(budget=int(2.5 * GiB), knobs=parse_knobs(["expandable"]))).run()
+    base = res.trials[0].result
+
+    def rec(wall, ended, reused=False):
+        return TrialRecord(replace(base, wall_s=wall), "p", reused=reused, ended_at_s=None if reused else ended)
+
+    trials = (rec(10.0, 10.0), rec(9.5, 20.0), rec(4.0, 15.0), rec(3.0, 0.0, reused=True), rec(1.0, 25.0))
+    assert replace(res, trials=trials).in_runs_s == 10.0 + 9.5 + 1.0  # 0-10, 10.5-20 (11-15 inside it), 24-25
+    assert res.to_dict()["in_runs_s"] == res.in_runs_s >= 0

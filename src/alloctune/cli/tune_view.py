@@ -141,9 +141,10 @@ def render_result(result: Any, rec: Any, store: Path, elapsed: float) -> None:
             console.print(line, markup=False, highlight=False, soft_wrap=True)
     fresh = result.fresh_trials
     after = result.to_dict()["gpu_runs_after_baseline"]
+    busy = f", {result.in_runs_s:.1f} s of them with a run going" if fresh else ""
     console.print(
         f"\n{len(result.trials)} trials ({fresh} run, {after} after the baseline, {len(result.trials) - fresh} from "
-        f"the store) in {elapsed:.0f} s; store: {store}"
+        f"the store) in {elapsed:.0f} s{busy}; store: {store}"
     )
 
 

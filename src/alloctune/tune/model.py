@@ -151,6 +151,19 @@ class TuneResult:
     def fresh_trials(self) -> int:
         return sum(1 for t in self.trials if not t.reused)
 
+    @property
+    def in_runs_s(self) -> float:
+        """Seconds of the sweep with at least one of its runs going: the union of the fresh trials'
+        spans (`ended_at_s - wall_s` to `ended_at_s`). The rest of `elapsed_s` is alloctune's own
+        work, which a tune should keep small beside the runs it cannot avoid."""
+        spans = sorted((t.ended_at_s - t.result.wall_s, t.ended_at_s) for t in self.trials if t.ended_at_s is not None)
+        total, reach = 0.0, float("-inf")
+        for start, end in spans:
+            if end > reach:
+                total += end - max(start, reach)
+                reach = end
+        return round(total, 3)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": schema_id("tune", 2),
@@ -167,6 +180,7 @@ class TuneResult:
             "trials": [t.to_dict() for t in self.trials],
             "trial_count": len(self.trials),
             "fresh_trials": self.fresh_trials,
+            "in_runs_s": self.in_runs_s,
             "notes": list(self.notes),
             "shortfall": self.shortfall.to_dict() if self.shortfall is not None else None,
             **(
