@@ -32,6 +32,9 @@ from suite import ROOT, SHARED, SHIPPED
 # isort: split
 from alloctune.sim import native  # after suite, which puts src/ on the path
 from alloctune.sim.budget import min_budget
+import alloctune.sim.sweep as sweep_mod
+from alloctune.sim.sweep import sweep_threads
+from alloctune.sim.sweep import sweep as sim_sweep
 from alloctune.sim.replay import replay
 from alloctune.trace import load_trace
 from alloctune.trace.compact import save_compact
@@ -153,8 +156,12 @@ def main() -> int:
     say("Both columns use today's `min_budget` (the uncapped replay is reused, the probe the trace proves "
         "is skipped); before it, each setting cost one or two replays more.")
     say()
-    say("| trace | requests | Python s | native s | budgets identical |")
-    say("|---|---|---|---|---|")
+    threads = sweep_threads(len(SIX), "recorded")
+    say(f"The last two: the same six through `sim.sweep` (no timeline, no events kept), one setting at a time and "
+        f"side by side ({threads} threads here).")
+    say()
+    say("| trace | requests | Python s | native s | `sim.sweep`, 1 thread s | `sim.sweep`, threads s | budgets identical |")
+    say("|---|---|---|---|---|---|---|")
     for path in (big_shared, SHIPPED / "llm_h200.atrace"):
         if not path.exists():
             continue
@@ -169,13 +176,17 @@ def main() -> int:
 
         with core("native"):
             bn, wn, cn = timed(six)
-        if args.quick:
-            say(f"| {path.parent.name}/{path.name} | {len(t.requests)} | (skipped) | {wn:.2f} ({cn:.2f} cpu) | - |")
-            continue
-        with core("python"):
-            bp, wp, cp = timed(six)
-        say(f"| {path.parent.name}/{path.name} | {len(t.requests)} | {wp:.1f} ({cp:.1f} cpu) | "
-            f"{wn:.2f} ({cn:.2f} cpu) | {'yes' if bp == bn else '**NO**'} |")
+            bs, ws, cs = timed(lambda: [row.min_budget for row in sim_sweep(t, SIX).rows])
+            threads_at, sweep_mod.SWEEP_THREADS = sweep_mod.SWEEP_THREADS, 1
+            b1, w1, c1 = timed(lambda: [row.min_budget for row in sim_sweep(t, SIX).rows])
+            sweep_mod.SWEEP_THREADS = threads_at
+        python, bp = "(skipped)", bn
+        if not args.quick:
+            with core("python"):
+                bp, wp, cp = timed(six)
+            python = f"{wp:.1f} ({cp:.1f} cpu)"
+        say(f"| {path.parent.name}/{path.name} | {len(t.requests)} | {python} | {wn:.2f} ({cn:.2f} cpu) | "
+            f"{w1:.2f} ({c1:.2f} cpu) | {ws:.2f} ({cs:.2f} cpu) | {'yes' if bp == bn == bs == b1 else '**NO**'} |")
     say()
 
     # 3. 20-setting sweep of 1 M requests ---------------------------------------------------------

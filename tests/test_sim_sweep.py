@@ -50,3 +50,39 @@ def test_a_what_if_pays_one_capped_replay_per_setting():
     full = sweep(t, ("", "expandable_segments:True"), budget=budget, find_min=False).rows
     assert [r.at_budget for r in rows] == [r.at_budget for r in full]
     assert [r.peak_reserved_at_budget for r in rows] == [r.peak_reserved_at_budget for r in full]
+
+
+def test_settings_replayed_side_by_side_give_the_rows_of_one_after_another(traces_dir, monkeypatch):
+    """Where the native core is built, a sweep's settings replay in threads: the rows (every field) are
+    the ones one at a time gives, in the order asked, and the progress still counts up in that order."""
+    import threading
+
+    import alloctune.sim.sweep as sw
+    from alloctune.sim import native
+    from alloctune.trace import load_trace
+
+    if not native.available():
+        import pytest
+
+        pytest.skip("the native simulator core is not built: a sweep runs one setting at a time")
+    trace = load_trace(traces_dir / "rvc_ec0" / "default.pickle.xz")
+    confs = list(STANDARD_CONFS)
+    names: set[str] = set()
+    real = sw.simulate_setting
+
+    def named(*args, **kwargs):
+        names.add(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sw, "simulate_setting", named)
+    monkeypatch.setattr(sw.os, "cpu_count", lambda: 4)
+    steps: list[tuple[str, int]] = []
+    side = sweep(trace, confs, budget=2 << 30, progress=lambda step, done=0, total=None: steps.append((step, done)))
+    assert names and all(n.startswith("alloctune-sweep") for n in names)
+    assert [d for _, d in steps] == list(range(len(confs) + 1))
+    monkeypatch.setattr(sw, "SWEEP_THREADS", 1)
+    names.clear()
+    one = sweep(trace, confs, budget=2 << 30)
+    assert names == {"MainThread"}
+    assert [r.to_dict() for r in side.rows] == [r.to_dict() for r in one.rows]
+    assert sw.sweep_threads(len(confs), object()) == 1  # an address model object is shared by the replays: no threads

@@ -10,11 +10,16 @@ Fallible requests (`RequestStream.fallbacks`, see `alloctune.trace.fallible`) ar
 trace: a prediction that rests on large requests the model could not tag says so in
 `Sweep.untagged_note`.
 
+Where the native core is built, the settings replay side by side in threads (it replays without
+the GIL); the rows are the ones one after another gives, in the order asked.
+
 Pure Python: no torch.
 """
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -22,6 +27,7 @@ from alloctune.config.standard import STANDARD_CONFS, setting_label
 from alloctune.progress import Progress, no_progress
 from alloctune.schema import schema_id
 from alloctune.sim.budget import min_budget
+from alloctune.sim.native import columns, core
 from alloctune.sim.replay import replay
 from alloctune.sim.resolution import ABS_TOL, REL_TOL
 from alloctune.trace.model import Trace
@@ -159,6 +165,20 @@ def simulate_setting(
     )
 
 
+# Settings a sweep replays side by side at most.
+SWEEP_THREADS = 8
+
+
+def sweep_threads(settings: int, addresses: Any) -> int:
+    """Threads for a sweep: one per setting, up to the cores and `SWEEP_THREADS`, where the native
+    core replays (it lets go of the GIL, and the settings' replays share nothing but the read-only
+    trace); one with the Python model, which holds the GIL, or with an address model object, which
+    every replay of the sweep would share."""
+    if settings < 2 or not isinstance(addresses, str) or core() is None:
+        return 1
+    return max(1, min(settings, os.cpu_count() or 1, SWEEP_THREADS))
+
+
 def sweep(
     trace: Trace,
     confs: Sequence[str] = STANDARD_CONFS,
@@ -179,24 +199,38 @@ def sweep(
     `addresses` / `reference`: where new segments are placed (see `sim.replay`); the default
     places them where the trace itself placed its segments.
     """
-    rows = []
-    for i, c in enumerate(confs):
-        progress(f"simulating {c or '(default)'}", i, len(confs))
-        rows.append(
-            simulate_setting(
-                trace,
-                c,
-                budget=budget,
-                torch=torch,
-                total_memory=total_memory,
-                find_min=find_min,
-                rel_tol=rel_tol,
-                abs_tol=abs_tol,
-                addresses=addresses,
-                reference=reference,
-                uncapped=uncapped,
-            )
+
+    def row(c: str) -> SweepRow:
+        return simulate_setting(
+            trace,
+            c,
+            budget=budget,
+            torch=torch,
+            total_memory=total_memory,
+            find_min=find_min,
+            rel_tol=rel_tol,
+            abs_tol=abs_tol,
+            addresses=addresses,
+            reference=reference,
+            uncapped=uncapped,
         )
+
+    threads = sweep_threads(len(confs), addresses)
+    rows: list[SweepRow] = []
+    if threads == 1:
+        for i, c in enumerate(confs):
+            progress(f"simulating {c or '(default)'}", i, len(confs))
+            rows.append(row(c))
+    else:
+        columns(trace.requests)  # converted once, before the threads would each convert it
+        pool = ThreadPoolExecutor(threads, thread_name_prefix="alloctune-sweep")
+        try:
+            futures = [pool.submit(row, c) for c in confs]
+            for i, (c, fut) in enumerate(zip(confs, futures)):
+                progress(f"simulating {c or '(default)'}", i, len(confs))
+                rows.append(fut.result())
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)  # Ctrl-C or an error: the rest is not waited for
     progress("simulated", len(confs), len(confs))
     from alloctune.trace.fallible import untagged_note
 
