@@ -86,3 +86,17 @@ def test_settings_replayed_side_by_side_give_the_rows_of_one_after_another(trace
     assert names == {"MainThread"}
     assert [r.to_dict() for r in side.rows] == [r.to_dict() for r in one.rows]
     assert sw.sweep_threads(len(confs), object()) == 1  # an address model object is shared by the replays: no threads
+
+
+def test_simulate_gives_the_same_rows_with_its_settings_side_by_side(traces_dir, monkeypatch):
+    """`alloctune simulate --min-budget` replays its settings through the same side-by-side helper."""
+    import alloctune.sim.sweep as sw
+    from alloctune.sim.simulate import simulate
+
+    trace = traces_dir / "rvc_ec0" / "default.pickle.xz"
+    confs = ["", "expandable_segments:True", "max_split_size_mb:128"]
+    monkeypatch.setattr(sw.os, "cpu_count", lambda: 4)
+    side = simulate(trace, confs, find_min=True).to_dict()
+    monkeypatch.setattr(sw, "SWEEP_THREADS", 1)
+    one = simulate(trace, confs, find_min=True).to_dict()
+    assert side == one and [r["min_budget"] for r in side["rows"]] == [r["min_budget"] for r in one["rows"]]

@@ -165,22 +165,31 @@ def simulate(
     if cap is not None and cap > device_total:
         raise InputError(f"--budget {format_size(cap)} is more than the device's memory ({format_size(device_total)})")
 
+    from alloctune.sim.addresses import TRACE
+    from alloctune.sim.budget import min_budget
+    from alloctune.sim.sweep import side_by_side, sweep_threads
+
+    of = dict(zip(confs, settings))
+
+    def one(text: str) -> SimulatedSetting:
+        row, result = _replay_one(loaded, recorded, text, of[text], cap=cap, total=total, torch=torch, source=source)
+        if find_min:
+            # an uncapped replay with the trace's own addresses is the bisection's first probe: hand it over
+            uncapped = result if cap is None and source == TRACE else None
+            mb = min_budget(loaded, of[text], torch=torch, total_memory=total, uncapped=uncapped)
+            row = replace(row, find_min=True, min_budget=mb.budget, min_budget_replays=mb.replays)
+        return row
+
     rows = []
     per_setting = 2 if find_min else 1
     steps = len(confs) * per_setting
-    for i, (text, sim_settings) in enumerate(zip(confs, settings)):
+    # replays compared event for event keep their events: one at a time, as a comparison is Python work
+    threads = 1 if recorded is not None else sweep_threads(len(confs), "trace")
+    for i, text, row in side_by_side(one, confs, threads, loaded):
         progress(f"replaying {setting_label(text)}", i * per_setting, steps)
-        row, result = _replay_one(loaded, recorded, text, sim_settings, cap=cap, total=total, torch=torch, source=source)
+        rows.append(row())
         if find_min:
-            from alloctune.sim.addresses import TRACE
-            from alloctune.sim.budget import min_budget
-
-            progress(f"smallest budget of {setting_label(text)} (bisection)", i * per_setting + 1, steps)
-            # an uncapped replay with the trace's own addresses is the bisection's first probe: hand it over
-            uncapped = result if cap is None and source == TRACE else None
-            mb = min_budget(loaded, sim_settings, torch=torch, total_memory=total, uncapped=uncapped)
-            row = replace(row, find_min=True, min_budget=mb.budget, min_budget_replays=mb.replays)
-        rows.append(row)
+            progress(f"smallest budget of {setting_label(text)} (bisection), done", i * per_setting + 1, steps)
     progress("done", steps, steps)
     return Simulation(
         trace=str(trace),

@@ -21,7 +21,8 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Sequence
+from functools import partial
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from alloctune.config.standard import STANDARD_CONFS, setting_label
 from alloctune.progress import Progress, no_progress
@@ -165,6 +166,8 @@ def simulate_setting(
     )
 
 
+R = TypeVar("R")
+
 # Settings a sweep replays side by side at most.
 SWEEP_THREADS = 8
 
@@ -177,6 +180,26 @@ def sweep_threads(settings: int, addresses: Any) -> int:
     if settings < 2 or not isinstance(addresses, str) or core() is None:
         return 1
     return max(1, min(settings, os.cpu_count() or 1, SWEEP_THREADS))
+
+
+def side_by_side(
+    work: Callable[[str], R], confs: Sequence[str], threads: int, trace: Trace
+) -> Iterator[tuple[int, str, Callable[[], R]]]:
+    """`(i, conf, result)` for each setting in order; calling `result()` gives `work(conf)`, computed
+    then (one thread) or already under way beside the others (`threads` > 1, on `trace`'s settings).
+    Leaving the loop early (an error, Ctrl-C) drops the settings not started yet."""
+    if threads == 1:
+        for i, conf in enumerate(confs):
+            yield i, conf, partial(work, conf)
+        return
+    columns(trace.requests)  # converted once, before the threads would each convert it
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="alloctune-sweep")
+    try:
+        futures = [pool.submit(work, conf) for conf in confs]
+        for i, (conf, fut) in enumerate(zip(confs, futures)):
+            yield i, conf, fut.result
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def sweep(
@@ -215,22 +238,10 @@ def sweep(
             uncapped=uncapped,
         )
 
-    threads = sweep_threads(len(confs), addresses)
     rows: list[SweepRow] = []
-    if threads == 1:
-        for i, c in enumerate(confs):
-            progress(f"simulating {c or '(default)'}", i, len(confs))
-            rows.append(row(c))
-    else:
-        columns(trace.requests)  # converted once, before the threads would each convert it
-        pool = ThreadPoolExecutor(threads, thread_name_prefix="alloctune-sweep")
-        try:
-            futures = [pool.submit(row, c) for c in confs]
-            for i, (c, fut) in enumerate(zip(confs, futures)):
-                progress(f"simulating {c or '(default)'}", i, len(confs))
-                rows.append(fut.result())
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)  # Ctrl-C or an error: the rest is not waited for
+    for i, c, result in side_by_side(row, confs, sweep_threads(len(confs), addresses), trace):
+        progress(f"simulating {c or '(default)'}", i, len(confs))
+        rows.append(result())
     progress("simulated", len(confs), len(confs))
     from alloctune.trace.fallible import untagged_note
 
