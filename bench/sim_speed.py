@@ -3,7 +3,8 @@
 
 Three measurements (issue #17), each through both cores, with identical results checked:
   1. replay rate per setting class on the largest shared trace (llm/default, ~644k requests);
-  2. the six-setting `simulate --min-budget` comparison on the largest shared and shipped traces;
+  2. the six-setting `simulate --min-budget` comparison on the largest shared and shipped traces, and the
+     same six through `sim.sweep` one at a time and side by side (native only: threads);
   3. a 20-setting sweep of a 1 M-request stream, including loading it (compact format).
 Rates are requests/s of CPU time (the machine is shared: wall time is printed beside it).
 Targets: >= 5 M requests/s in every class; the 20-setting sweep under 8 s including load.
