@@ -189,7 +189,7 @@ def simulate(
         progress(f"replaying {setting_label(text)}", i * per_setting, steps)
         rows.append(row())
         if find_min:
-            progress(f"smallest budget of {setting_label(text)} (bisection), done", i * per_setting + 1, steps)
+            progress(f"smallest budget of {setting_label(text)}: bisected", i * per_setting + 1, steps)
     progress("done", steps, steps)
     return Simulation(
         trace=str(trace),

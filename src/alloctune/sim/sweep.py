@@ -186,8 +186,9 @@ def side_by_side(
     work: Callable[[str], R], confs: Sequence[str], threads: int, trace: Trace
 ) -> Iterator[tuple[int, str, Callable[[], R]]]:
     """`(i, conf, result)` for each setting in order; calling `result()` gives `work(conf)`, computed
-    then (one thread) or already under way beside the others (`threads` > 1, on `trace`'s settings).
-    Leaving the loop early (an error, Ctrl-C) drops the settings not started yet."""
+    then (one thread) or already under way beside the others (`threads` > 1). `trace`: the recording
+    every `work` replays (its columns are converted once, before the threads start). Leaving the
+    loop early (an error, Ctrl-C) drops the settings not started yet."""
     if threads == 1:
         for i, conf in enumerate(confs):
             yield i, conf, partial(work, conf)
