@@ -136,6 +136,8 @@ def summarize(name: str, d: Path, rc: int, wall: float) -> dict:
         "throughput_runs": sum("throughput" in (t.get("purpose") or "") for t in fresh),
         "memory_runs": sum("throughput" not in (t.get("purpose") or "") for t in fresh),
         "started_ahead": sum(t.get("started_ahead_s") is not None for t in fresh),  # run/warm.py
+        # the tune's time with no run of the program going (its `in_runs_s` against its `elapsed_s`)
+        "own_s": round(data["elapsed_s"] - data["in_runs_s"], 2) if "in_runs_s" in data else None,
     })
     return row
 
@@ -158,16 +160,16 @@ def table(rows: list[dict]) -> str:
     cells = []
     for r in rows:
         if "error" in r:
-            cells.append((r["workload"], "-", r["wall_s"], "-", f"error: {r['error'][:80]}", "", "", "", "", ""))
+            cells.append((r["workload"], "-", r["wall_s"], "-", f"error: {r['error'][:80]}", "", "", "", "", "", ""))
             continue
         rec = "none" if r["recommendation"] is None else (r["recommendation"] or "(default)")
         cells.append((r["workload"], r["gpu_runs_after_baseline"], r["wall_s"], r["wall_over_one_run"], rec,
                       _mib(r["sim_min_budget"]), f"{_mib(r['min_budget'])} ({_mib(r['infeasible_below'])})",
-                      r["verified"], r.get("throughput_samples") or 0, r.get("started_ahead", 0)))
+                      r["verified"], r.get("throughput_samples") or 0, r.get("started_ahead", 0), "-" if r.get("own_s") is None else r["own_s"]))
     said = [f"- {r['workload']}: {r['best_note']}" for r in rows if "throughput" in (r.get("best_note") or "")]
     return "\n".join([md_table(("workload", "GPU runs after baseline", "wall s", "× one run", "recommended",
                                 "simulated MiB", "measured MiB (fails at)", "verified", "samples alone",
-                                "started ahead"), cells)]
+                                "started ahead", "alloctune's own s"), cells)]
                      + ([""] + said if said else []))
 
 
