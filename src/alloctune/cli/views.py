@@ -22,8 +22,7 @@ def snapshot_view(d: Any) -> list[Any]:
     with `render.print_items`."""
     from rich.text import Text
 
-    from alloctune.report.tables import diagnosis_cells
-    from alloctune.units import format_size
+    from alloctune.report.tables import diagnosis_cells, pinned_cells
 
     cells = diagnosis_cells(d)
     out: list[Any] = [kv_table([c for c in cells if c[0] not in _COPY_ROWS], title=f"OOM in {d.source}")]
@@ -39,15 +38,8 @@ def snapshot_view(d: Any) -> list[Any]:
             Col("live\nblocks", "right"),
             title="Segments pinned by live blocks (most free first)",
         )
-        for p in d.pinned:
-            t.add_row(
-                f"{p.addr:#x}",
-                format_size(p.size),
-                format_size(p.allocated),
-                format_size(p.free),
-                format_size(p.largest_free),
-                str(p.live_blocks),
-            )
+        for cells_of_segment in pinned_cells(d):
+            t.add_row(*cells_of_segment)
         out.append(t)
     return out
 

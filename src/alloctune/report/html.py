@@ -15,8 +15,7 @@ from typing import Mapping, Sequence
 
 from alloctune.report.model import ReportData
 from alloctune.report.style import PAGE_CSS as _CSS  # shared with the explain page
-from alloctune.report.tables import SETTINGS_HEADER, diagnosis_cells, settings_cells
-from alloctune.units import format_size
+from alloctune.report.tables import SETTINGS_HEADER, diagnosis_cells, pinned_cells, settings_cells
 
 
 def data_uri(png: bytes) -> str:
@@ -82,17 +81,7 @@ def render_html(
             parts.append(
                 _table(
                     ("segment", "size", "live", "free", "largest free", "live blocks"),
-                    [
-                        (
-                            f"{p.addr:#x}",
-                            format_size(p.size),
-                            format_size(p.allocated),
-                            format_size(p.free),
-                            format_size(p.largest_free),
-                            str(p.live_blocks),
-                        )
-                        for p in d.pinned
-                    ],
+                    pinned_cells(d),
                     numeric_from=1,
                 )
             )

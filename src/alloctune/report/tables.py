@@ -104,3 +104,18 @@ def diagnosis_cells(d: SnapshotDiagnosis) -> list[tuple[str, str]]:
         cells.append(("confirm on the GPU", d.confirm))
     cells.extend(("next", e.removeprefix("next: ")) for e in d.evidence if e.startswith("next: "))
     return cells
+
+
+def pinned_cells(d: SnapshotDiagnosis) -> list[tuple[str, ...]]:
+    """The segments pinned by live blocks: address, size, live, free, largest free, live blocks."""
+    return [
+        (
+            f"{p.addr:#x}",
+            format_size(p.size),
+            format_size(p.allocated),
+            format_size(p.free),
+            format_size(p.largest_free),
+            str(p.live_blocks),
+        )
+        for p in d.pinned
+    ]
