@@ -15,6 +15,7 @@ from alloctune.sim.resolution import REL_TOL as SIM_REL_TOL
 from alloctune.units import format_size
 
 if TYPE_CHECKING:
+    from alloctune.sim.replay import SimResult
     from alloctune.sim.sweep import Sweep
     from alloctune.trace.model import Trace
 
@@ -73,6 +74,21 @@ class SimulatorFromTrace:
             abs_tol=SIM_ABS_TOL,
         )
 
+    def _replay(self, trace: "Trace", conf: str, budget: int) -> "SimResult":
+        """One replay of `trace` under `conf` capped at `budget`, on this card (no events kept)."""
+        from alloctune.config import AllocatorConfig
+        from alloctune.sim.replay import replay
+
+        return replay(
+            trace,
+            AllocatorConfig.parse(conf, self.torch),
+            budget=budget,
+            total_memory=self.total_memory,
+            torch=self.torch,
+            record_events=False,
+            timeline_points=1,
+        )
+
     def estimates(self, confs: Sequence[str]) -> dict[str, int | None]:
         self.last = self._sweep(self.trace, confs)
         self._last_asked = (self.trace, tuple(confs))
@@ -107,21 +123,11 @@ class SimulatorFromTrace:
     def activity(self, confs: Sequence[str], budget: int) -> dict[str, Any]:
         """Each setting's simulated allocator work at `budget` (`throughput.AllocatorActivity`):
         the only way a setting can change speed, counted instead of measured."""
-        from alloctune.config import AllocatorConfig
-        from alloctune.sim.replay import replay
         from alloctune.tune.throughput import AllocatorActivity
 
         out: dict[str, Any] = {}
         for conf in confs:
-            res = replay(
-                self.trace,
-                AllocatorConfig.parse(conf, self.torch),
-                budget=budget,
-                total_memory=self.total_memory,
-                torch=self.torch,
-                record_events=False,
-                timeline_points=1,
-            )
+            res = self._replay(self.trace, conf, budget)
             st = res.stats
             out[conf] = AllocatorActivity(
                 device_calls=int(st.get("num_device_alloc", 0)) + int(st.get("num_device_free", 0)),
@@ -136,20 +142,9 @@ class SimulatorFromTrace:
         """Whether the recording, with every workspace-shaped request nothing covers given up (the
         most a program that adapts could do), replays to its end under `conf` capped at `budget`:
         when it does not, the program cannot complete there (short of a different request stream)."""
-        from alloctune.config import AllocatorConfig
-        from alloctune.sim.replay import replay
         from alloctune.trace.fallible import optimistic
 
-        res = replay(
-            optimistic(self.trace),
-            AllocatorConfig.parse(conf, self.torch),
-            budget=budget,
-            total_memory=self.total_memory,
-            torch=self.torch,
-            record_events=False,
-            timeline_points=1,
-        )
-        return bool(res.completed)
+        return bool(self._replay(optimistic(self.trace), conf, budget).completed)
 
     def calibrate(self, trial: TrialResult) -> str | None:
         """Learn fallbacks from a capped recorded trial; a sentence when it taught something."""
